@@ -1,0 +1,332 @@
+//! Serialisation of Gyre's own plan nodes, so stage plans can be shipped to
+//! workers with DataFusion's protobuf plan format.
+
+use crate::table::{GyreInsertExec, GyreScanExec};
+use crate::tpch::TpchGenExec;
+use arrow::datatypes::{Schema, SchemaRef};
+use datafusion::common::{Result, internal_datafusion_err, internal_err};
+use datafusion::execution::TaskContext;
+use datafusion::physical_expr::{LexOrdering, Partitioning, PhysicalExpr, PhysicalSortExpr};
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion_proto::physical_plan::from_proto::parse_physical_expr;
+use datafusion_proto::physical_plan::to_proto::serialize_physical_expr;
+use datafusion_proto::physical_plan::{
+    AsExecutionPlan, PhysicalExtensionCodec, PhysicalProtoConverterExtension,
+};
+use datafusion_proto::protobuf;
+use gyre_exchange::{ExchangeReceiverExec, ExchangeSenderExec, Placement, ReceiveMode, SendMode};
+use prost::Message;
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+
+#[derive(Serialize, Deserialize)]
+enum NodeProto {
+    Scan {
+        table: String,
+        schema: Vec<u8>,
+        projection: Option<Vec<usize>>,
+        partitions: usize,
+        hash_key: Option<String>,
+        rows: u64,
+        column_bytes: Vec<u64>,
+    },
+    Insert {
+        table: String,
+        key: Option<usize>,
+    },
+    TpchGen {
+        table: String,
+        sf: f64,
+        partitions: usize,
+    },
+    Sender {
+        exchange: u32,
+        producer: Placement,
+        mode: ModeProto,
+    },
+    Receiver {
+        exchange: u32,
+        schema: Vec<u8>,
+        producer: Placement,
+        producer_partitions: usize,
+        shuffle: bool,
+        partitioning: PartitioningProto,
+        ordering: Vec<SortProto>,
+    },
+}
+
+#[derive(Serialize, Deserialize)]
+enum ModeProto {
+    Shuffle(PartitioningProto),
+    Gather,
+    Broadcast,
+    Scatter,
+}
+
+#[derive(Serialize, Deserialize)]
+enum PartitioningProto {
+    Hash(Vec<Vec<u8>>, usize),
+    RoundRobin(usize),
+    Unknown(usize),
+}
+
+#[derive(Serialize, Deserialize)]
+struct SortProto {
+    expr: Vec<u8>,
+    descending: bool,
+    nulls_first: bool,
+}
+
+/// Encodes and decodes Gyre's plan nodes inside DataFusion's plan protobuf.
+#[derive(Debug, Default)]
+pub struct GyreCodec;
+
+pub fn schema_to_bytes(schema: &Schema) -> Result<Vec<u8>> {
+    Ok(protobuf::Schema::try_from(schema)?.encode_to_vec())
+}
+
+pub fn schema_from_bytes(bytes: &[u8]) -> Result<SchemaRef> {
+    let proto =
+        protobuf::Schema::decode(bytes).map_err(|e| internal_datafusion_err!("bad schema: {e}"))?;
+    Ok(Arc::new(Schema::try_from(&proto)?))
+}
+
+fn expr_bytes(e: &Arc<dyn PhysicalExpr>, codec: &GyreCodec) -> Result<Vec<u8>> {
+    Ok(serialize_physical_expr(e, codec)?.encode_to_vec())
+}
+
+fn expr_from(
+    bytes: &[u8],
+    ctx: &TaskContext,
+    schema: &Schema,
+    codec: &GyreCodec,
+) -> Result<Arc<dyn PhysicalExpr>> {
+    let node = protobuf::PhysicalExprNode::decode(bytes)
+        .map_err(|e| internal_datafusion_err!("bad expression: {e}"))?;
+    parse_physical_expr(&node, ctx, schema, codec)
+}
+
+fn partitioning_proto(p: &Partitioning, codec: &GyreCodec) -> Result<PartitioningProto> {
+    Ok(match p {
+        Partitioning::Hash(exprs, n) => PartitioningProto::Hash(
+            exprs
+                .iter()
+                .map(|e| expr_bytes(e, codec))
+                .collect::<Result<_>>()?,
+            *n,
+        ),
+        Partitioning::RoundRobinBatch(n) => PartitioningProto::RoundRobin(*n),
+        other => PartitioningProto::Unknown(other.partition_count()),
+    })
+}
+
+fn partitioning_from(
+    p: &PartitioningProto,
+    ctx: &TaskContext,
+    schema: &Schema,
+    codec: &GyreCodec,
+) -> Result<Partitioning> {
+    Ok(match p {
+        PartitioningProto::Hash(exprs, n) => Partitioning::Hash(
+            exprs
+                .iter()
+                .map(|e| expr_from(e, ctx, schema, codec))
+                .collect::<Result<_>>()?,
+            *n,
+        ),
+        PartitioningProto::RoundRobin(n) => Partitioning::RoundRobinBatch(*n),
+        PartitioningProto::Unknown(n) => Partitioning::UnknownPartitioning(*n),
+    })
+}
+
+impl GyreCodec {
+    /// Serialises a whole stage plan.
+    pub fn encode_plan(&self, plan: Arc<dyn ExecutionPlan>) -> Result<Vec<u8>> {
+        Ok(protobuf::PhysicalPlanNode::try_from_physical_plan(plan, self)?.encode_to_vec())
+    }
+
+    /// Rebuilds a stage plan on a worker.
+    pub fn decode_plan(&self, bytes: &[u8], ctx: &TaskContext) -> Result<Arc<dyn ExecutionPlan>> {
+        let node = protobuf::PhysicalPlanNode::decode(bytes)
+            .map_err(|e| internal_datafusion_err!("bad plan: {e}"))?;
+        node.try_into_physical_plan(ctx, self)
+    }
+}
+
+impl PhysicalExtensionCodec for GyreCodec {
+    fn try_decode(
+        &self,
+        buf: &[u8],
+        inputs: &[Arc<dyn ExecutionPlan>],
+        ctx: &TaskContext,
+        _proto_converter: &dyn PhysicalProtoConverterExtension,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let node: NodeProto = postcard::from_bytes(buf)
+            .map_err(|e| internal_datafusion_err!("bad Gyre plan node: {e}"))?;
+        Ok(match node {
+            NodeProto::Scan {
+                table,
+                schema,
+                projection,
+                partitions,
+                hash_key,
+                rows,
+                column_bytes,
+            } => Arc::new(GyreScanExec::new(
+                table,
+                schema_from_bytes(&schema)?,
+                projection,
+                partitions,
+                hash_key,
+                rows,
+                column_bytes,
+            )),
+            NodeProto::Insert { table, key } => {
+                let input = inputs
+                    .first()
+                    .ok_or_else(|| internal_datafusion_err!("insert without input"))?;
+                Arc::new(GyreInsertExec::new(Arc::clone(input), table, key))
+            }
+            NodeProto::TpchGen {
+                table,
+                sf,
+                partitions,
+            } => Arc::new(TpchGenExec::try_new(&table, sf, partitions)?),
+            NodeProto::Sender {
+                exchange,
+                producer,
+                mode,
+            } => {
+                let input = inputs
+                    .first()
+                    .ok_or_else(|| internal_datafusion_err!("sender without input"))?;
+                let mode = match mode {
+                    ModeProto::Shuffle(p) => {
+                        SendMode::Shuffle(partitioning_from(&p, ctx, &input.schema(), self)?)
+                    }
+                    ModeProto::Gather => SendMode::Gather,
+                    ModeProto::Broadcast => SendMode::Broadcast,
+                    ModeProto::Scatter => SendMode::Scatter,
+                };
+                Arc::new(ExchangeSenderExec::new(
+                    Arc::clone(input),
+                    exchange,
+                    producer,
+                    mode,
+                ))
+            }
+            NodeProto::Receiver {
+                exchange,
+                schema,
+                producer,
+                producer_partitions,
+                shuffle,
+                partitioning,
+                ordering,
+            } => {
+                let schema = schema_from_bytes(&schema)?;
+                let partitioning = partitioning_from(&partitioning, ctx, &schema, self)?;
+                let sort: Vec<PhysicalSortExpr> = ordering
+                    .iter()
+                    .map(|s| {
+                        Ok(PhysicalSortExpr {
+                            expr: expr_from(&s.expr, ctx, &schema, self)?,
+                            options: arrow::compute::SortOptions {
+                                descending: s.descending,
+                                nulls_first: s.nulls_first,
+                            },
+                        })
+                    })
+                    .collect::<Result<_>>()?;
+                Arc::new(ExchangeReceiverExec::new(
+                    exchange,
+                    schema,
+                    producer,
+                    producer_partitions,
+                    if shuffle {
+                        ReceiveMode::Shuffle
+                    } else {
+                        ReceiveMode::Forward
+                    },
+                    partitioning,
+                    LexOrdering::new(sort),
+                ))
+            }
+        })
+    }
+
+    fn try_encode(
+        &self,
+        node: Arc<dyn ExecutionPlan>,
+        buf: &mut Vec<u8>,
+        _proto_converter: &dyn PhysicalProtoConverterExtension,
+    ) -> Result<()> {
+        let proto = if let Some(s) = node.downcast_ref::<GyreScanExec>() {
+            NodeProto::Scan {
+                table: s.table.clone(),
+                schema: schema_to_bytes(&s.table_schema)?,
+                projection: s.projection.clone(),
+                partitions: s.partitions,
+                hash_key: s.hash_key.clone(),
+                rows: s.rows,
+                column_bytes: s.column_bytes.clone(),
+            }
+        } else if let Some(i) = node.downcast_ref::<GyreInsertExec>() {
+            NodeProto::Insert {
+                table: i.table.clone(),
+                key: i.key,
+            }
+        } else if let Some(g) = node.downcast_ref::<TpchGenExec>() {
+            NodeProto::TpchGen {
+                table: g.table.clone(),
+                sf: g.scale_factor,
+                partitions: g.partitions(),
+            }
+        } else if let Some(s) = node.downcast_ref::<ExchangeSenderExec>() {
+            NodeProto::Sender {
+                exchange: s.exchange(),
+                producer: s.producer(),
+                mode: match s.mode() {
+                    SendMode::Shuffle(p) => ModeProto::Shuffle(partitioning_proto(p, self)?),
+                    SendMode::Gather => ModeProto::Gather,
+                    SendMode::Broadcast => ModeProto::Broadcast,
+                    SendMode::Scatter => ModeProto::Scatter,
+                },
+            }
+        } else if let Some(r) = node.downcast_ref::<ExchangeReceiverExec>() {
+            NodeProto::Receiver {
+                exchange: r.exchange(),
+                schema: schema_to_bytes(&r.schema())?,
+                producer: r.producer(),
+                producer_partitions: r.producer_partitions(),
+                shuffle: r.mode() == ReceiveMode::Shuffle,
+                partitioning: partitioning_proto(
+                    datafusion::physical_plan::ExecutionPlanProperties::output_partitioning(&node),
+                    self,
+                )?,
+                ordering: r
+                    .ordering()
+                    .map(|o| {
+                        o.iter()
+                            .map(|s| {
+                                Ok(SortProto {
+                                    expr: expr_bytes(&s.expr, self)?,
+                                    descending: s.options.descending,
+                                    nulls_first: s.options.nulls_first,
+                                })
+                            })
+                            .collect::<Result<Vec<_>>>()
+                    })
+                    .transpose()?
+                    .unwrap_or_default(),
+            }
+        } else {
+            return internal_err!("cannot serialise plan node {}", node.name());
+        };
+        buf.extend(
+            postcard::to_allocvec(&proto)
+                .map_err(|e| internal_datafusion_err!("cannot encode plan node: {e}"))?,
+        );
+        Ok(())
+    }
+}

@@ -1,0 +1,1032 @@
+//! The coordinator: cluster membership, the catalog, planning, and running
+//! queries over the workers.
+
+use crate::codec::{GyreCodec, schema_to_bytes};
+use crate::protocol::{ControlClient, Request, Response};
+use crate::session::{coordinator_context, parse_compression};
+use crate::storage::PartStats;
+use crate::table::{
+    DistributedTable, GyreInsertExec, GyreScanExec, QueryWorkers, TableMeta, TablePlacement,
+    count_schema,
+};
+use crate::tpch::{self, TpchGenExec};
+use arrow::array::{ArrayRef, RecordBatch, StringArray, UInt64Array};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::catalog::TableProvider;
+use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
+use datafusion::common::{DataFusionError, Result, TableReference, plan_err};
+use datafusion::datasource::provider_as_source;
+use datafusion::execution::TaskContext;
+use datafusion::execution::context::SessionState;
+use datafusion::logical_expr::dml::InsertOp;
+use datafusion::logical_expr::{
+    CreateExternalTable, CreateMemoryTable, DdlStatement, DropTable, LogicalPlan,
+    LogicalPlanBuilder, Statement as LogicalStatement,
+};
+use datafusion::physical_plan::display::DisplayableExecutionPlan;
+use datafusion::physical_plan::repartition::RepartitionExec;
+use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, Partitioning};
+use datafusion::prelude::SessionContext;
+use datafusion::sql::parser::{DFParser, Statement as DFStatement};
+use datafusion::sql::sqlparser::ast::{Expr as SqlExpr, Statement as SqlStatement};
+use datafusion::sql::sqlparser::dialect::GenericDialect;
+use gyre_exchange::{Placement, QueryContext};
+use gyre_planner::{DistributedPlan, split_into_stages};
+use gyre_transport::{COORDINATOR, NodeId, TcpTransport, Transport, TransportConfig, node_name};
+use parking_lot::{Mutex, RwLock};
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+
+/// How a coordinator is started.
+#[derive(Debug, Clone)]
+pub struct CoordinatorConfig {
+    /// Flight SQL (clients) and control (workers) address.
+    pub listen: SocketAddr,
+    /// Data listen address; port 0 picks a free one.
+    pub data_listen: SocketAddr,
+    pub transport: TransportConfig,
+    /// A worker silent for this long is declared dead.
+    pub heartbeat_timeout: Duration,
+}
+
+impl Default for CoordinatorConfig {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:50050".parse().unwrap(),
+            data_listen: "127.0.0.1:0".parse().unwrap(),
+            transport: TransportConfig::default(),
+            heartbeat_timeout: Duration::from_secs(3),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Member {
+    control: ControlClient,
+    data_addr: SocketAddr,
+    alive: bool,
+    last_seen: Instant,
+    death: Option<String>,
+}
+
+/// Session settings under `gyre.*`.
+#[derive(Debug, Clone, Default)]
+struct Settings {
+    compression: Option<String>,
+}
+
+/// The result of one statement.
+#[derive(Debug, Clone)]
+pub struct StatementResult {
+    pub schema: SchemaRef,
+    pub batches: Vec<RecordBatch>,
+}
+
+struct RunningQuery {
+    workers: Vec<NodeId>,
+    fail: mpsc::UnboundedSender<String>,
+}
+
+/// The coordinator of a Gyre cluster.
+pub struct Coordinator {
+    pub transport: TcpTransport,
+    ctx: SessionContext,
+    members: RwLock<BTreeMap<NodeId, Member>>,
+    tables: RwLock<BTreeMap<String, TableMeta>>,
+    /// Per table, per worker: the sizes each worker reported.
+    part_stats: Mutex<HashMap<String, BTreeMap<NodeId, PartStats>>>,
+    next_node: AtomicU32,
+    next_query: AtomicU64,
+    running: Mutex<HashMap<u64, RunningQuery>>,
+    settings: Mutex<Settings>,
+    config: CoordinatorConfig,
+}
+
+impl std::fmt::Debug for Coordinator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Coordinator").finish()
+    }
+}
+
+fn exec_err(msg: impl Into<String>) -> DataFusionError {
+    DataFusionError::Execution(msg.into())
+}
+
+fn text_result(column: &str, rows: Vec<String>) -> Result<StatementResult> {
+    let schema = Arc::new(Schema::new(vec![Field::new(column, DataType::Utf8, false)]));
+    let batch = RecordBatch::try_new(
+        Arc::clone(&schema),
+        vec![Arc::new(StringArray::from(rows)) as ArrayRef],
+    )?;
+    Ok(StatementResult {
+        schema,
+        batches: vec![batch],
+    })
+}
+
+fn count_result(rows: u64) -> Result<StatementResult> {
+    let batch = RecordBatch::try_new(
+        count_schema(),
+        vec![Arc::new(UInt64Array::from(vec![rows])) as ArrayRef],
+    )?;
+    Ok(StatementResult {
+        schema: count_schema(),
+        batches: vec![batch],
+    })
+}
+
+fn is_worker_leaf(plan: &dyn ExecutionPlan) -> bool {
+    plan.is::<GyreScanExec>() || plan.is::<TpchGenExec>()
+}
+
+impl Coordinator {
+    /// Starts the coordinator's data transport and membership monitor. The Flight SQL
+    /// service is started separately with [`crate::flight_sql::serve`].
+    pub async fn start(config: CoordinatorConfig) -> Result<Arc<Self>> {
+        let transport =
+            TcpTransport::bind(COORDINATOR, config.data_listen, config.transport.clone()).await?;
+        let coordinator = Arc::new(Self {
+            transport,
+            ctx: coordinator_context(),
+            members: RwLock::new(BTreeMap::new()),
+            tables: RwLock::new(BTreeMap::new()),
+            part_stats: Mutex::new(HashMap::new()),
+            next_node: AtomicU32::new(1),
+            next_query: AtomicU64::new(1),
+            running: Mutex::new(HashMap::new()),
+            settings: Mutex::new(Settings::default()),
+            config,
+        });
+        let weak = Arc::downgrade(&coordinator);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                let Some(c) = weak.upgrade() else { return };
+                c.check_members();
+            }
+        });
+        Ok(coordinator)
+    }
+
+    /// Workers currently alive, in id order: partition `i` of a query runs on the `i`-th.
+    pub fn live_workers(&self) -> Vec<NodeId> {
+        self.members
+            .read()
+            .iter()
+            .filter(|(_, m)| m.alive)
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
+    /// Waits until at least `n` workers are registered.
+    pub async fn wait_for_workers(&self, n: usize, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        while self.live_workers().len() < n {
+            if Instant::now() > deadline {
+                return Err(exec_err(format!(
+                    "only {} of {n} workers registered within {timeout:?}",
+                    self.live_workers().len()
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(())
+    }
+
+    fn check_members(&self) {
+        let timeout = self.config.heartbeat_timeout;
+        let mut died = vec![];
+        {
+            let mut members = self.members.write();
+            for (id, m) in members.iter_mut() {
+                if !m.alive {
+                    continue;
+                }
+                let reason = if self.transport.is_lost(*id) {
+                    Some(format!(
+                        "{} at {} died (data connection lost)",
+                        node_name(*id),
+                        m.data_addr
+                    ))
+                } else if m.last_seen.elapsed() > timeout {
+                    Some(format!(
+                        "{} at {} died (no heartbeat for {:?})",
+                        node_name(*id),
+                        m.data_addr,
+                        timeout
+                    ))
+                } else {
+                    None
+                };
+                if let Some(reason) = reason {
+                    m.alive = false;
+                    m.death = Some(reason.clone());
+                    died.push((*id, reason));
+                }
+            }
+        }
+        for (id, reason) in died {
+            tracing::error!("{reason}");
+            self.transport.forget_peer(id, &reason);
+            for q in self.running.lock().values() {
+                if q.workers.contains(&id) {
+                    let _ = q.fail.send(reason.clone());
+                }
+            }
+        }
+    }
+
+    /// Handles a control message from a worker.
+    pub async fn handle_control(self: &Arc<Self>, req: Request) -> Result<Response> {
+        match req {
+            Request::Register {
+                control_addr,
+                data_addr,
+            } => {
+                let data: SocketAddr = tokio::net::lookup_host(&data_addr)
+                    .await?
+                    .next()
+                    .ok_or_else(|| exec_err(format!("cannot resolve {data_addr}")))?;
+                let id = self.next_node.fetch_add(1, Ordering::SeqCst);
+                self.members.write().insert(
+                    id,
+                    Member {
+                        control: ControlClient::connect_lazy(&control_addr)?,
+                        data_addr: data,
+                        alive: true,
+                        last_seen: Instant::now(),
+                        death: None,
+                    },
+                );
+                tracing::info!(node = id, %control_addr, %data_addr, "worker registered");
+                // The new worker serves its control service only after this reply.
+                let me = Arc::clone(self);
+                tokio::spawn(async move { me.push_peers().await });
+                Ok(Response::Registered { node: id })
+            }
+            Request::Heartbeat { node } => {
+                let mut members = self.members.write();
+                match members.get_mut(&node) {
+                    Some(m) if m.alive => {
+                        m.last_seen = Instant::now();
+                        Ok(Response::Ok)
+                    }
+                    Some(m) => Err(exec_err(format!(
+                        "{} was declared dead: {}",
+                        node_name(node),
+                        m.death.clone().unwrap_or_default()
+                    ))),
+                    None => Err(exec_err(format!("unknown worker {node}"))),
+                }
+            }
+            Request::QueryFailed { query, error, .. } => {
+                if let Some(q) = self.running.lock().get(&query) {
+                    let _ = q.fail.send(error);
+                }
+                Ok(Response::Ok)
+            }
+            other => Err(exec_err(format!(
+                "the coordinator does not handle {other:?}"
+            ))),
+        }
+    }
+
+    async fn push_peers(&self) {
+        let (peers, clients): (Vec<(NodeId, String)>, Vec<ControlClient>) = {
+            let members = self.members.read();
+            let mut peers: Vec<(NodeId, String)> = members
+                .iter()
+                .filter(|(_, m)| m.alive)
+                .map(|(id, m)| (*id, m.data_addr.to_string()))
+                .collect();
+            peers.push((COORDINATOR, self.transport.local_addr().to_string()));
+            let clients = members
+                .values()
+                .filter(|m| m.alive)
+                .map(|m| m.control.clone())
+                .collect();
+            (peers, clients)
+        };
+        let map: HashMap<NodeId, SocketAddr> = self
+            .members
+            .read()
+            .iter()
+            .filter(|(_, m)| m.alive)
+            .map(|(id, m)| (*id, m.data_addr))
+            .collect();
+        self.transport.set_peers(&map);
+        let req = Request::SetPeers { peers };
+        for c in clients {
+            if let Err(e) = c.call(&req).await {
+                tracing::warn!("cannot send the peer table to {}: {e}", c.addr());
+            }
+        }
+    }
+
+    fn control(&self, node: NodeId) -> Result<ControlClient> {
+        self.members
+            .read()
+            .get(&node)
+            .map(|m| m.control.clone())
+            .ok_or_else(|| exec_err(format!("unknown worker {node}")))
+    }
+
+    async fn broadcast(&self, workers: &[NodeId], req: Request) -> Result<Vec<Response>> {
+        let calls = workers.iter().map(|w| {
+            let req = req.clone();
+            async move {
+                let c = self.control(*w)?;
+                c.call(&req)
+                    .await
+                    .map_err(|e| exec_err(format!("{}: {e}", node_name(*w))))
+            }
+        });
+        futures::future::try_join_all(calls).await
+    }
+
+    /// A planning state for a query over `workers`.
+    fn query_state(&self, workers: &[NodeId]) -> SessionState {
+        let mut state = self.ctx.state();
+        let config = state.config_mut();
+        config.options_mut().execution.target_partitions = workers.len().max(1);
+        config.set_extension(Arc::new(QueryWorkers(workers.to_vec())));
+        state
+    }
+
+    fn task_ctx(&self, qc: QueryContext) -> Arc<TaskContext> {
+        // Only the config changes: rebuilding the state would re-create (and empty) the
+        // shared default catalog.
+        let mut state = self.ctx.state();
+        let config = state.config().clone().with_extension(Arc::new(qc));
+        *state.config_mut() = config;
+        state.task_ctx()
+    }
+
+    /// Runs every statement of `sql` in order and returns each result.
+    pub async fn sql(self: &Arc<Self>, sql: &str) -> Result<Vec<StatementResult>> {
+        let statements = DFParser::parse_sql_with_dialect(sql, &GenericDialect {})?;
+        let mut out = Vec::with_capacity(statements.len());
+        for stmt in statements {
+            out.push(self.run_statement(stmt).await?);
+        }
+        Ok(out)
+    }
+
+    /// The schema a statement's result will have, found by planning it (not running it).
+    pub async fn result_schema(&self, sql: &str) -> Result<SchemaRef> {
+        let workers = self.live_workers();
+        let state = self.query_state(&workers);
+        let plan = state.create_logical_plan(sql).await?;
+        Ok(Arc::new(plan.schema().as_arrow().clone()))
+    }
+
+    /// Runs a single statement.
+    pub async fn sql_one(self: &Arc<Self>, sql: &str) -> Result<StatementResult> {
+        let mut results = self.sql(sql).await?;
+        match results.len() {
+            1 => Ok(results.pop().unwrap()),
+            n => plan_err!("expected one statement, found {n}"),
+        }
+    }
+
+    async fn run_statement(self: &Arc<Self>, mut stmt: DFStatement) -> Result<StatementResult> {
+        let placement = take_partition_by(&mut stmt)?;
+        let workers = self.live_workers();
+        let state = self.query_state(&workers);
+        let plan = state.statement_to_plan(stmt).await?;
+        self.run_logical(state, plan, workers, placement).await
+    }
+
+    async fn run_logical(
+        self: &Arc<Self>,
+        state: SessionState,
+        plan: LogicalPlan,
+        workers: Vec<NodeId>,
+        placement: Option<TablePlacement>,
+    ) -> Result<StatementResult> {
+        match plan {
+            LogicalPlan::Ddl(DdlStatement::CreateMemoryTable(cmd)) => {
+                self.create_table(state, cmd, workers, placement).await
+            }
+            LogicalPlan::Ddl(DdlStatement::CreateExternalTable(cmd)) => {
+                self.create_external_table(state, *cmd, workers).await
+            }
+            LogicalPlan::Ddl(DdlStatement::DropTable(cmd)) => self.drop_table(cmd, &workers).await,
+            LogicalPlan::Statement(LogicalStatement::SetVariable(sv))
+                if sv.variable.to_ascii_lowercase().starts_with("gyre.") =>
+            {
+                self.set_gyre_variable(&sv.variable, &sv.value)?;
+                Ok(StatementResult {
+                    schema: Arc::new(Schema::empty()),
+                    batches: vec![],
+                })
+            }
+            LogicalPlan::Explain(e) => {
+                let physical = state.create_physical_plan(&e.plan).await?;
+                let dplan = self.distribute(physical, workers.len())?;
+                let mut text = format!(
+                    "distributed plan over {} workers ({})\n",
+                    workers.len(),
+                    workers
+                        .iter()
+                        .map(|w| node_name(*w))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+                text.push_str(&dplan.display());
+                text_result("plan", text.lines().map(String::from).collect())
+            }
+            LogicalPlan::Analyze(a) => {
+                let physical = state.create_physical_plan(&a.input).await?;
+                let dplan = self.distribute(physical, workers.len())?;
+                let start = Instant::now();
+                let run = self.execute(&dplan, &workers, true).await?;
+                let rows: usize = run.batches.iter().map(|b| b.num_rows()).sum();
+                let mut lines = vec![format!(
+                    "query returned {rows} rows in {:.3} s over {} workers",
+                    start.elapsed().as_secs_f64(),
+                    workers.len()
+                )];
+                lines.extend(run.report.lines().map(String::from));
+                text_result("plan_with_metrics", lines)
+            }
+            LogicalPlan::Ddl(_) | LogicalPlan::Statement(_) | LogicalPlan::DescribeTable(_) => {
+                let df = self.ctx.execute_logical_plan(plan).await?;
+                let schema = Arc::new(df.schema().as_arrow().clone());
+                Ok(StatementResult {
+                    schema,
+                    batches: df.collect().await?,
+                })
+            }
+            plan => self.run_query(state, plan, workers).await,
+        }
+    }
+
+    /// Plans and runs a query or DML statement on the cluster.
+    async fn run_query(
+        &self,
+        state: SessionState,
+        plan: LogicalPlan,
+        workers: Vec<NodeId>,
+    ) -> Result<StatementResult> {
+        let physical = state.create_physical_plan(&plan).await?;
+        let is_insert = physical.is::<GyreInsertExec>();
+        let dplan = self.distribute(physical, workers.len())?;
+        let run = self.execute(&dplan, &workers, false).await?;
+        if is_insert {
+            let rows = run
+                .batches
+                .iter()
+                .filter_map(|b| b.column(0).as_any().downcast_ref::<UInt64Array>())
+                .flat_map(|a| a.values().iter().copied())
+                .sum();
+            return count_result(rows);
+        }
+        Ok(StatementResult {
+            schema: dplan.final_stage().plan.schema(),
+            batches: run.batches,
+        })
+    }
+
+    fn set_gyre_variable(&self, variable: &str, value: &str) -> Result<()> {
+        let mut s = self.settings.lock();
+        match variable.to_ascii_lowercase().as_str() {
+            "gyre.compression" => {
+                parse_compression(Some(value))?;
+                s.compression = Some(value.to_string());
+                Ok(())
+            }
+            other => plan_err!("unknown setting '{other}' (known: gyre.compression)"),
+        }
+    }
+
+    /// Turns an optimised physical plan into stages.
+    fn distribute(&self, plan: Arc<dyn ExecutionPlan>, n: usize) -> Result<DistributedPlan> {
+        if n == 0 {
+            return plan_err!("no workers are alive");
+        }
+        // Inserts must run on every worker: give their input one partition per worker.
+        let plan = plan
+            .transform_up(|node| {
+                if let Some(ins) = node.downcast_ref::<GyreInsertExec>()
+                    && ins.input.output_partitioning().partition_count() != n
+                {
+                    let input = Arc::new(RepartitionExec::try_new(
+                        Arc::clone(&ins.input),
+                        Partitioning::RoundRobinBatch(n),
+                    )?);
+                    return Ok(Transformed::yes(Arc::new(GyreInsertExec::new(
+                        input,
+                        ins.table.clone(),
+                        ins.key,
+                    ))
+                        as Arc<dyn ExecutionPlan>));
+                }
+                Ok(Transformed::no(node))
+            })
+            .data()?;
+        split_into_stages(plan, n, &is_worker_leaf)
+    }
+
+    /// Runs a distributed plan and returns the final stage's batches.
+    pub async fn execute(
+        &self,
+        dplan: &DistributedPlan,
+        workers: &[NodeId],
+        analyze: bool,
+    ) -> Result<QueryRun> {
+        let query = self.next_query.fetch_add(1, Ordering::SeqCst);
+        let compression = self.settings.lock().compression.clone();
+        let qc = QueryContext {
+            query_id: query,
+            transport: Arc::new(self.transport.clone()),
+            workers: workers.to_vec(),
+            compression: parse_compression(compression.as_deref())?,
+        };
+        let ctx = self.task_ctx(qc);
+        let codec = GyreCodec;
+        let stages = dplan
+            .worker_stages()
+            .map(|s| Ok((s.id, codec.encode_plan(Arc::clone(&s.plan))?)))
+            .collect::<Result<Vec<_>>>()?;
+        let (fail_tx, mut fail_rx) = mpsc::unbounded_channel();
+        self.running.lock().insert(
+            query,
+            RunningQuery {
+                workers: workers.to_vec(),
+                fail: fail_tx.clone(),
+            },
+        );
+        let mut local_tasks = vec![];
+        let result = async {
+            if !stages.is_empty() {
+                self.broadcast(
+                    workers,
+                    Request::StartQuery {
+                        query,
+                        workers: workers.to_vec(),
+                        stages: stages.clone(),
+                        compression: compression.clone(),
+                    },
+                )
+                .await?;
+            }
+            let last = dplan.stages.len() - 1;
+            for stage in &dplan.stages[..last] {
+                if stage.placement != Placement::Coordinator {
+                    continue;
+                }
+                for p in 0..stage.plan.output_partitioning().partition_count() {
+                    let (plan, ctx, fail, id) = (
+                        Arc::clone(&stage.plan),
+                        Arc::clone(&ctx),
+                        fail_tx.clone(),
+                        stage.id,
+                    );
+                    local_tasks.push(tokio::spawn(async move {
+                        let res = match plan.execute(p, ctx) {
+                            Ok(s) => datafusion::physical_plan::common::collect(s)
+                                .await
+                                .map(|_| ()),
+                            Err(e) => Err(e),
+                        };
+                        if let Err(e) = res {
+                            let _ = fail.send(format!("stage {id} on the coordinator: {e}"));
+                        }
+                    }));
+                }
+            }
+            let root = Arc::clone(&dplan.final_stage().plan);
+            let collect = async {
+                let stream = root.execute(0, Arc::clone(&ctx))?;
+                datafusion::physical_plan::common::collect(stream).await
+            };
+            tokio::select! {
+                r = collect => r,
+                Some(msg) = fail_rx.recv() => Err(exec_err(msg)),
+            }
+        }
+        .await;
+        for t in &local_tasks {
+            t.abort();
+        }
+        self.running.lock().remove(&query);
+        let reports = self.finish(query, workers, result.is_ok(), analyze).await;
+        self.transport.release_query(query);
+        let batches = result?;
+        let mut report = String::new();
+        if analyze {
+            report = self.render_report(dplan, workers, &reports);
+        }
+        Ok(QueryRun { batches, report })
+    }
+
+    /// Tells every worker the query is over and collects their reports.
+    async fn finish(
+        &self,
+        query: u64,
+        workers: &[NodeId],
+        commit: bool,
+        metrics: bool,
+    ) -> BTreeMap<NodeId, Vec<(usize, String)>> {
+        let req = Request::FinishQuery {
+            query,
+            commit,
+            metrics,
+        };
+        let calls = workers.iter().map(|w| {
+            let req = req.clone();
+            async move {
+                let alive = self.members.read().get(w).is_some_and(|m| m.alive);
+                if !alive {
+                    return (*w, None);
+                }
+                let Ok(c) = self.control(*w) else {
+                    return (*w, None);
+                };
+                let r = tokio::time::timeout(Duration::from_secs(5), c.call(&req)).await;
+                (*w, r.ok().and_then(|r| r.ok()))
+            }
+        });
+        let mut out = BTreeMap::new();
+        for (w, resp) in futures::future::join_all(calls).await {
+            if let Some(Response::Finished { stages, tables }) = resp {
+                let mut stats = self.part_stats.lock();
+                for (table, s) in tables {
+                    stats.entry(table.clone()).or_default().insert(w, s);
+                    self.refresh_table_stats(&table, &stats);
+                }
+                out.insert(w, stages);
+            }
+        }
+        out
+    }
+
+    fn refresh_table_stats(
+        &self,
+        table: &str,
+        stats: &HashMap<String, BTreeMap<NodeId, PartStats>>,
+    ) {
+        let Some(per_worker) = stats.get(table) else {
+            return;
+        };
+        let mut tables = self.tables.write();
+        let Some(meta) = tables.get_mut(table) else {
+            return;
+        };
+        meta.rows = per_worker.values().map(|s| s.rows).sum();
+        meta.column_bytes = (0..meta.schema.fields().len())
+            .map(|i| {
+                per_worker
+                    .values()
+                    .map(|s| s.column_bytes.get(i).copied().unwrap_or(0))
+                    .sum()
+            })
+            .collect();
+        let provider = Arc::new(DistributedTable { meta: meta.clone() });
+        drop(tables);
+        let _ = self.ctx.deregister_table(table);
+        let _ = self.ctx.register_table(table, provider);
+    }
+
+    fn render_report(
+        &self,
+        dplan: &DistributedPlan,
+        workers: &[NodeId],
+        reports: &BTreeMap<NodeId, Vec<(usize, String)>>,
+    ) -> String {
+        let mut out = String::new();
+        for stage in dplan.stages.iter().rev() {
+            match stage.placement {
+                Placement::Coordinator => {
+                    out.push_str(&format!("stage {} on coordinator:\n", stage.id));
+                    let text = DisplayableExecutionPlan::with_metrics(stage.plan.as_ref())
+                        .indent(true)
+                        .to_string();
+                    for l in text.lines() {
+                        out.push_str(&format!("  {l}\n"));
+                    }
+                }
+                Placement::Workers => {
+                    out.push_str(&format!("stage {} on workers:\n", stage.id));
+                    for w in workers {
+                        out.push_str(&format!("  {}:\n", node_name(*w)));
+                        let text = reports
+                            .get(w)
+                            .and_then(|r| r.iter().find(|(id, _)| *id == stage.id))
+                            .map(|(_, t)| t.as_str())
+                            .unwrap_or("(no report)");
+                        for l in text.lines() {
+                            out.push_str(&format!("    {l}\n"));
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    fn register(&self, meta: TableMeta) -> Result<()> {
+        let name = meta.name.clone();
+        let provider: Arc<dyn TableProvider> = Arc::new(DistributedTable { meta: meta.clone() });
+        self.tables.write().insert(name.clone(), meta);
+        let _ = self.ctx.deregister_table(name.as_str());
+        self.ctx.register_table(name.as_str(), provider)?;
+        Ok(())
+    }
+
+    /// Creates an empty distributed table on `workers`.
+    async fn create_empty_table(
+        &self,
+        name: &str,
+        schema: SchemaRef,
+        placement: TablePlacement,
+        workers: &[NodeId],
+    ) -> Result<()> {
+        if workers.is_empty() {
+            return plan_err!("cannot create table '{name}': no workers are alive");
+        }
+        if let TablePlacement::Hash { column } = &placement
+            && schema.index_of(column).is_err()
+        {
+            return plan_err!("cannot partition '{name}' by '{column}': no such column");
+        }
+        self.broadcast(
+            workers,
+            Request::CreateTable {
+                name: name.to_string(),
+                schema: schema_to_bytes(&schema)?,
+            },
+        )
+        .await?;
+        self.part_stats.lock().remove(name);
+        self.register(TableMeta {
+            name: name.to_string(),
+            column_bytes: vec![0; schema.fields().len()],
+            schema,
+            placement,
+            workers: workers.to_vec(),
+            rows: 0,
+        })
+    }
+
+    /// Inserts the rows of `input` (a logical plan) into table `name`.
+    async fn insert(
+        self: &Arc<Self>,
+        state: SessionState,
+        name: &str,
+        input: LogicalPlan,
+        workers: Vec<NodeId>,
+    ) -> Result<StatementResult> {
+        let provider = self.ctx.table_provider(name).await?;
+        let plan = LogicalPlanBuilder::insert_into(
+            input,
+            TableReference::bare(name),
+            provider_as_source(provider),
+            InsertOp::Append,
+        )?
+        .build()?;
+        let plan = state.optimize(&plan)?;
+        self.run_query(state, plan, workers).await
+    }
+
+    async fn create_table(
+        self: &Arc<Self>,
+        state: SessionState,
+        cmd: CreateMemoryTable,
+        workers: Vec<NodeId>,
+        placement: Option<TablePlacement>,
+    ) -> Result<StatementResult> {
+        let name = cmd.name.table().to_string();
+        if self.tables.read().contains_key(&name) {
+            if cmd.if_not_exists {
+                return count_result(0);
+            }
+            if !cmd.or_replace {
+                return plan_err!("table '{name}' already exists");
+            }
+        }
+        let schema: SchemaRef = Arc::new(cmd.input.schema().as_arrow().clone());
+        let placement = placement.unwrap_or_else(|| {
+            cmd.constraints
+                .iter()
+                .find_map(|c| match c {
+                    datafusion::common::Constraint::PrimaryKey(cols) => cols.first().copied(),
+                    _ => None,
+                })
+                .map(|i| TablePlacement::Hash {
+                    column: schema.field(i).name().clone(),
+                })
+                .unwrap_or(TablePlacement::Chunked)
+        });
+        self.create_empty_table(&name, Arc::clone(&schema), placement, &workers)
+            .await?;
+        let empty =
+            matches!(cmd.input.as_ref(), LogicalPlan::EmptyRelation(e) if !e.produce_one_row);
+        if empty {
+            return count_result(0);
+        }
+        let input = Arc::unwrap_or_clone(cmd.input);
+        let res = self.insert(state, &name, input, workers.clone()).await;
+        if res.is_err() {
+            let _ = self.drop_by_name(&name, &workers).await;
+        }
+        res
+    }
+
+    async fn create_external_table(
+        self: &Arc<Self>,
+        state: SessionState,
+        cmd: CreateExternalTable,
+        workers: Vec<NodeId>,
+    ) -> Result<StatementResult> {
+        let name = cmd.name.table().to_string();
+        if self.tables.read().contains_key(&name) && !cmd.if_not_exists {
+            return plan_err!("table '{name}' already exists");
+        }
+        let factory = state
+            .table_factories()
+            .get(cmd.file_type.to_ascii_uppercase().as_str())
+            .cloned()
+            .ok_or_else(|| exec_err(format!("unsupported file type '{}'", cmd.file_type)))?;
+        let source = factory.create(&state, &cmd).await.map_err(|e| {
+            exec_err(format!(
+                "cannot read '{}' as {}: {e}",
+                cmd.locations.join(", "),
+                cmd.file_type
+            ))
+        })?;
+        let schema = source.schema();
+        let input =
+            LogicalPlanBuilder::scan(format!("{name}_source"), provider_as_source(source), None)?
+                .build()?;
+        let placement = cmd
+            .options
+            .get("gyre.partition_by")
+            .map(|c| TablePlacement::Hash { column: c.clone() })
+            .unwrap_or(TablePlacement::Chunked);
+        self.create_empty_table(&name, schema, placement, &workers)
+            .await?;
+        let res = self.insert(state, &name, input, workers.clone()).await;
+        if let Err(e) = &res {
+            let _ = self.drop_by_name(&name, &workers).await;
+            return Err(exec_err(format!(
+                "loading '{}' into table '{name}' failed: {e}",
+                cmd.locations.join(", ")
+            )));
+        }
+        res
+    }
+
+    async fn drop_by_name(&self, name: &str, workers: &[NodeId]) -> Result<()> {
+        self.tables.write().remove(name);
+        self.part_stats.lock().remove(name);
+        let _ = self.ctx.deregister_table(name);
+        self.broadcast(
+            workers,
+            Request::DropTable {
+                name: name.to_string(),
+            },
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn drop_table(&self, cmd: DropTable, workers: &[NodeId]) -> Result<StatementResult> {
+        let name = cmd.name.table().to_string();
+        if !self.tables.read().contains_key(&name) {
+            if cmd.if_exists {
+                return count_result(0);
+            }
+            return plan_err!("table '{name}' does not exist");
+        }
+        self.drop_by_name(&name, workers).await?;
+        count_result(0)
+    }
+
+    /// Generates TPC-H at scale factor `sf` in place, each table hash-placed on
+    /// its first primary-key column.
+    pub async fn load_tpch(self: &Arc<Self>, sf: f64) -> Result<()> {
+        for table in tpch::TABLES {
+            let workers = self.live_workers();
+            let state = self.query_state(&workers);
+            let schema = tpch::schema(table)?;
+            let column = tpch::primary_key(table).expect("tpch table").to_string();
+            let _ = self.drop_by_name(table, &workers).await;
+            self.create_empty_table(
+                table,
+                Arc::clone(&schema),
+                TablePlacement::Hash { column },
+                &workers,
+            )
+            .await?;
+            let source = Arc::new(TpchSource {
+                table: table.to_string(),
+                sf,
+                schema,
+            });
+            let input = LogicalPlanBuilder::scan(
+                format!("tpchgen_{table}"),
+                provider_as_source(source),
+                None,
+            )?
+            .build()?;
+            self.insert(state, table, input, workers).await?;
+        }
+        Ok(())
+    }
+
+    /// The catalog entry of a table.
+    pub fn table(&self, name: &str) -> Option<TableMeta> {
+        self.tables.read().get(name).cloned()
+    }
+
+    pub fn table_names(&self) -> Vec<String> {
+        self.tables.read().keys().cloned().collect()
+    }
+}
+
+/// What [`Coordinator::execute`] returns.
+#[derive(Debug)]
+pub struct QueryRun {
+    pub batches: Vec<RecordBatch>,
+    /// With `analyze`: every stage with each worker's metrics.
+    pub report: String,
+}
+
+/// Reads `PARTITION BY col` of a `CREATE TABLE` (removing it, since DataFusion
+/// does not know it) as the table's hash placement.
+fn take_partition_by(stmt: &mut DFStatement) -> Result<Option<TablePlacement>> {
+    let DFStatement::Statement(s) = stmt else {
+        return Ok(None);
+    };
+    let SqlStatement::CreateTable(ct) = s.as_mut() else {
+        return Ok(None);
+    };
+    let Some(expr) = ct.partition_by.take() else {
+        return Ok(None);
+    };
+    match *expr {
+        SqlExpr::Identifier(id) => Ok(Some(TablePlacement::Hash { column: id.value })),
+        SqlExpr::Nested(inner) => match *inner {
+            SqlExpr::Identifier(id) => Ok(Some(TablePlacement::Hash { column: id.value })),
+            other => plan_err!("PARTITION BY takes one column name, not '{other}'"),
+        },
+        other => plan_err!("PARTITION BY takes one column name, not '{other}'"),
+    }
+}
+
+/// A TPC-H table as a source: scanned, it generates its rows on the workers.
+#[derive(Debug)]
+struct TpchSource {
+    table: String,
+    sf: f64,
+    schema: SchemaRef,
+}
+
+#[async_trait::async_trait]
+impl TableProvider for TpchSource {
+    fn schema(&self) -> SchemaRef {
+        Arc::clone(&self.schema)
+    }
+    fn table_type(&self) -> datafusion::datasource::TableType {
+        datafusion::datasource::TableType::Temporary
+    }
+    async fn scan(
+        &self,
+        state: &dyn datafusion::catalog::Session,
+        projection: Option<&Vec<usize>>,
+        _filters: &[datafusion::logical_expr::Expr],
+        _limit: Option<usize>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let n = state.config().target_partitions();
+        let source: Arc<dyn ExecutionPlan> =
+            Arc::new(TpchGenExec::try_new(&self.table, self.sf, n)?);
+        match projection {
+            Some(p) if p.len() != self.schema.fields().len() => {
+                let exprs = p
+                    .iter()
+                    .map(|&i| {
+                        let f = self.schema.field(i);
+                        (
+                            Arc::new(datafusion::physical_expr::expressions::Column::new(
+                                f.name(),
+                                i,
+                            ))
+                                as Arc<dyn datafusion::physical_expr::PhysicalExpr>,
+                            f.name().clone(),
+                        )
+                    })
+                    .collect::<Vec<_>>();
+                Ok(Arc::new(
+                    datafusion::physical_plan::projection::ProjectionExec::try_new(exprs, source)?,
+                ))
+            }
+            _ => Ok(source),
+        }
+    }
+}

@@ -1,0 +1,281 @@
+//! The coordinator's front door: Arrow Flight SQL for clients (ADBC, JDBC,
+//! `gyre sql`), and the control actions workers use to join and report.
+
+use crate::coordinator::{Coordinator, StatementResult};
+use crate::protocol::{ACTION, Request, decode, encode};
+use arrow::datatypes::Schema;
+use arrow::ipc::writer::IpcWriteOptions;
+use arrow_flight::encode::FlightDataEncoderBuilder;
+use arrow_flight::flight_service_server::{FlightService, FlightServiceServer};
+use arrow_flight::sql::metadata::{SqlInfoData, SqlInfoDataBuilder};
+use arrow_flight::sql::server::{FlightSqlService, PeekableFlightDataStream};
+use arrow_flight::sql::{
+    ActionClosePreparedStatementRequest, ActionCreatePreparedStatementRequest,
+    ActionCreatePreparedStatementResult, CommandGetSqlInfo, CommandPreparedStatementQuery,
+    CommandPreparedStatementUpdate, CommandStatementQuery, CommandStatementUpdate, ProstMessageExt,
+    SqlInfo, TicketStatementQuery,
+};
+use arrow_flight::{
+    Action, FlightDescriptor, FlightEndpoint, FlightInfo, IpcMessage, SchemaAsIpc, Ticket,
+};
+use datafusion::common::DataFusionError;
+use futures::{StreamExt, TryStreamExt};
+use parking_lot::Mutex;
+use prost::Message;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use tonic::{Request as TonicRequest, Response as TonicResponse, Status};
+
+/// Flight SQL service of a coordinator.
+pub struct GyreFlightSql {
+    coordinator: Arc<Coordinator>,
+    results: Mutex<HashMap<String, StatementResult>>,
+    prepared: Mutex<HashMap<String, String>>,
+    sql_info: SqlInfoData,
+}
+
+fn status(e: DataFusionError) -> Status {
+    match e {
+        DataFusionError::SQL(..) | DataFusionError::Plan(_) | DataFusionError::SchemaError(..) => {
+            Status::invalid_argument(e.to_string())
+        }
+        e => Status::internal(e.to_string()),
+    }
+}
+
+fn new_handle() -> String {
+    format!("{:016x}", rand::random::<u64>())
+}
+
+impl GyreFlightSql {
+    pub fn new(coordinator: Arc<Coordinator>) -> Self {
+        let mut info = SqlInfoDataBuilder::new();
+        info.append(SqlInfo::FlightSqlServerName, "Gyre");
+        info.append(SqlInfo::FlightSqlServerVersion, env!("CARGO_PKG_VERSION"));
+        info.append(SqlInfo::FlightSqlServerArrowVersion, "59");
+        info.append(SqlInfo::FlightSqlServerReadOnly, false);
+        Self {
+            coordinator,
+            results: Mutex::new(HashMap::new()),
+            prepared: Mutex::new(HashMap::new()),
+            sql_info: info.build().expect("valid sql info"),
+        }
+    }
+
+    /// Runs `sql` and keeps the last statement's result for a following `DoGet`.
+    async fn run_and_store(&self, sql: &str) -> Result<FlightInfo, Status> {
+        let mut results = self.coordinator.sql(sql).await.map_err(status)?;
+        let result = results
+            .pop()
+            .ok_or_else(|| Status::invalid_argument("empty query"))?;
+        let rows: usize = result.batches.iter().map(|b| b.num_rows()).sum();
+        let handle = new_handle();
+        let ticket = TicketStatementQuery {
+            statement_handle: handle.clone().into(),
+        };
+        let info = FlightInfo::new()
+            .try_with_schema(&result.schema)
+            .map_err(|e| Status::internal(e.to_string()))?
+            .with_endpoint(
+                FlightEndpoint::new().with_ticket(Ticket::new(ticket.as_any().encode_to_vec())),
+            )
+            .with_total_records(rows as i64);
+        self.results.lock().insert(handle, result);
+        Ok(info)
+    }
+
+    async fn run_update(&self, sql: &str) -> Result<i64, Status> {
+        let results = self.coordinator.sql(sql).await.map_err(status)?;
+        let count = results
+            .last()
+            .and_then(|r| r.batches.first())
+            .filter(|b| b.schema().field(0).name() == "count")
+            .and_then(|b| {
+                b.column(0)
+                    .as_any()
+                    .downcast_ref::<arrow::array::UInt64Array>()
+                    .map(|a| a.value(0) as i64)
+            })
+            .unwrap_or(0);
+        Ok(count)
+    }
+
+    fn stream_batches(&self, result: StatementResult) -> <Self as FlightService>::DoGetStream {
+        let stream = FlightDataEncoderBuilder::new()
+            .with_schema(result.schema)
+            .build(futures::stream::iter(result.batches.into_iter().map(Ok)))
+            .map_err(|e| Status::internal(e.to_string()));
+        Box::pin(stream)
+    }
+}
+
+#[tonic::async_trait]
+impl FlightSqlService for GyreFlightSql {
+    type FlightService = GyreFlightSql;
+
+    async fn get_flight_info_statement(
+        &self,
+        query: CommandStatementQuery,
+        _request: TonicRequest<FlightDescriptor>,
+    ) -> Result<TonicResponse<FlightInfo>, Status> {
+        Ok(TonicResponse::new(self.run_and_store(&query.query).await?))
+    }
+
+    async fn do_get_statement(
+        &self,
+        ticket: TicketStatementQuery,
+        _request: TonicRequest<Ticket>,
+    ) -> Result<TonicResponse<<Self as FlightService>::DoGetStream>, Status> {
+        let handle = String::from_utf8_lossy(&ticket.statement_handle).into_owned();
+        let result = self
+            .results
+            .lock()
+            .remove(&handle)
+            .ok_or_else(|| Status::not_found(format!("no result for statement {handle}")))?;
+        Ok(TonicResponse::new(self.stream_batches(result)))
+    }
+
+    async fn do_put_statement_update(
+        &self,
+        ticket: CommandStatementUpdate,
+        _request: TonicRequest<PeekableFlightDataStream>,
+    ) -> Result<i64, Status> {
+        self.run_update(&ticket.query).await
+    }
+
+    async fn do_action_create_prepared_statement(
+        &self,
+        query: ActionCreatePreparedStatementRequest,
+        _request: TonicRequest<Action>,
+    ) -> Result<ActionCreatePreparedStatementResult, Status> {
+        let handle = new_handle();
+        // Report the result schema where planning can tell it without running anything.
+        let schema = match self.coordinator.result_schema(&query.query).await {
+            Ok(s) => s,
+            Err(_) => Arc::new(Schema::empty()),
+        };
+        let options = IpcWriteOptions::default();
+        let message = SchemaAsIpc::new(&schema, &options);
+        let IpcMessage(schema_bytes) = message
+            .try_into()
+            .map_err(|e: arrow::error::ArrowError| Status::internal(e.to_string()))?;
+        self.prepared.lock().insert(handle.clone(), query.query);
+        Ok(ActionCreatePreparedStatementResult {
+            prepared_statement_handle: handle.into(),
+            dataset_schema: schema_bytes,
+            parameter_schema: Default::default(),
+        })
+    }
+
+    async fn do_action_close_prepared_statement(
+        &self,
+        query: ActionClosePreparedStatementRequest,
+        _request: TonicRequest<Action>,
+    ) -> Result<(), Status> {
+        let handle = String::from_utf8_lossy(&query.prepared_statement_handle).into_owned();
+        self.prepared.lock().remove(&handle);
+        Ok(())
+    }
+
+    async fn get_flight_info_prepared_statement(
+        &self,
+        cmd: CommandPreparedStatementQuery,
+        _request: TonicRequest<FlightDescriptor>,
+    ) -> Result<TonicResponse<FlightInfo>, Status> {
+        let handle = String::from_utf8_lossy(&cmd.prepared_statement_handle).into_owned();
+        let sql = self
+            .prepared
+            .lock()
+            .get(&handle)
+            .cloned()
+            .ok_or_else(|| Status::not_found(format!("no prepared statement {handle}")))?;
+        Ok(TonicResponse::new(self.run_and_store(&sql).await?))
+    }
+
+    async fn do_put_prepared_statement_update(
+        &self,
+        query: CommandPreparedStatementUpdate,
+        _request: TonicRequest<PeekableFlightDataStream>,
+    ) -> Result<i64, Status> {
+        let handle = String::from_utf8_lossy(&query.prepared_statement_handle).into_owned();
+        let sql = self
+            .prepared
+            .lock()
+            .get(&handle)
+            .cloned()
+            .ok_or_else(|| Status::not_found(format!("no prepared statement {handle}")))?;
+        self.run_update(&sql).await
+    }
+
+    async fn get_flight_info_sql_info(
+        &self,
+        query: CommandGetSqlInfo,
+        _request: TonicRequest<FlightDescriptor>,
+    ) -> Result<TonicResponse<FlightInfo>, Status> {
+        let info = FlightInfo::new()
+            .try_with_schema(&self.sql_info.schema())
+            .map_err(|e| Status::internal(e.to_string()))?
+            .with_endpoint(
+                FlightEndpoint::new().with_ticket(Ticket::new(query.as_any().encode_to_vec())),
+            );
+        Ok(TonicResponse::new(info))
+    }
+
+    async fn do_get_sql_info(
+        &self,
+        query: CommandGetSqlInfo,
+        _request: TonicRequest<Ticket>,
+    ) -> Result<TonicResponse<<Self as FlightService>::DoGetStream>, Status> {
+        let batch = self
+            .sql_info
+            .record_batch(query.info)
+            .map_err(|e| Status::internal(e.to_string()))?;
+        Ok(TonicResponse::new(self.stream_batches(StatementResult {
+            schema: batch.schema(),
+            batches: vec![batch],
+        })))
+    }
+
+    async fn do_action_fallback(
+        &self,
+        request: TonicRequest<Action>,
+    ) -> Result<TonicResponse<<Self as FlightService>::DoActionStream>, Status> {
+        let action = request.into_inner();
+        if action.r#type != ACTION {
+            return Err(Status::invalid_argument(format!(
+                "unknown action '{}'",
+                action.r#type
+            )));
+        }
+        let req: Request = decode(&action.body).map_err(status)?;
+        let resp = self.coordinator.handle_control(req).await.map_err(status)?;
+        let result = arrow_flight::Result {
+            body: encode(&resp).into(),
+        };
+        Ok(TonicResponse::new(
+            futures::stream::iter([Ok(result)]).boxed(),
+        ))
+    }
+
+    async fn register_sql_info(&self, _id: i32, _result: &SqlInfo) {}
+}
+
+/// Serves Flight SQL and worker control on `listener` until the process ends.
+pub fn serve(coordinator: Arc<Coordinator>, listener: tokio::net::TcpListener) -> SocketAddr {
+    let addr = listener.local_addr().expect("bound listener");
+    let service = FlightServiceServer::new(GyreFlightSql::new(coordinator))
+        .max_decoding_message_size(usize::MAX)
+        .max_encoding_message_size(usize::MAX);
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    tokio::spawn(async move {
+        if let Err(e) = tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming(incoming)
+            .await
+        {
+            tracing::error!("Flight SQL service stopped: {e}");
+        }
+    });
+    addr
+}

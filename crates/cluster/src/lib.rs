@@ -1,0 +1,18 @@
+//! The cluster: coordinator, workers, the catalog of distributed tables and
+//! the Arrow Flight SQL front door.
+
+pub mod codec;
+pub mod coordinator;
+pub mod flight_sql;
+pub mod local;
+pub mod protocol;
+pub mod reference;
+pub mod session;
+pub mod storage;
+pub mod table;
+pub mod tpch;
+pub mod worker;
+
+pub use coordinator::{Coordinator, CoordinatorConfig};
+pub use local::LocalCluster;
+pub use worker::{Worker, WorkerConfig};

@@ -1,0 +1,87 @@
+//! An embedded cluster: a coordinator and `n` workers in one process, each
+//! worker with its own memory and thread pool, all talking over loopback TCP
+//! exactly as separate hosts would.
+
+use crate::coordinator::{Coordinator, CoordinatorConfig};
+use crate::flight_sql::serve;
+use crate::worker::{Worker, WorkerConfig};
+use datafusion::common::{DataFusionError, Result};
+use gyre_transport::TransportConfig;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A running embedded cluster. Dropping it stops the workers.
+pub struct LocalCluster {
+    pub coordinator: Arc<Coordinator>,
+    /// Where Flight SQL clients connect.
+    pub addr: SocketAddr,
+    workers: Vec<(Arc<Worker>, Option<tokio::runtime::Runtime>)>,
+}
+
+impl std::fmt::Debug for LocalCluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalCluster")
+            .field("addr", &self.addr)
+            .field("workers", &self.workers.len())
+            .finish()
+    }
+}
+
+impl LocalCluster {
+    /// Starts a coordinator listening on `listen` (port 0: any free port) and `workers`
+    /// workers with `threads` threads each.
+    pub async fn start(workers: usize, threads: usize, listen: SocketAddr) -> Result<Self> {
+        let config = CoordinatorConfig {
+            listen,
+            ..Default::default()
+        };
+        let coordinator = Coordinator::start(config).await?;
+        let listener = tokio::net::TcpListener::bind(listen).await?;
+        let addr = serve(Arc::clone(&coordinator), listener);
+        let mut handles = Vec::with_capacity(workers);
+        for i in 0..workers {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(threads.max(1))
+                .thread_name(format!("gyre-worker-{}", i + 1))
+                .enable_all()
+                .build()?;
+            let cfg = WorkerConfig {
+                coordinator: addr.to_string(),
+                listen: "127.0.0.1:0".parse().unwrap(),
+                data_listen: "127.0.0.1:0".parse().unwrap(),
+                advertise_host: None,
+                transport: TransportConfig::default(),
+            };
+            let worker = rt
+                .spawn(Worker::start(cfg))
+                .await
+                .map_err(|e| DataFusionError::Execution(format!("worker start panicked: {e}")))??;
+            handles.push((worker, Some(rt)));
+        }
+        coordinator
+            .wait_for_workers(workers, Duration::from_secs(10))
+            .await?;
+        Ok(Self {
+            coordinator,
+            addr,
+            workers: handles,
+        })
+    }
+
+    pub fn workers(&self) -> impl Iterator<Item = &Arc<Worker>> {
+        self.workers.iter().map(|(w, _)| w)
+    }
+}
+
+impl Drop for LocalCluster {
+    fn drop(&mut self) {
+        for (w, rt) in &mut self.workers {
+            w.transport.shutdown();
+            if let Some(rt) = rt.take() {
+                rt.shutdown_background();
+            }
+        }
+        self.coordinator.transport.shutdown();
+    }
+}

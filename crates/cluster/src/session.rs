@@ -1,0 +1,68 @@
+//! DataFusion session setup shared by the coordinator and the workers.
+
+use arrow::ipc::CompressionType;
+use datafusion::common::{DataFusionError, Result};
+use datafusion::execution::SessionStateBuilder;
+use datafusion::execution::context::SessionState;
+use datafusion::physical_optimizer::PhysicalOptimizerRule;
+use datafusion::physical_optimizer::optimizer::PhysicalOptimizer;
+use datafusion::prelude::{SessionConfig, SessionContext};
+use gyre_planner::DistributedJoinSelection;
+use std::sync::Arc;
+
+/// The configuration every distributed plan is made with.
+fn distributed_config() -> SessionConfig {
+    let mut config = SessionConfig::new()
+        .with_information_schema(true)
+        .with_default_catalog_and_schema("gyre", "public");
+    let opts = config.options_mut();
+    // Uncorrelated scalar subqueries become joins, which distribute; the physical
+    // scalar-subquery operator shares its results through process memory.
+    opts.optimizer.enable_physical_uncorrelated_scalar_subquery = false;
+    // Dynamic filters connect operators through shared memory, which stages on
+    // different workers do not have.
+    opts.optimizer.enable_dynamic_filter_pushdown = false;
+    opts.optimizer.enable_join_dynamic_filter_pushdown = false;
+    opts.optimizer.enable_topk_dynamic_filter_pushdown = false;
+    opts.optimizer.enable_aggregate_dynamic_filter_pushdown = false;
+    config
+}
+
+/// The coordinator's planning context: DataFusion's optimiser with Gyre's join
+/// distribution rule placed before DataFusion's own join selection.
+pub fn coordinator_context() -> SessionContext {
+    let mut rules: Vec<Arc<dyn PhysicalOptimizerRule + Send + Sync>> =
+        PhysicalOptimizer::new().rules;
+    let at = rules
+        .iter()
+        .position(|r| r.name() == "join_selection")
+        .unwrap_or(0);
+    rules.insert(at, Arc::new(DistributedJoinSelection));
+    let state = SessionStateBuilder::new()
+        .with_config(distributed_config())
+        .with_default_features()
+        .with_physical_optimizer_rules(rules)
+        .build();
+    SessionContext::new_with_state(state)
+}
+
+/// A worker's session: function registries for decoding plans, nothing else.
+pub fn worker_session() -> SessionState {
+    SessionStateBuilder::new()
+        .with_config(distributed_config())
+        .with_default_features()
+        .build()
+}
+
+/// Parses a compression setting: `none`, `lz4` or `zstd`.
+pub fn parse_compression(s: Option<&str>) -> Result<Option<CompressionType>> {
+    match s.map(|s| s.to_ascii_lowercase()) {
+        None => Ok(None),
+        Some(s) if s == "none" || s.is_empty() => Ok(None),
+        Some(s) if s == "lz4" => Ok(Some(CompressionType::LZ4_FRAME)),
+        Some(s) if s == "zstd" => Ok(Some(CompressionType::ZSTD)),
+        Some(other) => Err(DataFusionError::Configuration(format!(
+            "unknown compression '{other}' (expected none, lz4 or zstd)"
+        ))),
+    }
+}

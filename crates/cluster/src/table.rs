@@ -1,0 +1,445 @@
+//! Distributed tables: the catalog entry the coordinator plans with, and the
+//! operators that read and write a worker's partition of a table.
+
+use crate::storage::WorkerStorage;
+use arrow::array::{RecordBatch, UInt64Array};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use async_trait::async_trait;
+use datafusion::catalog::{Session, TableProvider};
+use datafusion::common::stats::Precision;
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::{
+    ColumnStatistics, DataFusionError, Result, Statistics, internal_datafusion_err, not_impl_err,
+    plan_err,
+};
+use datafusion::datasource::TableType;
+use datafusion::execution::TaskContext;
+use datafusion::logical_expr::Expr;
+use datafusion::logical_expr::dml::InsertOp;
+use datafusion::physical_expr::expressions::Column;
+use datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExpr};
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::memory::MemoryStream;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, Distribution, ExecutionPlan, ExecutionPlanProperties,
+    PlanProperties, ReplaceChildrenOptions, SendableRecordBatchStream, StatisticsArgs,
+};
+use futures::TryStreamExt;
+use gyre_exchange::QueryContext;
+use gyre_transport::NodeId;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::sync::Arc;
+
+/// How a table's rows are spread over the workers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TablePlacement {
+    /// Row goes to worker `hash(column) mod n`, with the hash DataFusion's repartitioning
+    /// uses, so joins and aggregations on the column need no shuffle.
+    Hash { column: String },
+    /// Rows stay where they were produced (for example, as generated).
+    Chunked,
+}
+
+impl fmt::Display for TablePlacement {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Hash { column } => write!(f, "hash({column})"),
+            Self::Chunked => write!(f, "chunked"),
+        }
+    }
+}
+
+/// What the coordinator knows about a table.
+#[derive(Debug, Clone)]
+pub struct TableMeta {
+    pub name: String,
+    pub schema: SchemaRef,
+    pub placement: TablePlacement,
+    /// Partition `i` lives on `workers[i]`.
+    pub workers: Vec<NodeId>,
+    pub rows: u64,
+    pub column_bytes: Vec<u64>,
+}
+
+impl TableMeta {
+    fn key_index(&self) -> Option<usize> {
+        match &self.placement {
+            TablePlacement::Hash { column } => self.schema.index_of(column).ok(),
+            TablePlacement::Chunked => None,
+        }
+    }
+}
+
+/// The workers a query runs on, attached to the planning session.
+#[derive(Debug, Clone)]
+pub struct QueryWorkers(pub Vec<NodeId>);
+
+/// The coordinator's [`TableProvider`] for a distributed table.
+#[derive(Debug)]
+pub struct DistributedTable {
+    pub meta: TableMeta,
+}
+
+#[async_trait]
+impl TableProvider for DistributedTable {
+    fn schema(&self) -> SchemaRef {
+        Arc::clone(&self.meta.schema)
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::Base
+    }
+
+    async fn scan(
+        &self,
+        state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        _filters: &[Expr],
+        _limit: Option<usize>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let workers = state
+            .config()
+            .get_extension::<QueryWorkers>()
+            .ok_or_else(|| internal_datafusion_err!("no worker set for this query"))?;
+        let meta = &self.meta;
+        let lost: Vec<String> = meta
+            .workers
+            .iter()
+            .enumerate()
+            .filter(|(_, w)| !workers.0.contains(w))
+            .map(|(i, w)| format!("partition {i} (held by worker {w})"))
+            .collect();
+        if !lost.is_empty() {
+            return plan_err!(
+                "table '{}' lost {}: the worker holding it is gone; reload the table",
+                meta.name,
+                lost.join(", ")
+            );
+        }
+        let n = workers.0.len();
+        let hash_key = if meta.workers == workers.0 {
+            meta.key_index()
+                .map(|k| meta.schema.field(k).name().clone())
+        } else {
+            None
+        };
+        Ok(Arc::new(GyreScanExec::new(
+            meta.name.clone(),
+            Arc::clone(&meta.schema),
+            projection.cloned(),
+            n,
+            hash_key,
+            meta.rows,
+            meta.column_bytes.clone(),
+        )))
+    }
+
+    async fn insert_into(
+        &self,
+        _state: &dyn Session,
+        input: Arc<dyn ExecutionPlan>,
+        insert_op: InsertOp,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        if insert_op != InsertOp::Append {
+            return not_impl_err!("{insert_op} into distributed tables");
+        }
+        Ok(Arc::new(GyreInsertExec::new(
+            input,
+            self.meta.name.clone(),
+            self.meta.key_index(),
+        )))
+    }
+}
+
+fn storage_of(ctx: &TaskContext) -> Result<Arc<WorkerStorage>> {
+    ctx.session_config()
+        .get_extension::<WorkerStorage>()
+        .ok_or_else(|| internal_datafusion_err!("table access outside of a worker"))
+}
+
+/// Reads the partition of a table that lives on the executing worker.
+#[derive(Debug)]
+pub struct GyreScanExec {
+    pub table: String,
+    pub table_schema: SchemaRef,
+    pub projection: Option<Vec<usize>>,
+    pub partitions: usize,
+    /// Set when the table is hash-partitioned on this column over exactly this query's workers.
+    pub hash_key: Option<String>,
+    pub rows: u64,
+    pub column_bytes: Vec<u64>,
+    props: Arc<PlanProperties>,
+}
+
+impl GyreScanExec {
+    pub fn new(
+        table: String,
+        table_schema: SchemaRef,
+        projection: Option<Vec<usize>>,
+        partitions: usize,
+        hash_key: Option<String>,
+        rows: u64,
+        column_bytes: Vec<u64>,
+    ) -> Self {
+        let schema = match &projection {
+            Some(p) => Arc::new(table_schema.project(p).expect("valid projection")),
+            None => Arc::clone(&table_schema),
+        };
+        let partitioning = hash_key
+            .as_ref()
+            .and_then(|k| schema.index_of(k).ok().map(|i| (k, i)))
+            .map(|(k, i)| {
+                Partitioning::Hash(
+                    vec![Arc::new(Column::new(k, i)) as Arc<dyn PhysicalExpr>],
+                    partitions,
+                )
+            })
+            .unwrap_or(Partitioning::UnknownPartitioning(partitions));
+        let props = Arc::new(PlanProperties::new(
+            EquivalenceProperties::new(schema),
+            partitioning,
+            EmissionType::Incremental,
+            Boundedness::Bounded,
+        ));
+        Self {
+            table,
+            table_schema,
+            projection,
+            partitions,
+            hash_key,
+            rows,
+            column_bytes,
+            props,
+        }
+    }
+
+    fn projected_columns(&self) -> Vec<usize> {
+        match &self.projection {
+            Some(p) => p.clone(),
+            None => (0..self.table_schema.fields().len()).collect(),
+        }
+    }
+}
+
+impl DisplayAs for GyreScanExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        let cols: Vec<&str> = self
+            .projected_columns()
+            .iter()
+            .map(|&i| self.table_schema.field(i).name().as_str())
+            .collect();
+        write!(
+            f,
+            "GyreScanExec: table={}, projection=[{}], partitioning={}",
+            self.table,
+            cols.join(", "),
+            self.properties().output_partitioning()
+        )
+    }
+}
+
+impl ExecutionPlan for GyreScanExec {
+    fn name(&self) -> &'static str {
+        "GyreScanExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.props
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn replace_children(
+        self: Arc<Self>,
+        _: Vec<Arc<dyn ExecutionPlan>>,
+        _: ReplaceChildrenOptions,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        Ok(self)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        _: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        Ok(self)
+    }
+
+    fn execute(
+        &self,
+        _partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        let part = storage_of(&context)?.part(&self.table)?;
+        Ok(Box::pin(MemoryStream::try_new(
+            part.batches.clone(),
+            self.schema(),
+            self.projection.clone(),
+        )?))
+    }
+
+    fn statistics_from_inputs(
+        &self,
+        _input_stats: &[Arc<Statistics>],
+        args: &StatisticsArgs,
+    ) -> Result<Arc<Statistics>> {
+        let share = if args.partition().is_some() {
+            self.partitions.max(1) as u64
+        } else {
+            1
+        };
+        let cols = self.projected_columns();
+        let bytes: u64 = cols
+            .iter()
+            .map(|&i| self.column_bytes.get(i).copied().unwrap_or(0))
+            .sum();
+        let mut stats = Statistics::default()
+            .with_num_rows(Precision::Inexact((self.rows / share) as usize))
+            .with_total_byte_size(Precision::Inexact((bytes / share) as usize));
+        for _ in &cols {
+            stats = stats.add_column_statistics(ColumnStatistics::new_unknown());
+        }
+        Ok(Arc::new(stats))
+    }
+}
+
+/// Appends its input to the executing worker's partition of a table.
+///
+/// The rows become visible when the query commits. A hash-placed table
+/// requires its input hash-partitioned on the key, so each row lands on the
+/// worker that owns its key.
+#[derive(Debug)]
+pub struct GyreInsertExec {
+    pub input: Arc<dyn ExecutionPlan>,
+    pub table: String,
+    pub key: Option<usize>,
+    props: Arc<PlanProperties>,
+}
+
+/// The schema of an insert's result: the number of rows written.
+pub fn count_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![Field::new(
+        "count",
+        DataType::UInt64,
+        false,
+    )]))
+}
+
+impl GyreInsertExec {
+    pub fn new(input: Arc<dyn ExecutionPlan>, table: String, key: Option<usize>) -> Self {
+        let props = Arc::new(PlanProperties::new(
+            EquivalenceProperties::new(count_schema()),
+            Partitioning::UnknownPartitioning(input.output_partitioning().partition_count()),
+            EmissionType::Final,
+            Boundedness::Bounded,
+        ));
+        Self {
+            input,
+            table,
+            key,
+            props,
+        }
+    }
+}
+
+impl DisplayAs for GyreInsertExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "GyreInsertExec: table={}", self.table)
+    }
+}
+
+impl ExecutionPlan for GyreInsertExec {
+    fn name(&self) -> &'static str {
+        "GyreInsertExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.props
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.input]
+    }
+
+    fn required_input_distribution(&self) -> Vec<Distribution> {
+        match self.key {
+            Some(k) => {
+                let field = self.input.schema().field(k).name().clone();
+                vec![Distribution::KeyPartitioned(vec![Arc::new(Column::new(
+                    &field, k,
+                ))])]
+            }
+            None => vec![Distribution::UnspecifiedDistribution],
+        }
+    }
+
+    fn benefits_from_input_partitioning(&self) -> Vec<bool> {
+        vec![true]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn replace_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+        _: ReplaceChildrenOptions,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let input = children
+            .into_iter()
+            .next()
+            .ok_or_else(|| internal_datafusion_err!("insert needs an input"))?;
+        Ok(Arc::new(Self::new(input, self.table.clone(), self.key)))
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        self.replace_children(
+            children,
+            ReplaceChildrenOptions::new(
+                datafusion::physical_plan::ChildrenPropertiesMode::Recompute,
+            ),
+        )
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        let storage = storage_of(&context)?;
+        let qc = QueryContext::of(&context)?;
+        let input = self.input.execute(partition, context)?;
+        let table = self.table.clone();
+        let fut = async move {
+            let batches: Vec<RecordBatch> = input.try_collect().await?;
+            let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
+            storage.stage_insert(qc.query_id, &table, batches);
+            RecordBatch::try_new(
+                count_schema(),
+                vec![Arc::new(UInt64Array::from(vec![rows as u64]))],
+            )
+            .map_err(DataFusionError::from)
+        };
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
+            count_schema(),
+            futures::stream::once(fut),
+        )))
+    }
+}

@@ -1,0 +1,376 @@
+//! A worker: holds its partition of every table and runs the stage plans the
+//! coordinator sends it.
+
+use crate::codec::GyreCodec;
+use crate::protocol::{ACTION, ControlClient, Request, Response, decode, encode};
+use crate::session::worker_session;
+use crate::storage::WorkerStorage;
+use arrow_flight::flight_service_server::{FlightService, FlightServiceServer};
+use arrow_flight::{
+    Action, ActionType, Criteria, Empty, FlightData, FlightDescriptor, FlightInfo,
+    HandshakeRequest, HandshakeResponse, PollInfo, PutResult, SchemaResult, Ticket,
+};
+use datafusion::common::{DataFusionError, Result};
+use datafusion::execution::TaskContext;
+use datafusion::execution::context::SessionState;
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::display::DisplayableExecutionPlan;
+use futures::stream::BoxStream;
+use gyre_exchange::QueryContext;
+use gyre_transport::{NodeId, TcpTransport, Transport, TransportConfig, node_name};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tonic::{Request as TonicRequest, Response as TonicResponse, Status, Streaming};
+
+/// How a worker is started.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    pub coordinator: String,
+    /// Control (Flight) listen address.
+    pub listen: SocketAddr,
+    /// Data listen address; port 0 picks a free one.
+    pub data_listen: SocketAddr,
+    /// Host name or IP other nodes use to reach this worker.
+    pub advertise_host: Option<String>,
+    pub transport: TransportConfig,
+}
+
+struct RunningQuery {
+    tasks: Vec<JoinHandle<()>>,
+    plans: Vec<(usize, Arc<dyn ExecutionPlan>)>,
+}
+
+/// A running worker.
+pub struct Worker {
+    pub node: NodeId,
+    pub transport: TcpTransport,
+    pub storage: Arc<WorkerStorage>,
+    state: SessionState,
+    coordinator: ControlClient,
+    queries: Mutex<HashMap<u64, RunningQuery>>,
+    control_addr: SocketAddr,
+}
+
+impl std::fmt::Debug for Worker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Worker").field("node", &self.node).finish()
+    }
+}
+
+fn status(e: DataFusionError) -> Status {
+    Status::internal(e.to_string())
+}
+
+impl Worker {
+    /// Binds the worker's listeners, registers with the coordinator and serves until the
+    /// process ends. Returns once the worker is registered.
+    pub async fn start(config: WorkerConfig) -> Result<Arc<Self>> {
+        let control = TcpListener::bind(config.listen).await?;
+        let control_addr = control.local_addr()?;
+        let data = TcpListener::bind(config.data_listen).await?;
+        let data_addr = data.local_addr()?;
+        let host = config
+            .advertise_host
+            .clone()
+            .unwrap_or_else(|| match control_addr.ip() {
+                ip if ip.is_unspecified() => "127.0.0.1".to_string(),
+                ip => ip.to_string(),
+            });
+        let coordinator = ControlClient::connect_lazy(&config.coordinator)?;
+        let reply = coordinator
+            .call(&Request::Register {
+                control_addr: format!("{host}:{}", control_addr.port()),
+                data_addr: format!("{host}:{}", data_addr.port()),
+            })
+            .await
+            .map_err(|e| {
+                DataFusionError::Execution(format!(
+                    "cannot register with the coordinator at {}: {e}",
+                    config.coordinator
+                ))
+            })?;
+        let Response::Registered { node } = reply else {
+            return Err(DataFusionError::Execution(format!(
+                "unexpected registration reply {reply:?}"
+            )));
+        };
+        let transport = TcpTransport::from_listener(node, data, config.transport.clone())?;
+        let worker = Arc::new(Worker {
+            node,
+            transport,
+            storage: Arc::new(WorkerStorage::default()),
+            state: worker_session(),
+            coordinator,
+            queries: Mutex::new(HashMap::new()),
+            control_addr,
+        });
+        let service = FlightServiceServer::new(WorkerService(Arc::clone(&worker)))
+            .max_decoding_message_size(usize::MAX)
+            .max_encoding_message_size(usize::MAX);
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(control);
+        tokio::spawn(async move {
+            if let Err(e) = tonic::transport::Server::builder()
+                .add_service(service)
+                .serve_with_incoming(incoming)
+                .await
+            {
+                tracing::error!("worker control service stopped: {e}");
+            }
+        });
+        let hb = Arc::downgrade(&worker);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                let Some(w) = hb.upgrade() else { return };
+                if let Err(e) = w
+                    .coordinator
+                    .call(&Request::Heartbeat { node: w.node })
+                    .await
+                {
+                    tracing::warn!(node = w.node, "heartbeat failed: {e}");
+                }
+            }
+        });
+        tracing::info!(node, %control_addr, %data_addr, "worker registered");
+        Ok(worker)
+    }
+
+    pub fn control_addr(&self) -> SocketAddr {
+        self.control_addr
+    }
+
+    fn task_ctx(&self, qc: QueryContext) -> Arc<TaskContext> {
+        let config = self
+            .state
+            .config()
+            .clone()
+            .with_extension(Arc::new(qc))
+            .with_extension(Arc::clone(&self.storage));
+        let mut state = self.state.clone();
+        *state.config_mut() = config;
+        state.task_ctx()
+    }
+
+    async fn handle(self: &Arc<Self>, req: Request) -> Result<Response> {
+        match req {
+            Request::SetPeers { peers } => {
+                let mut map = HashMap::new();
+                for (id, addr) in peers {
+                    let addr = tokio::net::lookup_host(&addr)
+                        .await?
+                        .next()
+                        .ok_or_else(|| {
+                            DataFusionError::Execution(format!("cannot resolve {addr}"))
+                        })?;
+                    map.insert(id, addr);
+                }
+                self.transport.set_peers(&map);
+                Ok(Response::Ok)
+            }
+            Request::CreateTable { name, schema } => {
+                let schema = crate::codec::schema_from_bytes(&schema)?;
+                self.storage.create_table(&name, schema);
+                Ok(Response::Ok)
+            }
+            Request::DropTable { name } => {
+                self.storage.drop_table(&name);
+                Ok(Response::Ok)
+            }
+            Request::StartQuery {
+                query,
+                workers,
+                stages,
+                compression,
+            } => {
+                self.start_query(query, workers, stages, compression)?;
+                Ok(Response::Ok)
+            }
+            Request::FinishQuery {
+                query,
+                commit,
+                metrics,
+            } => Ok(self.finish_query(query, commit, metrics)),
+            other => Err(DataFusionError::Execution(format!(
+                "workers do not handle {other:?}"
+            ))),
+        }
+    }
+
+    fn start_query(
+        self: &Arc<Self>,
+        query: u64,
+        workers: Vec<NodeId>,
+        stages: Vec<(usize, Vec<u8>)>,
+        compression: Option<String>,
+    ) -> Result<()> {
+        let index = workers
+            .iter()
+            .position(|w| *w == self.node)
+            .ok_or_else(|| {
+                DataFusionError::Execution(format!(
+                    "{} is not part of query {query}",
+                    node_name(self.node)
+                ))
+            })?;
+        let qc = QueryContext {
+            query_id: query,
+            transport: Arc::new(self.transport.clone()),
+            workers,
+            compression: crate::session::parse_compression(compression.as_deref())?,
+        };
+        let ctx = self.task_ctx(qc);
+        let codec = GyreCodec;
+        let mut plans = Vec::with_capacity(stages.len());
+        for (id, bytes) in &stages {
+            plans.push((*id, codec.decode_plan(bytes, &ctx)?));
+        }
+        let mut tasks = Vec::with_capacity(plans.len());
+        for (id, plan) in &plans {
+            let (id, plan, ctx, me) = (*id, Arc::clone(plan), Arc::clone(&ctx), Arc::clone(self));
+            tasks.push(tokio::spawn(async move {
+                let res = match plan.execute(index, ctx) {
+                    Ok(stream) => datafusion::physical_plan::common::collect(stream)
+                        .await
+                        .map(|_| ()),
+                    Err(e) => Err(e),
+                };
+                if let Err(e) = res {
+                    tracing::debug!(node = me.node, query, stage = id, "stage failed: {e}");
+                    let _ = me
+                        .coordinator
+                        .call(&Request::QueryFailed {
+                            query,
+                            node: me.node,
+                            error: format!("stage {id} on {}: {e}", node_name(me.node)),
+                        })
+                        .await;
+                }
+            }));
+        }
+        self.queries
+            .lock()
+            .insert(query, RunningQuery { tasks, plans });
+        Ok(())
+    }
+
+    fn finish_query(&self, query: u64, commit: bool, metrics: bool) -> Response {
+        let running = self.queries.lock().remove(&query);
+        self.transport.release_query(query);
+        let mut stages = vec![];
+        if let Some(q) = running {
+            for t in &q.tasks {
+                t.abort();
+            }
+            if metrics {
+                for (id, plan) in &q.plans {
+                    let text = DisplayableExecutionPlan::with_metrics(plan.as_ref())
+                        .indent(true)
+                        .to_string();
+                    stages.push((*id, text));
+                }
+            }
+        }
+        let tables = self.storage.finish_query(query, commit);
+        Response::Finished { stages, tables }
+    }
+}
+
+struct WorkerService(Arc<Worker>);
+
+type Stream<T> = BoxStream<'static, std::result::Result<T, Status>>;
+
+#[tonic::async_trait]
+impl FlightService for WorkerService {
+    type HandshakeStream = Stream<HandshakeResponse>;
+    type ListFlightsStream = Stream<FlightInfo>;
+    type DoGetStream = Stream<FlightData>;
+    type DoPutStream = Stream<PutResult>;
+    type DoExchangeStream = Stream<FlightData>;
+    type DoActionStream = Stream<arrow_flight::Result>;
+    type ListActionsStream = Stream<ActionType>;
+
+    async fn do_action(
+        &self,
+        request: TonicRequest<Action>,
+    ) -> std::result::Result<TonicResponse<Self::DoActionStream>, Status> {
+        let action = request.into_inner();
+        if action.r#type != ACTION {
+            return Err(Status::invalid_argument(format!(
+                "unknown action '{}'",
+                action.r#type
+            )));
+        }
+        let req: Request = decode(&action.body).map_err(status)?;
+        let resp = self.0.handle(req).await.map_err(status)?;
+        let result = arrow_flight::Result {
+            body: encode(&resp).into(),
+        };
+        Ok(TonicResponse::new(Box::pin(futures::stream::iter([Ok(
+            result,
+        )]))))
+    }
+
+    async fn handshake(
+        &self,
+        _: TonicRequest<Streaming<HandshakeRequest>>,
+    ) -> std::result::Result<TonicResponse<Self::HandshakeStream>, Status> {
+        Err(Status::unimplemented("workers only serve control actions"))
+    }
+    async fn list_flights(
+        &self,
+        _: TonicRequest<Criteria>,
+    ) -> std::result::Result<TonicResponse<Self::ListFlightsStream>, Status> {
+        Err(Status::unimplemented("workers only serve control actions"))
+    }
+    async fn get_flight_info(
+        &self,
+        _: TonicRequest<FlightDescriptor>,
+    ) -> std::result::Result<TonicResponse<FlightInfo>, Status> {
+        Err(Status::unimplemented("workers only serve control actions"))
+    }
+    async fn poll_flight_info(
+        &self,
+        _: TonicRequest<FlightDescriptor>,
+    ) -> std::result::Result<TonicResponse<PollInfo>, Status> {
+        Err(Status::unimplemented("workers only serve control actions"))
+    }
+    async fn get_schema(
+        &self,
+        _: TonicRequest<FlightDescriptor>,
+    ) -> std::result::Result<TonicResponse<SchemaResult>, Status> {
+        Err(Status::unimplemented("workers only serve control actions"))
+    }
+    async fn do_get(
+        &self,
+        _: TonicRequest<Ticket>,
+    ) -> std::result::Result<TonicResponse<Self::DoGetStream>, Status> {
+        Err(Status::unimplemented("workers only serve control actions"))
+    }
+    async fn do_put(
+        &self,
+        _: TonicRequest<Streaming<FlightData>>,
+    ) -> std::result::Result<TonicResponse<Self::DoPutStream>, Status> {
+        Err(Status::unimplemented("workers only serve control actions"))
+    }
+    async fn do_exchange(
+        &self,
+        _: TonicRequest<Streaming<FlightData>>,
+    ) -> std::result::Result<TonicResponse<Self::DoExchangeStream>, Status> {
+        Err(Status::unimplemented("workers only serve control actions"))
+    }
+    async fn list_actions(
+        &self,
+        _: TonicRequest<Empty>,
+    ) -> std::result::Result<TonicResponse<Self::ListActionsStream>, Status> {
+        let t = ActionType {
+            r#type: ACTION.to_string(),
+            description: "Gyre coordinator-to-worker control".to_string(),
+        };
+        Ok(TonicResponse::new(Box::pin(futures::stream::iter([Ok(t)]))))
+    }
+}

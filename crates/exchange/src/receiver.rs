@@ -1,0 +1,240 @@
+//! The consuming side of an exchange: a leaf of the stage that reads another
+//! stage's output.
+
+use crate::codec::BatchDecoder;
+use crate::context::{ExchangeId, Placement, QueryContext};
+use arrow::datatypes::SchemaRef;
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::{DataFusionError, Result};
+use datafusion::execution::TaskContext;
+use datafusion::physical_expr::{EquivalenceProperties, LexOrdering, PhysicalExpr};
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::metrics::{
+    Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet, Time,
+};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
+    ReplaceChildrenOptions, SendableRecordBatchStream,
+};
+use futures::StreamExt;
+use gyre_transport::{StreamKey, StreamReceiver};
+use std::collections::VecDeque;
+use std::fmt;
+use std::sync::Arc;
+
+/// Which producer partitions a receiver partition reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReceiveMode {
+    /// Partition `q` merges what every producer partition routed to it (a shuffle).
+    Shuffle,
+    /// Partition `p` is producer partition `p` (gather, broadcast, scatter).
+    Forward,
+}
+
+/// Reads the batches of exchange `exchange` from the transport.
+#[derive(Debug)]
+pub struct ExchangeReceiverExec {
+    exchange: ExchangeId,
+    schema: SchemaRef,
+    producer: Placement,
+    producer_partitions: usize,
+    mode: ReceiveMode,
+    ordering: Option<LexOrdering>,
+    props: Arc<PlanProperties>,
+    metrics: ExecutionPlanMetricsSet,
+}
+
+impl ExchangeReceiverExec {
+    /// `partitioning` describes the receiver's output; for [`ReceiveMode::Forward`] its
+    /// partition count must equal `producer_partitions`. `ordering` is the sort order
+    /// each producer partition guarantees, kept so merges above stay valid.
+    pub fn new(
+        exchange: ExchangeId,
+        schema: SchemaRef,
+        producer: Placement,
+        producer_partitions: usize,
+        mode: ReceiveMode,
+        partitioning: Partitioning,
+        ordering: Option<LexOrdering>,
+    ) -> Self {
+        let eq = match &ordering {
+            Some(o) => {
+                EquivalenceProperties::new_with_orderings(Arc::clone(&schema), [o.iter().cloned()])
+            }
+            None => EquivalenceProperties::new(Arc::clone(&schema)),
+        };
+        let props = Arc::new(PlanProperties::new(
+            eq,
+            partitioning,
+            EmissionType::Incremental,
+            Boundedness::Bounded,
+        ));
+        Self {
+            exchange,
+            schema,
+            producer,
+            producer_partitions,
+            mode,
+            ordering,
+            props,
+            metrics: ExecutionPlanMetricsSet::new(),
+        }
+    }
+
+    pub fn exchange(&self) -> ExchangeId {
+        self.exchange
+    }
+    pub fn producer(&self) -> Placement {
+        self.producer
+    }
+    pub fn producer_partitions(&self) -> usize {
+        self.producer_partitions
+    }
+    pub fn mode(&self) -> ReceiveMode {
+        self.mode
+    }
+    pub fn ordering(&self) -> Option<&LexOrdering> {
+        self.ordering.as_ref()
+    }
+}
+
+impl DisplayAs for ExchangeReceiverExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        let mode = match self.mode {
+            ReceiveMode::Shuffle => "shuffle",
+            ReceiveMode::Forward => "forward",
+        };
+        write!(
+            f,
+            "ExchangeReceiverExec: exchange={}, {mode} from {} {} partitions",
+            self.exchange, self.producer_partitions, self.producer
+        )
+    }
+}
+
+struct RecvMetrics {
+    rows: Count,
+    batches: Count,
+    bytes: Count,
+    network_wait: Time,
+    decode_time: Time,
+}
+
+/// State of one incoming stream while it is being read.
+struct Inflow {
+    receiver: StreamReceiver,
+    decoder: BatchDecoder,
+    ready: VecDeque<arrow::array::RecordBatch>,
+    metrics: Arc<RecvMetrics>,
+}
+
+fn transport_err(e: gyre_transport::TransportError) -> DataFusionError {
+    DataFusionError::External(Box::new(e))
+}
+
+fn inflow_stream(
+    inflow: Inflow,
+) -> impl futures::Stream<Item = Result<arrow::array::RecordBatch>> + Send {
+    futures::stream::try_unfold(inflow, |mut s| async move {
+        loop {
+            if let Some(batch) = s.ready.pop_front() {
+                s.metrics.rows.add(batch.num_rows());
+                s.metrics.batches.add(1);
+                return Ok(Some((batch, s)));
+            }
+            let t = s.metrics.network_wait.timer();
+            let msg = s.receiver.next().await.map_err(transport_err)?;
+            t.done();
+            let Some(msg) = msg else { return Ok(None) };
+            s.metrics.bytes.add(msg.len());
+            let _t = s.metrics.decode_time.timer();
+            s.ready.extend(s.decoder.decode(msg)?);
+        }
+    })
+}
+
+impl ExecutionPlan for ExchangeReceiverExec {
+    fn name(&self) -> &'static str {
+        "ExchangeReceiverExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.props
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn replace_children(
+        self: Arc<Self>,
+        _: Vec<Arc<dyn ExecutionPlan>>,
+        _: ReplaceChildrenOptions,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        Ok(self)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        _: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        Ok(self)
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        let qc = QueryContext::of(&context)?;
+        let me = qc.me();
+        let metrics = Arc::new(RecvMetrics {
+            rows: MetricBuilder::new(&self.metrics).counter("rows_received", partition),
+            batches: MetricBuilder::new(&self.metrics).counter("batches_received", partition),
+            bytes: MetricBuilder::new(&self.metrics).counter("bytes_received", partition),
+            network_wait: MetricBuilder::new(&self.metrics).subset_time("network_wait", partition),
+            decode_time: MetricBuilder::new(&self.metrics).subset_time("decode_time", partition),
+        });
+        let slots: Vec<usize> = match self.mode {
+            ReceiveMode::Shuffle => (0..self.producer_partitions).collect(),
+            ReceiveMode::Forward => vec![partition],
+        };
+        let mut streams = Vec::with_capacity(slots.len());
+        for slot in slots {
+            let src = qc.node_of(self.producer, slot)?;
+            let key = StreamKey {
+                query: qc.query_id,
+                exchange: self.exchange,
+                from: slot as u32,
+                to: me,
+            };
+            let receiver = qc.transport.receiver(key, src).map_err(transport_err)?;
+            streams.push(
+                inflow_stream(Inflow {
+                    receiver,
+                    decoder: BatchDecoder::default(),
+                    ready: VecDeque::new(),
+                    metrics: Arc::clone(&metrics),
+                })
+                .boxed(),
+            );
+        }
+        let merged = futures::stream::select_all(streams);
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
+            Arc::clone(&self.schema),
+            merged,
+        )))
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+}

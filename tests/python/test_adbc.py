@@ -1,0 +1,62 @@
+"""A Flight SQL client (ADBC, unchanged) against an embedded Gyre cluster."""
+import os
+import subprocess
+import sys
+import time
+
+import adbc_driver_flightsql.dbapi as flightsql
+
+
+def wait_for(uri, proc, timeout=120):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"gyre exited early with {proc.returncode}")
+        try:
+            conn = flightsql.connect(uri)
+            with conn.cursor() as cur:
+                cur.execute("select count(*) from lineitem")
+                cur.fetchall()
+            return conn
+        except Exception:
+            time.sleep(0.5)
+    raise RuntimeError("the cluster did not come up")
+
+
+def main():
+    gyre = os.environ.get("GYRE_BIN", "target/release/gyre")
+    port = os.environ.get("GYRE_PORT", "50071")
+    proc = subprocess.Popen(
+        [gyre, "local", "--workers", "2", "--tpch", "0.01", "--listen", f"127.0.0.1:{port}"],
+        stdin=subprocess.DEVNULL,
+    )
+    try:
+        conn = wait_for(f"grpc://127.0.0.1:{port}", proc)
+        with conn.cursor() as cur:
+            cur.execute(
+                "select l_returnflag, l_linestatus, count(*) as n from lineitem "
+                "group by l_returnflag, l_linestatus order by 1, 2"
+            )
+            table = cur.fetch_arrow_table()
+            assert table.column_names == ["l_returnflag", "l_linestatus", "n"], table.column_names
+            rows = table.to_pylist()
+            assert len(rows) == 4, rows
+            assert sum(r["n"] for r in rows) == 60175, rows
+            cur.execute("create table t (k int primary key, v varchar)")
+            cur.execute("insert into t values (1, 'a'), (2, 'b'), (3, null)")
+            cur.execute("select k, v from t order by k")
+            assert cur.fetchall() == [(1, "a"), (2, "b"), (3, None)]
+            try:
+                cur.execute("select no_such_column from t")
+                raise AssertionError("a bad query must fail")
+            except flightsql.Error as e:
+                assert "no_such_column" in str(e), e
+        conn.close()
+        print("1 passed, 0 failed")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,26 @@
+//! All 22 TPC-H queries at SF 0.1 on embedded clusters of 1 to 4 workers
+//! return exactly what single-node DataFusion returns on the same data.
+
+mod common;
+
+const SF: f64 = 0.1;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tpch_one_worker() {
+    common::check_cluster(1, SF, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tpch_two_workers() {
+    common::check_cluster(2, SF, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tpch_three_workers() {
+    common::check_cluster(3, SF, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tpch_four_workers() {
+    common::check_cluster(4, SF, false).await;
+}
