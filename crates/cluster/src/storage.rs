@@ -37,11 +37,14 @@ impl TablePart {
     }
 }
 
+/// Rows a query inserted, per table, not yet visible.
+type StagedInserts = Vec<(String, Vec<RecordBatch>)>;
+
 /// All table parts of a worker, plus inserts staged until their query commits.
 #[derive(Debug, Default)]
 pub struct WorkerStorage {
     tables: RwLock<HashMap<String, Arc<TablePart>>>,
-    staged: Mutex<HashMap<u64, Vec<(String, Vec<RecordBatch>)>>>,
+    staged: Mutex<HashMap<u64, StagedInserts>>,
 }
 
 impl WorkerStorage {

@@ -122,24 +122,12 @@ impl Worker {
                 tracing::error!("worker control service stopped: {e}");
             }
         });
-        let hb = Arc::downgrade(&worker);
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(Duration::from_millis(500)).await;
-                let Some(w) = hb.upgrade() else { return };
-                if let Err(e) = w
-                    .coordinator
-                    .call(&Request::Heartbeat { node: w.node })
-                    .await
-                {
-                    tracing::warn!(node = w.node, "heartbeat failed: {e}");
-                }
-            }
-        });
+        spawn_heartbeat(Arc::downgrade(&worker), config.coordinator.clone());
         tracing::info!(node, %control_addr, %data_addr, "worker registered");
         Ok(worker)
     }
 
+    /// The address of this worker's control service.
     pub fn control_addr(&self) -> SocketAddr {
         self.control_addr
     }
@@ -278,6 +266,34 @@ impl Worker {
         let tables = self.storage.finish_query(query, commit);
         Response::Finished { stages, tables }
     }
+}
+
+/// Heartbeats go from a thread of their own with its own connection, so a worker
+/// whose threads are all busy computing is not mistaken for a dead one.
+fn spawn_heartbeat(worker: std::sync::Weak<Worker>, coordinator: String) {
+    std::thread::Builder::new()
+        .name("gyre-heartbeat".into())
+        .spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("heartbeat runtime");
+            rt.block_on(async move {
+                let Ok(client) = ControlClient::connect_lazy(&coordinator) else {
+                    return;
+                };
+                loop {
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    let Some(node) = worker.upgrade().map(|w| w.node) else {
+                        return;
+                    };
+                    if let Err(e) = client.call(&Request::Heartbeat { node }).await {
+                        tracing::warn!(node, "heartbeat failed: {e}");
+                    }
+                }
+            });
+        })
+        .expect("heartbeat thread");
 }
 
 struct WorkerService(Arc<Worker>);

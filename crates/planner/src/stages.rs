@@ -148,7 +148,7 @@ pub fn split_into_stages(
         on_workers,
     };
     let (root, loc) = s.visit(&plan)?;
-    let mut root = s.to_coordinator(root, loc)?;
+    let mut root = s.gather_to_coordinator(root, loc)?;
     if root.output_partitioning().partition_count() > 1 {
         root = Arc::new(CoalescePartitionsExec::new(root));
     }
@@ -230,7 +230,7 @@ impl Splitter<'_> {
         ))
     }
 
-    fn to_coordinator(
+    fn gather_to_coordinator(
         &mut self,
         plan: Arc<dyn ExecutionPlan>,
         loc: Loc,
@@ -246,7 +246,7 @@ impl Splitter<'_> {
     }
 
     /// Makes the whole of `plan` available on every worker.
-    fn to_all_workers(
+    fn replicate_on_workers(
         &mut self,
         plan: Arc<dyn ExecutionPlan>,
         loc: Loc,
@@ -266,7 +266,7 @@ impl Splitter<'_> {
     }
 
     /// Puts partition `i` of `plan` on worker `i`.
-    fn to_workers_positional(
+    fn place_on_workers(
         &mut self,
         plan: Arc<dyn ExecutionPlan>,
         loc: Loc,
@@ -275,7 +275,7 @@ impl Splitter<'_> {
             Loc::Workers => Ok(plan),
             Loc::Merge(input) if self.n == 1 => replace_children_if_necessary(plan, vec![input]),
             loc => {
-                let plan = self.to_coordinator(plan, loc)?;
+                let plan = self.gather_to_coordinator(plan, loc)?;
                 if Self::partitions(&plan) != self.n {
                     return internal_err!(
                         "cannot place {} partitions on {} workers",
@@ -303,7 +303,10 @@ impl Splitter<'_> {
             let (child, loc) = self.visit(rep.input())?;
             let (child, from) = match loc {
                 Loc::Workers => (child, Placement::Workers),
-                loc => (self.to_coordinator(child, loc)?, Placement::Coordinator),
+                loc => (
+                    self.gather_to_coordinator(child, loc)?,
+                    Placement::Coordinator,
+                ),
             };
             let partitioning = rep.partitioning().clone();
             if partitioning.partition_count() != self.n {
@@ -321,13 +324,12 @@ impl Splitter<'_> {
             } else {
                 self.exchange(child, from, SendMode::Shuffle(partitioning))
             };
-            if rep.preserve_order() {
-                if let Some(ordering) = node.output_ordering() {
-                    // A shuffle interleaves its senders; restore the order the parent relies on.
-                    out = Arc::new(
-                        SortExec::new(ordering.clone(), out).with_preserve_partitioning(true),
-                    );
-                }
+            if rep.preserve_order()
+                && let Some(ordering) = node.output_ordering()
+            {
+                // A shuffle interleaves its senders; restore the order the parent relies on.
+                out =
+                    Arc::new(SortExec::new(ordering.clone(), out).with_preserve_partitioning(true));
             }
             return Ok((out, Loc::Workers));
         }
@@ -337,7 +339,7 @@ impl Splitter<'_> {
             return Ok(match loc {
                 Loc::Workers => (Arc::clone(node), Loc::Merge(child)),
                 loc => {
-                    let child = self.to_coordinator(child, loc)?;
+                    let child = self.gather_to_coordinator(child, loc)?;
                     (
                         replace_children_if_necessary(Arc::clone(node), vec![child])?,
                         Loc::Coordinator,
@@ -357,7 +359,7 @@ impl Splitter<'_> {
                 let mut it = visited.into_iter();
                 let (left, left_loc) = it.next().unwrap();
                 let (right, _) = it.next().unwrap();
-                let left = self.to_all_workers(left, left_loc)?;
+                let left = self.replicate_on_workers(left, left_loc)?;
                 let new = replace_children_if_necessary(Arc::clone(node), vec![left, right])?;
                 return Ok((new, Loc::Workers));
             }
@@ -374,7 +376,7 @@ impl Splitter<'_> {
         if any_workers && fits_workers {
             let mut new_children = Vec::with_capacity(visited.len());
             for (p, l) in visited {
-                new_children.push(self.to_workers_positional(p, l)?);
+                new_children.push(self.place_on_workers(p, l)?);
             }
             let new = replace_children_if_necessary(Arc::clone(node), new_children)?;
             return Ok((new, Loc::Workers));
@@ -389,7 +391,7 @@ impl Splitter<'_> {
     ) -> Result<(Arc<dyn ExecutionPlan>, Loc)> {
         let mut new_children = Vec::with_capacity(visited.len());
         for (p, l) in visited {
-            new_children.push(self.to_coordinator(p, l)?);
+            new_children.push(self.gather_to_coordinator(p, l)?);
         }
         let new = replace_children_if_necessary(Arc::clone(node), new_children)?;
         Ok((new, Loc::Coordinator))
