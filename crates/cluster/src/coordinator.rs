@@ -509,15 +509,31 @@ impl Coordinator {
         if n == 0 {
             return plan_err!("no workers are alive");
         }
-        // Inserts must run on every worker: give their input one partition per worker.
+        // Inserts must run on every worker: give their input one partition per worker
+        // (with one worker, DataFusion adds no repartition, and the input may be a
+        // coordinator-side VALUES list).
         let plan = plan
             .transform_up(|node| {
                 if let Some(ins) = node.downcast_ref::<GyreInsertExec>()
-                    && ins.input.output_partitioning().partition_count() != n
+                    && (n == 1 || ins.input.output_partitioning().partition_count() != n)
                 {
+                    // A single-partition input counts as key-partitioned for DataFusion,
+                    // so a hash-placed table must be hash-partitioned here explicitly.
+                    let partitioning = match ins.key {
+                        Some(k) => {
+                            let name = ins.input.schema().field(k).name().clone();
+                            Partitioning::Hash(
+                                vec![Arc::new(
+                                    datafusion::physical_expr::expressions::Column::new(&name, k),
+                                )],
+                                n,
+                            )
+                        }
+                        None => Partitioning::RoundRobinBatch(n),
+                    };
                     let input = Arc::new(RepartitionExec::try_new(
                         Arc::clone(&ins.input),
-                        Partitioning::RoundRobinBatch(n),
+                        partitioning,
                     )?);
                     return Ok(Transformed::yes(Arc::new(GyreInsertExec::new(
                         input,
