@@ -82,18 +82,27 @@ impl Worker {
                 ip => ip.to_string(),
             });
         let coordinator = ControlClient::connect_lazy(&config.coordinator)?;
-        let reply = coordinator
-            .call(&Request::Register {
-                control_addr: format!("{host}:{}", control_addr.port()),
-                data_addr: format!("{host}:{}", data_addr.port()),
-            })
-            .await
-            .map_err(|e| {
-                DataFusionError::Execution(format!(
-                    "cannot register with the coordinator at {}: {e}",
-                    config.coordinator
-                ))
-            })?;
+        let register = Request::Register {
+            control_addr: format!("{host}:{}", control_addr.port()),
+            data_addr: format!("{host}:{}", data_addr.port()),
+        };
+        // A worker may start before its coordinator: keep trying for a while.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        let reply = loop {
+            match coordinator.call(&register).await {
+                Ok(reply) => break reply,
+                Err(e) if tokio::time::Instant::now() < deadline => {
+                    tracing::debug!("coordinator not reachable yet: {e}");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(e) => {
+                    return Err(DataFusionError::Execution(format!(
+                        "cannot register with the coordinator at {}: {e}",
+                        config.coordinator
+                    )));
+                }
+            }
+        };
         let Response::Registered { node } = reply else {
             return Err(DataFusionError::Execution(format!(
                 "unexpected registration reply {reply:?}"

@@ -1,0 +1,109 @@
+//! A real multi-process cluster: killing a worker mid-query fails that query
+//! quickly with an error naming the worker; later queries that need the dead
+//! worker's partitions fail naming them; the cluster stays usable.
+
+use arrow_flight::sql::client::FlightSqlServiceClient;
+use futures::TryStreamExt;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use tonic::transport::Channel;
+
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn gyre(args: &[&str]) -> Proc {
+    Proc(
+        Command::new(env!("CARGO_BIN_EXE_gyre"))
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("start gyre"),
+    )
+}
+
+async fn run(client: &mut FlightSqlServiceClient<Channel>, sql: &str) -> Result<usize, String> {
+    let info = client
+        .execute(sql.to_string(), None)
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut rows = 0;
+    for ep in info.endpoint {
+        let stream = client
+            .do_get(ep.ticket.unwrap())
+            .await
+            .map_err(|e| e.to_string())?;
+        let batches: Vec<_> = stream.try_collect().await.map_err(|e| e.to_string())?;
+        rows += batches.iter().map(|b| b.num_rows()).sum::<usize>();
+    }
+    Ok(rows)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_worker_fails_the_query_and_names_itself() {
+    let port = 50000 + (std::process::id() % 10000) as u16;
+    let addr = format!("127.0.0.1:{port}");
+    let _coordinator = gyre(&["coordinator", "--listen", &addr]);
+    let mut client = None;
+    for _ in 0..100 {
+        if let Ok(ch) = Channel::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect()
+            .await
+        {
+            client = Some(FlightSqlServiceClient::new(ch));
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut client = client.expect("coordinator up");
+    // Start the workers one after the other so they get ids 1 and 2.
+    let _w1 = gyre(&["worker", "--coordinator", &addr, "--threads", "1"]);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut w2 = gyre(&["worker", "--coordinator", &addr, "--threads", "1"]);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    run(
+        &mut client,
+        "CREATE TABLE t AS SELECT value AS k FROM generate_series(1, 3000000) AS s(value)",
+    )
+    .await
+    .unwrap();
+    let mut slow = client.clone();
+    let query = tokio::spawn(async move {
+        run(
+            &mut slow,
+            "SELECT a.k % 1000, count(*) FROM t a JOIN t b ON a.k = b.k GROUP BY 1 ORDER BY 1",
+        )
+        .await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let killed_at = Instant::now();
+    let _ = w2.0.kill();
+    let _ = w2.0.wait();
+    let result = tokio::time::timeout(Duration::from_secs(15), query)
+        .await
+        .expect("the query must not hang")
+        .unwrap();
+    if let Err(e) = &result {
+        assert!(e.contains("worker 2"), "error should name the worker: {e}");
+        assert!(killed_at.elapsed() < Duration::from_secs(10));
+    }
+    // Later: the table lost a partition, and the error says which.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let err = run(&mut client, "SELECT count(*) FROM t")
+        .await
+        .unwrap_err();
+    assert!(
+        err.contains("partition 1") && err.contains("worker 2"),
+        "{err}"
+    );
+    // The cluster stays usable.
+    assert_eq!(run(&mut client, "SELECT 1").await.unwrap(), 1);
+    drop(w2);
+}
