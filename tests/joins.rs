@@ -176,3 +176,58 @@ async fn explain_shows_fragments_exchanges_and_join_strategies() {
         assert!(plan.contains(needle), "missing {needle}:\n{plan}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn external_csv_and_parquet_files_load_and_bad_files_fail_clearly() {
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("people.csv");
+    std::fs::write(&csv, "id,name\n1,ann\n2,bob\n3,cy\n4,di\n").unwrap();
+    let bad = dir.path().join("bad.csv");
+    std::fs::write(&bad, "id,name\n1,ann\nnot-a-number,bob,extra\n").unwrap();
+    let cluster = LocalCluster::start(3, 1, "127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let c = &cluster.coordinator;
+    c.sql(&format!(
+        "CREATE EXTERNAL TABLE people STORED AS CSV LOCATION '{}' \
+         OPTIONS ('format.has_header' 'true', 'gyre.partition_by' 'id')",
+        csv.display()
+    ))
+    .await
+    .unwrap();
+    let r = c.sql_one("SELECT id, name FROM people").await.unwrap();
+    assert_eq!(
+        canonical_rows(&r.batches).unwrap(),
+        vec!["1|ann", "2|bob", "3|cy", "4|di"]
+    );
+    let parquet = dir.path().join("people.parquet");
+    let ctx = SessionContext::new();
+    ctx.sql("SELECT 1 AS id, 'x' AS v UNION ALL SELECT 2, 'y'")
+        .await
+        .unwrap()
+        .write_parquet(
+            parquet.to_str().unwrap(),
+            datafusion::dataframe::DataFrameWriteOptions::new(),
+            None,
+        )
+        .await
+        .unwrap();
+    c.sql(&format!(
+        "CREATE EXTERNAL TABLE pq STORED AS PARQUET LOCATION '{}'",
+        parquet.display()
+    ))
+    .await
+    .unwrap();
+    let r = c.sql_one("SELECT sum(id) FROM pq").await.unwrap();
+    assert_eq!(canonical_rows(&r.batches).unwrap(), vec!["3"]);
+    let err = c
+        .sql(&format!(
+            "CREATE EXTERNAL TABLE b STORED AS CSV LOCATION '{}' OPTIONS ('format.has_header' 'true')",
+            bad.display()
+        ))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("bad.csv"), "{err}");
+    assert!(c.sql_one("SELECT count(*) FROM people").await.is_ok());
+}

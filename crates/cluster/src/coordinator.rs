@@ -857,10 +857,12 @@ impl Coordinator {
     async fn create_external_table(
         self: &Arc<Self>,
         state: SessionState,
-        cmd: CreateExternalTable,
+        mut cmd: CreateExternalTable,
         workers: Vec<NodeId>,
     ) -> Result<StatementResult> {
         let name = cmd.name.table().to_string();
+        // Gyre's own option; DataFusion's file formats reject unknown namespaces.
+        let partition_by = cmd.options.remove("gyre.partition_by");
         if self.tables.read().contains_key(&name) && !cmd.if_not_exists {
             return plan_err!("table '{name}' already exists");
         }
@@ -880,10 +882,8 @@ impl Coordinator {
         let input =
             LogicalPlanBuilder::scan(format!("{name}_source"), provider_as_source(source), None)?
                 .build()?;
-        let placement = cmd
-            .options
-            .get("gyre.partition_by")
-            .map(|c| TablePlacement::Hash { column: c.clone() })
+        let placement = partition_by
+            .map(|column| TablePlacement::Hash { column })
             .unwrap_or(TablePlacement::Chunked);
         self.create_empty_table(&name, schema, placement, &workers)
             .await?;
