@@ -80,7 +80,9 @@ impl SpaceSaving {
             (1..=16384).contains(&capacity),
             "SpaceSaving capacity must be 1..=16384, got {capacity}"
         );
-        let buckets = (2 * capacity).next_power_of_two().max(2);
+        // At least two empty buckets always remain, even while an eviction briefly
+        // holds k + 1 entries, so every probe and shift loop ends.
+        let buckets = (2 * capacity).next_power_of_two().max(4);
         SpaceSaving {
             capacity,
             len: 0,
@@ -160,14 +162,17 @@ impl SpaceSaving {
             self.increment(p);
         } else {
             // Replace the minimum (the last position); the newcomer inherits its count
-            // as error so it is never underestimated (thesis Fig. 4.6).
+            // as error so it is never underestimated (thesis Fig. 4.6). The newcomer
+            // takes the empty bucket the failed lookup ended on *before* the old key's
+            // bucket is deleted: backward-shift deletion keeps the probe invariant of
+            // every entry present, so no second probe for a free bucket is needed.
             let p = self.len - 1;
-            self.remove_from_index(self.bucket_of[p] as usize);
-            let b = self.free_bucket(key);
+            let old = self.bucket_of[p] as usize;
             self.keys[p] = key;
             self.errors[p] = self.counts[p];
             self.index[b] = p as u16;
             self.bucket_of[p] = b as u16;
+            self.remove_from_index(old);
             self.increment(p);
         }
     }
@@ -206,6 +211,8 @@ impl SpaceSaving {
     }
 
     /// Deletes bucket `hole` with backward shifting, so lookups never need tombstones.
+    /// Only the bucket's position is used, never its content, so the position it named
+    /// may already belong to another key.
     fn remove_from_index(&mut self, mut hole: usize) {
         let mask = self.mask();
         let mut j = hole;
