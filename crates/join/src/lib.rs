@@ -14,6 +14,7 @@
 pub mod cache;
 pub mod error;
 pub mod keys;
+mod memory;
 pub mod nested_loops;
 pub mod pairs;
 mod partition;

@@ -14,8 +14,8 @@ pub struct JoinPairs {
 impl JoinPairs {
     pub fn with_capacity(n: usize) -> Self {
         JoinPairs {
-            left: Vec::with_capacity(n),
-            right: Vec::with_capacity(n),
+            left: crate::memory::vec_with_capacity(n),
+            right: crate::memory::vec_with_capacity(n),
         }
     }
 

@@ -40,6 +40,7 @@ pub(crate) fn zeroed_tuples(n: usize) -> Vec<Tuple> {
         if ptr.is_null() {
             std::alloc::handle_alloc_error(layout);
         }
+        crate::memory::advise_huge_pages(ptr, n);
         Vec::from_raw_parts(ptr, n, n)
     }
 }
@@ -190,6 +191,21 @@ where
     bounds
 }
 
+/// Regions up to this size are cache-resident targets for [`refine`]: their output range
+/// is pulled into cache by a sequential sweep before the scatter.
+const WARM_LIMIT_BYTES: usize = 256 * 1024;
+
+/// Touches one element per cache line of `out` (a write, so lines arrive owned).
+/// A scatter into a cache-sized region writes its lines in random order; without this
+/// each first write to a line is a demand miss, while a sequential sweep is served by
+/// the hardware prefetcher.
+#[inline(never)]
+fn warm_for_write(out: &mut [Tuple]) {
+    for t in out.iter_mut().step_by(4) {
+        t.pad = 0;
+    }
+}
+
 /// Groups consecutive regions into at most `threads` groups of similar tuple counts.
 /// Returns group boundaries as region indices (`len = groups + 1`).
 pub(crate) fn balance_regions(bounds: &[u32], threads: usize) -> Vec<usize> {
@@ -251,6 +267,10 @@ where
                 let c = hist[d];
                 hist[d] = off - base;
                 off += c;
+            }
+            let out = (bounds[r] - base) as usize..(bounds[r + 1] - base) as usize;
+            if out.len() * std::mem::size_of::<Tuple>() <= WARM_LIMIT_BYTES {
+                warm_for_write(&mut dst[out]);
             }
             for t in region {
                 let d = digit(t.key);
