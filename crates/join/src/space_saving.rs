@@ -11,8 +11,11 @@
 //! merged with [`SpaceSaving::merge`].
 //!
 //! Increment with a sorted array: the counter at position `p` with count `c` swaps with
-//! the *first* position holding count `c` (found by binary search when it is not `p`
-//! itself) and then becomes `c + 1`; the array stays sorted (descending) after one swap.
+//! the *first* position holding count `c` and then becomes `c + 1`; the array stays
+//! sorted (descending) after one swap. The start of the run of minimum counts is kept
+//! up to date, because that run is where every eviction lands: on streams with many
+//! distinct keys (every update a miss) this replaces a binary search per update by a
+//! load. Other runs are found by binary search when the neighbour shares the count.
 //!
 //! Guarantees (Metwally et al., Lemma 3 and Theorem 1), which the tests check:
 //! - every monitored key's `count` never underestimates its true frequency, and
@@ -59,6 +62,8 @@ pub struct SpaceSaving {
     index: Vec<u16>,
     shift: u32,
     total: u64,
+    /// First position whose count equals the minimum `counts[len - 1]`.
+    min_start: usize,
 }
 
 #[inline(always)]
@@ -93,6 +98,7 @@ impl SpaceSaving {
             index: vec![EMPTY; buckets],
             shift: 64 - buckets.trailing_zeros(),
             total: 0,
+            min_start: 0,
         }
     }
 
@@ -152,14 +158,18 @@ impl SpaceSaving {
             b = (b + 1) & mask;
         }
         if self.len < self.capacity {
+            // A new key enters with count 1, the smallest possible: it goes last and
+            // joins (or starts) the minimum run.
             let p = self.len;
             self.len += 1;
             self.keys[p] = key;
-            self.counts[p] = 0;
+            self.counts[p] = 1;
             self.errors[p] = 0;
             self.index[b] = p as u16;
             self.bucket_of[p] = b as u16;
-            self.increment(p);
+            if p == 0 || self.counts[p - 1] != 1 {
+                self.min_start = p;
+            }
         } else {
             // Replace the minimum (the last position); the newcomer inherits its count
             // as error so it is never underestimated (thesis Fig. 4.6). The newcomer
@@ -181,14 +191,28 @@ impl SpaceSaving {
     #[inline(always)]
     fn increment(&mut self, p: usize) {
         let c = self.counts[p];
-        let mut p = p;
-        if p > 0 && self.counts[p - 1] == c {
+        let last = self.len - 1;
+        if c == self.counts[last] {
+            // In the minimum run: its first position is known.
+            let q = self.min_start;
+            if q != p {
+                self.swap(p, q);
+            }
+            self.counts[q] = c + 1;
+            self.min_start += 1;
+            if self.min_start > last {
+                // Run used up: the new minimum is counts[last]; find where its run starts.
+                let m = self.counts[last];
+                self.min_start = self.counts[..last].partition_point(|&x| x > m);
+            }
+        } else if p > 0 && self.counts[p - 1] == c {
             // First position of the run of counts equal to c.
             let q = self.counts[..p].partition_point(|&x| x > c);
             self.swap(p, q);
-            p = q;
+            self.counts[q] = c + 1;
+        } else {
+            self.counts[p] = c + 1;
         }
-        self.counts[p] = c + 1;
     }
 
     /// Swaps the entries at positions `a` and `b`, which have equal counts.
@@ -320,12 +344,17 @@ impl SpaceSaving {
             self.bucket_of[p] = b as u16;
             self.len = p + 1;
         }
+        if self.len > 0 {
+            let m = self.counts[self.len - 1];
+            self.min_start = self.counts[..self.len].partition_point(|&x| x > m);
+        }
     }
 
     /// Forgets everything (keeps the allocation), for periodic re-detection.
     pub fn clear(&mut self) {
         self.len = 0;
         self.total = 0;
+        self.min_start = 0;
         self.index.fill(EMPTY);
     }
 }
@@ -357,6 +386,10 @@ mod tests {
             entries.windows(2).all(|w| w[0].count >= w[1].count),
             "sorted"
         );
+        if let Some(min) = entries.last() {
+            let first_min = entries.iter().position(|c| c.count == min.count).unwrap();
+            assert_eq!(h.min_start, first_min, "minimum run start");
+        }
         for c in &entries {
             let f = truth.get(&c.key).copied().unwrap_or(0);
             assert!(
