@@ -2,6 +2,7 @@
 //! queries over the workers.
 
 use crate::codec::{GyreCodec, schema_to_bytes};
+use crate::execution::{DeferredQuery, QueryExecution};
 use crate::protocol::{ControlClient, Request, Response};
 use crate::session::{coordinator_context, parse_compression};
 use crate::storage::PartStats;
@@ -393,6 +394,30 @@ impl Coordinator {
         }
     }
 
+    /// Runs every statement of `sql` but the last. A last statement that is a query is
+    /// planned, not run, so that its result can be streamed to the client as it is
+    /// produced ([`DeferredQuery::execute`]); any other last statement is run.
+    pub async fn sql_deferred(self: &Arc<Self>, sql: &str) -> Result<Outcome> {
+        let mut statements = DFParser::parse_sql_with_dialect(sql, &GenericDialect {})?;
+        let Some(mut last) = statements.pop_back() else {
+            return plan_err!("no statement to run");
+        };
+        for stmt in statements {
+            self.run_statement(stmt).await?;
+        }
+        let placement = take_partition_by(&mut last)?;
+        let workers = self.live_workers();
+        let state = self.query_state(&workers);
+        let plan = state.statement_to_plan(last).await?;
+        if !is_plain_query(&plan) {
+            let result = self.run_logical(state, plan, workers, placement).await?;
+            return Ok(Outcome::Done(result));
+        }
+        let physical = state.create_physical_plan(&plan).await?;
+        let dplan = self.distribute(physical, workers.len())?;
+        Ok(Outcome::Deferred(DeferredQuery { dplan, workers }))
+    }
+
     async fn run_statement(self: &Arc<Self>, mut stmt: DFStatement) -> Result<StatementResult> {
         let placement = take_partition_by(&mut stmt)?;
         let workers = self.live_workers();
@@ -468,7 +493,7 @@ impl Coordinator {
 
     /// Plans and runs a query or DML statement on the cluster.
     async fn run_query(
-        &self,
+        self: &Arc<Self>,
         state: SessionState,
         plan: LogicalPlan,
         workers: Vec<NodeId>,
@@ -548,13 +573,16 @@ impl Coordinator {
         split_into_stages(plan, n, &is_worker_leaf)
     }
 
-    /// Runs a distributed plan and returns the final stage's batches.
-    pub async fn execute(
+    /// Allocates a query id and its failure channel, and builds the coordinator's task context.
+    pub(crate) fn register_query(
         &self,
-        dplan: &DistributedPlan,
         workers: &[NodeId],
-        analyze: bool,
-    ) -> Result<QueryRun> {
+    ) -> Result<(
+        u64,
+        Arc<TaskContext>,
+        mpsc::UnboundedSender<String>,
+        mpsc::UnboundedReceiver<String>,
+    )> {
         let query = self.next_query.fetch_add(1, Ordering::SeqCst);
         let compression = self.settings.lock().compression.clone();
         let qc = QueryContext {
@@ -564,12 +592,7 @@ impl Coordinator {
             compression: parse_compression(compression.as_deref())?,
         };
         let ctx = self.task_ctx(qc);
-        let codec = GyreCodec;
-        let stages = dplan
-            .worker_stages()
-            .map(|s| Ok((s.id, codec.encode_plan(Arc::clone(&s.plan))?)))
-            .collect::<Result<Vec<_>>>()?;
-        let (fail_tx, mut fail_rx) = mpsc::unbounded_channel();
+        let (fail_tx, fail_rx) = mpsc::unbounded_channel();
         self.running.lock().insert(
             query,
             RunningQuery {
@@ -577,63 +600,76 @@ impl Coordinator {
                 fail: fail_tx.clone(),
             },
         );
-        let mut local_tasks = vec![];
-        let result = async {
-            if !stages.is_empty() {
-                self.broadcast(
-                    workers,
-                    Request::StartQuery {
-                        query,
-                        workers: workers.to_vec(),
-                        stages: stages.clone(),
-                        compression: compression.clone(),
-                    },
-                )
-                .await?;
-            }
-            let last = dplan.stages.len() - 1;
-            for stage in &dplan.stages[..last] {
-                if stage.placement != Placement::Coordinator {
-                    continue;
-                }
-                for p in 0..stage.plan.output_partitioning().partition_count() {
-                    let (plan, ctx, fail, id) = (
-                        Arc::clone(&stage.plan),
-                        Arc::clone(&ctx),
-                        fail_tx.clone(),
-                        stage.id,
-                    );
-                    local_tasks.push(tokio::spawn(async move {
-                        let res = match plan.execute(p, ctx) {
-                            Ok(s) => datafusion::physical_plan::common::collect(s)
-                                .await
-                                .map(|_| ()),
-                            Err(e) => Err(e),
-                        };
-                        if let Err(e) = res {
-                            let _ = fail.send(format!("stage {id} on the coordinator: {e}"));
-                        }
-                    }));
-                }
-            }
-            let root = Arc::clone(&dplan.final_stage().plan);
-            let collect = async {
-                let stream = root.execute(0, Arc::clone(&ctx))?;
-                datafusion::physical_plan::common::collect(stream).await
-            };
-            tokio::select! {
-                r = collect => r,
-                Some(msg) = fail_rx.recv() => Err(exec_err(msg)),
-            }
+        Ok((query, ctx, fail_tx, fail_rx))
+    }
+
+    /// Sends every worker its stages of `dplan`; they start at once and stream into each other.
+    pub(crate) async fn start_worker_stages(
+        &self,
+        query: u64,
+        dplan: &DistributedPlan,
+        workers: &[NodeId],
+    ) -> Result<()> {
+        let codec = GyreCodec;
+        let stages = dplan
+            .worker_stages()
+            .map(|s| Ok((s.id, codec.encode_plan(Arc::clone(&s.plan))?)))
+            .collect::<Result<Vec<_>>>()?;
+        if stages.is_empty() {
+            return Ok(());
         }
-        .await;
-        for t in &local_tasks {
-            t.abort();
-        }
+        let compression = self.settings.lock().compression.clone();
+        self.broadcast(
+            workers,
+            Request::StartQuery {
+                query,
+                workers: workers.to_vec(),
+                stages,
+                compression,
+            },
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// Ends `query` everywhere: stops its tasks, commits or discards its inserts,
+    /// releases its streams, and (with `metrics`) returns the workers' reports.
+    pub(crate) async fn end_query(
+        &self,
+        query: u64,
+        workers: &[NodeId],
+        commit: bool,
+        metrics: bool,
+    ) -> StageReports {
         self.running.lock().remove(&query);
-        let reports = self.finish(query, workers, result.is_ok(), analyze).await;
+        let reports = self.finish(query, workers, commit, metrics).await;
         self.transport.release_query(query);
-        let batches = result?;
+        reports
+    }
+
+    /// Runs a distributed plan and collects the final stage's batches.
+    pub async fn execute(
+        self: &Arc<Self>,
+        dplan: &DistributedPlan,
+        workers: &[NodeId],
+        analyze: bool,
+    ) -> Result<QueryRun> {
+        let mut run = QueryExecution::start(self, dplan, workers).await?;
+        let mut batches = vec![];
+        let mut failure = None;
+        while let Some(batch) = run.next().await {
+            match batch {
+                Ok(b) => batches.push(b),
+                Err(e) => {
+                    failure = Some(e);
+                    break;
+                }
+            }
+        }
+        let reports = run.finish(failure.is_none(), analyze).await;
+        if let Some(e) = failure {
+            return Err(e);
+        }
         let mut report = String::new();
         if analyze {
             report = self.render_report(dplan, workers, &reports);
@@ -648,7 +684,7 @@ impl Coordinator {
         workers: &[NodeId],
         commit: bool,
         metrics: bool,
-    ) -> BTreeMap<NodeId, Vec<(usize, String)>> {
+    ) -> StageReports {
         let req = Request::FinishQuery {
             query,
             commit,
@@ -713,7 +749,7 @@ impl Coordinator {
         &self,
         dplan: &DistributedPlan,
         workers: &[NodeId],
-        reports: &BTreeMap<NodeId, Vec<(usize, String)>>,
+        reports: &StageReports,
     ) -> String {
         let mut out = String::new();
         for stage in dplan.stages.iter().rev() {
@@ -965,6 +1001,32 @@ impl Coordinator {
         self.tables.read().keys().cloned().collect()
     }
 }
+
+/// What [`Coordinator::sql_deferred`] returns.
+#[derive(Debug)]
+pub enum Outcome {
+    /// The last statement ran (DDL, DML, `SET`, `EXPLAIN`, ...).
+    Done(StatementResult),
+    /// The last statement is a query, planned and ready to stream.
+    Deferred(DeferredQuery),
+}
+
+/// Whether a plan only reads (its result can be produced lazily, as the client pulls).
+fn is_plain_query(plan: &LogicalPlan) -> bool {
+    !matches!(
+        plan,
+        LogicalPlan::Ddl(_)
+            | LogicalPlan::Dml(_)
+            | LogicalPlan::Copy(_)
+            | LogicalPlan::Statement(_)
+            | LogicalPlan::DescribeTable(_)
+            | LogicalPlan::Explain(_)
+            | LogicalPlan::Analyze(_)
+    )
+}
+
+/// Per worker, per stage id: the stage plan rendered with that worker's metrics.
+pub type StageReports = BTreeMap<NodeId, Vec<(usize, String)>>;
 
 /// What [`Coordinator::execute`] returns.
 #[derive(Debug)]

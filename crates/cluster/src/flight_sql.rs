@@ -1,11 +1,12 @@
 //! The coordinator's front door: Arrow Flight SQL for clients (ADBC, JDBC,
 //! `gyre sql`), and the control actions workers use to join and report.
 
-use crate::coordinator::{Coordinator, StatementResult};
+use crate::coordinator::{Coordinator, Outcome, StatementResult};
 use crate::protocol::{ACTION, Request, decode, encode};
 use arrow::datatypes::Schema;
 use arrow::ipc::writer::IpcWriteOptions;
 use arrow_flight::encode::FlightDataEncoderBuilder;
+use arrow_flight::error::FlightError;
 use arrow_flight::flight_service_server::{FlightService, FlightServiceServer};
 use arrow_flight::sql::metadata::{SqlInfoData, SqlInfoDataBuilder};
 use arrow_flight::sql::server::{FlightSqlService, PeekableFlightDataStream};
@@ -25,12 +26,14 @@ use prost::Message;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 use tonic::{Request as TonicRequest, Response as TonicResponse, Status};
 
 /// Flight SQL service of a coordinator.
 pub struct GyreFlightSql {
     coordinator: Arc<Coordinator>,
-    results: Mutex<HashMap<String, StatementResult>>,
+    /// Results waiting for their `DoGet`: finished ones, and queries planned to stream.
+    results: Mutex<HashMap<String, (Instant, Outcome)>>,
     prepared: Mutex<HashMap<String, String>>,
     sql_info: SqlInfoData,
 }
@@ -43,6 +46,9 @@ fn status(e: DataFusionError) -> Status {
         e => Status::internal(e.to_string()),
     }
 }
+
+/// How long a result waits for its `DoGet` before it is dropped.
+const UNFETCHED_RESULT_TTL: Duration = Duration::from_secs(600);
 
 fn new_handle() -> String {
     format!("{:016x}", rand::random::<u64>())
@@ -63,25 +69,32 @@ impl GyreFlightSql {
         }
     }
 
-    /// Runs `sql` and keeps the last statement's result for a following `DoGet`.
+    /// Runs `sql` and keeps the last statement's outcome for a following `DoGet`. A query is
+    /// only planned here; it runs while the client reads it, so its rows stream through.
     async fn run_and_store(&self, sql: &str) -> Result<FlightInfo, Status> {
-        let mut results = self.coordinator.sql(sql).await.map_err(status)?;
-        let result = results
-            .pop()
-            .ok_or_else(|| Status::invalid_argument("empty query"))?;
-        let rows: usize = result.batches.iter().map(|b| b.num_rows()).sum();
+        let outcome = self.coordinator.sql_deferred(sql).await.map_err(status)?;
+        let (schema, rows) = match &outcome {
+            Outcome::Done(r) => (
+                Arc::clone(&r.schema),
+                r.batches.iter().map(|b| b.num_rows() as i64).sum(),
+            ),
+            Outcome::Deferred(q) => (q.schema(), -1),
+        };
         let handle = new_handle();
         let ticket = TicketStatementQuery {
             statement_handle: handle.clone().into(),
         };
         let info = FlightInfo::new()
-            .try_with_schema(&result.schema)
+            .try_with_schema(&schema)
             .map_err(|e| Status::internal(e.to_string()))?
             .with_endpoint(
                 FlightEndpoint::new().with_ticket(Ticket::new(ticket.as_any().encode_to_vec())),
             )
-            .with_total_records(rows as i64);
-        self.results.lock().insert(handle, result);
+            .with_total_records(rows);
+        let mut results = self.results.lock();
+        // A client that never fetched its result must not hold it forever.
+        results.retain(|_, (at, _)| at.elapsed() < UNFETCHED_RESULT_TTL);
+        results.insert(handle, (Instant::now(), outcome));
         Ok(info)
     }
 
@@ -128,12 +141,23 @@ impl FlightSqlService for GyreFlightSql {
         _request: TonicRequest<Ticket>,
     ) -> Result<TonicResponse<<Self as FlightService>::DoGetStream>, Status> {
         let handle = String::from_utf8_lossy(&ticket.statement_handle).into_owned();
-        let result = self
+        let (_, outcome) = self
             .results
             .lock()
             .remove(&handle)
             .ok_or_else(|| Status::not_found(format!("no result for statement {handle}")))?;
-        Ok(TonicResponse::new(self.stream_batches(result)))
+        match outcome {
+            Outcome::Done(result) => Ok(TonicResponse::new(self.stream_batches(result))),
+            Outcome::Deferred(query) => {
+                let schema = query.schema();
+                let batches = query.execute(&self.coordinator).await.map_err(status)?;
+                let stream = FlightDataEncoderBuilder::new()
+                    .with_schema(schema)
+                    .build(batches.map_err(|e| FlightError::ExternalError(Box::new(e))))
+                    .map_err(|e| Status::internal(e.to_string()));
+                Ok(TonicResponse::new(Box::pin(stream)))
+            }
+        }
     }
 
     async fn do_put_statement_update(

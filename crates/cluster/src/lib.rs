@@ -3,6 +3,7 @@
 
 pub mod codec;
 pub mod coordinator;
+pub mod execution;
 pub mod flight_sql;
 pub mod local;
 pub mod protocol;

@@ -136,6 +136,11 @@ impl Worker {
         Ok(worker)
     }
 
+    /// How many queries have stages on this worker right now.
+    pub fn running_queries(&self) -> usize {
+        self.queries.lock().len()
+    }
+
     /// The address of this worker's control service.
     pub fn control_addr(&self) -> SocketAddr {
         self.control_addr

@@ -1,0 +1,196 @@
+//! One running query: its stages started on the workers and the coordinator,
+//! the final stage's output as a stream, and the clean-up when it ends.
+//!
+//! The final stage is pulled, not collected: a client that reads slowly stops
+//! the coordinator's final stage, whose exchange receivers stop returning
+//! credits, which stops the workers' senders. Memory stays bounded by the
+//! transport's credit window whatever the client's speed. Dropping an
+//! execution before its end (a client that went away) stops every stage.
+
+use crate::coordinator::{Coordinator, StageReports};
+use arrow::array::RecordBatch;
+use arrow::datatypes::SchemaRef;
+use datafusion::common::{DataFusionError, Result};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{ExecutionPlanProperties, SendableRecordBatchStream};
+use futures::StreamExt;
+use gyre_exchange::Placement;
+use gyre_planner::DistributedPlan;
+use gyre_transport::NodeId;
+use std::sync::Arc;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+/// A query whose stages are running.
+pub struct QueryExecution {
+    coordinator: Arc<Coordinator>,
+    query: u64,
+    workers: Vec<NodeId>,
+    schema: SchemaRef,
+    local_tasks: Vec<JoinHandle<()>>,
+    fail_rx: mpsc::UnboundedReceiver<String>,
+    root: SendableRecordBatchStream,
+    finished: bool,
+}
+
+impl std::fmt::Debug for QueryExecution {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QueryExecution")
+            .field("query", &self.query)
+            .field("workers", &self.workers)
+            .finish()
+    }
+}
+
+impl QueryExecution {
+    /// Starts every stage of `dplan`: worker stages on `workers`, coordinator stages here.
+    pub(crate) async fn start(
+        coordinator: &Arc<Coordinator>,
+        dplan: &DistributedPlan,
+        workers: &[NodeId],
+    ) -> Result<Self> {
+        let (query, ctx, fail_tx, fail_rx) = coordinator.register_query(workers)?;
+        let cleanup = |e: DataFusionError| async {
+            coordinator.end_query(query, workers, false, false).await;
+            e
+        };
+        if let Err(e) = coordinator.start_worker_stages(query, dplan, workers).await {
+            return Err(cleanup(e).await);
+        }
+        let mut local_tasks = vec![];
+        let last = dplan.stages.len() - 1;
+        for stage in &dplan.stages[..last] {
+            if stage.placement != Placement::Coordinator {
+                continue;
+            }
+            for p in 0..stage.plan.output_partitioning().partition_count() {
+                let (plan, ctx, fail, id) = (
+                    Arc::clone(&stage.plan),
+                    Arc::clone(&ctx),
+                    fail_tx.clone(),
+                    stage.id,
+                );
+                local_tasks.push(tokio::spawn(async move {
+                    let res = match plan.execute(p, ctx) {
+                        Ok(s) => datafusion::physical_plan::common::collect(s)
+                            .await
+                            .map(|_| ()),
+                        Err(e) => Err(e),
+                    };
+                    if let Err(e) = res {
+                        let _ = fail.send(format!("stage {id} on the coordinator: {e}"));
+                    }
+                }));
+            }
+        }
+        let root_plan = &dplan.final_stage().plan;
+        let root = match root_plan.execute(0, ctx) {
+            Ok(r) => r,
+            Err(e) => {
+                for t in &local_tasks {
+                    t.abort();
+                }
+                return Err(cleanup(e).await);
+            }
+        };
+        Ok(Self {
+            coordinator: Arc::clone(coordinator),
+            query,
+            workers: workers.to_vec(),
+            schema: root_plan.schema(),
+            local_tasks,
+            fail_rx,
+            root,
+            finished: false,
+        })
+    }
+
+    /// The next batch of the result, or the error that ended the query.
+    pub async fn next(&mut self) -> Option<Result<RecordBatch>> {
+        tokio::select! {
+            b = self.root.next() => b,
+            Some(msg) = self.fail_rx.recv() => Some(Err(DataFusionError::Execution(msg))),
+        }
+    }
+
+    /// Ends the query on every node: commits (or discards) its inserts and, with
+    /// `metrics`, returns each worker's stage reports.
+    pub async fn finish(mut self, commit: bool, metrics: bool) -> StageReports {
+        self.finished = true;
+        for t in &self.local_tasks {
+            t.abort();
+        }
+        self.coordinator
+            .end_query(self.query, &self.workers, commit, metrics)
+            .await
+    }
+
+    /// The result as a stream; the query ends (and commits) when the stream is
+    /// exhausted, fails, or is dropped.
+    pub fn into_stream(self) -> SendableRecordBatchStream {
+        let schema = Arc::clone(&self.schema);
+        let stream = futures::stream::unfold(Some(self), |state| async move {
+            let mut ex = state?;
+            match ex.next().await {
+                Some(Ok(batch)) => Some((Ok(batch), Some(ex))),
+                Some(Err(e)) => {
+                    ex.finish(false, false).await;
+                    Some((Err(e), None))
+                }
+                None => {
+                    ex.finish(true, false).await;
+                    None
+                }
+            }
+        });
+        Box::pin(RecordBatchStreamAdapter::new(schema, stream))
+    }
+}
+
+impl Drop for QueryExecution {
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        for t in &self.local_tasks {
+            t.abort();
+        }
+        // Abandoned mid-way (the client went away): stop the query everywhere.
+        let (coordinator, query, workers) = (
+            Arc::clone(&self.coordinator),
+            self.query,
+            std::mem::take(&mut self.workers),
+        );
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(async move {
+                coordinator.end_query(query, &workers, false, false).await;
+            });
+        }
+    }
+}
+
+/// A query planned over a set of workers, not yet started.
+#[derive(Debug)]
+pub struct DeferredQuery {
+    pub(crate) dplan: DistributedPlan,
+    pub(crate) workers: Vec<NodeId>,
+}
+
+impl DeferredQuery {
+    /// The schema of the result.
+    pub fn schema(&self) -> SchemaRef {
+        self.dplan.final_stage().plan.schema()
+    }
+
+    /// Starts the query; its result streams as it is read.
+    pub async fn execute(
+        self,
+        coordinator: &Arc<Coordinator>,
+    ) -> Result<SendableRecordBatchStream> {
+        Ok(
+            QueryExecution::start(coordinator, &self.dplan, &self.workers)
+                .await?
+                .into_stream(),
+        )
+    }
+}

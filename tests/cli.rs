@@ -1,0 +1,140 @@
+//! The `gyre` command line: `local -c/-f/--format`, and `local --listen` serving
+//! Flight SQL to `gyre sql` and `gyre load`.
+
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn gyre() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_gyre"))
+}
+
+fn stdout_of(out: Output) -> String {
+    assert!(
+        out.status.success(),
+        "gyre failed: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn local_runs_statements_in_order_in_every_format() {
+    let out = gyre()
+        .args(["local", "--workers", "2", "--format", "csv", "-c"])
+        .arg("CREATE TABLE t (k INT PRIMARY KEY, v VARCHAR); INSERT INTO t VALUES (2, 'b'), (1, 'a'); SELECT k, v FROM t ORDER BY k")
+        .output()
+        .unwrap();
+    let text = stdout_of(out);
+    assert!(text.ends_with("k,v\n1,a\n2,b\n"), "{text}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("q.sql");
+    std::fs::write(&script, "SELECT 40 + 2 AS answer;\nSELECT 'x' AS s;").unwrap();
+    let out = gyre()
+        .args(["local", "--workers", "1", "--format", "json", "-f"])
+        .arg(&script)
+        .output()
+        .unwrap();
+    assert_eq!(stdout_of(out), "[{\"answer\":42}]\n[{\"s\":\"x\"}]\n");
+
+    let out = gyre()
+        .args(["local", "--workers", "2", "-c", "SELECT 1 AS one"])
+        .output()
+        .unwrap();
+    let text = stdout_of(out);
+    assert!(
+        text.contains("| one |") && text.contains("(1 row)"),
+        "{text}"
+    );
+}
+
+#[test]
+fn local_reports_bad_sql_clearly() {
+    let out = gyre()
+        .args(["local", "--workers", "1", "-c", "SELEC 1"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("SELEC"), "{err}");
+    let out = gyre()
+        .args(["local", "--workers", "1", "-c", "SELECT 'a' + 1"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.to_lowercase().contains("utf8"), "{err}");
+}
+
+#[test]
+fn sql_and_load_talk_to_a_served_local_cluster() {
+    let port = 40000 + (std::process::id() % 10000) as u16;
+    let addr = format!("127.0.0.1:{port}");
+    let _server = Server(
+        gyre()
+            .args(["local", "--workers", "3", "--listen", &addr])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let out = gyre()
+            .args(["sql", "--connect", &addr, "-c", "SELECT 1"])
+            .output()
+            .unwrap();
+        if out.status.success() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the served cluster never came up"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("people.csv");
+    let mut text = String::from("id,name\n");
+    for i in 0..1000 {
+        text.push_str(&format!("{i},name{i}\n"));
+    }
+    std::fs::write(&csv, text).unwrap();
+    stdout_of(
+        gyre()
+            .args(["load", "--connect", &addr, "--table", "people"])
+            .args(["--file-format", "csv", "--partition-by", "id"])
+            .arg(&csv)
+            .output()
+            .unwrap(),
+    );
+    let out = gyre()
+        .args(["sql", "--connect", &addr, "--format", "csv", "-c"])
+        .arg("SELECT count(*) AS n, sum(id) AS s FROM people; SELECT name FROM people WHERE id = 7")
+        .output()
+        .unwrap();
+    assert_eq!(stdout_of(out), "n,s\n1000,499500\nname\nname7\n");
+    let out = gyre()
+        .args([
+            "sql",
+            "--connect",
+            &addr,
+            "-c",
+            "SELECT * FROM missing_table",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("missing_table"), "{err}");
+}
