@@ -40,7 +40,7 @@ impl fmt::Display for Error {
         match self {
             Error::NotRoot(what) => write!(
                 f,
-                "{what} needs root (it creates network namespaces, qdiscs and cgroups); run it as root, e.g. with sudo"
+                "{what} needs root (it manages network namespaces, qdiscs and cgroups); run it as root, e.g. with sudo"
             ),
             Error::AlreadyExists(msg) | Error::Invalid(msg) | Error::Process(msg) => {
                 f.write_str(msg)

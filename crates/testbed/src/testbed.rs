@@ -355,8 +355,11 @@ impl Testbed {
         let mut out = String::new();
         let cpus = match (&s.cpus, &s.cgroup) {
             (Some(q), Some(cg)) => format!(
-                ", {q} CPU per host (cgroup {:?} {})",
-                cg.controller.version,
+                ", {q} CPU per host (cgroup {} {})",
+                match cg.controller.version {
+                    cgroup::CgroupVersion::V1 => "v1",
+                    cgroup::CgroupVersion::V2 => "v2",
+                },
                 cg.group.display()
             ),
             _ => String::new(),
@@ -687,27 +690,25 @@ impl Testbed {
                 .processes
                 .push(format!("{} on {} (pid {})", p.what, p.host, p.pid));
         }
-        let in_netns = |report: &mut Option<&mut DownReport>| -> Vec<u32> {
+        let in_netns = || -> Result<Vec<u32>> {
             let mut pids = Vec::new();
             for ns in &ours {
-                match sys::netns_pids(ns) {
-                    Ok(p) => pids.extend(p),
-                    Err(e) => {
-                        if let Some(r) = report.as_mut() {
-                            r.errors.push(e.to_string());
-                        }
+                pids.extend(sys::netns_pids(ns)?);
+            }
+            Ok(pids)
+        };
+        match in_netns() {
+            Ok(pids) => {
+                for pid in pids {
+                    if !recorded.iter().any(|p| p.pid == pid) {
+                        let _ = sys::signal(pid, "TERM");
+                        report
+                            .processes
+                            .push(format!("process {pid} in a cluster namespace"));
                     }
                 }
             }
-            pids
-        };
-        for pid in in_netns(&mut Some(&mut report)) {
-            if !recorded.iter().any(|p| p.pid == pid) {
-                let _ = sys::signal(pid, "TERM");
-                report
-                    .processes
-                    .push(format!("process {pid} in a cluster namespace"));
-            }
+            Err(e) => report.errors.push(e.to_string()),
         }
         let all_gone = |children: &mut Vec<Child>| {
             for c in children.iter_mut() {
@@ -716,7 +717,7 @@ impl Testbed {
             recorded
                 .iter()
                 .all(|p| !sys::process_alive(p.pid, p.start_time))
-                && in_netns(&mut None).is_empty()
+                && in_netns().is_ok_and(|pids| pids.is_empty())
         };
         if !sys::wait_until(Duration::from_secs(3), || all_gone(&mut self.children)) {
             for p in &recorded {
@@ -724,7 +725,7 @@ impl Testbed {
                     let _ = sys::signal(p.pid, "KILL");
                 }
             }
-            for pid in in_netns(&mut None) {
+            for pid in in_netns().unwrap_or_default() {
                 let _ = sys::signal(pid, "KILL");
             }
             if !sys::wait_until(Duration::from_secs(3), || all_gone(&mut self.children)) {
@@ -771,6 +772,11 @@ impl Testbed {
             }
             if let Err(e) = state::release(&self.state_dir, &self.state.name) {
                 report.errors.push(e.to_string());
+            }
+            // The default state directory is ours: it goes too once no cluster
+            // is left in it.
+            if self.state_dir == Path::new(state::DEFAULT_STATE_DIR) {
+                let _ = std::fs::remove_dir(&self.state_dir);
             }
         }
         report
