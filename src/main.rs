@@ -2,6 +2,7 @@
 
 mod bench;
 mod client;
+mod cluster;
 mod output;
 mod repl;
 
@@ -82,6 +83,9 @@ enum Command {
         /// File or directory, readable by the coordinator.
         path: String,
     },
+    /// Emulated cluster on this machine: namespaces, shaped links, CPU quotas (root).
+    #[command(subcommand)]
+    Cluster(cluster::ClusterCommand),
 }
 
 #[derive(Args, Clone)]
@@ -205,6 +209,7 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             Ok(())
         }
         Command::Local(args) => run_local(args).await,
+        Command::Cluster(command) => cluster::run(command),
         Command::Sql { connect, input } => {
             let client = client::RemoteClient::connect(&connect).await?;
             run_input(&client, &input).await
