@@ -574,15 +574,7 @@ impl Coordinator {
     }
 
     /// Allocates a query id and its failure channel, and builds the coordinator's task context.
-    pub(crate) fn register_query(
-        &self,
-        workers: &[NodeId],
-    ) -> Result<(
-        u64,
-        Arc<TaskContext>,
-        mpsc::UnboundedSender<String>,
-        mpsc::UnboundedReceiver<String>,
-    )> {
+    pub(crate) fn register_query(&self, workers: &[NodeId]) -> Result<RegisteredQuery> {
         let query = self.next_query.fetch_add(1, Ordering::SeqCst);
         let compression = self.settings.lock().compression.clone();
         let qc = QueryContext {
@@ -600,7 +592,12 @@ impl Coordinator {
                 fail: fail_tx.clone(),
             },
         );
-        Ok((query, ctx, fail_tx, fail_rx))
+        Ok(RegisteredQuery {
+            id: query,
+            ctx,
+            fail_tx,
+            fail_rx,
+        })
     }
 
     /// Sends every worker its stages of `dplan`; they start at once and stream into each other.
@@ -1000,6 +997,15 @@ impl Coordinator {
     pub fn table_names(&self) -> Vec<String> {
         self.tables.read().keys().cloned().collect()
     }
+}
+
+/// A query id with the coordinator's task context and the channel on which any
+/// node's failure of the query is reported.
+pub(crate) struct RegisteredQuery {
+    pub id: u64,
+    pub ctx: Arc<TaskContext>,
+    pub fail_tx: mpsc::UnboundedSender<String>,
+    pub fail_rx: mpsc::UnboundedReceiver<String>,
 }
 
 /// What [`Coordinator::sql_deferred`] returns.

@@ -7,7 +7,7 @@
 //! transport's credit window whatever the client's speed. Dropping an
 //! execution before its end (a client that went away) stops every stage.
 
-use crate::coordinator::{Coordinator, StageReports};
+use crate::coordinator::{Coordinator, RegisteredQuery, StageReports};
 use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
 use datafusion::common::{DataFusionError, Result};
@@ -49,7 +49,12 @@ impl QueryExecution {
         dplan: &DistributedPlan,
         workers: &[NodeId],
     ) -> Result<Self> {
-        let (query, ctx, fail_tx, fail_rx) = coordinator.register_query(workers)?;
+        let RegisteredQuery {
+            id: query,
+            ctx,
+            fail_tx,
+            fail_rx,
+        } = coordinator.register_query(workers)?;
         let cleanup = |e: DataFusionError| async {
             coordinator.end_query(query, workers, false, false).await;
             e
