@@ -28,8 +28,10 @@ async fn cluster(n: usize) -> Vec<TcpTransport> {
                 .expect("bind"),
         );
     }
-    let peers: HashMap<NodeId, SocketAddr> =
-        nodes.iter().map(|t| (t.node_id(), t.local_addr())).collect();
+    let peers: HashMap<NodeId, SocketAddr> = nodes
+        .iter()
+        .map(|t| (t.node_id(), t.local_addr()))
+        .collect();
     for t in &nodes {
         t.set_peers(&peers);
     }
