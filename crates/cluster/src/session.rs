@@ -1,12 +1,12 @@
 //! DataFusion session setup shared by the coordinator and the workers.
 
-use arrow::ipc::CompressionType;
-use datafusion::common::{DataFusionError, Result};
+use datafusion::common::Result;
 use datafusion::execution::SessionStateBuilder;
 use datafusion::execution::context::SessionState;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_optimizer::optimizer::PhysicalOptimizer;
 use datafusion::prelude::{SessionConfig, SessionContext};
+use gyre_exchange::Compression;
 use gyre_planner::DistributedJoinSelection;
 use std::sync::Arc;
 
@@ -54,15 +54,7 @@ pub fn worker_session() -> SessionState {
         .build()
 }
 
-/// Parses a compression setting: `none`, `lz4` or `zstd`.
-pub fn parse_compression(s: Option<&str>) -> Result<Option<CompressionType>> {
-    match s.map(|s| s.to_ascii_lowercase()) {
-        None => Ok(None),
-        Some(s) if s == "none" || s.is_empty() => Ok(None),
-        Some(s) if s == "lz4" => Ok(Some(CompressionType::LZ4_FRAME)),
-        Some(s) if s == "zstd" => Ok(Some(CompressionType::ZSTD)),
-        Some(other) => Err(DataFusionError::Configuration(format!(
-            "unknown compression '{other}' (expected none, lz4 or zstd)"
-        ))),
-    }
+/// Parses a compression setting: `none`, `lz4`, `zstd` or `auto`.
+pub fn parse_compression(s: Option<&str>) -> Result<Compression> {
+    Compression::parse(s)
 }

@@ -1,6 +1,6 @@
 //! Per-query state that exchange operators find in the task context.
 
-use arrow::ipc::CompressionType;
+use crate::codec::Compression;
 use datafusion::common::{Result, internal_datafusion_err};
 use datafusion::execution::TaskContext;
 use gyre_transport::{COORDINATOR, NodeId, Transport};
@@ -36,8 +36,9 @@ pub struct QueryContext {
     pub transport: Arc<dyn Transport>,
     /// The node that runs partition `i` of a worker stage.
     pub workers: Vec<NodeId>,
-    /// Arrow IPC buffer compression for data sent by this query.
-    pub compression: Option<CompressionType>,
+    /// Arrow IPC buffer compression for data sent by this query (`auto` is resolved by
+    /// each sender from its node's link rate).
+    pub compression: Compression,
 }
 
 impl QueryContext {

@@ -4,15 +4,18 @@
 //! is an [`ExchangeSenderExec`]; the leaves that read another stage's output are
 //! [`ExchangeReceiverExec`]s. Both are ordinary DataFusion `ExecutionPlan`s, so
 //! everything between them is DataFusion's own operators. They move Arrow record
-//! batches as IPC messages through a [`gyre_transport::Transport`] found in the
-//! task's [`QueryContext`], streaming each batch as soon as it is produced.
+//! batches as IPC messages through the endpoints of a [`gyre_transport::Transport`]
+//! found in the task's [`QueryContext`]: a sender coalesces rows per destination
+//! into roughly message-sized batches and encodes each straight into a pooled
+//! message buffer (a broadcast encodes once for all workers); a receiver decodes
+//! each source's IPC stream and releases every buffer as soon as it is decoded.
 
 pub mod codec;
 pub mod context;
 pub mod receiver;
 pub mod sender;
 
-pub use codec::{BatchDecoder, BatchEncoder};
+pub use codec::{AUTO_LZ4_BELOW_BYTES_PER_SEC, BatchDecoder, BatchEncoder, Compression};
 pub use context::{ExchangeId, Placement, QueryContext};
 pub use receiver::{ExchangeReceiverExec, ReceiveMode};
 pub use sender::{ExchangeSenderExec, SendMode};

@@ -3,6 +3,7 @@
 
 use crate::codec::BatchDecoder;
 use crate::context::{ExchangeId, Placement, QueryContext};
+use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{DataFusionError, Result};
@@ -17,8 +18,7 @@ use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
     ReplaceChildrenOptions, SendableRecordBatchStream,
 };
-use futures::StreamExt;
-use gyre_transport::{StreamKey, StreamReceiver};
+use gyre_transport::{ReceiveEndpoint, ReceiveSpec};
 use std::collections::VecDeque;
 use std::fmt;
 use std::sync::Arc;
@@ -117,25 +117,25 @@ struct RecvMetrics {
     rows: Count,
     batches: Count,
     bytes: Count,
+    messages: Count,
     network_wait: Time,
     decode_time: Time,
 }
 
-/// State of one incoming stream while it is being read.
+/// State of one receiving partition while it is being read.
 struct Inflow {
-    receiver: StreamReceiver,
-    decoder: BatchDecoder,
-    ready: VecDeque<arrow::array::RecordBatch>,
-    metrics: Arc<RecvMetrics>,
+    endpoint: ReceiveEndpoint,
+    /// One IPC stream per source.
+    decoders: Vec<BatchDecoder>,
+    ready: VecDeque<RecordBatch>,
+    metrics: RecvMetrics,
 }
 
 fn transport_err(e: gyre_transport::TransportError) -> DataFusionError {
     DataFusionError::External(Box::new(e))
 }
 
-fn inflow_stream(
-    inflow: Inflow,
-) -> impl futures::Stream<Item = Result<arrow::array::RecordBatch>> + Send {
+fn inflow_stream(inflow: Inflow) -> impl futures::Stream<Item = Result<RecordBatch>> + Send {
     futures::stream::try_unfold(inflow, |mut s| async move {
         loop {
             if let Some(batch) = s.ready.pop_front() {
@@ -144,12 +144,22 @@ fn inflow_stream(
                 return Ok(Some((batch, s)));
             }
             let t = s.metrics.network_wait.timer();
-            let msg = s.receiver.next().await.map_err(transport_err)?;
+            let msg = s.endpoint.get().await.map_err(transport_err)?;
             t.done();
             let Some(msg) = msg else { return Ok(None) };
-            s.metrics.bytes.add(msg.len());
-            let _t = s.metrics.decode_time.timer();
-            s.ready.extend(s.decoder.decode(msg)?);
+            if msg.data().is_empty() {
+                continue; // a bare end-of-stream marker
+            }
+            s.metrics.bytes.add(msg.data().len());
+            s.metrics.messages.add(1);
+            let batches = {
+                let _t = s.metrics.decode_time.timer();
+                s.decoders[msg.source].decode(msg.bytes())?
+            };
+            // Released at once: the buffer goes back to the pool, or is replaced in it
+            // if the decoded batches are kept (they share its memory).
+            s.endpoint.release(msg);
+            s.ready.extend(batches);
         }
     })
 }
@@ -195,42 +205,41 @@ impl ExecutionPlan for ExchangeReceiverExec {
         context: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
         let qc = QueryContext::of(&context)?;
-        let me = qc.me();
-        let metrics = Arc::new(RecvMetrics {
-            rows: MetricBuilder::new(&self.metrics).counter("rows_received", partition),
-            batches: MetricBuilder::new(&self.metrics).counter("batches_received", partition),
-            bytes: MetricBuilder::new(&self.metrics).counter("bytes_received", partition),
-            network_wait: MetricBuilder::new(&self.metrics).subset_time("network_wait", partition),
-            decode_time: MetricBuilder::new(&self.metrics).subset_time("decode_time", partition),
-        });
+        let m = || MetricBuilder::new(&self.metrics);
+        let metrics = RecvMetrics {
+            rows: m().counter("rows_received", partition),
+            batches: m().counter("batches_received", partition),
+            bytes: m().counter("bytes_received", partition),
+            messages: m().counter("messages_received", partition),
+            network_wait: m().subset_time("network_wait", partition),
+            decode_time: m().subset_time("decode_time", partition),
+        };
         let slots: Vec<usize> = match self.mode {
             ReceiveMode::Shuffle => (0..self.producer_partitions).collect(),
             ReceiveMode::Forward => vec![partition],
         };
-        let mut streams = Vec::with_capacity(slots.len());
-        for slot in slots {
-            let src = qc.node_of(self.producer, slot)?;
-            let key = StreamKey {
+        let sources = slots
+            .into_iter()
+            .map(|slot| Ok((slot as u32, qc.node_of(self.producer, slot)?)))
+            .collect::<Result<Vec<_>>>()?;
+        let decoders = sources.iter().map(|_| BatchDecoder::default()).collect();
+        let endpoint = qc
+            .transport
+            .open_receive(ReceiveSpec {
                 query: qc.query_id,
                 exchange: self.exchange,
-                from: slot as u32,
-                to: me,
-            };
-            let receiver = qc.transport.receiver(key, src).map_err(transport_err)?;
-            streams.push(
-                inflow_stream(Inflow {
-                    receiver,
-                    decoder: BatchDecoder::default(),
-                    ready: VecDeque::new(),
-                    metrics: Arc::clone(&metrics),
-                })
-                .boxed(),
-            );
-        }
-        let merged = futures::stream::select_all(streams);
+                sources,
+            })
+            .map_err(transport_err)?;
+        let stream = inflow_stream(Inflow {
+            endpoint,
+            decoders,
+            ready: VecDeque::new(),
+            metrics,
+        });
         Ok(Box::pin(RecordBatchStreamAdapter::new(
             Arc::clone(&self.schema),
-            merged,
+            stream,
         )))
     }
 

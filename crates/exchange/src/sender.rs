@@ -4,14 +4,13 @@ use crate::codec::BatchEncoder;
 use crate::context::{ExchangeId, Placement, QueryContext};
 use arrow::array::RecordBatch;
 use arrow::compute::BatchCoalescer;
-use bytes::Bytes;
 use datafusion::common::tree_node::TreeNodeRecursion;
-use datafusion::common::{Result, internal_err};
+use datafusion::common::{DataFusionError, Result, internal_err};
 use datafusion::execution::TaskContext;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::execution_plan::{CardinalityEffect, EmissionType};
 use datafusion::physical_plan::metrics::{
-    Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet, Time,
+    Count, ExecutionPlanMetricsSet, Gauge, MetricBuilder, MetricsSet, Time,
 };
 use datafusion::physical_plan::repartition::BatchPartitioner;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
@@ -20,12 +19,16 @@ use datafusion::physical_plan::{
     Partitioning, PlanProperties, ReplaceChildrenOptions, SendableRecordBatchStream,
 };
 use futures::{StreamExt, TryStreamExt};
-use gyre_transport::{NodeId, StreamKey, StreamSender, node_name};
+use gyre_transport::{NodeId, SendEndpoint, SendSpec, To, node_name};
 use std::fmt;
 use std::sync::Arc;
 
-/// Rows gathered per destination before a shuffle sends a message.
-const TARGET_BATCH_ROWS: usize = 8192;
+/// Share of a message buffer a coalesced batch aims to fill: IPC framing, padding and
+/// the estimate's error take the rest, so that messages rarely outgrow their buffer.
+const FILL: f64 = 0.75;
+
+/// Rows per message before anything is known about the data.
+const DEFAULT_ROWS: usize = 8192;
 
 /// Where the rows of each producer partition go.
 #[derive(Debug, Clone)]
@@ -136,50 +139,164 @@ struct SendMetrics {
     rows: Count,
     batches: Count,
     bytes: Count,
+    messages: Count,
+    oversize: Count,
+    /// Time waiting for credits and buffers (backpressure).
     network_wait: Time,
+    credit_wait: Time,
+    buffer_wait: Time,
     encode_time: Time,
+    pool_high_water: Gauge,
 }
 
 impl SendMetrics {
     fn new(set: &ExecutionPlanMetricsSet, partition: usize) -> Self {
+        let m = || MetricBuilder::new(set);
         Self {
-            rows: MetricBuilder::new(set).counter("rows_sent", partition),
-            batches: MetricBuilder::new(set).counter("batches_sent", partition),
-            bytes: MetricBuilder::new(set).counter("bytes_sent", partition),
-            network_wait: MetricBuilder::new(set).subset_time("network_wait", partition),
-            encode_time: MetricBuilder::new(set).subset_time("encode_time", partition),
+            rows: m().counter("rows_sent", partition),
+            batches: m().counter("batches_sent", partition),
+            bytes: m().counter("bytes_sent", partition),
+            messages: m().counter("messages_sent", partition),
+            oversize: m().counter("oversize_messages", partition),
+            network_wait: m().subset_time("network_wait", partition),
+            credit_wait: m().subset_time("credit_wait", partition),
+            buffer_wait: m().subset_time("buffer_wait", partition),
+            encode_time: m().subset_time("encode_time", partition),
+            pool_high_water: m().gauge("send_pool_high_water", partition),
         }
     }
 }
 
-/// One outgoing stream and its IPC state.
+/// Rows per message, learned from the bytes per row of what was encoded so far.
+#[derive(Debug, Clone, Copy)]
+struct Sizer {
+    target_bytes: f64,
+    bytes_per_row: Option<f64>,
+}
+
+impl Sizer {
+    fn new(message_size: usize) -> Self {
+        Self {
+            target_bytes: message_size as f64 * FILL,
+            bytes_per_row: None,
+        }
+    }
+
+    fn rows(&self) -> usize {
+        self.bytes_per_row.map_or(DEFAULT_ROWS, |b| {
+            (self.target_bytes / b.max(1.0)).clamp(1.0, (1 << 20) as f64) as usize
+        })
+    }
+
+    /// A first guess from a batch's memory (close to its IPC size uncompressed).
+    fn guess(&mut self, batch: &RecordBatch) {
+        if self.bytes_per_row.is_none() && batch.num_rows() > 0 {
+            self.bytes_per_row =
+                Some(batch.get_array_memory_size() as f64 / batch.num_rows() as f64);
+        }
+    }
+
+    fn observe(&mut self, bytes: usize, rows: usize) {
+        if rows > 0 {
+            self.bytes_per_row = Some(bytes as f64 / rows as f64);
+        }
+    }
+}
+
+/// One destination set (a worker, the coordinator, or all workers) and its IPC stream.
 struct Outlet {
-    sender: StreamSender,
+    to: To,
     encoder: BatchEncoder,
-    coalescer: BatchCoalescer,
+    coalescer: Option<BatchCoalescer>,
+    coalesce_rows: usize,
+    sizer: Sizer,
 }
 
-async fn send_one(outlet: &mut Outlet, batch: &RecordBatch, m: &SendMetrics) -> Result<()> {
-    let msg = {
-        let _t = m.encode_time.timer();
-        outlet.encoder.encode(batch)?
-    };
-    send_bytes(&mut outlet.sender, msg, batch.num_rows(), m).await
+impl Outlet {
+    fn new(to: To, encoder: BatchEncoder, message_size: usize) -> Self {
+        Self {
+            to,
+            encoder,
+            coalescer: None,
+            coalesce_rows: 0,
+            sizer: Sizer::new(message_size),
+        }
+    }
+
+    /// Adds rows; sends every message-sized batch that is complete.
+    async fn push(&mut self, ep: &SendEndpoint, batch: RecordBatch, m: &SendMetrics) -> Result<()> {
+        self.sizer.guess(&batch);
+        let rows = self.sizer.rows();
+        // Re-size the coalescer between messages when the learned size moved far.
+        let empty = self
+            .coalescer
+            .as_ref()
+            .is_none_or(|c| c.get_buffered_rows() == 0);
+        if empty && (rows * 4 < self.coalesce_rows * 3 || rows * 3 > self.coalesce_rows * 4) {
+            self.coalescer = Some(
+                BatchCoalescer::new(batch.schema(), rows)
+                    .with_biggest_coalesce_batch_size(Some(rows / 2)),
+            );
+            self.coalesce_rows = rows;
+        }
+        self.coalescer
+            .as_mut()
+            .expect("created above")
+            .push_batch(batch)?;
+        while let Some(full) = self
+            .coalescer
+            .as_mut()
+            .and_then(|c| c.next_completed_batch())
+        {
+            self.send(ep, full, m).await?;
+        }
+        Ok(())
+    }
+
+    /// Sends what is left.
+    async fn flush(&mut self, ep: &SendEndpoint, m: &SendMetrics) -> Result<()> {
+        if let Some(c) = &mut self.coalescer {
+            c.finish_buffered_batch()?;
+        }
+        while let Some(full) = self
+            .coalescer
+            .as_mut()
+            .and_then(|c| c.next_completed_batch())
+        {
+            self.send(ep, full, m).await?;
+        }
+        Ok(())
+    }
+
+    /// Encodes a batch into as many messages as its size needs (a batch larger than a
+    /// message, let through by the coalescer, is cut by rows without copying).
+    async fn send(&mut self, ep: &SendEndpoint, batch: RecordBatch, m: &SendMetrics) -> Result<()> {
+        let per_message = self.sizer.rows().max(1);
+        let mut offset = 0;
+        while offset < batch.num_rows() {
+            let len = per_message.min(batch.num_rows() - offset);
+            let part = batch.slice(offset, len);
+            offset += len;
+            let t = m.network_wait.timer();
+            let buf = ep.acquire(self.to).await.map_err(transport_err)?;
+            t.done();
+            let buf = {
+                let _t = m.encode_time.timer();
+                self.encoder.encode_into(&part, buf)?
+            };
+            self.sizer.observe(buf.len(), len);
+            m.rows.add(len);
+            m.batches.add(1);
+            m.bytes.add(buf.len());
+            m.messages.add(1);
+            ep.put(buf, false).map_err(transport_err)?;
+        }
+        Ok(())
+    }
 }
 
-async fn send_bytes(
-    sender: &mut StreamSender,
-    msg: Bytes,
-    rows: usize,
-    m: &SendMetrics,
-) -> Result<()> {
-    m.rows.add(rows);
-    m.batches.add(1);
-    m.bytes.add(msg.len());
-    let t = m.network_wait.timer();
-    let res = sender.send(msg).await;
-    t.done();
-    res.map_err(|e| datafusion::error::DataFusionError::External(Box::new(e)))
+fn transport_err(e: gyre_transport::TransportError) -> DataFusionError {
+    DataFusionError::External(Box::new(e))
 }
 
 impl ExchangeSenderExec {
@@ -192,40 +309,47 @@ impl ExchangeSenderExec {
         let m = SendMetrics::new(&self.metrics, partition);
         let schema = self.input.schema();
         let dests = self.destinations(&qc, partition)?;
-        let mut outlets = Vec::with_capacity(dests.len());
-        for &dest in &dests {
-            let key = StreamKey {
+        let ep = qc
+            .transport
+            .open_send(SendSpec {
                 query: qc.query_id,
                 exchange: self.exchange,
                 from: partition as u32,
-                to: dest,
-            };
-            let sender = qc
-                .transport
-                .sender(key, dest)
-                .map_err(|e| datafusion::error::DataFusionError::External(Box::new(e)))?;
-            outlets.push(Outlet {
-                sender,
-                encoder: BatchEncoder::try_new(&schema, qc.compression)?,
-                coalescer: BatchCoalescer::new(Arc::clone(&schema), TARGET_BATCH_ROWS),
-            });
-        }
-        let result = self.pump(partition, &ctx, &mut outlets, &m).await;
+                destinations: dests.clone(),
+                groups: vec![],
+            })
+            .map_err(transport_err)?;
+        let compression = qc.compression.resolve(qc.transport.link_rate());
+        let size = ep.message_size();
+        let targets: Vec<To> = match &self.mode {
+            SendMode::Shuffle(_) => dests.iter().map(|d| To::Node(*d)).collect(),
+            SendMode::Broadcast => vec![To::All],
+            SendMode::Gather | SendMode::Scatter => vec![To::Node(dests[0])],
+        };
+        let mut outlets = targets
+            .into_iter()
+            .map(|to| {
+                Ok(Outlet::new(
+                    to,
+                    BatchEncoder::try_new(&schema, compression)?,
+                    size,
+                ))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let result = self.pump(partition, &ctx, &ep, &mut outlets, &m).await;
+        let s = ep.stats();
+        m.credit_wait.add_duration(s.credit_wait);
+        m.buffer_wait.add_duration(s.acquire_wait);
+        m.oversize.add(s.oversize as usize);
+        m.pool_high_water
+            .set_max(qc.transport.stats().send_pool.high_water);
         match result {
             Ok(()) => {
-                for o in outlets {
-                    o.sender
-                        .finish()
-                        .await
-                        .map_err(|e| datafusion::error::DataFusionError::External(Box::new(e)))?;
-                }
+                ep.finish();
                 Ok(())
             }
             Err(e) => {
-                let msg = format!("{} failed: {e}", node_name(qc.me()));
-                for o in outlets {
-                    let _ = o.sender.fail(msg.clone()).await;
-                }
+                ep.fail(&format!("{} failed: {e}", node_name(qc.me())));
                 Err(e)
             }
         }
@@ -235,6 +359,7 @@ impl ExchangeSenderExec {
         &self,
         partition: usize,
         ctx: &Arc<TaskContext>,
+        ep: &SendEndpoint,
         outlets: &mut [Outlet],
         m: &SendMetrics,
     ) -> Result<()> {
@@ -253,41 +378,23 @@ impl ExchangeSenderExec {
             if batch.num_rows() == 0 {
                 continue;
             }
-            match (&mut partitioner, &self.mode) {
-                (Some(partitioner), _) => {
+            match &mut partitioner {
+                Some(partitioner) => {
                     let parts: Vec<(usize, RecordBatch)> =
                         partitioner.partition_iter(batch)?.collect::<Result<_>>()?;
                     for (q, part) in parts {
-                        let outlet = &mut outlets[q];
-                        outlet.coalescer.push_batch(part)?;
-                        while let Some(full) = outlet.coalescer.next_completed_batch() {
-                            send_one(outlet, &full, m).await?;
+                        if part.num_rows() > 0 {
+                            outlets[q].push(ep, part, m).await?;
                         }
                     }
                 }
-                (None, SendMode::Broadcast) => {
-                    // Every stream of a broadcast carries the same IPC bytes: encode once
-                    // with the first stream's encoder and share the buffer.
-                    let (first, rest) = outlets.split_first_mut().expect("no workers");
-                    let msg = {
-                        let _t = m.encode_time.timer();
-                        first.encoder.encode(&batch)?
-                    };
-                    send_bytes(&mut first.sender, msg.clone(), batch.num_rows(), m).await?;
-                    for o in rest {
-                        send_bytes(&mut o.sender, msg.clone(), batch.num_rows(), m).await?;
-                    }
-                }
-                (None, _) => send_one(&mut outlets[0], &batch, m).await?,
+                // Broadcast: one outlet addressed to all workers, so each message is
+                // encoded once and shared. Gather and scatter: one destination.
+                None => outlets[0].push(ep, batch, m).await?,
             }
         }
-        if partitioner.is_some() {
-            for outlet in outlets.iter_mut() {
-                outlet.coalescer.finish_buffered_batch()?;
-                while let Some(full) = outlet.coalescer.next_completed_batch() {
-                    send_one(outlet, &full, m).await?;
-                }
-            }
+        for outlet in outlets.iter_mut() {
+            outlet.flush(ep, m).await?;
         }
         Ok(())
     }

@@ -1,19 +1,45 @@
-//! Gyre's data plane: how streams of Arrow IPC messages move between nodes.
+//! Gyre's data plane: how messages move between the nodes of a cluster.
 //!
-//! Exchange operators never touch sockets. They ask a [`Transport`] for a
-//! [`StreamSender`] or [`StreamReceiver`] identified by a [`StreamKey`] and the
-//! peer node, and move opaque byte messages through them. The transport owns
-//! the connections, flow control (credits) and failure detection, so a
-//! different backend (a multiplexer, RDMA-style endpoints) can be swapped in
-//! without changing the operators.
+//! Exchange operators never touch sockets. They open endpoints through the
+//! [`Transport`] trait, the seam where another backend (RDMA, say) can be
+//! swapped in:
+//!
+//! - a [`SendEndpoint`] (`acquire` a pooled buffer for a destination, a
+//!   transmission group or all; fill it; `put` it, possibly as the last
+//!   message of its streams),
+//! - a [`ReceiveEndpoint`] (`get` the next message, its source and whether it
+//!   is the source's last; `release` it).
+//!
+//! The TCP backend ([`TcpTransport`]) runs one communication multiplexer per
+//! node on a thread of its own ([`mux`]), which owns every connection; see
+//! [`endpoint`] for flow control and termination, [`pool`] for message
+//! buffers, [`schedule`] for the free and phased network schedules,
+//! [`auth`] for the handshake and [`frame`] for the wire format. A backend
+//! consists of a [`hub::Hub`] (backend-neutral stream table) and something
+//! that carries frames between nodes.
 
+pub mod auth;
+pub mod bench;
+pub mod cpu;
+pub mod endpoint;
 pub mod frame;
-pub mod stream;
+pub(crate) mod hub;
+pub(crate) mod mux;
+pub mod pool;
+pub mod schedule;
+pub mod stats;
 pub mod tcp;
+#[cfg(test)]
+mod tcp_tests;
 
+pub use endpoint::{
+    ReceiveEndpoint, ReceiveSpec, Received, SendBuffer, SendEndpoint, SendSpec, To,
+};
 pub use frame::{FrameError, StreamKey};
-pub use stream::{StreamReceiver, StreamSender};
-pub use tcp::{TcpTransport, TransportConfig};
+pub use pool::{Message, PoolStats};
+pub use schedule::Schedule;
+pub use stats::{PeerStats, ReceiveEndpointStats, SendEndpointStats, TransportStats};
+pub use tcp::{DEFAULT_MESSAGE_SIZE, TcpTransport, TransportConfig};
 
 use std::fmt;
 
@@ -35,7 +61,7 @@ pub fn node_name(id: NodeId) -> String {
 /// Errors of the data plane. Every variant names the peer or stream involved.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TransportError {
-    /// The connection to a peer failed or was closed.
+    /// The connection to a peer failed, was closed, or the peer broke the protocol.
     PeerLost { peer: NodeId, reason: String },
     /// No connection to the peer could be made in time.
     Unreachable { peer: NodeId, reason: String },
@@ -47,6 +73,10 @@ pub enum TransportError {
     AlreadyOpen(StreamKey),
     /// The query was released while the stream was in use.
     Cancelled(StreamKey),
+    /// A message larger than a frame may carry.
+    TooLarge { bytes: usize, max: usize },
+    /// An endpoint was used against its contract (a bug in the caller).
+    Misuse(String),
 }
 
 impl fmt::Display for TransportError {
@@ -62,31 +92,26 @@ impl fmt::Display for TransportError {
             Self::Remote { peer, message } => write!(f, "{}: {message}", node_name(*peer)),
             Self::AlreadyOpen(k) => write!(f, "stream {k} is already open"),
             Self::Cancelled(k) => write!(f, "stream {k} was cancelled"),
+            Self::TooLarge { bytes, max } => {
+                write!(f, "a message of {bytes} bytes exceeds the maximum of {max}")
+            }
+            Self::Misuse(m) => write!(f, "transport misuse: {m}"),
         }
     }
 }
 
 impl std::error::Error for TransportError {}
 
-/// Totals a transport has moved since it started.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct TransportStats {
-    pub bytes_sent: u64,
-    pub bytes_received: u64,
-    pub frames_sent: u64,
-    pub frames_received: u64,
-}
-
 /// The seam between exchange operators and the network.
 pub trait Transport: Send + Sync + fmt::Debug + 'static {
     /// This node's id.
     fn node_id(&self) -> NodeId;
 
-    /// Opens the sending side of stream `key` towards node `dest`.
-    fn sender(&self, key: StreamKey, dest: NodeId) -> Result<StreamSender, TransportError>;
+    /// Opens the sending side of an exchange.
+    fn open_send(&self, spec: SendSpec) -> Result<SendEndpoint, TransportError>;
 
-    /// Opens the receiving side of stream `key` whose sender is node `src`.
-    fn receiver(&self, key: StreamKey, src: NodeId) -> Result<StreamReceiver, TransportError>;
+    /// Opens the receiving side of an exchange.
+    fn open_receive(&self, spec: ReceiveSpec) -> Result<ReceiveEndpoint, TransportError>;
 
     /// Drops every buffered message and open stream of `query`; late frames are discarded.
     fn release_query(&self, query: u64);
@@ -94,6 +119,18 @@ pub trait Transport: Send + Sync + fmt::Debug + 'static {
     /// Whether the connection to `peer` was lost (a lost peer never comes back under the same id).
     fn is_lost(&self, peer: NodeId) -> bool;
 
-    /// Byte and frame counters.
+    /// Size of a message buffer; senders should keep messages within it.
+    fn message_size(&self) -> usize;
+
+    /// Outgoing link rate in bytes per second: measured, else the configured hint.
+    fn link_rate(&self) -> Option<f64>;
+
+    /// The network schedule in force.
+    fn schedule(&self) -> Schedule;
+
+    /// Changes the network schedule (all nodes of a cluster should use the same one).
+    fn set_schedule(&self, schedule: Schedule);
+
+    /// Everything the transport measured.
     fn stats(&self) -> TransportStats;
 }

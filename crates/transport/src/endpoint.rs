@@ -1,0 +1,722 @@
+//! The endpoint abstraction of the RDMA-aware shuffle paper, over any backend.
+//!
+//! A [`SendEndpoint`] is one producer's side of an exchange: streams from one
+//! sender slot to a set of destination nodes. [`SendEndpoint::acquire`]
+//! returns a free pool buffer reserved for a destination, a transmission
+//! group or all destinations; the caller fills it (Arrow IPC) and
+//! [`SendEndpoint::put`]s it, possibly as its streams' last message. One
+//! buffer put to several destinations is one reference-counted message: it is
+//! encoded once and written to each peer without copies.
+//!
+//! A [`ReceiveEndpoint`] is one consumer's side: the streams from a set of
+//! expected (sender slot, node) sources to this node. [`ReceiveEndpoint::get`]
+//! returns the next message from any source, with its source and whether it
+//! is that source's last; `None` once every source's last message arrived
+//! (exact termination). [`ReceiveEndpoint::release`] gives the buffer back
+//! and returns the credit to its sender.
+//!
+//! Flow control is credit-based per stream: a sender may have at most the
+//! receiving node's window of messages (announced in the handshake) sent and
+//! not yet released, so the receiving node buffers at most `window` messages
+//! per stream whatever the consumer's speed. Unlike the paper, `acquire` takes
+//! the credits before the buffer and `put` never waits: the pool is shared by
+//! every exchange of the node, and a buffer held while waiting for a slow
+//! consumer could starve the producer that consumer is waiting for (a hash
+//! join reads its build side to the end before its probe side). So a pool
+//! buffer is never held across a wait on a consumer.
+//!
+//! Errors travel with the data: [`SendEndpoint::fail`] (or dropping an
+//! unfinished endpoint) fails the sender's streams at their receivers; a lost
+//! peer fails every endpoint that involves it, naming it.
+
+use crate::frame::{MAX_PAYLOAD, StreamKey};
+use crate::hub::{Carrier, Event, Hub, OutStream, RecvQueue};
+use crate::pool::{Held, PoolBuffer};
+use crate::stats::{PeerCounters, ReceiveEndpointStats, SendEndpointStats};
+use crate::{NodeId, TransportError};
+use parking_lot::Mutex;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+use tokio::sync::{Notify, TryAcquireError};
+
+/// What a send endpoint connects: stream keys `(query, exchange, from, d)` for each
+/// destination `d`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SendSpec {
+    pub query: u64,
+    pub exchange: u32,
+    /// The producing slot (partition).
+    pub from: u32,
+    pub destinations: Vec<NodeId>,
+    /// Transmission groups (multicast): sets of destinations, addressed by index.
+    pub groups: Vec<Vec<NodeId>>,
+}
+
+/// What a receive endpoint reads: stream keys `(query, exchange, slot, this node)`
+/// with the node expected to send each.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReceiveSpec {
+    pub query: u64,
+    pub exchange: u32,
+    /// (sender slot, sender node) of every expected source.
+    pub sources: Vec<(u32, NodeId)>,
+}
+
+/// The destinations of a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum To {
+    Node(NodeId),
+    /// Transmission group `i` of the endpoint's spec.
+    Group(usize),
+    All,
+}
+
+struct Outstanding {
+    n: AtomicUsize,
+    notify: Notify,
+}
+
+/// A buffer reserved for a set of destinations (their credits are taken). Fill it with
+/// `std::io::Write` or [`SendBuffer::vec_mut`]; put it, or drop it to give everything back.
+pub struct SendBuffer {
+    buf: Option<PoolBuffer>,
+    targets: Vec<usize>,
+    credits: Vec<Arc<OutStream>>,
+}
+
+impl std::fmt::Debug for SendBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SendBuffer")
+            .field("len", &self.len())
+            .field("targets", &self.targets)
+            .finish()
+    }
+}
+
+impl SendBuffer {
+    fn buf(&self) -> &PoolBuffer {
+        self.buf.as_ref().expect("present until put")
+    }
+
+    pub fn len(&self) -> usize {
+        self.buf().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.buf().is_empty()
+    }
+
+    /// Bytes that fit without growing the buffer (an oversize message).
+    pub fn capacity(&self) -> usize {
+        self.buf().capacity()
+    }
+
+    pub fn vec_mut(&mut self) -> &mut Vec<u8> {
+        self.buf.as_mut().expect("present until put").vec_mut()
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        self.buf().as_slice()
+    }
+}
+
+impl std::io::Write for SendBuffer {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.vec_mut().extend_from_slice(b);
+        Ok(b.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Drop for SendBuffer {
+    fn drop(&mut self) {
+        // Not put: the reserved credits go back to their streams.
+        for s in self.credits.drain(..) {
+            if !s.credits.is_closed() {
+                s.credits.add_permits(1);
+            }
+        }
+    }
+}
+
+/// The producing side of an exchange (see the module doc).
+pub struct SendEndpoint {
+    hub: Arc<Hub>,
+    carrier: Arc<dyn Carrier>,
+    connect_timeout: Duration,
+    dests: Vec<NodeId>,
+    streams: Vec<Arc<OutStream>>,
+    peer_counters: Vec<Arc<PeerCounters>>,
+    groups: Vec<Vec<usize>>,
+    finished: Mutex<Vec<bool>>,
+    outstanding: Arc<Outstanding>,
+    messages: AtomicU64,
+    bytes: AtomicU64,
+    oversize: AtomicU64,
+    credit_wait_ns: AtomicU64,
+    acquire_wait_ns: AtomicU64,
+}
+
+impl std::fmt::Debug for SendEndpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SendEndpoint")
+            .field("dests", &self.dests)
+            .finish()
+    }
+}
+
+fn misuse(msg: impl Into<String>) -> TransportError {
+    TransportError::Misuse(msg.into())
+}
+
+impl SendEndpoint {
+    pub(crate) fn open(
+        hub: Arc<Hub>,
+        carrier: Arc<dyn Carrier>,
+        connect_timeout: Duration,
+        spec: SendSpec,
+    ) -> Result<Self, TransportError> {
+        if spec.destinations.is_empty() {
+            return Err(misuse("a send endpoint needs at least one destination"));
+        }
+        let mut dests = spec.destinations.clone();
+        dests.dedup();
+        if dests.len() != spec.destinations.len() {
+            return Err(misuse("a send endpoint lists a destination twice"));
+        }
+        let index = |n: &NodeId| {
+            dests.iter().position(|d| d == n).ok_or_else(|| {
+                misuse(format!(
+                    "transmission group member {n} is not a destination"
+                ))
+            })
+        };
+        let groups = spec
+            .groups
+            .iter()
+            .map(|g| g.iter().map(index).collect::<Result<Vec<_>, _>>())
+            .collect::<Result<Vec<_>, _>>()?;
+        let keys: Vec<(StreamKey, NodeId)> = dests
+            .iter()
+            .map(|&d| {
+                (
+                    StreamKey {
+                        query: spec.query,
+                        exchange: spec.exchange,
+                        from: spec.from,
+                        to: d,
+                    },
+                    d,
+                )
+            })
+            .collect();
+        let streams = hub.open_send(&keys)?;
+        let peer_counters = dests.iter().map(|d| hub.counters(*d)).collect();
+        Ok(Self {
+            hub,
+            carrier,
+            connect_timeout,
+            finished: Mutex::new(vec![false; dests.len()]),
+            dests,
+            streams,
+            peer_counters,
+            groups,
+            outstanding: Arc::new(Outstanding {
+                n: AtomicUsize::new(0),
+                notify: Notify::new(),
+            }),
+            messages: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
+            oversize: AtomicU64::new(0),
+            credit_wait_ns: AtomicU64::new(0),
+            acquire_wait_ns: AtomicU64::new(0),
+        })
+    }
+
+    pub fn destinations(&self) -> &[NodeId] {
+        &self.dests
+    }
+
+    /// Size of a pool buffer: what a message should stay within.
+    pub fn message_size(&self) -> usize {
+        self.hub.send_pool.message_size()
+    }
+
+    fn targets(&self, to: To) -> Result<Vec<usize>, TransportError> {
+        match to {
+            To::Node(n) => self
+                .dests
+                .iter()
+                .position(|d| *d == n)
+                .map(|i| vec![i])
+                .ok_or_else(|| misuse(format!("node {n} is not a destination of this endpoint"))),
+            To::Group(g) => self
+                .groups
+                .get(g)
+                .cloned()
+                .ok_or_else(|| misuse(format!("no transmission group {g}"))),
+            To::All => Ok((0..self.dests.len()).collect()),
+        }
+    }
+
+    async fn take_credit(&self, t: usize) -> Result<(), TransportError> {
+        let s = &self.streams[t];
+        match s.credits.try_acquire() {
+            Ok(p) => {
+                p.forget();
+                return Ok(());
+            }
+            Err(TryAcquireError::Closed) => return Err(self.hub.closed_error(s.key, s.dest)),
+            Err(TryAcquireError::NoPermits) => {}
+        }
+        let start = Instant::now();
+        let res = loop {
+            if s.connected.load(Ordering::Acquire) {
+                break s.credits.acquire().await;
+            }
+            match tokio::time::timeout(self.connect_timeout, s.credits.acquire()).await {
+                Ok(r) => break r,
+                Err(_) if s.connected.load(Ordering::Acquire) => continue,
+                Err(_) => {
+                    return Err(if self.hub.is_known(s.dest) {
+                        TransportError::Unreachable {
+                            peer: s.dest,
+                            reason: format!("no data connection after {:?}", self.connect_timeout),
+                        }
+                    } else {
+                        TransportError::UnknownPeer(s.dest)
+                    });
+                }
+            }
+        };
+        let waited = start.elapsed().as_nanos() as u64;
+        self.credit_wait_ns.fetch_add(waited, Ordering::Relaxed);
+        PeerCounters::add(&self.peer_counters[t].credit_wait_ns, waited);
+        match res {
+            Ok(p) => {
+                p.forget();
+                Ok(())
+            }
+            Err(_) => Err(self.hub.closed_error(s.key, s.dest)),
+        }
+    }
+
+    /// Reserves a credit on every stream `to` names (waiting for their receivers to have
+    /// room) and then a free pool buffer (waiting while every buffer is in use).
+    pub async fn acquire(&self, to: To) -> Result<SendBuffer, TransportError> {
+        let targets = self.targets(to)?;
+        if targets.is_empty() {
+            return Err(misuse("no destination to send to"));
+        }
+        {
+            let finished = self.finished.lock();
+            if let Some(&t) = targets.iter().find(|&&t| finished[t]) {
+                return Err(misuse(format!(
+                    "stream {} already sent its last message",
+                    self.streams[t].key
+                )));
+            }
+        }
+        let mut out = SendBuffer {
+            buf: None,
+            targets: vec![],
+            credits: vec![],
+        };
+        for &t in &targets {
+            self.take_credit(t).await?;
+            out.credits.push(Arc::clone(&self.streams[t]));
+        }
+        out.targets = targets;
+        let start = Instant::now();
+        out.buf = Some(self.hub.send_pool.acquire().await);
+        self.acquire_wait_ns
+            .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        Ok(out)
+    }
+
+    /// Sends a filled buffer to the destinations it was acquired for; never waits.
+    /// With `last`, it is the final message of those streams (an empty last message is
+    /// the same as [`SendEndpoint::finish`] for those streams).
+    pub fn put(&self, mut buf: SendBuffer, last: bool) -> Result<(), TransportError> {
+        if buf.len() > MAX_PAYLOAD - StreamKey::LEN {
+            return Err(TransportError::TooLarge {
+                bytes: buf.len(),
+                max: MAX_PAYLOAD - StreamKey::LEN,
+            });
+        }
+        let mut finished = self.finished.lock();
+        if let Some(&t) = buf.targets.iter().find(|&&t| finished[t]) {
+            return Err(misuse(format!(
+                "stream {} already sent its last message",
+                self.streams[t].key
+            )));
+        }
+        let pool_buf = buf.buf.take().expect("present until put");
+        if pool_buf.is_oversize() {
+            self.oversize.fetch_add(1, Ordering::Relaxed);
+        }
+        buf.credits.clear(); // the credits are spent now
+        let targets = std::mem::take(&mut buf.targets);
+        self.outstanding.n.fetch_add(1, Ordering::AcqRel);
+        let outstanding = Arc::clone(&self.outstanding);
+        let crc = crc32fast::hash(pool_buf.as_slice());
+        let msg = pool_buf.freeze(
+            Some(crc),
+            Some(Arc::new(move || {
+                if outstanding.n.fetch_sub(1, Ordering::AcqRel) == 1 {
+                    outstanding.notify.notify_waiters();
+                }
+            })),
+        );
+        let len = msg.len();
+        // Every hold exists before the first is handed on, so the buffer cannot be
+        // released while some destinations are still to come.
+        let holds: Vec<Held> = targets.iter().map(|_| msg.hold()).collect();
+        drop(msg);
+        for (&t, held) in targets.iter().zip(holds) {
+            let (key, dest) = (self.streams[t].key, self.dests[t]);
+            if dest == self.hub.node {
+                let c = &self.peer_counters[t];
+                PeerCounters::add(&c.messages_sent, 1);
+                PeerCounters::add(&c.bytes_sent, len as u64);
+                self.hub.deliver_local(key, Event::Data { msg: held, last });
+            } else {
+                self.carrier.data(dest, key, Some(held), last);
+            }
+            if last {
+                finished[t] = true;
+            }
+        }
+        self.messages.fetch_add(1, Ordering::Relaxed);
+        self.bytes.fetch_add(len as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// An empty message whose holds [`SendEndpoint::flushed`] waits for: end-of-stream
+    /// markers and errors carry one, so a flushed endpoint has written them too.
+    fn token(&self) -> crate::pool::Message {
+        self.outstanding.n.fetch_add(1, Ordering::AcqRel);
+        let outstanding = Arc::clone(&self.outstanding);
+        PoolBuffer::unpooled(0).freeze(
+            Some(0),
+            Some(Arc::new(move || {
+                if outstanding.n.fetch_sub(1, Ordering::AcqRel) == 1 {
+                    outstanding.notify.notify_waiters();
+                }
+            })),
+        )
+    }
+
+    /// Ends every stream that has not sent its last message yet (a bare end-of-stream
+    /// marker, which needs no credit).
+    pub fn finish(&self) {
+        let token = self.token();
+        let mut finished = self.finished.lock();
+        for (t, done) in finished.iter_mut().enumerate() {
+            if *done {
+                continue;
+            }
+            *done = true;
+            let (key, dest) = (self.streams[t].key, self.dests[t]);
+            if dest == self.hub.node {
+                self.hub.deliver_local(key, Event::Last);
+            } else {
+                // An empty message with the last flag is the marker on the wire.
+                self.carrier.data(dest, key, Some(token.hold()), true);
+            }
+        }
+    }
+
+    /// Fails every unfinished stream: its receivers get `message` as an error.
+    pub fn fail(&self, message: &str) {
+        let token = self.token();
+        let mut finished = self.finished.lock();
+        for (t, done) in finished.iter_mut().enumerate() {
+            if *done {
+                continue;
+            }
+            *done = true;
+            let (key, dest) = (self.streams[t].key, self.dests[t]);
+            if dest == self.hub.node {
+                let ev = Event::Failed(TransportError::Remote {
+                    peer: dest,
+                    message: message.to_string(),
+                });
+                self.hub.deliver_local(key, ev);
+            } else {
+                self.carrier
+                    .error(dest, key, message.to_string(), Some(token.hold()));
+            }
+        }
+    }
+
+    /// Waits until every message, end-of-stream marker and error sent so far was written
+    /// to its peers (or, locally, released by its consumer).
+    pub async fn flushed(&self) {
+        loop {
+            let notified = self.outstanding.notify.notified();
+            if self.outstanding.n.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    pub fn stats(&self) -> SendEndpointStats {
+        let l = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        SendEndpointStats {
+            messages: l(&self.messages),
+            bytes: l(&self.bytes),
+            oversize: l(&self.oversize),
+            credit_wait: Duration::from_nanos(l(&self.credit_wait_ns)),
+            acquire_wait: Duration::from_nanos(l(&self.acquire_wait_ns)),
+        }
+    }
+}
+
+impl Drop for SendEndpoint {
+    fn drop(&mut self) {
+        if self.finished.lock().iter().any(|f| !f) {
+            // Dropped before finishing (its task was cancelled or failed): tell the
+            // receivers, so they never wait for an end that cannot come.
+            self.fail("the sender was cancelled before it finished");
+        }
+    }
+}
+
+/// Gives a received message's credit back when it is released (or dropped).
+struct CreditReturn {
+    hub: Arc<Hub>,
+    carrier: Arc<dyn Carrier>,
+    key: StreamKey,
+}
+
+/// One message taken from a receive endpoint.
+pub struct Received {
+    /// Index of the source in the endpoint's spec.
+    pub source: usize,
+    /// The sender slot and node.
+    pub slot: u32,
+    pub node: NodeId,
+    /// Whether this is the source's last message.
+    pub last: bool,
+    msg: Option<Held>,
+    credit: Option<CreditReturn>,
+}
+
+impl std::fmt::Debug for Received {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Received")
+            .field("slot", &self.slot)
+            .field("node", &self.node)
+            .field("last", &self.last)
+            .field("len", &self.data().len())
+            .finish()
+    }
+}
+
+impl Received {
+    /// The message; empty for a bare end-of-stream marker.
+    pub fn data(&self) -> &[u8] {
+        self.msg.as_ref().map_or(&[], |m| m.message().as_slice())
+    }
+
+    /// The message as `Bytes` without copying. What is decoded from it may outlive the
+    /// release: the buffer is then detached from its pool (see [`crate::pool`]).
+    pub fn bytes(&self) -> bytes::Bytes {
+        self.msg
+            .as_ref()
+            .map_or_else(bytes::Bytes::new, |m| m.message().bytes())
+    }
+}
+
+impl Drop for Received {
+    fn drop(&mut self) {
+        if let Some(c) = self.credit.take()
+            && let Some(src) = c.hub.released_one(c.key)
+        {
+            if src == c.hub.node {
+                c.hub.credit_local(c.key, 1);
+            } else {
+                c.carrier.credit(src, c.key, 1);
+            }
+        }
+        self.msg.take();
+    }
+}
+
+/// The consuming side of an exchange (see the module doc).
+pub struct ReceiveEndpoint {
+    hub: Arc<Hub>,
+    carrier: Arc<dyn Carrier>,
+    keys: Vec<StreamKey>,
+    nodes: Vec<NodeId>,
+    queue: Arc<RecvQueue>,
+    done: Mutex<Vec<bool>>,
+    remaining: AtomicUsize,
+    error: Mutex<Option<TransportError>>,
+    messages: AtomicU64,
+    bytes: AtomicU64,
+    wait_ns: AtomicU64,
+}
+
+impl std::fmt::Debug for ReceiveEndpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReceiveEndpoint")
+            .field("sources", &self.nodes)
+            .finish()
+    }
+}
+
+impl ReceiveEndpoint {
+    /// Opens the endpoint; also returns peers found to have sent on its streams without
+    /// the right to (the backend disconnects them).
+    pub(crate) fn open(
+        hub: Arc<Hub>,
+        carrier: Arc<dyn Carrier>,
+        spec: ReceiveSpec,
+    ) -> Result<(Self, Vec<(NodeId, String)>), TransportError> {
+        let sources: Vec<(StreamKey, NodeId)> = spec
+            .sources
+            .iter()
+            .map(|&(slot, node)| {
+                (
+                    StreamKey {
+                        query: spec.query,
+                        exchange: spec.exchange,
+                        from: slot,
+                        to: hub.node,
+                    },
+                    node,
+                )
+            })
+            .collect();
+        let mut keys: Vec<StreamKey> = sources.iter().map(|(k, _)| *k).collect();
+        keys.sort();
+        keys.dedup();
+        if keys.len() != sources.len() {
+            return Err(misuse("a receive endpoint lists a source slot twice"));
+        }
+        let (queue, violators) = hub.open_receive(&sources)?;
+        let n = sources.len();
+        Ok((
+            Self {
+                hub,
+                carrier,
+                keys: sources.iter().map(|(k, _)| *k).collect(),
+                nodes: sources.iter().map(|(_, n)| *n).collect(),
+                queue,
+                done: Mutex::new(vec![false; n]),
+                remaining: AtomicUsize::new(n),
+                error: Mutex::new(None),
+                messages: AtomicU64::new(0),
+                bytes: AtomicU64::new(0),
+                wait_ns: AtomicU64::new(0),
+            },
+            violators,
+        ))
+    }
+
+    /// Sources whose last message has not arrived yet.
+    pub fn remaining(&self) -> usize {
+        self.remaining.load(Ordering::Acquire)
+    }
+
+    fn source_done(&self, i: usize) {
+        let mut done = self.done.lock();
+        if !done[i] {
+            done[i] = true;
+            self.remaining.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    /// The next message from any source (in order per source); `None` once every source
+    /// sent its last message; the error that ended a source otherwise.
+    pub async fn get(&self) -> Result<Option<Received>, TransportError> {
+        let mut waited: Option<Instant> = None;
+        let res = loop {
+            if let Some(e) = self.error.lock().clone() {
+                break Err(e);
+            }
+            let next = self.queue.events.lock().pop_front();
+            match next {
+                Some((i, Event::Data { msg, last })) => {
+                    if last {
+                        self.source_done(i);
+                    }
+                    self.messages.fetch_add(1, Ordering::Relaxed);
+                    self.bytes
+                        .fetch_add(msg.message().len() as u64, Ordering::Relaxed);
+                    break Ok(Some(Received {
+                        source: i,
+                        slot: self.keys[i].from,
+                        node: self.nodes[i],
+                        last,
+                        msg: Some(msg),
+                        credit: Some(CreditReturn {
+                            hub: Arc::clone(&self.hub),
+                            carrier: Arc::clone(&self.carrier),
+                            key: self.keys[i],
+                        }),
+                    }));
+                }
+                Some((i, Event::Last)) => {
+                    self.source_done(i);
+                    break Ok(Some(Received {
+                        source: i,
+                        slot: self.keys[i].from,
+                        node: self.nodes[i],
+                        last: true,
+                        msg: None,
+                        credit: None,
+                    }));
+                }
+                Some((_, Event::Failed(e))) => {
+                    *self.error.lock() = Some(e.clone());
+                    break Err(e);
+                }
+                None if self.remaining() == 0 => break Ok(None),
+                None => {
+                    waited.get_or_insert_with(Instant::now);
+                    self.queue.notify.notified().await;
+                }
+            }
+        };
+        if let Some(t) = waited {
+            self.wait_ns
+                .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        }
+        res
+    }
+
+    /// Gives a message's buffer back and its credit to its sender (dropping a
+    /// [`Received`] does the same).
+    pub fn release(&self, r: Received) {
+        drop(r);
+    }
+
+    pub fn stats(&self) -> ReceiveEndpointStats {
+        let l = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        ReceiveEndpointStats {
+            messages: l(&self.messages),
+            bytes: l(&self.bytes),
+            wait: Duration::from_nanos(l(&self.wait_ns)),
+        }
+    }
+}
+
+impl Drop for ReceiveEndpoint {
+    fn drop(&mut self) {
+        for (src, key, n) in self.hub.close_receive(&self.keys, &self.queue) {
+            if src == self.hub.node {
+                self.hub.credit_local(key, n);
+            } else {
+                self.carrier.credit(src, key, n);
+            }
+        }
+    }
+}
