@@ -1,6 +1,8 @@
 //! The `gyre` command: coordinator, worker, embedded cluster, SQL client, benchmarks.
 
 mod bench;
+mod bench_kernels;
+mod bench_shuffle;
 mod client;
 mod cluster;
 mod output;
@@ -86,6 +88,17 @@ enum Command {
     /// Emulated cluster on this machine: namespaces, shaped links, CPU quotas (root).
     #[command(subcommand)]
     Cluster(cluster::ClusterCommand),
+    /// Benchmarks of the communication layer (TPC-H: `gyre local --bench tpch`).
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// All-to-all repartition or broadcast between the workers, against the link rate.
+    Shuffle(bench_shuffle::ShuffleArgs),
+    /// Local join kernels (radix hash, sort-merge) next to DataFusion's hash join.
+    Kernels(bench_kernels::KernelArgs),
 }
 
 #[derive(Args, Clone)]
@@ -210,6 +223,8 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
         }
         Command::Local(args) => run_local(args).await,
         Command::Cluster(command) => cluster::run(command),
+        Command::Bench(BenchCommand::Shuffle(args)) => bench_shuffle::run(args).await,
+        Command::Bench(BenchCommand::Kernels(args)) => bench_kernels::run(args).await,
         Command::Sql { connect, input } => {
             let client = client::RemoteClient::connect(&connect).await?;
             run_input(&client, &input).await

@@ -284,6 +284,28 @@ impl Coordinator {
                     None => Err(exec_err(format!("unknown worker {node}"))),
                 }
             }
+            Request::BenchShuffle(mut run) => {
+                if run.nodes.is_empty() {
+                    run.nodes = self.live_workers();
+                }
+                if run.nodes.len() < 2 {
+                    return plan_err!(
+                        "a shuffle benchmark needs at least two workers, {} are alive",
+                        run.nodes.len()
+                    );
+                }
+                run.run_id = self.next_query.fetch_add(1, Ordering::SeqCst);
+                let nodes = run.nodes.clone();
+                let replies = self.broadcast(&nodes, Request::BenchShuffle(run)).await?;
+                let figures = replies
+                    .into_iter()
+                    .map(|r| match r {
+                        Response::Shuffled(f) => Ok(f),
+                        other => Err(exec_err(format!("unexpected shuffle reply {other:?}"))),
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                Ok(Response::ShuffleResults(figures))
+            }
             Request::QueryFailed { query, error, .. } => {
                 if let Some(q) = self.running.lock().get(&query) {
                     let _ = q.fail.send(error);

@@ -55,6 +55,9 @@ pub enum Request {
         name: String,
         schema: Vec<u8>,
     },
+    /// Client to coordinator (empty `nodes`: all live workers), or coordinator to
+    /// worker: run one synthetic shuffle between `nodes` (see `gyre_transport::bench`).
+    BenchShuffle(ShuffleRun),
     DropTable {
         name: String,
     },
@@ -72,6 +75,54 @@ pub enum Response {
         /// New sizes of the tables this query inserted into.
         tables: Vec<(String, PartStats)>,
     },
+    /// One worker's figures of a synthetic shuffle.
+    Shuffled(ShuffleFigures),
+    /// Every worker's figures of a synthetic shuffle, in worker order.
+    ShuffleResults(Vec<ShuffleFigures>),
+}
+
+/// A synthetic shuffle run, as the control plane carries it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ShuffleRun {
+    pub run_id: u64,
+    pub nodes: Vec<NodeId>,
+    /// `repartition` or `broadcast`.
+    pub pattern: String,
+    pub total_bytes: u64,
+    pub message_size: u64,
+    /// `free` or `phased`.
+    pub schedule: String,
+}
+
+/// What one worker measured in a synthetic shuffle (seconds, bytes).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ShuffleFigures {
+    pub node: NodeId,
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+    pub messages_sent: u64,
+    pub messages_received: u64,
+    pub wire_bytes_sent: u64,
+    pub wire_bytes_received: u64,
+    pub elapsed_s: f64,
+    pub send_elapsed_s: f64,
+    pub recv_elapsed_s: f64,
+    /// CPU time of the worker's process during the run.
+    pub process_cpu_s: Option<f64>,
+    /// CPU time of the worker's communication multiplexer thread.
+    pub mux_cpu_s: Option<f64>,
+}
+
+impl ShuffleFigures {
+    /// Payload bytes per second sent.
+    pub fn send_rate(&self) -> f64 {
+        self.bytes_sent as f64 / self.send_elapsed_s.max(1e-9)
+    }
+
+    /// Payload bytes per second received.
+    pub fn recv_rate(&self) -> f64 {
+        self.bytes_received as f64 / self.recv_elapsed_s.max(1e-9)
+    }
 }
 
 pub fn encode<T: Serialize>(v: &T) -> Vec<u8> {

@@ -2,7 +2,9 @@
 //! coordinator sends it.
 
 use crate::codec::GyreCodec;
-use crate::protocol::{ACTION, ControlClient, Request, Response, decode, encode};
+use crate::protocol::{
+    ACTION, ControlClient, Request, Response, ShuffleFigures, ShuffleRun, decode, encode,
+};
 use crate::session::worker_session;
 use crate::storage::WorkerStorage;
 use arrow_flight::flight_service_server::{FlightService, FlightServiceServer};
@@ -17,6 +19,7 @@ use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::display::DisplayableExecutionPlan;
 use futures::stream::BoxStream;
 use gyre_exchange::QueryContext;
+use gyre_transport::bench::{ShuffleSpec, run_shuffle};
 use gyre_transport::{NodeId, TcpTransport, Transport, TransportConfig, node_name};
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -197,6 +200,7 @@ impl Worker {
                 commit,
                 metrics,
             } => Ok(self.finish_query(query, commit, metrics)),
+            Request::BenchShuffle(run) => Ok(Response::Shuffled(self.bench_shuffle(run).await?)),
             other => Err(DataFusionError::Execution(format!(
                 "workers do not handle {other:?}"
             ))),
@@ -258,6 +262,42 @@ impl Worker {
             .lock()
             .insert(query, RunningQuery { tasks, plans });
         Ok(())
+    }
+
+    /// Takes part in a synthetic shuffle between the workers of `run`.
+    async fn bench_shuffle(&self, run: ShuffleRun) -> Result<ShuffleFigures> {
+        let bad = |e: String| DataFusionError::Execution(format!("shuffle benchmark: {e}"));
+        let index = run
+            .nodes
+            .iter()
+            .position(|n| *n == self.node)
+            .ok_or_else(|| bad(format!("{} is not one of its nodes", node_name(self.node))))?;
+        let spec = ShuffleSpec {
+            nodes: run.nodes,
+            index,
+            pattern: run.pattern.parse().map_err(bad)?,
+            total_bytes: run.total_bytes,
+            message_size: run.message_size as usize,
+            schedule: run.schedule.parse().map_err(bad)?,
+            run_id: run.run_id,
+        };
+        let r = run_shuffle(&self.transport, &spec)
+            .await
+            .map_err(|e| bad(format!("{} failed: {e}", node_name(self.node))))?;
+        Ok(ShuffleFigures {
+            node: r.node,
+            bytes_sent: r.bytes_sent,
+            bytes_received: r.bytes_received,
+            messages_sent: r.messages_sent,
+            messages_received: r.messages_received,
+            wire_bytes_sent: r.wire_bytes_sent,
+            wire_bytes_received: r.wire_bytes_received,
+            elapsed_s: r.elapsed.as_secs_f64(),
+            send_elapsed_s: r.send_elapsed.as_secs_f64(),
+            recv_elapsed_s: r.recv_elapsed.as_secs_f64(),
+            process_cpu_s: r.process_cpu.map(|d| d.as_secs_f64()),
+            mux_cpu_s: r.mux_cpu.map(|d| d.as_secs_f64()),
+        })
     }
 
     fn finish_query(&self, query: u64, commit: bool, metrics: bool) -> Response {

@@ -1,0 +1,585 @@
+//! `gyre bench shuffle`: the communication layer against the physical limit.
+//!
+//! Every worker sends synthetic messages to the others through its
+//! multiplexer (`gyre_transport::bench`), all at once, and reports what it
+//! sent and received and how long it took. Three ways to run it:
+//!
+//! - `--link RATE` (default): builds an emulated cluster of `--nodes` hosts
+//!   (crates/testbed), measures one host's link capacity with a raw TCP stream
+//!   in the same run, runs the shuffles from inside the coordinator's host,
+//!   and tears the cluster down;
+//! - `--link loopback`: an embedded cluster in this process over loopback TCP,
+//!   next to a plain memcpy of the same bytes;
+//! - `--connect ADDR`: an existing cluster (`--capacity RATE` for utilisation).
+//!
+//! Utilisation is payload bytes per second over the measured capacity (TCP
+//! payload bytes per second of one raw stream on the same links).
+
+use clap::Args;
+use gyre_cluster::protocol::{ControlClient, Request, Response, ShuffleFigures, ShuffleRun};
+use gyre_cluster::{Coordinator, LocalCluster};
+use gyre_testbed::{
+    BlastHelper, BlastOptions, ClusterName, CpuQuota, GyreProcesses, LinkRate, Testbed,
+    TestbedSpec, sys,
+};
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+type BoxError = Box<dyn std::error::Error>;
+
+#[derive(Args, Clone)]
+pub struct ShuffleArgs {
+    /// Workers (emulated hosts, or embedded workers with `--link loopback`).
+    #[arg(long, default_value_t = 4)]
+    nodes: usize,
+    /// Link rate of every emulated host (1gbit, 10gbit, 500mbit, ...), or `loopback`.
+    #[arg(long, default_value = "1gbit")]
+    link: String,
+    /// repartition, broadcast, or both separated by a comma.
+    #[arg(long, default_value = "repartition")]
+    pattern: String,
+    /// Bytes all workers send together: 4GB, 512MiB, ...
+    #[arg(long, default_value = "1GB")]
+    bytes: String,
+    /// free, phased, or both separated by a comma.
+    #[arg(long, default_value = "free")]
+    schedule: String,
+    /// Bytes per message (at most the transport's 512 KiB buffers).
+    #[arg(long, default_value = "512KiB")]
+    message_size: String,
+    /// CPU quota of every emulated host (e.g. 0.5).
+    #[arg(long)]
+    cpus: Option<CpuQuota>,
+    /// Runs of each configuration.
+    #[arg(long, default_value_t = 1)]
+    repeat: usize,
+    /// Use the running cluster whose coordinator is at ADDR instead of building one.
+    #[arg(long)]
+    connect: Option<String>,
+    /// With `--connect`: the link capacity to compute utilisation against (e.g. 955mbit).
+    #[arg(long)]
+    capacity: Option<LinkRate>,
+    /// Name of the emulated cluster (namespaces gyre-NAME-*).
+    #[arg(long, default_value = "bench")]
+    name: ClusterName,
+    /// Write the results as JSON (`-`: standard output, nothing else printed there).
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Draw the results as an SVG plot.
+    #[arg(long)]
+    plot: Option<PathBuf>,
+}
+
+/// One configuration's figures.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ShuffleResult {
+    pub pattern: String,
+    pub schedule: String,
+    pub total_bytes: u64,
+    pub message_size: u64,
+    pub workers: Vec<ShuffleFigures>,
+    /// Slowest worker, from start to its last byte sent and received.
+    pub elapsed_s: f64,
+    /// Payload bytes all workers sent, per second of `elapsed_s`.
+    pub aggregate_bytes_per_sec: f64,
+    /// CPU seconds of the worker processes (all of them, or the one shared process of
+    /// an embedded cluster) per GB (1e9 bytes) of payload sent.
+    pub cpu_s_per_gb: Option<f64>,
+    /// Smallest per-worker send or receive rate over the capacity.
+    pub min_utilisation: Option<f64>,
+}
+
+/// What `gyre bench shuffle` reports.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ShuffleBenchReport {
+    pub nodes: usize,
+    pub link: String,
+    pub cpus: Option<f64>,
+    /// Payload bytes per second one raw TCP stream carried between two hosts.
+    pub capacity_bytes_per_sec: Option<f64>,
+    /// With `--link loopback`: a memcpy of the same bytes in this process.
+    pub memcpy: Option<Memcpy>,
+    pub runs: Vec<ShuffleResult>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Memcpy {
+    pub bytes_per_sec: f64,
+    pub cpu_s_per_gb: f64,
+}
+
+/// Parses `4GB`, `512MiB`, `1000` (decimal units are powers of 1000, binary of 1024).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("'{s}' is not a size (e.g. 4GB, 512MiB)"))?;
+    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kb" => 1e3,
+        "m" | "mb" => 1e6,
+        "g" | "gb" => 1e9,
+        "t" | "tb" => 1e12,
+        "kib" => 1024.0,
+        "mib" => 1024.0 * 1024.0,
+        "gib" => 1024.0 * 1024.0 * 1024.0,
+        other => return Err(format!("unknown size unit '{other}' in '{s}'")),
+    };
+    let v = n * mult;
+    if !(v.is_finite() && v >= 1.0) {
+        return Err(format!("'{s}' is not a positive size"));
+    }
+    Ok(v as u64)
+}
+
+fn list(s: &str) -> Vec<String> {
+    s.split(',')
+        .map(|p| p.trim().to_ascii_lowercase())
+        .filter(|p| !p.is_empty())
+        .collect()
+}
+
+impl ShuffleArgs {
+    fn runs(&self) -> Result<Vec<ShuffleRun>, BoxError> {
+        let total_bytes = parse_size(&self.bytes)?;
+        let message_size = parse_size(&self.message_size)?;
+        let mut runs = vec![];
+        for pattern in list(&self.pattern) {
+            pattern
+                .parse::<gyre_transport::bench::Pattern>()
+                .map_err(|e| format!("--pattern: {e}"))?;
+            for schedule in list(&self.schedule) {
+                schedule
+                    .parse::<gyre_transport::Schedule>()
+                    .map_err(|e| format!("--schedule: {e}"))?;
+                for _ in 0..self.repeat.max(1) {
+                    runs.push(ShuffleRun {
+                        run_id: 0,
+                        nodes: vec![],
+                        pattern: pattern.clone(),
+                        total_bytes,
+                        message_size,
+                        schedule: schedule.clone(),
+                    });
+                }
+            }
+        }
+        if runs.is_empty() {
+            return Err("no pattern or schedule to run".into());
+        }
+        Ok(runs)
+    }
+}
+
+pub async fn run(args: ShuffleArgs) -> Result<(), BoxError> {
+    if args.nodes < 2 {
+        return Err("--nodes: a shuffle needs at least two workers".into());
+    }
+    let runs = args.runs()?;
+    let report = if let Some(addr) = &args.connect {
+        let client = ControlClient::connect_lazy(addr)?;
+        let mut results = vec![];
+        for run in runs {
+            results.push(remote_run(&client, run).await?);
+        }
+        let capacity = args.capacity.map(|c| c.bits_per_sec() as f64 / 8.0);
+        report(&args, capacity, None, results)
+    } else if args.link.eq_ignore_ascii_case("loopback") {
+        loopback(&args, runs).await?
+    } else {
+        emulated(&args).await?
+    };
+    emit(&args, &report)
+}
+
+/// Runs one configuration on the cluster behind `client`, showing progress meanwhile.
+async fn remote_run(client: &ControlClient, run: ShuffleRun) -> Result<ShuffleResult, BoxError> {
+    let label = format!(
+        "{} of {} with the {} schedule",
+        run.pattern,
+        human_bytes(run.total_bytes as f64),
+        run.schedule
+    );
+    let request = Request::BenchShuffle(run.clone());
+    let figures = with_progress(&label, client.call(&request)).await?;
+    match figures {
+        Response::ShuffleResults(workers) => Ok(result(&run, workers, false)),
+        other => Err(format!("unexpected reply {other:?}").into()),
+    }
+}
+
+/// Awaits `fut`, printing the elapsed time on standard error every second.
+async fn with_progress<T>(label: &str, fut: impl std::future::Future<Output = T>) -> T {
+    let start = Instant::now();
+    eprintln!("shuffling: {label}...");
+    let mut fut = std::pin::pin!(fut);
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.tick().await;
+    loop {
+        tokio::select! {
+            out = &mut fut => {
+                eprintln!("  done in {:.1} s", start.elapsed().as_secs_f64());
+                return out;
+            }
+            _ = tick.tick() => eprintln!("  {:.0} s...", start.elapsed().as_secs_f64()),
+        }
+    }
+}
+
+/// `shared_process`: the workers run in one process (each reports that process's CPU).
+fn result(run: &ShuffleRun, workers: Vec<ShuffleFigures>, shared_process: bool) -> ShuffleResult {
+    let elapsed_s = workers.iter().map(|w| w.elapsed_s).fold(0.0, f64::max);
+    let sent: u64 = workers.iter().map(|w| w.bytes_sent).sum();
+    let cpu: Option<f64> = if shared_process {
+        workers
+            .iter()
+            .map(|w| w.process_cpu_s)
+            .collect::<Option<Vec<f64>>>()
+            .and_then(|v| v.into_iter().reduce(f64::max))
+    } else {
+        workers.iter().map(|w| w.process_cpu_s).sum()
+    };
+    ShuffleResult {
+        pattern: run.pattern.clone(),
+        schedule: run.schedule.clone(),
+        total_bytes: run.total_bytes,
+        message_size: run.message_size,
+        elapsed_s,
+        aggregate_bytes_per_sec: sent as f64 / elapsed_s.max(1e-9),
+        cpu_s_per_gb: cpu.map(|c| c / (sent as f64 / 1e9).max(1e-9)),
+        min_utilisation: None,
+        workers,
+    }
+}
+
+fn report(
+    args: &ShuffleArgs,
+    capacity: Option<f64>,
+    memcpy: Option<Memcpy>,
+    mut runs: Vec<ShuffleResult>,
+) -> ShuffleBenchReport {
+    if let Some(cap) = capacity {
+        for r in &mut runs {
+            r.min_utilisation = r
+                .workers
+                .iter()
+                .flat_map(|w| [w.send_rate(), w.recv_rate()])
+                .map(|rate| rate / cap)
+                .reduce(f64::min);
+        }
+    }
+    ShuffleBenchReport {
+        nodes: args.nodes,
+        link: args.link.clone(),
+        cpus: args.cpus.map(|c| c.cpus()),
+        capacity_bytes_per_sec: capacity,
+        memcpy,
+        runs,
+    }
+}
+
+/// An embedded cluster over loopback, next to a memcpy of the same bytes.
+async fn loopback(
+    args: &ShuffleArgs,
+    runs: Vec<ShuffleRun>,
+) -> Result<ShuffleBenchReport, BoxError> {
+    let cluster = LocalCluster::start(args.nodes, 1, "127.0.0.1:0".parse()?).await?;
+    let coordinator: &Arc<Coordinator> = &cluster.coordinator;
+    let mut results = vec![];
+    for run in &runs {
+        let label = format!(
+            "{} of {} over {} embedded workers ({})",
+            run.pattern,
+            human_bytes(run.total_bytes as f64),
+            args.nodes,
+            run.schedule
+        );
+        let reply = with_progress(
+            &label,
+            coordinator.handle_control(Request::BenchShuffle(run.clone())),
+        )
+        .await?;
+        match reply {
+            Response::ShuffleResults(workers) => results.push(result(run, workers, true)),
+            other => return Err(format!("unexpected reply {other:?}").into()),
+        }
+    }
+    let memcpy = measure_memcpy(runs[0].total_bytes, runs[0].message_size as usize);
+    Ok(report(args, None, Some(memcpy), results))
+}
+
+/// Copies `total` bytes in `chunk`-sized pieces between two buffers far larger than
+/// the caches (as message payloads would come from memory), as a floor for what
+/// moving the bytes costs without any network layer.
+fn measure_memcpy(total: u64, chunk: usize) -> Memcpy {
+    const SPAN: usize = 256 << 20;
+    let chunk = chunk.clamp(1, SPAN);
+    let src = vec![0x5au8; SPAN];
+    let mut dst = vec![0u8; SPAN];
+    let cpu0 = gyre_transport::cpu::process_cpu();
+    let start = Instant::now();
+    let mut copied = 0u64;
+    let mut at = 0;
+    while copied < total {
+        if at + chunk > SPAN {
+            at = 0;
+        }
+        dst[at..at + chunk].copy_from_slice(&src[at..at + chunk]);
+        std::hint::black_box(&mut dst);
+        at += chunk;
+        copied += chunk as u64;
+    }
+    let secs = start.elapsed().as_secs_f64().max(1e-9);
+    let cpu = gyre_transport::cpu::process_cpu()
+        .zip(cpu0)
+        .map(|(b, a)| b.saturating_sub(a).as_secs_f64())
+        .unwrap_or(secs);
+    Memcpy {
+        bytes_per_sec: copied as f64 / secs,
+        cpu_s_per_gb: cpu / (copied as f64 / 1e9),
+    }
+}
+
+/// Builds an emulated cluster, measures its links, runs the shuffles from the
+/// coordinator's host, and removes the cluster.
+async fn emulated(args: &ShuffleArgs) -> Result<ShuffleBenchReport, BoxError> {
+    sys::require_root("gyre bench shuffle on an emulated cluster")?;
+    let link: LinkRate = args.link.parse()?;
+    let mut spec = TestbedSpec::new(args.name.clone(), args.nodes, link);
+    spec.cpus = args.cpus;
+    spec.gyre = Some(GyreProcesses::current_exe()?);
+    eprintln!(
+        "building an emulated cluster of {} hosts with {link} links{}...",
+        args.nodes,
+        args.cpus
+            .map(|c| format!(" and {c} CPU each"))
+            .unwrap_or_default()
+    );
+    let tb = tokio::task::spawn_blocking(move || Testbed::up(spec)).await??;
+    let outcome = async {
+        eprintln!("measuring the link capacity (one raw TCP stream h0 -> h1, 3 s)...");
+        let capacity = {
+            let (hosts, helper) = (tb.worker_hosts().to_vec(), BlastHelper::gyre()?);
+            let tb = &tb;
+            let options = BlastOptions {
+                duration: Duration::from_secs(3),
+                ..Default::default()
+            };
+            tokio::task::block_in_place(|| {
+                gyre_testbed::measure_capacity(tb, &helper, &hosts[0], &hosts[1], options)
+            })?
+        };
+        eprintln!(
+            "  {:.1} Mbit/s ({:.1}% of {link})",
+            capacity.bits_per_sec() / 1e6,
+            100.0 * capacity.bits_per_sec() / link.bits_per_sec() as f64
+        );
+        let addr = tb
+            .coordinator_addr()
+            .ok_or("the emulated cluster has no coordinator")?;
+        // The coordinator is only reachable inside the cluster: run this command
+        // again from the coordinator's host, against it.
+        let exe = std::env::current_exe()?;
+        let mut cmd = tb.coordinator_host().command(&exe);
+        cmd.args(["bench", "shuffle", "--connect", &addr.to_string()])
+            .args(["--nodes", &args.nodes.to_string()])
+            .args(["--pattern", &args.pattern, "--schedule", &args.schedule])
+            .args(["--bytes", &args.bytes, "--message-size", &args.message_size])
+            .args(["--repeat", &args.repeat.to_string(), "--json", "-"])
+            .stderr(std::process::Stdio::inherit());
+        let out = tokio::task::spawn_blocking(move || cmd.output()).await??;
+        if !out.status.success() {
+            return Err::<_, BoxError>(
+                format!(
+                    "the shuffle on the emulated cluster failed ({})",
+                    out.status
+                )
+                .into(),
+            );
+        }
+        let inner: ShuffleBenchReport = serde_json::from_slice(&out.stdout)?;
+        Ok(report(args, Some(capacity.bytes_per_sec), None, inner.runs))
+    }
+    .await;
+    eprintln!("removing the emulated cluster...");
+    let down = tokio::task::spawn_blocking(move || tb.down()).await?;
+    let report = outcome?;
+    down?;
+    Ok(report)
+}
+
+fn human_bytes(b: f64) -> String {
+    if b >= 1e9 {
+        format!("{:.2} GB", b / 1e9)
+    } else if b >= 1e6 {
+        format!("{:.1} MB", b / 1e6)
+    } else {
+        format!("{:.0} KB", b / 1e3)
+    }
+}
+
+fn emit(args: &ShuffleArgs, r: &ShuffleBenchReport) -> Result<(), BoxError> {
+    let to_stdout = args.json.as_deref() == Some(std::path::Path::new("-"));
+    if let Some(path) = &args.json {
+        let text = serde_json::to_string_pretty(r)?;
+        if to_stdout {
+            println!("{text}");
+        } else {
+            std::fs::write(path, text)?;
+        }
+    }
+    if let Some(path) = &args.plot {
+        std::fs::write(path, plot_svg(r))?;
+    }
+    if to_stdout {
+        return Ok(());
+    }
+    if let Some(cap) = r.capacity_bytes_per_sec {
+        println!(
+            "link capacity (one raw TCP stream): {:.1} MB/s = {:.1} Mbit/s",
+            cap / 1e6,
+            cap * 8.0 / 1e6
+        );
+    }
+    for run in &r.runs {
+        println!(
+            "\n{} of {} over {} workers, {} schedule, {} messages: {:.2} s, {:.1} MB/s in all{}{}",
+            run.pattern,
+            human_bytes(run.total_bytes as f64),
+            run.workers.len(),
+            run.schedule,
+            human_bytes(run.message_size as f64),
+            run.elapsed_s,
+            run.aggregate_bytes_per_sec / 1e6,
+            run.cpu_s_per_gb
+                .map(|c| format!(", {c:.2} CPU s per GB sent"))
+                .unwrap_or_default(),
+            run.min_utilisation
+                .map(|u| format!(", min utilisation {:.1}%", 100.0 * u))
+                .unwrap_or_default(),
+        );
+        println!(
+            "{:>10} {:>12} {:>12} {:>10} {:>10} {:>9}",
+            "worker", "send MB/s", "recv MB/s", "send util", "recv util", "mux CPU s"
+        );
+        for w in &run.workers {
+            let util = |rate: f64| {
+                r.capacity_bytes_per_sec
+                    .map(|c| format!("{:.1}%", 100.0 * rate / c))
+                    .unwrap_or_else(|| "-".into())
+            };
+            println!(
+                "{:>10} {:>12.1} {:>12.1} {:>10} {:>10} {:>9}",
+                w.node,
+                w.send_rate() / 1e6,
+                w.recv_rate() / 1e6,
+                util(w.send_rate()),
+                util(w.recv_rate()),
+                w.mux_cpu_s
+                    .map(|c| format!("{c:.2}"))
+                    .unwrap_or_else(|| "-".into())
+            );
+        }
+    }
+    if let Some(m) = &r.memcpy {
+        println!(
+            "\nmemcpy of the same bytes: {:.2} GB/s, {:.3} CPU s per GB",
+            m.bytes_per_sec / 1e9,
+            m.cpu_s_per_gb
+        );
+    }
+    Ok(())
+}
+
+/// Per run, per worker: send and receive rates as bars, the capacity as a line.
+fn plot_svg(r: &ShuffleBenchReport) -> String {
+    let bars: usize = r.runs.iter().map(|x| x.workers.len()).sum();
+    let (left, bottom, top) = (70.0, 60.0, 50.0);
+    let (w, h) = (
+        left + 40.0 + 36.0 * bars as f64 + 30.0 * r.runs.len() as f64,
+        380.0,
+    );
+    let max = r
+        .runs
+        .iter()
+        .flat_map(|x| {
+            x.workers
+                .iter()
+                .flat_map(|w| [w.send_rate(), w.recv_rate()])
+        })
+        .chain(r.capacity_bytes_per_sec)
+        .fold(1.0, f64::max)
+        / 1e6;
+    let scale = (h - bottom - top) / max;
+    let mut s = format!(
+        "<svg xmlns='http://www.w3.org/2000/svg' width='{w:.0}' height='{h:.0}' font-family='sans-serif' font-size='11'>\n\
+         <rect width='100%' height='100%' fill='white'/>\n\
+         <text x='{left}' y='20' font-size='13'>gyre bench shuffle: {} workers, {} links; send (blue) and receive (green) MB/s per worker</text>\n",
+        r.nodes, r.link
+    );
+    for i in 0..=4 {
+        let v = max * i as f64 / 4.0;
+        let y = h - bottom - v * scale;
+        s += &format!(
+            "<line x1='{left}' x2='{w:.0}' y1='{y:.1}' y2='{y:.1}' stroke='#ddd'/><text x='5' y='{:.1}'>{v:.0} MB/s</text>\n",
+            y + 4.0
+        );
+    }
+    if let Some(c) = r.capacity_bytes_per_sec {
+        let y = h - bottom - c / 1e6 * scale;
+        s += &format!(
+            "<line x1='{left}' x2='{w:.0}' y1='{y:.1}' y2='{y:.1}' stroke='#d33' stroke-dasharray='6,3'/>\
+             <text x='{:.0}' y='{:.1}' fill='#d33'>link capacity {:.0} MB/s</text>\n",
+            w - 170.0,
+            y - 4.0,
+            c / 1e6
+        );
+    }
+    let mut x = left + 20.0;
+    for run in &r.runs {
+        s += &format!(
+            "<text x='{x:.0}' y='{:.0}'>{} / {}</text>\n",
+            h - 20.0,
+            run.pattern,
+            run.schedule
+        );
+        for wk in &run.workers {
+            let (sh, rh) = (wk.send_rate() / 1e6 * scale, wk.recv_rate() / 1e6 * scale);
+            s += &format!(
+                "<rect x='{x:.1}' y='{:.1}' width='14' height='{sh:.1}' fill='#3b6fd4'/>\
+                 <rect x='{:.1}' y='{:.1}' width='14' height='{rh:.1}' fill='#3a9d5d'/>\
+                 <text x='{x:.1}' y='{:.1}'>w{}</text>\n",
+                h - bottom - sh,
+                x + 14.0,
+                h - bottom - rh,
+                h - bottom + 14.0,
+                wk.node
+            );
+            x += 36.0;
+        }
+        x += 30.0;
+    }
+    s + "</svg>\n"
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_with_decimal_and_binary_units() {
+        assert_eq!(parse_size("4GB").unwrap(), 4_000_000_000);
+        assert_eq!(parse_size("512KiB").unwrap(), 524_288);
+        assert_eq!(parse_size("1.5 MB").unwrap(), 1_500_000);
+        assert_eq!(parse_size("1000").unwrap(), 1000);
+        assert!(parse_size("GB").is_err());
+        assert!(parse_size("4 parsecs").is_err());
+        assert!(parse_size("0").is_err());
+    }
+}
