@@ -188,11 +188,20 @@ impl Sizer {
         })
     }
 
-    /// A first guess from a batch's memory (close to its IPC size uncompressed).
+    /// A first guess from the memory a batch's rows take (close to their IPC size
+    /// uncompressed; a slice counts only its own rows, not the arrays it slices).
     fn guess(&mut self, batch: &RecordBatch) {
         if self.bytes_per_row.is_none() && batch.num_rows() > 0 {
-            self.bytes_per_row =
-                Some(batch.get_array_memory_size() as f64 / batch.num_rows() as f64);
+            let bytes: usize = batch
+                .columns()
+                .iter()
+                .map(|c| {
+                    c.to_data()
+                        .get_slice_memory_size()
+                        .unwrap_or_else(|_| c.get_array_memory_size())
+                })
+                .sum();
+            self.bytes_per_row = Some(bytes as f64 / batch.num_rows() as f64);
         }
     }
 
@@ -271,10 +280,10 @@ impl Outlet {
     /// Encodes a batch into as many messages as its size needs (a batch larger than a
     /// message, let through by the coalescer, is cut by rows without copying).
     async fn send(&mut self, ep: &SendEndpoint, batch: RecordBatch, m: &SendMetrics) -> Result<()> {
-        let per_message = self.sizer.rows().max(1);
         let mut offset = 0;
         while offset < batch.num_rows() {
-            let len = per_message.min(batch.num_rows() - offset);
+            // Re-read per message: the size learned from the previous one may differ.
+            let len = self.sizer.rows().max(1).min(batch.num_rows() - offset);
             let part = batch.slice(offset, len);
             offset += len;
             let t = m.network_wait.timer();
