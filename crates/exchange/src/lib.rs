@@ -19,3 +19,6 @@ pub use codec::{AUTO_LZ4_BELOW_BYTES_PER_SEC, BatchDecoder, BatchEncoder, Compre
 pub use context::{ExchangeId, Placement, QueryContext};
 pub use receiver::{ExchangeReceiverExec, ReceiveMode};
 pub use sender::{ExchangeSenderExec, SendMode};
+
+#[cfg(test)]
+mod tests;

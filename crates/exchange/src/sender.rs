@@ -4,6 +4,7 @@ use crate::codec::BatchEncoder;
 use crate::context::{ExchangeId, Placement, QueryContext};
 use arrow::array::RecordBatch;
 use arrow::compute::BatchCoalescer;
+use arrow::datatypes::{DataType, SchemaRef};
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{DataFusionError, Result, internal_err};
 use datafusion::execution::TaskContext;
@@ -188,11 +189,24 @@ impl Sizer {
         })
     }
 
-    /// A first guess from a batch's memory (close to its IPC size uncompressed).
+    /// A first guess from the memory a batch's rows take (close to their IPC size
+    /// uncompressed). A slice counts only its own rows, except for types whose slice
+    /// size arrow cannot tell (views): their whole buffers count, an overestimate, so
+    /// the first message is small rather than oversize.
     fn guess(&mut self, batch: &RecordBatch) {
         if self.bytes_per_row.is_none() && batch.num_rows() > 0 {
-            self.bytes_per_row =
-                Some(batch.get_array_memory_size() as f64 / batch.num_rows() as f64);
+            let bytes: usize = batch
+                .columns()
+                .iter()
+                .map(|c| match c.data_type() {
+                    DataType::Utf8View | DataType::BinaryView => c.get_array_memory_size(),
+                    _ => c
+                        .to_data()
+                        .get_slice_memory_size()
+                        .unwrap_or_else(|_| c.get_array_memory_size()),
+                })
+                .sum();
+            self.bytes_per_row = Some(bytes as f64 / batch.num_rows() as f64);
         }
     }
 
@@ -204,8 +218,14 @@ impl Sizer {
 }
 
 /// One destination set (a worker, the coordinator, or all workers) and its IPC stream.
+///
+/// Rows are copied into message-sized batches by a coalescer (which also compacts
+/// slices and view arrays, whose IPC encoding would otherwise carry whole shared
+/// buffers); each completed batch is encoded into one pooled buffer. The batch size
+/// follows the bytes per row learned from what was encoded.
 struct Outlet {
     to: To,
+    schema: SchemaRef,
     encoder: BatchEncoder,
     coalescer: Option<BatchCoalescer>,
     coalesce_rows: usize,
@@ -213,9 +233,10 @@ struct Outlet {
 }
 
 impl Outlet {
-    fn new(to: To, encoder: BatchEncoder, message_size: usize) -> Self {
+    fn new(to: To, schema: SchemaRef, encoder: BatchEncoder, message_size: usize) -> Self {
         Self {
             to,
+            schema,
             encoder,
             coalescer: None,
             coalesce_rows: 0,
@@ -223,34 +244,49 @@ impl Outlet {
         }
     }
 
+    /// Makes the coalescer's batch size follow the learned one when it moved by more
+    /// than a quarter, carrying over the rows it holds.
+    fn resize(&mut self) -> Result<()> {
+        let rows = self.sizer.rows();
+        let (have, want) = (self.coalesce_rows, rows);
+        if self.coalescer.is_some() && want * 4 >= have * 3 && want * 3 <= have * 4 {
+            return Ok(());
+        }
+        let mut next = BatchCoalescer::new(Arc::clone(&self.schema), rows);
+        if let Some(mut old) = self.coalescer.take() {
+            old.finish_buffered_batch()?;
+            while let Some(b) = old.next_completed_batch() {
+                next.push_batch(b)?;
+            }
+        }
+        self.coalescer = Some(next);
+        self.coalesce_rows = rows;
+        Ok(())
+    }
+
     /// Adds rows; sends every message-sized batch that is complete.
     async fn push(&mut self, ep: &SendEndpoint, batch: RecordBatch, m: &SendMetrics) -> Result<()> {
         self.sizer.guess(&batch);
-        let rows = self.sizer.rows();
-        // Re-size the coalescer between messages when the learned size moved far.
-        let empty = self
-            .coalescer
-            .as_ref()
-            .is_none_or(|c| c.get_buffered_rows() == 0);
-        if empty && (rows * 4 < self.coalesce_rows * 3 || rows * 3 > self.coalesce_rows * 4) {
-            self.coalescer = Some(
-                BatchCoalescer::new(batch.schema(), rows)
-                    .with_biggest_coalesce_batch_size(Some(rows / 2)),
-            );
-            self.coalesce_rows = rows;
-        }
+        self.resize()?;
         self.coalescer
             .as_mut()
-            .expect("created above")
+            .expect("created by resize")
             .push_batch(batch)?;
-        while let Some(full) = self
-            .coalescer
-            .as_mut()
-            .and_then(|c| c.next_completed_batch())
-        {
+        self.drain(ep, m).await
+    }
+
+    async fn drain(&mut self, ep: &SendEndpoint, m: &SendMetrics) -> Result<()> {
+        loop {
+            self.resize()?;
+            let Some(full) = self
+                .coalescer
+                .as_mut()
+                .and_then(|c| c.next_completed_batch())
+            else {
+                return Ok(());
+            };
             self.send(ep, full, m).await?;
         }
-        Ok(())
     }
 
     /// Sends what is left.
@@ -268,30 +304,21 @@ impl Outlet {
         Ok(())
     }
 
-    /// Encodes a batch into as many messages as its size needs (a batch larger than a
-    /// message, let through by the coalescer, is cut by rows without copying).
+    /// Encodes one batch into one message.
     async fn send(&mut self, ep: &SendEndpoint, batch: RecordBatch, m: &SendMetrics) -> Result<()> {
-        let per_message = self.sizer.rows().max(1);
-        let mut offset = 0;
-        while offset < batch.num_rows() {
-            let len = per_message.min(batch.num_rows() - offset);
-            let part = batch.slice(offset, len);
-            offset += len;
-            let t = m.network_wait.timer();
-            let buf = ep.acquire(self.to).await.map_err(transport_err)?;
-            t.done();
-            let buf = {
-                let _t = m.encode_time.timer();
-                self.encoder.encode_into(&part, buf)?
-            };
-            self.sizer.observe(buf.len(), len);
-            m.rows.add(len);
-            m.batches.add(1);
-            m.bytes.add(buf.len());
-            m.messages.add(1);
-            ep.put(buf, false).map_err(transport_err)?;
-        }
-        Ok(())
+        let t = m.network_wait.timer();
+        let buf = ep.acquire(self.to).await.map_err(transport_err)?;
+        t.done();
+        let buf = {
+            let _t = m.encode_time.timer();
+            self.encoder.encode_into(&batch, buf)?
+        };
+        self.sizer.observe(buf.len(), batch.num_rows());
+        m.rows.add(batch.num_rows());
+        m.batches.add(1);
+        m.bytes.add(buf.len());
+        m.messages.add(1);
+        ep.put(buf, false).map_err(transport_err)
     }
 }
 
@@ -329,11 +356,8 @@ impl ExchangeSenderExec {
         let mut outlets = targets
             .into_iter()
             .map(|to| {
-                Ok(Outlet::new(
-                    to,
-                    BatchEncoder::try_new(&schema, compression)?,
-                    size,
-                ))
+                let encoder = BatchEncoder::try_new(&schema, compression)?;
+                Ok(Outlet::new(to, Arc::clone(&schema), encoder, size))
             })
             .collect::<Result<Vec<_>>>()?;
         let result = self.pump(partition, &ctx, &ep, &mut outlets, &m).await;

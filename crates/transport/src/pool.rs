@@ -19,7 +19,10 @@
 //! So an operator that keeps every batch it receives (a hash join's build
 //! side, a sort) never starves the pool; it owns that memory like any other
 //! allocation, and the pool's own footprint stays at most `capacity` free plus
-//! `capacity` leased buffers.
+//! `capacity` leased buffers. Messages filling less than a quarter of a buffer
+//! are handed to consumers as copies ([`Message::bytes`]; received ones are
+//! read into exact-size allocations to begin with), so kept data pins at most
+//! four times its size.
 //!
 //! A message larger than the buffer grows its buffer (the encoder writes into
 //! a `Vec`); that message is counted in [`PoolStats::oversize`] and its grown
@@ -371,10 +374,18 @@ impl Message {
         self.0.crc
     }
 
-    /// The content as `Bytes` without copying; the buffer stays alive (detached from
-    /// the pool once released) while the `Bytes` or anything sliced from it lives.
+    /// The content as `Bytes`. Without copying if the message fills at least a quarter
+    /// of its pool buffer: the buffer then stays alive (detached from the pool once
+    /// released) while the `Bytes` or anything sliced from it lives. A smaller message
+    /// is copied out, so that data kept by a consumer never pins a mostly empty buffer
+    /// (at most 4 bytes of buffer per byte kept).
     pub fn bytes(&self) -> bytes::Bytes {
-        bytes::Bytes::from_owner(self.clone())
+        match &self.0.pool {
+            Some(p) if self.len() < p.message_size / 4 => {
+                bytes::Bytes::copy_from_slice(self.as_slice())
+            }
+            _ => bytes::Bytes::from_owner(self.clone()),
+        }
     }
 
     /// A hold keeps the buffer leased; the lease ends when the last hold drops.
@@ -489,10 +500,15 @@ mod tests {
             let mut buf = tokio::time::timeout(Duration::from_secs(1), pool.acquire())
                 .await
                 .unwrap();
-            buf.vec_mut().push(i);
+            buf.vec_mut().extend_from_slice(&[i; 64]);
             let msg = buf.freeze(None, None);
             let held = msg.hold();
             kept.push(msg.bytes());
+            assert_eq!(
+                kept.last().unwrap().as_ptr(),
+                msg.as_slice().as_ptr(),
+                "no copy"
+            );
             drop((held, msg));
         }
         let s = pool.stats();
@@ -505,6 +521,19 @@ mod tests {
         drop(kept);
         // Detached buffers come back only up to the capacity.
         assert_eq!(pool.inner.free.lock().len(), 2);
+    }
+
+    #[tokio::test]
+    async fn small_messages_are_handed_out_as_copies_so_kept_data_pins_no_buffer() {
+        let pool = BufferPool::new(64, 1);
+        let mut buf = pool.acquire().await;
+        buf.vec_mut().extend_from_slice(&[9; 15]);
+        let msg = buf.freeze(None, None);
+        let kept = msg.bytes();
+        assert_ne!(kept.as_ptr(), msg.as_slice().as_ptr());
+        drop(msg);
+        assert_eq!(&kept[..], &[9; 15]);
+        assert_eq!(pool.inner.free.lock().len(), 1, "the buffer is back");
     }
 
     #[tokio::test]
