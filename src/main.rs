@@ -96,7 +96,7 @@ enum Command {
 #[derive(Subcommand)]
 enum BenchCommand {
     /// All-to-all repartition or broadcast between the workers, against the link rate.
-    Shuffle(bench_shuffle::ShuffleArgs),
+    Shuffle(Box<bench_shuffle::ShuffleArgs>),
     /// Local join kernels (radix hash, sort-merge) next to DataFusion's hash join.
     Kernels(bench_kernels::KernelArgs),
 }
@@ -223,7 +223,7 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
         }
         Command::Local(args) => run_local(args).await,
         Command::Cluster(command) => cluster::run(command),
-        Command::Bench(BenchCommand::Shuffle(args)) => bench_shuffle::run(args).await,
+        Command::Bench(BenchCommand::Shuffle(args)) => bench_shuffle::run(*args).await,
         Command::Bench(BenchCommand::Kernels(args)) => bench_kernels::run(args).await,
         Command::Sql { connect, input } => {
             let client = client::RemoteClient::connect(&connect).await?;

@@ -56,6 +56,8 @@ const MAX_CONTROL: usize = 64 * 1024;
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Bytes written before the measured link rate is reported.
 const LINK_RATE_MIN_BYTES: u64 = 16 << 20;
+/// Why a peer is lost when its side of the connection ended in order (EOF).
+const CLEAN_CLOSE: &str = "closed the connection";
 
 enum OutFrame {
     Data {
@@ -361,11 +363,13 @@ impl Mux {
 
     /// Disconnects `peer` for good and fails everything that involves it.
     pub fn lose(&self, peer: NodeId, reason: String, protocol: bool) {
-        let (link, addr) = {
+        let (link, addr, shutting_down, clean_close) = {
             let mut st = self.state.lock();
             if !st.lost.insert(peer) {
                 return;
             }
+            let shutting_down = st.shut;
+            let clean_close = reason == CLEAN_CLOSE;
             st.dialing.remove(&peer);
             let link = st.peers.remove(&peer);
             let actions = st.sched.peer_lost(peer);
@@ -374,7 +378,7 @@ impl Mux {
                 .as_ref()
                 .and_then(|l| l.conn.as_ref().map(|c| c.addr))
                 .or_else(|| st.addrs.get(&peer).copied());
-            (link, addr)
+            (link, addr, shutting_down, clean_close)
         };
         // The reason names the peer's address; the error built from it names the node.
         let reason = match addr {
@@ -388,6 +392,13 @@ impl Mux {
                 "disconnecting {} at {reason}",
                 node_name(peer)
             );
+        } else if shutting_down {
+            // Our own shutdown: expected, not worth a warning.
+            tracing::debug!(node = self.node, "closed {} at {reason}", node_name(peer));
+        } else if clean_close {
+            // The peer ended the connection in order (it shut down or restarted); whether
+            // that is a failure is for the membership layer to say, which it does.
+            tracing::info!(node = self.node, "lost {} at {reason}", node_name(peer));
         } else {
             tracing::warn!(node = self.node, "lost {} at {reason}", node_name(peer));
         }
@@ -678,7 +689,7 @@ impl Mux {
             match self.read_one(peer, &mut rd, &counters).await {
                 Ok(()) => {}
                 Err(ReadEnd::Closed) => {
-                    self.lose(peer, "closed the connection".to_string(), false);
+                    self.lose(peer, CLEAN_CLOSE.to_string(), false);
                     return;
                 }
                 Err(ReadEnd::Io(e)) => {
