@@ -38,7 +38,7 @@ use parking_lot::{Mutex, RwLock};
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
@@ -102,6 +102,8 @@ pub struct Coordinator {
     part_stats: Mutex<HashMap<String, BTreeMap<NodeId, PartStats>>>,
     next_node: AtomicU32,
     next_query: AtomicU64,
+    /// Set by [`Coordinator::shutdown`]: connections ending now are no deaths.
+    stopping: AtomicBool,
     running: Mutex<HashMap<u64, RunningQuery>>,
     settings: Mutex<Settings>,
     config: CoordinatorConfig,
@@ -158,6 +160,7 @@ impl Coordinator {
             part_stats: Mutex::new(HashMap::new()),
             next_node: AtomicU32::new(1),
             next_query: AtomicU64::new(1),
+            stopping: AtomicBool::new(false),
             running: Mutex::new(HashMap::new()),
             settings: Mutex::new(Settings::default()),
             config,
@@ -198,7 +201,17 @@ impl Coordinator {
         Ok(())
     }
 
+    /// Stops the coordinator's data plane; workers that disconnect afterwards are
+    /// not reported as failed.
+    pub fn shutdown(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        self.transport.shutdown();
+    }
+
     fn check_members(&self) {
+        if self.stopping.load(Ordering::SeqCst) {
+            return;
+        }
         let timeout = self.config.heartbeat_timeout;
         let mut died = vec![];
         {

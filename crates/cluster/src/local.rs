@@ -76,12 +76,13 @@ impl LocalCluster {
 
 impl Drop for LocalCluster {
     fn drop(&mut self) {
+        // The coordinator first, so that the workers leaving is not taken for failures.
+        self.coordinator.shutdown();
         for (w, rt) in &mut self.workers {
             w.transport.shutdown();
             if let Some(rt) = rt.take() {
                 rt.shutdown_background();
             }
         }
-        self.coordinator.transport.shutdown();
     }
 }
