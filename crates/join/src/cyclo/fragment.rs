@@ -11,6 +11,7 @@
 //! word 5   total words (header included)
 //! word 6-7 reserved (0)
 //! then     keys[rows], payload column 0 [rows], payload column 1 [rows], ...
+//! then     partitioned form only: 2^bits + 1 partition bounds (u32, padded to a word)
 //! ```
 //!
 //! The form says how the origin prepared the rows (setup done once, where it pays, paper
@@ -66,27 +67,47 @@ impl FragmentForm {
     }
 }
 
+/// Words of the partition bounds a fragment of `form` carries.
+fn bounds_words(form: FragmentForm) -> usize {
+    match form {
+        FragmentForm::HashPartitioned { bits } => ((1usize << bits) + 1).div_ceil(2),
+        _ => 0,
+    }
+}
+
 /// Total words of a fragment of `rows` rows with `payload_columns` payload columns.
-pub fn fragment_words(rows: usize, payload_columns: usize) -> usize {
-    HEADER_WORDS + rows * (1 + payload_columns)
+pub fn fragment_words(rows: usize, payload_columns: usize, form: FragmentForm) -> usize {
+    HEADER_WORDS + rows * (1 + payload_columns) + bounds_words(form)
 }
 
 /// Most rows a buffer of `buffer_bytes` can hold with `payload_columns` payload columns.
-pub fn rows_per_buffer(buffer_bytes: usize, payload_columns: usize) -> usize {
-    (buffer_bytes / 8).saturating_sub(HEADER_WORDS) / (1 + payload_columns)
+pub fn rows_per_buffer(buffer_bytes: usize, payload_columns: usize, form: FragmentForm) -> usize {
+    (buffer_bytes / 8).saturating_sub(HEADER_WORDS + bounds_words(form)) / (1 + payload_columns)
 }
 
 /// Encodes a fragment (origin, sequence and LAST are stamped later by the roundabout):
-/// the rows `order[i]` of `keys` and `payload`, in that order.
+/// the rows `order[i]` of `keys` and `payload`, in that order; `bounds` (partitioned form
+/// only, `2^bits + 1` entries) delimit the partitions in that order.
 pub fn encode(
     form: FragmentForm,
     domain: KeyDomain,
     keys: &[u64],
     payload: &[&[u64]],
     order: &[u32],
+    bounds: &[u32],
 ) -> Vec<u64> {
     let rows = order.len();
-    let mut out = Vec::with_capacity(fragment_words(rows, payload.len()));
+    let want_bounds = match form {
+        FragmentForm::HashPartitioned { bits } => (1usize << bits) + 1,
+        _ => 0,
+    };
+    assert_eq!(
+        bounds.len(),
+        want_bounds,
+        "partition bounds of a {form:?} fragment"
+    );
+    let words = fragment_words(rows, payload.len(), form);
+    let mut out = Vec::with_capacity(words);
     let flags = if domain == KeyDomain::Signed {
         FLAG_SIGNED
     } else {
@@ -98,7 +119,7 @@ pub fn encode(
         0,
         rows as u64,
         form.encode() | ((payload.len() as u64) << 16),
-        fragment_words(rows, payload.len()) as u64,
+        words as u64,
         0,
         0,
     ]);
@@ -106,6 +127,11 @@ pub fn encode(
     for col in payload {
         out.extend(order.iter().map(|&r| col[r as usize]));
     }
+    out.extend(
+        bounds
+            .chunks(2)
+            .map(|p| u64::from(p[0]) | (u64::from(*p.get(1).unwrap_or(&0)) << 32)),
+    );
     out
 }
 
@@ -141,15 +167,18 @@ impl<'a> FragmentView<'a> {
         let total = announced_words(words)?;
         let rows = words[3] as usize;
         let columns = ((words[4] >> 16) & 0xffff) as usize;
-        if FragmentForm::decode(words[4]).is_none() {
+        let Some(form) = FragmentForm::decode(words[4]).filter(|f| match f {
+            FragmentForm::HashPartitioned { bits } => *bits <= 16,
+            _ => true,
+        }) else {
             return Err(CycloError::Protocol(format!(
-                "unknown fragment form {}",
-                words[4] & 0xff
+                "unknown fragment form {:#x}",
+                words[4] & 0xffff
             )));
-        }
+        };
         let want = rows
             .checked_mul(1 + columns)
-            .and_then(|b| b.checked_add(HEADER_WORDS));
+            .and_then(|b| b.checked_add(HEADER_WORDS + bounds_words(form)));
         if want != Some(total) || total != words.len() {
             return Err(CycloError::Protocol(format!(
                 "fragment announces {rows} rows with {columns} payload columns in {total} \
@@ -157,11 +186,33 @@ impl<'a> FragmentView<'a> {
                 words.len()
             )));
         }
-        Ok(FragmentView {
+        let view = FragmentView {
             words,
             rows,
             columns,
-        })
+        };
+        if let Some(b) = view.partition_bounds()
+            && (b[0] != 0 || b[b.len() - 1] as usize != rows || b.windows(2).any(|w| w[0] > w[1]))
+        {
+            return Err(CycloError::Protocol(
+                "fragment partition bounds are not a partitioning of its rows".into(),
+            ));
+        }
+        Ok(view)
+    }
+
+    /// Partition `k` of a hash-partitioned fragment is rows `b[k]..b[k + 1]`.
+    pub fn partition_bounds(&self) -> Option<&'a [u32]> {
+        let FragmentForm::HashPartitioned { bits } = self.form() else {
+            return None;
+        };
+        let start = HEADER_WORDS + self.rows * (1 + self.columns);
+        let words = &self.words[start..];
+        // SAFETY: u32 needs less alignment than u64 and every bit pattern is valid; the
+        // words hold the bounds in little-endian u32 pairs (see `encode`).
+        let all =
+            unsafe { std::slice::from_raw_parts(words.as_ptr().cast::<u32>(), words.len() * 2) };
+        Some(&all[..(1usize << bits) + 1])
     }
 
     /// Ring position of the node the fragment comes from.
@@ -250,27 +301,55 @@ mod tests {
             &keys,
             &[&p0, &p1],
             &[2, 0],
+            &[0; 33],
         );
         stamp(&mut w, 3, 17, true);
-        let v = FragmentView::parse(&w).unwrap();
+        // All-zero bounds do not partition 2 rows: read the words without `parse`.
+        let v = FragmentView {
+            words: &w,
+            rows: 2,
+            columns: 2,
+        };
         assert_eq!(
             (v.origin(), v.seq(), v.is_last(), v.rows()),
             (3, 17, true, 2)
         );
         assert_eq!(v.domain(), KeyDomain::Signed);
-        assert_eq!(v.form(), FragmentForm::HashPartitioned { bits: 5 });
         assert_eq!(v.keys(), &[7, 10]);
         assert_eq!(v.payload(0), &[102, 100]);
         assert_eq!(v.payload(1), &[202, 200]);
+        assert!(
+            FragmentView::parse(&w).is_err(),
+            "bounds end at 0, not at 2 rows"
+        );
+        let mut bounds = vec![2u32; 33];
+        bounds[0] = 0;
+        let mut w = encode(
+            FragmentForm::HashPartitioned { bits: 5 },
+            KeyDomain::Signed,
+            &keys,
+            &[&p0, &p1],
+            &[2, 0],
+            &bounds,
+        );
         stamp(&mut w, 1, 2, false);
         let v = FragmentView::parse(&w).unwrap();
         assert!(!v.is_last() && v.domain() == KeyDomain::Signed && v.origin() == 1);
-        assert_eq!(rows_per_buffer(fragment_words(2, 2) * 8, 2), 2);
+        assert_eq!(v.partition_bounds().unwrap(), &bounds[..]);
+        let form = FragmentForm::HashPartitioned { bits: 5 };
+        assert_eq!(rows_per_buffer(fragment_words(2, 2, form) * 8, 2, form), 2);
     }
 
     #[test]
     fn malformed_fragments_are_refused_by_name() {
-        let w = encode(FragmentForm::Sorted, KeyDomain::Unsigned, &[1], &[], &[0]);
+        let w = encode(
+            FragmentForm::Sorted,
+            KeyDomain::Unsigned,
+            &[1],
+            &[],
+            &[0],
+            &[],
+        );
         assert!(FragmentView::parse(&w[..w.len() - 1]).is_err());
         let mut bad = w.clone();
         bad[0] = 1;
@@ -279,7 +358,7 @@ mod tests {
         let mut bad = w.clone();
         bad[4] = 9;
         assert!(FragmentView::parse(&bad).is_err());
-        let empty = encode(FragmentForm::Raw, KeyDomain::Unsigned, &[], &[], &[]);
+        let empty = encode(FragmentForm::Raw, KeyDomain::Unsigned, &[], &[], &[], &[]);
         assert!(FragmentView::parse(&empty).unwrap().is_empty());
     }
 }

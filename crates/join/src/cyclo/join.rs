@@ -24,7 +24,7 @@ use crate::{KeyDomain, l2_cache_bytes};
 
 use super::error::{CycloError, Result};
 use super::fragment::{FragmentView, rows_per_buffer};
-use super::local::{CycloAlgorithm, Side, Stationary, prepare_rotating};
+use super::local::{CycloAlgorithm, Side, Stationary, fragment_form, prepare_rotating};
 use super::roundabout::{
     JoinEntity, RingSpec, RoundaboutConfig, RoundaboutFigures, run_roundabout,
 };
@@ -314,7 +314,14 @@ impl PreparedCycloJoin {
             Stationary::prepare(&stat.keys, algorithm, plan.layout.clone(), options.threads)?;
         let stationary_time = t0.elapsed();
         let t1 = Instant::now();
-        let rows = rows_per_buffer(options.roundabout.buffer_bytes, rot.payload.len());
+        let form = fragment_form(algorithm, plan.layout.as_ref(), options.prepare_rotating);
+        let rows = rows_per_buffer(options.roundabout.buffer_bytes, rot.payload.len(), form);
+        if rows == 0 {
+            return Err(CycloError::Spec(format!(
+                "buffers of {} bytes cannot hold a row of a {form:?} fragment",
+                options.roundabout.buffer_bytes
+            )));
+        }
         let fragments = prepare_rotating(
             &rot.keys,
             &rot.payload,

@@ -245,11 +245,15 @@ impl Stationary {
                             ..RadixConfig::default()
                         },
                     )?,
-                    // Partition order already: consecutive probes stay in one
-                    // cache-resident build partition.
-                    FragmentForm::HashPartitioned { .. } | FragmentForm::Sorted => {
-                        table.probe_direct(&probe, threads)
+                    // Grouped by partition at its origin: join partition by partition.
+                    FragmentForm::HashPartitioned { bits }
+                        if bits == table.layout().partition_bits() =>
+                    {
+                        let bounds = fragment.partition_bounds().expect("partitioned form");
+                        table.probe_grouped(&probe, bounds, threads)?
                     }
+                    // Partitioned for another layout (a node with another cache size).
+                    _ => table.probe_direct(&probe, threads),
                 };
                 std::mem::swap(&mut pairs.left, &mut pairs.right);
                 pairs
@@ -303,8 +307,8 @@ fn partition_of(key: u64, bits: u32) -> usize {
     }
 }
 
-/// Rows `rows` ordered by partition (stable counting sort).
-fn partition_order(keys: &[u64], rows: &[u32], bits: u32) -> Vec<u32> {
+/// Rows `rows` ordered by partition (stable counting sort), with the partition bounds.
+fn partition_order(keys: &[u64], rows: &[u32], bits: u32) -> (Vec<u32>, Vec<u32>) {
     let fanout = 1usize << bits;
     let mut counts = vec![0u32; fanout + 1];
     for &r in rows {
@@ -313,13 +317,29 @@ fn partition_order(keys: &[u64], rows: &[u32], bits: u32) -> Vec<u32> {
     for p in 0..fanout {
         counts[p + 1] += counts[p];
     }
+    let bounds = counts.clone();
     let mut out = vec![0u32; rows.len()];
     for &r in rows {
         let p = partition_of(keys[r as usize], bits);
         out[counts[p] as usize] = r;
         counts[p] += 1;
     }
-    out
+    (out, bounds)
+}
+
+/// The form fragments of `algorithm` travel in.
+pub fn fragment_form(
+    algorithm: &CycloAlgorithm,
+    layout: Option<&RadixLayout>,
+    prepare: bool,
+) -> FragmentForm {
+    match (algorithm, prepare) {
+        (CycloAlgorithm::Hash, true) => FragmentForm::HashPartitioned {
+            bits: layout.map_or(0, RadixLayout::partition_bits),
+        },
+        (CycloAlgorithm::SortMerge(_), true) => FragmentForm::Sorted,
+        _ => FragmentForm::Raw,
+    }
 }
 
 /// Setup of the rotating part at its origin: drops NULL keys, cuts the rows into
@@ -358,22 +378,25 @@ pub fn prepare_rotating(
     let bits = layout.map_or(0, RadixLayout::partition_bits);
     let values = keys.values();
     let one = |rows: &[u32]| -> Result<Vec<u64>> {
-        let (form, order) = match (algorithm, prepare) {
-            (CycloAlgorithm::Hash, true) => (
-                FragmentForm::HashPartitioned { bits },
-                partition_order(values, rows, bits),
-            ),
+        let (form, order, bounds) = match (algorithm, prepare) {
+            (CycloAlgorithm::Hash, true) => {
+                let (order, bounds) = partition_order(values, rows, bits);
+                (FragmentForm::HashPartitioned { bits }, order, bounds)
+            }
             (CycloAlgorithm::SortMerge(_), true) => {
                 let chunk: Vec<u64> = rows.iter().map(|&r| values[r as usize]).collect();
                 let sorted = SortedKeys::sort(&keys_of(&chunk, domain), 1)?;
                 (
                     FragmentForm::Sorted,
                     sorted.rows().map(|i| rows[i as usize]).collect(),
+                    vec![],
                 )
             }
-            _ => (FragmentForm::Raw, rows.to_vec()),
+            _ => (FragmentForm::Raw, rows.to_vec(), vec![]),
         };
-        Ok(fragment::encode(form, domain, values, payload, &order))
+        Ok(fragment::encode(
+            form, domain, values, payload, &order, &bounds,
+        ))
     };
     let threads = crate::cache::resolve_threads(threads)
         .min(chunks.len())

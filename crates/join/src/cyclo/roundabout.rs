@@ -229,6 +229,7 @@ pub async fn run_roundabout<J: JoinEntity>(
             &[],
             &[],
             &[],
+            &[],
         ));
     }
     let too_big = own.iter().map(Vec::len).max().unwrap_or(0) * 8;
