@@ -21,7 +21,7 @@ use gyre_transport::TransportConfig;
 
 fn usage() -> ! {
     eprintln!(
-        "flags: --rings 1,2,4 --r-rows N --s-rows N --zipf Z --algorithm A --threads T \
+        "flags: --rings 1,2,4 --r-rows N --s-rows N --zipf Z --zipf-s Z --algorithm A --threads T \
          --buffers B --buffer-bytes BYTES --forward arrival|after-join --no-prepare \
          --rotate smaller|left|right --seed S"
     );
@@ -102,6 +102,7 @@ async fn main() {
             "--r-rows" => spec.r_rows = value().parse().unwrap_or_else(|_| usage()),
             "--s-rows" => spec.s_rows = value().parse().unwrap_or_else(|_| usage()),
             "--zipf" => spec.zipf = value().parse().unwrap_or_else(|_| usage()),
+            "--zipf-s" => spec.zipf_s = value().parse().unwrap_or_else(|_| usage()),
             "--seed" => spec.seed = value().parse().unwrap_or_else(|_| usage()),
             "--threads" => spec.options.threads = value().parse().unwrap_or_else(|_| usage()),
             "--buffers" => {
@@ -136,12 +137,13 @@ async fn main() {
         }
     }
     println!(
-        "cyclo-join {}: |R| = {}, |S| = {}, zipf {}, threads {} per node, {} buffers of {} KiB, \
+        "cyclo-join {}: |R| = {}, |S| = {}, zipf R {} S {}, threads {} per node, {} buffers of {} KiB, \
          forward {:?}, prepare rotating {}",
         spec.algorithm.describe(),
         spec.r_rows,
         spec.s_rows,
         spec.zipf,
+        spec.zipf_s,
         spec.options.threads,
         spec.options.roundabout.buffers,
         spec.options.roundabout.buffer_bytes >> 10,

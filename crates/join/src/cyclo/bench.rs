@@ -6,7 +6,10 @@
 //! drawn from S's keys, uniformly (`zipf = 0`) or Zipf-distributed with exponent `zipf`
 //! (the paper's skew experiments use 0 to 0.9), hot ranks scattered over the key space.
 //! Payloads are global row numbers. So an equi-join returns exactly `r_rows` pairs and a
-//! band of width c about `(2c + 1) r_rows`. Each node generates its own slice of both
+//! band of width c about `(2c + 1) r_rows`. With `zipf_s > 0`, S's keys are drawn too
+//! (Zipf over the same key space, so duplicates pile up in a few hash buckets: the
+//! collisions that make the paper's hash join degrade under skew); an equi-join then
+//! returns about `r_rows` pairs when R is uniform, and far more when both are skewed. Each node generates its own slice of both
 //! relations; a global row's values depend only on the seed and the row, so the same
 //! spec gives the same data set on any number of nodes, and the same result: the
 //! per-node checksums (order-independent) add up to the same total.
@@ -50,6 +53,8 @@ pub struct CycloSpec {
     pub s_rows: u64,
     /// Zipf exponent of R's keys over S's keys (0 = uniform).
     pub zipf: f64,
+    /// Zipf exponent of S's keys (0 = unique keys).
+    pub zipf_s: f64,
     pub seed: u64,
     /// The predicate is on (R key, S key).
     pub algorithm: CycloAlgorithm,
@@ -68,6 +73,7 @@ impl CycloSpec {
             r_rows: 1 << 20,
             s_rows: 1 << 20,
             zipf: 0.0,
+            zipf_s: 0.0,
             seed: 42,
             algorithm,
             options: CycloOptions::default(),
@@ -206,6 +212,12 @@ const BLOCK: u64 = 1 << 16;
 
 /// The S tuples of global rows `[start, end)`: (keys, payloads).
 pub fn generate_s(spec: &CycloSpec, start: u64, end: u64) -> (Vec<u64>, Vec<u64>) {
+    if spec.zipf_s > 0.0 {
+        return (
+            drawn_keys(spec, spec.zipf_s, 0x53, start, end),
+            (start..end).collect(),
+        );
+    }
     let perm = Scramble::new(spec.s_rows, spec.seed);
     let keys = (start..end).map(|g| perm.apply(g) + 1).collect();
     (keys, (start..end).collect())
@@ -213,14 +225,23 @@ pub fn generate_s(spec: &CycloSpec, start: u64, end: u64) -> (Vec<u64>, Vec<u64>
 
 /// The R tuples of global rows `[start, end)`: (keys, payloads).
 pub fn generate_r(spec: &CycloSpec, start: u64, end: u64) -> (Vec<u64>, Vec<u64>) {
+    (
+        drawn_keys(spec, spec.zipf, 0x5253, start, end),
+        (start..end).collect(),
+    )
+}
+
+/// Keys of global rows `[start, end)` drawn from S's key space 1..=s_rows, uniformly or
+/// with Zipf exponent `z` (hot ranks scrambled over the space); `tag` tells relations apart.
+fn drawn_keys(spec: &CycloSpec, z: f64, tag: u64, start: u64, end: u64) -> Vec<u64> {
     let perm = Scramble::new(spec.s_rows, spec.seed);
-    let zipf = (spec.zipf > 0.0 && spec.s_rows > 0).then(|| Zipf::new(spec.s_rows, spec.zipf));
+    let zipf = (z > 0.0 && spec.s_rows > 0).then(|| Zipf::new(spec.s_rows, z));
     let mut keys = Vec::with_capacity((end - start) as usize);
     let mut g = start;
     while g < end {
         let block = g / BLOCK;
         let block_end = ((block + 1) * BLOCK).min(end);
-        let mut rng = SmallRng::seed_from_u64(splitmix64(spec.seed ^ 0x5253) ^ splitmix64(block));
+        let mut rng = SmallRng::seed_from_u64(splitmix64(spec.seed ^ tag) ^ splitmix64(block));
         for row in block * BLOCK..block_end {
             let rank = match (&zipf, spec.s_rows) {
                 (_, 0) => 1,
@@ -233,7 +254,7 @@ pub fn generate_r(spec: &CycloSpec, start: u64, end: u64) -> (Vec<u64>, Vec<u64>
         }
         g = block_end;
     }
-    (keys, (start..end).collect())
+    keys
 }
 
 /// Sums [`pair_checksum`] over a node's results.
@@ -277,11 +298,12 @@ fn check_spec(spec: &CycloSpec, t: &dyn Transport) -> Result<()> {
             t.node_id()
         )));
     }
-    if !(0.0..=5.0).contains(&spec.zipf) {
-        return Err(CycloError::Spec(format!(
-            "zipf exponent {} is outside 0..=5",
-            spec.zipf
-        )));
+    for z in [spec.zipf, spec.zipf_s] {
+        if !(0.0..=5.0).contains(&z) {
+            return Err(CycloError::Spec(format!(
+                "zipf exponent {z} is outside 0..=5"
+            )));
+        }
     }
     let n = spec.nodes.len() as u64;
     if spec.r_rows.div_ceil(n) > u64::from(u32::MAX)

@@ -144,12 +144,26 @@ async fn equi_band_and_theta_joins_equal_the_reference_on_rings_of_one_to_four()
                 0.0,
             ),
         ];
+        // Duplicate keys in the stationary side's hash table (skewed S).
+        cases.push((CycloAlgorithm::Hash, 3000, 2000, -0.9));
+        cases.push((
+            CycloAlgorithm::SortMerge(MergePredicate::Band { c1: 1, c2: 1 }),
+            1500,
+            1000,
+            -0.9,
+        ));
         // Fewer rows than nodes: some nodes have empty parts.
         cases.push((CycloAlgorithm::Hash, 2, 3, 0.0));
         cases.push((CycloAlgorithm::SortMerge(MergePredicate::Eq), 0, 5, 0.0));
         for (algo, r_rows, s_rows, zipf) in cases {
             let mut spec = CycloSpec::new(vec![], 0, algo.clone());
-            (spec.r_rows, spec.s_rows, spec.zipf) = (r_rows, s_rows, zipf);
+            // A negative exponent here means: skew S's keys instead of R's.
+            (spec.r_rows, spec.s_rows) = (r_rows, s_rows);
+            (spec.zipf, spec.zipf_s) = if zipf < 0.0 {
+                (0.0, -zipf)
+            } else {
+                (zipf, 0.0)
+            };
             spec.options = small_options();
             let want = reference(&spec);
             for (rotate, prepare, forward) in [
