@@ -174,6 +174,39 @@ pub async fn barrier(t: &dyn Transport, ring: &RingSpec, exchange: u32) -> Resul
     all_to_all(t, ring, exchange, &[0]).await.map(|_| ())
 }
 
+/// What [`PreparedCycloJoin::prepare`] would refuse in this node's inputs.
+fn check_inputs(
+    left: &Relation<'_>,
+    right: &Relation<'_>,
+    algorithm: &CycloAlgorithm,
+    options: &CycloOptions,
+) -> Result<()> {
+    algorithm.check()?;
+    options.roundabout.check()?;
+    if left.keys.domain() != right.keys.domain() {
+        return Err(CycloError::Join(crate::JoinError::DomainMismatch {
+            left: left.keys.domain(),
+            right: right.keys.domain(),
+        }));
+    }
+    for (name, rel) in [("left", left), ("right", right)] {
+        if rel.keys.len() > crate::MAX_ROWS {
+            return Err(CycloError::Join(crate::JoinError::TooManyRows {
+                rows: rel.keys.len(),
+                max: crate::MAX_ROWS,
+            }));
+        }
+        if let Some(c) = rel.payload.iter().position(|c| c.len() != rel.keys.len()) {
+            return Err(CycloError::Spec(format!(
+                "{name} payload column {c} has {} rows, its keys {}",
+                rel.payload[c].len(),
+                rel.keys.len()
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Step 1: agree on the plan (exchange `ring.exchange + 1`). Every ring member calls it.
 pub async fn agree(
     t: &dyn Transport,
@@ -184,14 +217,9 @@ pub async fn agree(
     options: &CycloOptions,
 ) -> Result<RingPlan> {
     ring.check(t)?;
-    algorithm.check()?;
-    options.roundabout.check()?;
-    if left.keys.domain() != right.keys.domain() {
-        return Err(CycloError::Join(crate::JoinError::DomainMismatch {
-            left: left.keys.domain(),
-            right: right.keys.domain(),
-        }));
-    }
+    // Errors in this node's own inputs are reported to the ring first (a flag in the
+    // message), so that the other members fail too instead of waiting for this one.
+    let local = check_inputs(left, right, algorithm, options);
     let mine = [
         left.keys.valid_count() as u64,
         right.keys.valid_count() as u64,
@@ -201,15 +229,21 @@ pub async fn agree(
         right.payload.len() as u64,
         options.radix_cache_bytes as u64,
         u64::from(options.radix_max_bits_per_pass),
-        0,
+        u64::from(local.is_err()),
         0,
     ];
     let all = all_to_all(t, ring, ring.exchange + 1, &mine).await?;
+    local?;
     for (i, theirs) in all.iter().enumerate() {
         let who = node_name(ring.nodes[i]);
         if theirs.len() != AGREE_WORDS {
             return Err(CycloError::Protocol(format!(
                 "{who} did not report its sizes"
+            )));
+        }
+        if theirs[8] != 0 {
+            return Err(CycloError::Disagreement(format!(
+                "{who} refused its inputs (see its error)"
             )));
         }
         if theirs[3] != mine[3] {

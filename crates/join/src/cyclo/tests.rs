@@ -459,6 +459,61 @@ async fn failures_and_disagreements_end_every_node_with_an_error() {
         "{res:?}"
     );
 
+    // One node's bad input (a payload column too short) fails every node.
+    let short = [1u64, 2];
+    let handles: Vec<_> = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let (t, ids) = (t.clone(), ids.clone());
+            tokio::spawn(async move {
+                let ring = RingSpec {
+                    nodes: ids,
+                    index: i,
+                    query: 7003,
+                    exchange: 0,
+                };
+                let keys: Vec<u64> = (0..10).collect();
+                let payload: &[u64] = if i == 2 { &short } else { &keys };
+                let rel = Relation {
+                    keys: Keys::unsigned(&keys),
+                    payload: vec![payload],
+                };
+                let algo = CycloAlgorithm::Hash;
+                let res = cyclo_join(
+                    &t,
+                    &ring,
+                    &rel,
+                    &rel,
+                    &algo,
+                    &small_options(),
+                    Collect::default(),
+                )
+                .await
+                .map(|_| ());
+                t.release_query(7003);
+                res
+            })
+        })
+        .collect();
+    let mut res = vec![];
+    for h in handles {
+        res.push(
+            tokio::time::timeout(within, h)
+                .await
+                .expect("no hang")
+                .unwrap(),
+        );
+    }
+    assert!(
+        matches!(&res[2], Err(CycloError::Spec(m)) if m.contains("payload")),
+        "{res:?}"
+    );
+    assert!(
+        matches!(&res[0], Err(CycloError::Disagreement(m)) if m.contains("worker 3")),
+        "{res:?}"
+    );
+
     // A spec naming another node is refused before anything is sent.
     let spec = CycloSpec::new(ids.clone(), 1, CycloAlgorithm::Hash);
     let err = run_cyclo(&spec, &nodes[0]).await.unwrap_err();
