@@ -15,7 +15,7 @@
 use std::time::Instant;
 
 use gyre_join::cyclo::{
-    CycloFigures, CycloSpec, ForwardPolicy, Rotate, loopback_ring, parse_algorithm, run_on,
+    CycloSpec, ForwardPolicy, Rotate, format_table, loopback_ring, parse_algorithm, run_on,
 };
 use gyre_transport::TransportConfig;
 
@@ -26,61 +26,6 @@ fn usage() -> ! {
          --rotate smaller|left|right --seed S"
     );
     std::process::exit(2)
-}
-
-fn ms(d: std::time::Duration) -> f64 {
-    d.as_secs_f64() * 1e3
-}
-
-fn print_ring(figures: &[CycloFigures], wall: f64) {
-    println!(
-        "  {:>4} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>6} {:>8} {:>8} {:>11} {:>18}",
-        "node",
-        "setupS ms",
-        "setupR ms",
-        "join ms",
-        "sync ms",
-        "ring ms",
-        "txwait ms",
-        "frags",
-        "MB sent",
-        "MB recv",
-        "results",
-        "checksum"
-    );
-    for f in figures {
-        println!(
-            "  {:>4} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>6} {:>8.1} {:>8.1} {:>11} {:>18x}",
-            f.node,
-            ms(f.setup.stationary),
-            ms(f.setup.rotating),
-            ms(f.ring.join),
-            ms(f.ring.sync),
-            ms(f.ring.elapsed),
-            ms(f.ring.transmit_wait),
-            f.ring.fragments_joined,
-            f.ring.bytes_sent as f64 / 1e6,
-            f.ring.bytes_received as f64 / 1e6,
-            f.results,
-            f.checksum
-        );
-    }
-    let results: u64 = figures.iter().map(|f| f.results).sum();
-    let checksum = figures.iter().fold(0u64, |a, f| a.wrapping_add(f.checksum));
-    let max = |g: fn(&CycloFigures) -> f64| figures.iter().map(g).fold(0.0, f64::max);
-    println!(
-        "  ring of {}: rotating {:?}; max setup {:.1} ms, max join {:.1} ms, max sync {:.1} ms, \
-         max ring {:.1} ms; wall {:.1} ms; {} results, checksum {:x}",
-        figures.len(),
-        figures[0].rotating,
-        max(|f| ms(f.setup.total())),
-        max(|f| ms(f.ring.join)),
-        max(|f| ms(f.ring.sync)),
-        max(|f| ms(f.ring.elapsed)),
-        wall,
-        results,
-        checksum
-    );
 }
 
 #[tokio::main]
@@ -164,7 +109,11 @@ async fn main() {
                 std::process::exit(1);
             }
         };
-        print_ring(&figures, ms(start.elapsed()));
+        print!("{}", format_table(&figures));
+        println!(
+            "wall time of the ring {:.1} ms",
+            start.elapsed().as_secs_f64() * 1e3
+        );
         totals.push((
             figures.iter().map(|f| f.results).sum::<u64>(),
             figures.iter().fold(0u64, |a, f| a.wrapping_add(f.checksum)),

@@ -412,6 +412,66 @@ async fn run_ring(spec: &CycloSpec, t: &dyn Transport, ring: &RingSpec) -> Resul
     })
 }
 
+/// The figures of one run as a table: a row per node (times in ms, fragment bytes in
+/// MB) and a summary line with the maxima over nodes, the result count and the checksum
+/// summed over nodes (the same on any ring size for the same spec).
+pub fn format_table(figures: &[CycloFigures]) -> String {
+    use std::fmt::Write;
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let mut out = format!(
+        "{:>5} {:>10} {:>10} {:>9} {:>9} {:>9} {:>10} {:>6} {:>8} {:>8} {:>11} {:>16}\n",
+        "node",
+        "setupS ms",
+        "setupR ms",
+        "join ms",
+        "sync ms",
+        "ring ms",
+        "txwait ms",
+        "frags",
+        "MB sent",
+        "MB recv",
+        "results",
+        "checksum"
+    );
+    for f in figures {
+        let _ = writeln!(
+            out,
+            "{:>5} {:>10.1} {:>10.1} {:>9.1} {:>9.1} {:>9.1} {:>10.1} {:>6} {:>8.1} {:>8.1} {:>11} {:>16x}",
+            f.node,
+            ms(f.setup.stationary),
+            ms(f.setup.rotating),
+            ms(f.ring.join),
+            ms(f.ring.sync),
+            ms(f.ring.elapsed),
+            ms(f.ring.transmit_wait),
+            f.ring.fragments_joined,
+            f.ring.bytes_sent as f64 / 1e6,
+            f.ring.bytes_received as f64 / 1e6,
+            f.results,
+            f.checksum
+        );
+    }
+    let max = |g: &dyn Fn(&CycloFigures) -> Duration| {
+        figures.iter().map(|f| ms(g(f))).fold(0.0, f64::max)
+    };
+    let results: u64 = figures.iter().map(|f| f.results).sum();
+    let checksum = figures.iter().fold(0u64, |a, f| a.wrapping_add(f.checksum));
+    let _ = writeln!(
+        out,
+        "ring of {}: {:?} rotates; max setup {:.1} ms, max join {:.1} ms, max sync {:.1} ms, \
+         max ring {:.1} ms; {} results, checksum {:x}",
+        figures.len(),
+        figures.first().map_or(Side::Left, |f| f.rotating),
+        max(&|f| f.setup.total()),
+        max(&|f| f.ring.join),
+        max(&|f| f.ring.sync),
+        max(&|f| f.ring.elapsed),
+        results,
+        checksum
+    );
+    out
+}
+
 /// `n` TCP transports (nodes 1..=n) in this process, connected over loopback.
 pub async fn loopback_ring(n: usize, config: TransportConfig) -> Result<Vec<TcpTransport>> {
     let any: SocketAddr = "127.0.0.1:0".parse().expect("address");

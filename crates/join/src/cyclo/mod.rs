@@ -26,7 +26,9 @@ pub mod roundabout;
 #[cfg(test)]
 mod tests;
 
-pub use bench::{CycloFigures, CycloSpec, loopback_ring, parse_algorithm, run_cyclo, run_on};
+pub use bench::{
+    CycloFigures, CycloSpec, format_table, loopback_ring, parse_algorithm, run_cyclo, run_on,
+};
 pub use error::CycloError;
 pub use fragment::{FragmentForm, FragmentView};
 pub use join::{
