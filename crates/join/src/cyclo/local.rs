@@ -79,7 +79,12 @@ impl ThetaPredicate {
         match self {
             ThetaPredicate::Merge(p) => p.holds(left, right),
             ThetaPredicate::DiffMod { modulus, remainder } => {
-                (left - right).rem_euclid(i128::from(*modulus)) == i128::from(*remainder)
+                let d = left - right;
+                // A 64-bit remainder is one instruction, a 128-bit one a library call.
+                match i64::try_from(d) {
+                    Ok(d) => d.rem_euclid(*modulus) == *remainder,
+                    Err(_) => d.rem_euclid(i128::from(*modulus)) == i128::from(*remainder),
+                }
             }
             ThetaPredicate::Custom { pred, .. } => pred(left, right),
         }
@@ -445,6 +450,23 @@ mod tests {
                     assert_eq!(p.holds(l, r), flip(p).holds(r, l), "{p:?} {l} {r}");
                 }
             }
+        }
+    }
+
+    #[test]
+    fn diff_mod_is_exact_beyond_64_bits() {
+        let t = ThetaPredicate::DiffMod {
+            modulus: 7,
+            remainder: 3,
+        };
+        for (l, r) in [
+            (u64::MAX as i128, -5i128),
+            (-(u64::MAX as i128), 9),
+            (12, 2),
+            (-4, 0),
+            (i64::MIN as i128, 1),
+        ] {
+            assert_eq!(t.holds(l, r), (l - r).rem_euclid(7) == 3, "{l} {r}");
         }
     }
 
