@@ -314,7 +314,11 @@ pub async fn run_roundabout<J: JoinEntity>(
         match res {
             Ok(()) => Ok((entity, figs)),
             Err(e) => {
-                *entity_failure.lock().expect("failure slot") = Some(e.clone());
+                // The entity's own failure explains the others' "entity stopped"; a
+                // transmitter that went away has its own error to report.
+                if e != entity_gone() {
+                    *entity_failure.lock().expect("failure slot") = Some(e.clone());
+                }
                 Err(e)
             }
         }
