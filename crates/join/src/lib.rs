@@ -12,6 +12,7 @@
 //! operators are built on top of them.
 
 pub mod cache;
+pub mod cyclo;
 pub mod error;
 pub mod keys;
 mod memory;

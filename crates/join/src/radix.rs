@@ -424,6 +424,62 @@ impl RadixHashTable {
     }
 }
 
+impl RadixHashTable {
+    /// Join phase for a probe fragment whose rows are already grouped by this table's
+    /// partitions, e.g. partitioned once at its origin and shipped in that form to every
+    /// node of a cyclo-join ring: rows `bounds[k]..bounds[k + 1]` of `probe` belong to
+    /// partition `k`. Joins partition by partition like [`Self::join_partitioned`],
+    /// without a partitioning pass. Pairs are `(build_row, probe_row)`; a row in the wrong
+    /// group still finds its matches (lookups hash every key), only slower.
+    pub fn probe_grouped(&self, probe: &Keys, bounds: &[u32], threads: usize) -> Result<JoinPairs> {
+        check_domains(self.domain, probe.domain())?;
+        probe.check_rows()?;
+        let partitions = 1usize << self.layout.partition_bits();
+        if bounds.len() != partitions + 1
+            || bounds[0] != 0
+            || bounds[partitions] as usize != probe.len()
+            || bounds.windows(2).any(|w| w[0] > w[1])
+        {
+            return Err(JoinError::LayoutMismatch);
+        }
+        let threads = resolve_threads(threads);
+        let groups = balance_regions(bounds, threads);
+        let bucket_bits = self.layout.bucket_bits;
+        let run = |parts: std::ops::Range<usize>| {
+            let rows = (bounds[parts.end] - bounds[parts.start]) as usize;
+            let mut out = JoinPairs::with_capacity(rows);
+            for k in parts {
+                let range = bounds[k] as usize..bounds[k + 1] as usize;
+                if range.is_empty() {
+                    continue;
+                }
+                let dir = &self.directory[k << bucket_bits..=(k + 1) << bucket_bits];
+                let build = &self.tuples[dir[0] as usize..dir[dir.len() - 1] as usize];
+                if range.len() >= 16 {
+                    warm(build, dir);
+                }
+                probe.for_each_valid(range, |row, key| self.lookup(key, row as u32, &mut out));
+            }
+            out
+        };
+        if groups.len() == 2 {
+            return Ok(run(0..groups[1]));
+        }
+        let parts = std::thread::scope(|s| {
+            let hs: Vec<_> = groups
+                .windows(2)
+                .map(|g| {
+                    let run = &run;
+                    let r = g[0]..g[1];
+                    s.spawn(move || run(r))
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        Ok(JoinPairs::concat(parts))
+    }
+}
+
 /// Reads one word per cache line of a build partition and its directory.
 #[inline(never)]
 fn warm(build: &[Tuple], dir: &[u32]) {
@@ -566,6 +622,33 @@ mod tests {
             radix_join_arrays(&b, &u, &RadixConfig::default()),
             Err(JoinError::DomainMismatch { .. })
         ));
+    }
+
+    #[test]
+    fn grouped_probes_need_bounds_of_the_tables_layout() {
+        let k: Vec<u64> = (0..5000).map(|i| i % 777).collect();
+        let layout = RadixLayout::new(vec![2], 5).unwrap();
+        let table = RadixHashTable::build_with_layout(&Keys::unsigned(&k), layout, 1).unwrap();
+        let mut probe: Vec<u64> = (0..3000).map(|i| (i * 7) % 900).collect();
+        probe.sort_by_key(|&x| top_bits(hash_key(x), 2));
+        let mut bounds = vec![0u32; 5];
+        for &x in &probe {
+            bounds[top_bits(hash_key(x), 2) + 1] += 1;
+        }
+        for i in 0..4 {
+            bounds[i + 1] += bounds[i];
+        }
+        let want = table.probe_direct(&Keys::unsigned(&probe), 1).sorted();
+        for threads in [1, 3] {
+            let got = table.probe_grouped(&Keys::unsigned(&probe), &bounds, threads);
+            assert_eq!(got.unwrap().sorted(), want);
+        }
+        assert_eq!(
+            table
+                .probe_grouped(&Keys::unsigned(&probe), &bounds[..4], 1)
+                .unwrap_err(),
+            JoinError::LayoutMismatch
+        );
     }
 
     #[test]

@@ -19,8 +19,8 @@ use arrow_array::Array;
 
 use crate::KeyDomain;
 use crate::cache::resolve_threads;
-use crate::error::Result;
-use crate::keys::{Keys, check_domains};
+use crate::error::{JoinError, Result};
+use crate::keys::{Keys, MAX_ROWS, check_domains};
 use crate::pairs::JoinPairs;
 use crate::partition::{
     KeySource, MIN_TUPLES_PER_THREAD, Tuple, scatter, split_even, zeroed_tuples,
@@ -271,6 +271,68 @@ pub fn merge_join(
     Ok(JoinPairs::concat(parts))
 }
 
+/// Join phase for a left run sorted elsewhere, e.g. a cyclo-join fragment that was sorted
+/// once at its origin and travels sorted (paper Sec. IV-D): `left[i]` are key bit
+/// patterns of `domain`, ascending in key order, and left rows are positions in the run.
+/// Output as [`merge_join`]. A run that is not sorted is refused (one sequential check).
+pub fn merge_join_run(
+    left: &[u64],
+    domain: KeyDomain,
+    right: &SortedKeys,
+    predicate: MergePredicate,
+    threads: usize,
+) -> Result<JoinPairs> {
+    check_domains(domain, right.domain)?;
+    if left.len() > MAX_ROWS {
+        return Err(JoinError::TooManyRows {
+            rows: left.len(),
+            max: MAX_ROWS,
+        });
+    }
+    if left
+        .windows(2)
+        .any(|w| domain.ordered(w[0]) > domain.ordered(w[1]))
+    {
+        return Err(JoinError::InvalidConfig(
+            "merge run is not sorted by key".into(),
+        ));
+    }
+    let r = &right.tuples[..];
+    let run = |chunk: std::ops::Range<usize>| {
+        let mut out = JoinPairs::with_capacity(chunk.len());
+        let (mut lo_p, mut hi_p) = (0usize, 0usize);
+        for (i, &bits) in left[chunk.clone()].iter().enumerate() {
+            let Some((lo, hi)) = predicate.window(domain.ordered(bits)) else {
+                continue;
+            };
+            lo_p = gallop(r, lo_p, |k| k < lo);
+            hi_p = gallop(r, hi_p.max(lo_p), |k| k <= hi);
+            let row = (chunk.start + i) as u32;
+            for m in &r[lo_p..hi_p] {
+                out.push(row, m.row);
+            }
+        }
+        out
+    };
+    let threads = resolve_threads(threads)
+        .min(left.len() / MIN_TUPLES_PER_THREAD)
+        .max(1);
+    if threads == 1 {
+        return Ok(run(0..left.len()));
+    }
+    let parts = std::thread::scope(|s| {
+        let hs: Vec<_> = split_even(left.len(), threads)
+            .into_iter()
+            .map(|c| {
+                let run = &run;
+                s.spawn(move || run(c))
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    Ok(JoinPairs::concat(parts))
+}
+
 /// One-shot sort-merge join of two key columns: `(left_row, right_row)` pairs.
 pub fn sort_merge_join(
     left: &Keys,
@@ -373,6 +435,38 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn presorted_runs_merge_like_sorted_keys() {
+        let s_keys: Vec<i64> = (0..50_000).map(|i| (i * 7919) % 20_011 - 10_000).collect();
+        let s = SortedKeys::sort(&Keys::signed(&s_keys), 2).unwrap();
+        let mut run: Vec<i64> = (0..70_000)
+            .map(|i| (i * 104_729) % 24_001 - 12_000)
+            .collect();
+        run.sort_unstable();
+        let bits: Vec<u64> = run.iter().map(|&v| v as u64).collect();
+        let sorted_run = SortedKeys::sort(&Keys::signed(&run), 1).unwrap();
+        for p in predicates().into_iter().filter(|p| {
+            matches!(p, MergePredicate::Eq)
+                || matches!(p, MergePredicate::Band { c1, .. } if *c1 < 10)
+        }) {
+            let want = merge_join(&sorted_run, &s, p, 1).unwrap().sorted();
+            for threads in [1, 3] {
+                let got = merge_join_run(&bits, KeyDomain::Signed, &s, p, threads).unwrap();
+                assert_eq!(got.sorted(), want, "{p:?}");
+            }
+        }
+        let unsorted = [3u64, 1];
+        assert!(matches!(
+            merge_join_run(&unsorted, KeyDomain::Unsigned, &s, MergePredicate::Eq, 1),
+            Err(JoinError::DomainMismatch { .. })
+        ));
+        let u = SortedKeys::sort(&Keys::unsigned(&[1, 2]), 1).unwrap();
+        assert!(matches!(
+            merge_join_run(&unsorted, KeyDomain::Unsigned, &u, MergePredicate::Eq, 1),
+            Err(JoinError::InvalidConfig(_))
+        ));
     }
 
     #[test]
