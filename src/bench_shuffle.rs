@@ -15,19 +15,15 @@
 //! Utilisation is payload bytes per second over the measured capacity (TCP
 //! payload bytes per second of one raw stream on the same links).
 
+use crate::bench_cluster::{BoxError, EmulatedCluster, human_bytes, list, with_progress};
 use clap::Args;
 use gyre_cluster::protocol::{ControlClient, Request, Response, ShuffleFigures, ShuffleRun};
 use gyre_cluster::{Coordinator, LocalCluster};
-use gyre_testbed::{
-    BlastHelper, BlastOptions, ClusterName, CpuQuota, GyreProcesses, LinkRate, Testbed,
-    TestbedSpec, sys,
-};
+use gyre_testbed::{ClusterName, CpuQuota, LinkRate};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
-
-type BoxError = Box<dyn std::error::Error>;
+use std::time::Instant;
 
 #[derive(Args, Clone)]
 pub struct ShuffleArgs {
@@ -138,13 +134,6 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     Ok(v as u64)
 }
 
-fn list(s: &str) -> Vec<String> {
-    s.split(',')
-        .map(|p| p.trim().to_ascii_lowercase())
-        .filter(|p| !p.is_empty())
-        .collect()
-}
-
 impl ShuffleArgs {
     fn runs(&self) -> Result<Vec<ShuffleRun>, BoxError> {
         let total_bytes = parse_size(&self.bytes)?;
@@ -201,7 +190,7 @@ pub async fn run(args: ShuffleArgs) -> Result<(), BoxError> {
 /// Runs one configuration on the cluster behind `client`, showing progress meanwhile.
 async fn remote_run(client: &ControlClient, run: ShuffleRun) -> Result<ShuffleResult, BoxError> {
     let label = format!(
-        "{} of {} with the {} schedule",
+        "shuffling: {} of {} with the {} schedule",
         run.pattern,
         human_bytes(run.total_bytes as f64),
         run.schedule
@@ -211,24 +200,6 @@ async fn remote_run(client: &ControlClient, run: ShuffleRun) -> Result<ShuffleRe
     match figures {
         Response::ShuffleResults(workers) => Ok(result(&run, workers, false)),
         other => Err(format!("unexpected reply {other:?}").into()),
-    }
-}
-
-/// Awaits `fut`, printing the elapsed time on standard error every second.
-async fn with_progress<T>(label: &str, fut: impl std::future::Future<Output = T>) -> T {
-    let start = Instant::now();
-    eprintln!("shuffling: {label}...");
-    let mut fut = std::pin::pin!(fut);
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
-    tick.tick().await;
-    loop {
-        tokio::select! {
-            out = &mut fut => {
-                eprintln!("  done in {:.1} s", start.elapsed().as_secs_f64());
-                return out;
-            }
-            _ = tick.tick() => eprintln!("  {:.0} s...", start.elapsed().as_secs_f64()),
-        }
     }
 }
 
@@ -294,7 +265,7 @@ async fn loopback(
     let mut results = vec![];
     for run in &runs {
         let label = format!(
-            "{} of {} over {} embedded workers ({})",
+            "shuffling: {} of {} over {} embedded workers ({})",
             run.pattern,
             human_bytes(run.total_bytes as f64),
             args.nodes,
@@ -349,79 +320,34 @@ fn measure_memcpy(total: u64, chunk: usize) -> Memcpy {
 /// Builds an emulated cluster, measures its links, runs the shuffles from the
 /// coordinator's host, and removes the cluster.
 async fn emulated(args: &ShuffleArgs) -> Result<ShuffleBenchReport, BoxError> {
-    sys::require_root("gyre bench shuffle on an emulated cluster")?;
-    let link: LinkRate = args.link.parse()?;
-    let mut spec = TestbedSpec::new(args.name.clone(), args.nodes, link);
-    spec.cpus = args.cpus;
-    spec.gyre = Some(GyreProcesses::current_exe()?);
-    eprintln!(
-        "building an emulated cluster of {} hosts with {link} links{}...",
-        args.nodes,
-        args.cpus
-            .map(|c| format!(" and {c} CPU each"))
-            .unwrap_or_default()
-    );
-    let tb = tokio::task::spawn_blocking(move || Testbed::up(spec)).await??;
-    let outcome = async {
-        eprintln!("measuring the link capacity (one raw TCP stream h0 -> h1, 3 s)...");
-        let capacity = {
-            let (hosts, helper) = (tb.worker_hosts().to_vec(), BlastHelper::gyre()?);
-            let tb = &tb;
-            let options = BlastOptions {
-                duration: Duration::from_secs(3),
-                ..Default::default()
-            };
-            tokio::task::block_in_place(|| {
-                gyre_testbed::measure_capacity(tb, &helper, &hosts[0], &hosts[1], options)
-            })?
-        };
-        eprintln!(
-            "  {:.1} Mbit/s ({:.1}% of {link})",
-            capacity.bits_per_sec() / 1e6,
-            100.0 * capacity.bits_per_sec() / link.bits_per_sec() as f64
-        );
-        let addr = tb
-            .coordinator_addr()
-            .ok_or("the emulated cluster has no coordinator")?;
-        // The coordinator is only reachable inside the cluster: run this command
-        // again from the coordinator's host, against it.
-        let exe = std::env::current_exe()?;
-        let mut cmd = tb.coordinator_host().command(&exe);
-        cmd.args(["bench", "shuffle", "--connect", &addr.to_string()])
-            .args(["--nodes", &args.nodes.to_string()])
-            .args(["--pattern", &args.pattern, "--schedule", &args.schedule])
-            .args(["--bytes", &args.bytes, "--message-size", &args.message_size])
-            .args(["--repeat", &args.repeat.to_string(), "--json", "-"])
-            .stderr(std::process::Stdio::inherit());
-        let out = tokio::task::spawn_blocking(move || cmd.output()).await??;
-        if !out.status.success() {
-            return Err::<_, BoxError>(
-                format!(
-                    "the shuffle on the emulated cluster failed ({})",
-                    out.status
-                )
-                .into(),
-            );
-        }
-        let inner: ShuffleBenchReport = serde_json::from_slice(&out.stdout)?;
-        Ok(report(args, Some(capacity.bytes_per_sec), None, inner.runs))
-    }
-    .await;
-    eprintln!("removing the emulated cluster...");
-    let down = tokio::task::spawn_blocking(move || tb.down()).await?;
-    let report = outcome?;
-    down?;
-    Ok(report)
-}
-
-fn human_bytes(b: f64) -> String {
-    if b >= 1e9 {
-        format!("{:.2} GB", b / 1e9)
-    } else if b >= 1e6 {
-        format!("{:.1} MB", b / 1e6)
-    } else {
-        format!("{:.0} KB", b / 1e3)
-    }
+    let cluster = EmulatedCluster {
+        name: args.name.clone(),
+        nodes: args.nodes,
+        link: args.link.parse()?,
+        cpus: args.cpus,
+    };
+    let inner: Vec<String> = [
+        "bench",
+        "shuffle",
+        "--nodes",
+        &args.nodes.to_string(),
+        "--pattern",
+        &args.pattern,
+        "--schedule",
+        &args.schedule,
+        "--bytes",
+        &args.bytes,
+        "--message-size",
+        &args.message_size,
+        "--repeat",
+        &args.repeat.to_string(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let (capacity, stdout) = cluster.run("gyre bench shuffle", true, inner).await?;
+    let inner: ShuffleBenchReport = serde_json::from_slice(&stdout)?;
+    Ok(report(args, capacity, None, inner.runs))
 }
 
 fn emit(args: &ShuffleArgs, r: &ShuffleBenchReport) -> Result<(), BoxError> {

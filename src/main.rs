@@ -1,6 +1,8 @@
 //! The `gyre` command: coordinator, worker, embedded cluster, SQL client, benchmarks.
 
 mod bench;
+mod bench_cluster;
+mod bench_join;
 mod bench_kernels;
 mod bench_shuffle;
 mod client;
@@ -97,6 +99,8 @@ enum Command {
 enum BenchCommand {
     /// All-to-all repartition or broadcast between the workers, against the link rate.
     Shuffle(Box<bench_shuffle::ShuffleArgs>),
+    /// Distributed join strategies on synthetic (optionally Zipf-skewed) data.
+    Join(Box<bench_join::JoinArgs>),
     /// Local join kernels (radix hash, sort-merge) next to DataFusion's hash join.
     Kernels(bench_kernels::KernelArgs),
 }
@@ -224,6 +228,7 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
         Command::Local(args) => run_local(args).await,
         Command::Cluster(command) => cluster::run(command),
         Command::Bench(BenchCommand::Shuffle(args)) => bench_shuffle::run(*args).await,
+        Command::Bench(BenchCommand::Join(args)) => bench_join::run(*args).await,
         Command::Bench(BenchCommand::Kernels(args)) => bench_kernels::run(args).await,
         Command::Sql { connect, input } => {
             let client = client::RemoteClient::connect(&connect).await?;

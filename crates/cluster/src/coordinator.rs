@@ -254,6 +254,22 @@ impl Coordinator {
         }
     }
 
+    /// The workers of a benchmark run: the ones named, else all live ones; at least `min`.
+    fn bench_nodes(&self, nodes: Vec<NodeId>, min: usize, what: &str) -> Result<Vec<NodeId>> {
+        let nodes = if nodes.is_empty() {
+            self.live_workers()
+        } else {
+            nodes
+        };
+        if nodes.len() < min {
+            return plan_err!(
+                "{what} needs at least {min} workers, {} are alive",
+                nodes.len()
+            );
+        }
+        Ok(nodes)
+    }
+
     /// Handles a control message from a worker.
     pub async fn handle_control(self: &Arc<Self>, req: Request) -> Result<Response> {
         match req {
@@ -298,15 +314,7 @@ impl Coordinator {
                 }
             }
             Request::BenchShuffle(mut run) => {
-                if run.nodes.is_empty() {
-                    run.nodes = self.live_workers();
-                }
-                if run.nodes.len() < 2 {
-                    return plan_err!(
-                        "a shuffle benchmark needs at least two workers, {} are alive",
-                        run.nodes.len()
-                    );
-                }
+                run.nodes = self.bench_nodes(run.nodes, 2, "a shuffle benchmark")?;
                 run.run_id = self.next_query.fetch_add(1, Ordering::SeqCst);
                 let nodes = run.nodes.clone();
                 let replies = self.broadcast(&nodes, Request::BenchShuffle(run)).await?;
@@ -318,6 +326,20 @@ impl Coordinator {
                     })
                     .collect::<Result<Vec<_>>>()?;
                 Ok(Response::ShuffleResults(figures))
+            }
+            Request::BenchJoin(mut run) => {
+                run.nodes = self.bench_nodes(run.nodes, 1, "a join benchmark")?;
+                run.run_id = self.next_query.fetch_add(1, Ordering::SeqCst);
+                let nodes = run.nodes.clone();
+                let replies = self.broadcast(&nodes, Request::BenchJoin(run)).await?;
+                let figures = replies
+                    .into_iter()
+                    .map(|r| match r {
+                        Response::Joined(f) => Ok(f),
+                        other => Err(exec_err(format!("unexpected join reply {other:?}"))),
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                Ok(Response::JoinResults(figures))
             }
             Request::QueryFailed { query, error, .. } => {
                 if let Some(q) = self.running.lock().get(&query) {

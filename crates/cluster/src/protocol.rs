@@ -58,6 +58,9 @@ pub enum Request {
     /// Client to coordinator (empty `nodes`: all live workers), or coordinator to
     /// worker: run one synthetic shuffle between `nodes` (see `gyre_transport::bench`).
     BenchShuffle(ShuffleRun),
+    /// Client to coordinator (empty `nodes`: all live workers), or coordinator to
+    /// worker: run one synthetic distributed join between `nodes`.
+    BenchJoin(JoinRun),
     DropTable {
         name: String,
     },
@@ -79,6 +82,10 @@ pub enum Response {
     Shuffled(ShuffleFigures),
     /// Every worker's figures of a synthetic shuffle, in worker order.
     ShuffleResults(Vec<ShuffleFigures>),
+    /// One worker's figures of a synthetic join.
+    Joined(JoinFigures),
+    /// Every worker's figures of a synthetic join, in worker order.
+    JoinResults(Vec<JoinFigures>),
 }
 
 /// A synthetic shuffle run, as the control plane carries it.
@@ -92,6 +99,53 @@ pub struct ShuffleRun {
     pub message_size: u64,
     /// `free` or `phased`.
     pub schedule: String,
+}
+
+/// A synthetic distributed join (the thesis' and the cyclo-join paper's workload: 64-bit
+/// keys and payloads; build keys unique, probe keys uniform or Zipf over them), as the
+/// control plane carries it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct JoinRun {
+    pub run_id: u64,
+    pub nodes: Vec<NodeId>,
+    /// `cyclo-ALGORITHM` (`gyre_join::cyclo::parse_algorithm`).
+    pub strategy: String,
+    pub build_rows: u64,
+    pub probe_rows: u64,
+    /// Zipf exponent of the probe keys (0: uniform).
+    pub zipf: f64,
+    pub seed: u64,
+    /// Join threads per worker (0: all cores).
+    pub threads: u64,
+}
+
+/// What one worker measured in a synthetic join (seconds, tuples, bytes).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JoinFigures {
+    pub node: NodeId,
+    pub strategy: String,
+    /// Build and probe tuples this worker generated.
+    pub build_rows_local: u64,
+    pub probe_rows_local: u64,
+    /// From the start of the join (data in memory) to this worker's last result.
+    pub elapsed_s: f64,
+    /// Hash tables built, partitions or runs sorted: the part done once.
+    pub setup_s: f64,
+    /// Time in the join kernels.
+    pub join_s: f64,
+    /// Time the join waited for data from the network.
+    pub sync_s: f64,
+    /// Tuples this worker's join consumed (its share of the work).
+    pub tuples_joined: u64,
+    /// Bytes on the wire during the join.
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+    /// Result tuples on this worker and their order-independent checksum (the
+    /// workers' checksums add up, wrapping, to the same total whatever the strategy).
+    pub results: u64,
+    pub checksum: u64,
+    /// Strategy-specific figures (name, value).
+    pub details: Vec<(String, f64)>,
 }
 
 /// What one worker measured in a synthetic shuffle (seconds, bytes).

@@ -3,7 +3,8 @@
 
 use crate::codec::GyreCodec;
 use crate::protocol::{
-    ACTION, ControlClient, Request, Response, ShuffleFigures, ShuffleRun, decode, encode,
+    ACTION, ControlClient, JoinFigures, JoinRun, Request, Response, ShuffleFigures, ShuffleRun,
+    decode, encode,
 };
 use crate::session::worker_session;
 use crate::storage::WorkerStorage;
@@ -19,6 +20,7 @@ use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::display::DisplayableExecutionPlan;
 use futures::stream::BoxStream;
 use gyre_exchange::QueryContext;
+use gyre_join::cyclo;
 use gyre_transport::bench::{ShuffleSpec, run_shuffle};
 use gyre_transport::{NodeId, TcpTransport, Transport, TransportConfig, node_name};
 use parking_lot::Mutex;
@@ -201,6 +203,7 @@ impl Worker {
                 metrics,
             } => Ok(self.finish_query(query, commit, metrics)),
             Request::BenchShuffle(run) => Ok(Response::Shuffled(self.bench_shuffle(run).await?)),
+            Request::BenchJoin(run) => Ok(Response::Joined(self.bench_join(run).await?)),
             other => Err(DataFusionError::Execution(format!(
                 "workers do not handle {other:?}"
             ))),
@@ -297,6 +300,66 @@ impl Worker {
             recv_elapsed_s: r.recv_elapsed.as_secs_f64(),
             process_cpu_s: r.process_cpu.map(|d| d.as_secs_f64()),
             mux_cpu_s: r.mux_cpu.map(|d| d.as_secs_f64()),
+        })
+    }
+
+    /// Takes part in a synthetic distributed join between the workers of `run`.
+    async fn bench_join(&self, run: JoinRun) -> Result<JoinFigures> {
+        let bad = |e: String| DataFusionError::Execution(format!("join benchmark: {e}"));
+        let index = run
+            .nodes
+            .iter()
+            .position(|n| *n == self.node)
+            .ok_or_else(|| bad(format!("{} is not one of its nodes", node_name(self.node))))?;
+        let Some(algorithm) = run.strategy.strip_prefix("cyclo-") else {
+            return Err(bad(format!(
+                "unknown strategy '{}' (expected cyclo-ALGORITHM)",
+                run.strategy
+            )));
+        };
+        let algorithm = cyclo::parse_algorithm(algorithm).map_err(|e| bad(e.to_string()))?;
+        let mut spec = cyclo::CycloSpec::new(run.nodes, index, algorithm);
+        spec.r_rows = run.probe_rows;
+        spec.s_rows = run.build_rows;
+        spec.zipf = run.zipf;
+        spec.seed = run.seed;
+        spec.options.threads = run.threads as usize;
+        spec.run_id = run.run_id;
+        let f = cyclo::run_cyclo(&spec, &self.transport)
+            .await
+            .map_err(|e| bad(format!("{} failed: {e}", node_name(self.node))))?;
+        let ring = &f.ring;
+        Ok(JoinFigures {
+            node: f.node,
+            strategy: run.strategy,
+            build_rows_local: f.s_rows_local,
+            probe_rows_local: f.r_rows_local,
+            elapsed_s: (f.setup.total() + ring.elapsed).as_secs_f64(),
+            setup_s: f.setup.total().as_secs_f64(),
+            join_s: ring.join.as_secs_f64(),
+            sync_s: ring.sync.as_secs_f64(),
+            tuples_joined: ring.rows_joined,
+            bytes_sent: f.wire_bytes_sent,
+            bytes_received: f.wire_bytes_received,
+            results: f.results,
+            checksum: f.checksum,
+            details: vec![
+                (
+                    "rotating_is_probe".into(),
+                    f64::from(u8::from(f.rotating == cyclo::Side::Left)),
+                ),
+                (
+                    "setup_stationary_s".into(),
+                    f.setup.stationary.as_secs_f64(),
+                ),
+                ("setup_rotating_s".into(), f.setup.rotating.as_secs_f64()),
+                ("ring_s".into(), ring.elapsed.as_secs_f64()),
+                ("transmit_wait_s".into(), ring.transmit_wait.as_secs_f64()),
+                ("fragments_joined".into(), ring.fragments_joined as f64),
+                ("fragment_bytes_sent".into(), ring.bytes_sent as f64),
+                ("buffers_high_water".into(), ring.buffers_high_water as f64),
+                ("generate_s".into(), f.generate.as_secs_f64()),
+            ],
         })
     }
 

@@ -1,0 +1,492 @@
+//! `gyre bench join`: distributed join strategies on the papers' synthetic workload.
+//!
+//! Build relation: unique 64-bit keys with 64-bit payloads; probe relation:
+//! keys drawn from the build keys, uniformly or Zipf-distributed (`--zipf`).
+//! Every worker generates its own slice of both, then all run the join
+//! together through their multiplexers; each reports its times (setup, join,
+//! sync: waiting for data), the tuples it joined (its share of the work), its
+//! bytes on the wire and an order-independent checksum of its results. Runs
+//! of the same predicate on the same data must agree on the result count and
+//! checksum, whatever the strategy and the number of workers; the command
+//! fails if they do not.
+//!
+//! Where it runs: an emulated cluster built for the run (`--link RATE`,
+//! `--cpus C` per host), embedded workers over loopback (`--link loopback`),
+//! or an existing cluster (`--connect ADDR`). `--nodes 1,2,4` runs the same
+//! configurations on clusters of each size (with `--per-node`, the data grows
+//! with the cluster).
+
+use crate::bench_cluster::{BoxError, EmulatedCluster, list, with_progress};
+use clap::Args;
+use gyre_cluster::LocalCluster;
+use gyre_cluster::protocol::{ControlClient, JoinFigures, JoinRun, Request, Response};
+use gyre_testbed::{ClusterName, CpuQuota, LinkRate};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+#[derive(Args, Clone)]
+pub struct JoinArgs {
+    /// Workers (emulated hosts or embedded workers); several separated by commas.
+    #[arg(long, default_value = "4")]
+    nodes: String,
+    /// Link rate of every emulated host (1gbit, 10gbit, ...), or `loopback`.
+    #[arg(long, default_value = "10gbit")]
+    link: String,
+    /// CPU quota of every emulated host (e.g. 0.5).
+    #[arg(long)]
+    cpus: Option<CpuQuota>,
+    /// Build tuples (unique keys): 4M, 16000000, ...
+    #[arg(long, default_value = "4M")]
+    build: String,
+    /// Probe tuples (keys drawn from the build keys).
+    #[arg(long, default_value = "4M")]
+    probe: String,
+    /// `--build` and `--probe` are per worker: the data grows with the cluster.
+    #[arg(long)]
+    per_node: bool,
+    /// Zipf exponents of the probe keys, separated by commas (0: uniform).
+    #[arg(long, default_value = "0")]
+    zipf: String,
+    /// Strategies separated by commas: cyclo-hash, cyclo-sort-merge, cyclo-band:C,
+    /// cyclo-lt|le|gt|ge, cyclo-nl-band:C, cyclo-theta:M:K (cyclo-join on the Data
+    /// Roundabout with that local algorithm).
+    #[arg(long, default_value = "cyclo-hash")]
+    strategy: String,
+    /// Join threads per worker (0: all cores of the host).
+    #[arg(long, default_value_t = 1)]
+    threads: u64,
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Runs of each configuration.
+    #[arg(long, default_value_t = 1)]
+    repeat: usize,
+    /// Use the running cluster whose coordinator is at ADDR.
+    #[arg(long)]
+    connect: Option<String>,
+    /// Name of the emulated cluster (namespaces gyre-NAME-*).
+    #[arg(long, default_value = "bench")]
+    name: ClusterName,
+    /// Write the results as JSON (`-`: standard output, nothing else printed there).
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Draw the results as an SVG plot (time over Zipf exponent, or over workers).
+    #[arg(long)]
+    plot: Option<PathBuf>,
+}
+
+/// One run's figures.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct JoinResult {
+    pub strategy: String,
+    pub nodes: usize,
+    pub build_rows: u64,
+    pub probe_rows: u64,
+    pub zipf: f64,
+    /// Slowest worker's elapsed time.
+    pub elapsed_s: f64,
+    /// (build + probe) tuples per second of `elapsed_s`.
+    pub tuples_per_sec: f64,
+    /// Largest setup, join and sync times over the workers.
+    pub setup_s: f64,
+    pub join_s: f64,
+    pub sync_s: f64,
+    /// Largest per-worker share of joined tuples over the mean (1 = balanced).
+    pub imbalance: f64,
+    pub results: u64,
+    pub checksum: u64,
+    pub workers: Vec<JoinFigures>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct JoinBenchReport {
+    pub link: String,
+    pub cpus: Option<f64>,
+    pub runs: Vec<JoinResult>,
+}
+
+/// Parses `4M`, `16000000`, `1.5G`, `64K` (decimal multipliers).
+fn parse_count(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let (num, mult) = match t.chars().last().map(|c| c.to_ascii_lowercase()) {
+        Some('k') => (&t[..t.len() - 1], 1e3),
+        Some('m') => (&t[..t.len() - 1], 1e6),
+        Some('g') => (&t[..t.len() - 1], 1e9),
+        _ => (t, 1.0),
+    };
+    let v: f64 = num
+        .parse()
+        .map_err(|_| format!("'{s}' is not a tuple count (e.g. 4M, 16000000)"))?;
+    if !(v.is_finite() && v >= 0.0) {
+        return Err(format!("'{s}' is not a tuple count"));
+    }
+    Ok((v * mult).round() as u64)
+}
+
+impl JoinArgs {
+    fn node_counts(&self) -> Result<Vec<usize>, BoxError> {
+        let counts = list(&self.nodes)
+            .iter()
+            .map(|n| match n.parse::<usize>() {
+                Ok(n) if n >= 1 => Ok(n),
+                _ => Err(format!("--nodes: '{n}' is not a worker count")),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        if counts.is_empty() {
+            return Err("--nodes: no worker count".into());
+        }
+        Ok(counts)
+    }
+
+    /// The runs on a cluster of `nodes` workers.
+    fn runs(&self, nodes: usize) -> Result<Vec<JoinRun>, BoxError> {
+        let scale = if self.per_node { nodes as u64 } else { 1 };
+        let build_rows = parse_count(&self.build).map_err(|e| format!("--build: {e}"))? * scale;
+        let probe_rows = parse_count(&self.probe).map_err(|e| format!("--probe: {e}"))? * scale;
+        let mut runs = vec![];
+        for strategy in list(&self.strategy) {
+            let Some(algorithm) = strategy.strip_prefix("cyclo-") else {
+                return Err(format!(
+                    "--strategy: unknown strategy '{strategy}' (expected cyclo-ALGORITHM)"
+                )
+                .into());
+            };
+            gyre_join::cyclo::parse_algorithm(algorithm).map_err(|e| format!("--strategy: {e}"))?;
+            for z in list(&self.zipf) {
+                let zipf: f64 = z
+                    .parse()
+                    .ok()
+                    .filter(|z: &f64| z.is_finite() && *z >= 0.0)
+                    .ok_or_else(|| format!("--zipf: '{z}' is not an exponent"))?;
+                for _ in 0..self.repeat.max(1) {
+                    runs.push(JoinRun {
+                        run_id: 0,
+                        nodes: vec![],
+                        strategy: strategy.clone(),
+                        build_rows,
+                        probe_rows,
+                        zipf,
+                        seed: self.seed,
+                        threads: self.threads,
+                    });
+                }
+            }
+        }
+        if runs.is_empty() {
+            return Err("no strategy or Zipf exponent to run".into());
+        }
+        Ok(runs)
+    }
+}
+
+pub async fn run(args: JoinArgs) -> Result<(), BoxError> {
+    let mut results = vec![];
+    for nodes in args.node_counts()? {
+        let runs = args.runs(nodes)?;
+        results.extend(if let Some(addr) = &args.connect {
+            let client = ControlClient::connect_lazy(addr)?;
+            let mut out = vec![];
+            for run in runs {
+                let request = Request::BenchJoin(run.clone());
+                out.push(figures(
+                    &run,
+                    with_progress(&label(&run), client.call(&request)).await?,
+                )?);
+            }
+            out
+        } else if args.link.eq_ignore_ascii_case("loopback") {
+            loopback(nodes, runs).await?
+        } else {
+            emulated(&args, nodes).await?
+        });
+    }
+    check_agreement(&results)?;
+    let report = JoinBenchReport {
+        link: if args.connect.is_some() {
+            "existing cluster".into()
+        } else {
+            args.link.clone()
+        },
+        cpus: args.cpus.map(|c| c.cpus()),
+        runs: results,
+    };
+    emit(&args, &report)
+}
+
+fn label(run: &JoinRun) -> String {
+    format!(
+        "joining: {} of {} build and {} probe tuples, Zipf {}",
+        run.strategy, run.build_rows, run.probe_rows, run.zipf
+    )
+}
+
+fn figures(run: &JoinRun, reply: Response) -> Result<JoinResult, BoxError> {
+    let Response::JoinResults(workers) = reply else {
+        return Err(format!("unexpected reply {reply:?}").into());
+    };
+    let max = |f: fn(&JoinFigures) -> f64| workers.iter().map(f).fold(0.0, f64::max);
+    let elapsed_s = max(|w| w.elapsed_s);
+    let joined: Vec<f64> = workers.iter().map(|w| w.tuples_joined as f64).collect();
+    let mean = joined.iter().sum::<f64>() / joined.len().max(1) as f64;
+    Ok(JoinResult {
+        strategy: run.strategy.clone(),
+        nodes: workers.len(),
+        build_rows: run.build_rows,
+        probe_rows: run.probe_rows,
+        zipf: run.zipf,
+        elapsed_s,
+        tuples_per_sec: (run.build_rows + run.probe_rows) as f64 / elapsed_s.max(1e-9),
+        setup_s: max(|w| w.setup_s),
+        join_s: max(|w| w.join_s),
+        sync_s: max(|w| w.sync_s),
+        imbalance: joined.iter().copied().fold(0.0, f64::max) / mean.max(1e-9),
+        results: workers.iter().map(|w| w.results).sum(),
+        checksum: workers.iter().fold(0u64, |a, w| a.wrapping_add(w.checksum)),
+        workers,
+    })
+}
+
+/// Embedded workers over loopback TCP.
+async fn loopback(nodes: usize, runs: Vec<JoinRun>) -> Result<Vec<JoinResult>, BoxError> {
+    let cluster = LocalCluster::start(nodes, 1, "127.0.0.1:0".parse()?).await?;
+    let mut out = vec![];
+    for run in runs {
+        let reply = with_progress(
+            &label(&run),
+            cluster
+                .coordinator
+                .handle_control(Request::BenchJoin(run.clone())),
+        )
+        .await?;
+        out.push(figures(&run, reply)?);
+    }
+    Ok(out)
+}
+
+async fn emulated(args: &JoinArgs, nodes: usize) -> Result<Vec<JoinResult>, BoxError> {
+    let cluster = EmulatedCluster {
+        name: args.name.clone(),
+        nodes,
+        link: args.link.parse::<LinkRate>()?,
+        cpus: args.cpus,
+    };
+    let mut inner: Vec<String> = [
+        "bench",
+        "join",
+        "--nodes",
+        &nodes.to_string(),
+        "--build",
+        &args.build,
+        "--probe",
+        &args.probe,
+        "--zipf",
+        &args.zipf,
+        "--strategy",
+        &args.strategy,
+        "--threads",
+        &args.threads.to_string(),
+        "--seed",
+        &args.seed.to_string(),
+        "--repeat",
+        &args.repeat.to_string(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    if args.per_node {
+        inner.push("--per-node".into());
+    }
+    let (_, stdout) = cluster.run("gyre bench join", false, inner).await?;
+    let report: JoinBenchReport = serde_json::from_slice(&stdout)?;
+    Ok(report.runs)
+}
+
+/// Which runs must return the same rows: equi-joins among themselves, any other
+/// predicate only with itself; always on the same data (sizes, skew, seed).
+fn result_class(r: &JoinResult) -> (String, u64, u64, String) {
+    let predicate = match r.strategy.as_str() {
+        "cyclo-hash" | "cyclo-sort-merge" => "equi".to_string(),
+        other => other.to_string(),
+    };
+    (predicate, r.build_rows, r.probe_rows, format!("{}", r.zipf))
+}
+
+fn check_agreement(runs: &[JoinResult]) -> Result<(), BoxError> {
+    let mut seen: BTreeMap<(String, u64, u64, String), &JoinResult> = BTreeMap::new();
+    for r in runs {
+        match seen.get(&result_class(r)) {
+            Some(first) if (first.results, first.checksum) != (r.results, r.checksum) => {
+                return Err(format!(
+                    "results disagree on the same data: {} on {} workers returned {} rows \
+                     (checksum {:#x}), {} on {} workers {} rows (checksum {:#x})",
+                    first.strategy,
+                    first.nodes,
+                    first.results,
+                    first.checksum,
+                    r.strategy,
+                    r.nodes,
+                    r.results,
+                    r.checksum
+                )
+                .into());
+            }
+            Some(_) => {}
+            None => {
+                seen.insert(result_class(r), r);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn emit(args: &JoinArgs, r: &JoinBenchReport) -> Result<(), BoxError> {
+    let to_stdout = args.json.as_deref() == Some(std::path::Path::new("-"));
+    if let Some(path) = &args.json {
+        let text = serde_json::to_string_pretty(r)?;
+        if to_stdout {
+            println!("{text}");
+        } else {
+            std::fs::write(path, text)?;
+        }
+    }
+    if let Some(path) = &args.plot {
+        std::fs::write(path, plot_svg(r))?;
+    }
+    if to_stdout {
+        return Ok(());
+    }
+    println!(
+        "{:<18} {:>5} {:>5} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8} {:>9} {:>11}",
+        "strategy",
+        "nodes",
+        "zipf",
+        "build",
+        "probe",
+        "time s",
+        "setup s",
+        "join s",
+        "sync s",
+        "imbalance",
+        "M tuples/s"
+    );
+    for run in &r.runs {
+        println!(
+            "{:<18} {:>5} {:>5} {:>9} {:>9} {:>8.3} {:>8.3} {:>8.3} {:>8.3} {:>9.2} {:>11.1}",
+            run.strategy,
+            run.nodes,
+            run.zipf,
+            run.build_rows,
+            run.probe_rows,
+            run.elapsed_s,
+            run.setup_s,
+            run.join_s,
+            run.sync_s,
+            run.imbalance,
+            run.tuples_per_sec / 1e6
+        );
+    }
+    println!("\nper worker (tuples joined / results):");
+    for run in &r.runs {
+        let shares: Vec<String> = run
+            .workers
+            .iter()
+            .map(|w| format!("w{} {}/{}", w.node, w.tuples_joined, w.results))
+            .collect();
+        println!(
+            "  {} on {}, Zipf {}: {}",
+            run.strategy,
+            run.nodes,
+            run.zipf,
+            shares.join(", ")
+        );
+    }
+    Ok(())
+}
+
+/// Time per strategy over the Zipf exponent, or over the workers when several
+/// cluster sizes ran; one polyline per strategy, setup/join/sync in the JSON.
+fn plot_svg(r: &JoinBenchReport) -> String {
+    let by_nodes = r
+        .runs
+        .iter()
+        .map(|x| x.nodes)
+        .collect::<std::collections::BTreeSet<_>>()
+        .len()
+        > 1;
+    let x_of = |x: &JoinResult| if by_nodes { x.nodes as f64 } else { x.zipf };
+    let mut series: BTreeMap<&str, Vec<(f64, f64)>> = BTreeMap::new();
+    for run in &r.runs {
+        series
+            .entry(run.strategy.as_str())
+            .or_default()
+            .push((x_of(run), run.elapsed_s));
+    }
+    let xs: Vec<f64> = r.runs.iter().map(x_of).collect();
+    let (x0, x1) = (
+        xs.iter().copied().fold(f64::INFINITY, f64::min),
+        xs.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+    );
+    let y1 = r.runs.iter().map(|x| x.elapsed_s).fold(1e-9, f64::max) * 1.1;
+    let (w, h, left, right, top, bottom) = (640.0, 400.0, 70.0, 160.0, 40.0, 50.0);
+    let px = |x: f64| {
+        if x1 > x0 {
+            left + (x - x0) / (x1 - x0) * (w - left - right)
+        } else {
+            left + (w - left - right) / 2.0
+        }
+    };
+    let py = |y: f64| h - bottom - y / y1 * (h - top - bottom);
+    let colours = ["#3b6fd4", "#d33", "#3a9d5d", "#b8860b", "#8a2be2", "#555"];
+    let mut s = format!(
+        "<svg xmlns='http://www.w3.org/2000/svg' width='{w}' height='{h}' font-family='sans-serif' font-size='11'>\n\
+         <rect width='100%' height='100%' fill='white'/>\n\
+         <text x='{left}' y='20' font-size='13'>gyre bench join ({} links): time over {}</text>\n",
+        r.link,
+        if by_nodes { "workers" } else { "Zipf exponent" }
+    );
+    for i in 0..=4 {
+        let v = y1 * i as f64 / 4.0;
+        s += &format!(
+            "<line x1='{left}' x2='{:.0}' y1='{:.1}' y2='{:.1}' stroke='#ddd'/><text x='5' y='{:.1}'>{v:.2} s</text>\n",
+            w - right,
+            py(v),
+            py(v),
+            py(v) + 4.0
+        );
+    }
+    let mut ticks: Vec<f64> = xs.clone();
+    ticks.sort_by(f64::total_cmp);
+    ticks.dedup();
+    for t in ticks {
+        s += &format!(
+            "<text x='{:.1}' y='{:.0}' text-anchor='middle'>{t}</text>\n",
+            px(t),
+            h - bottom + 16.0
+        );
+    }
+    for (i, (name, mut points)) in series.into_iter().enumerate() {
+        let c = colours[i % colours.len()];
+        points.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let path: Vec<String> = points
+            .iter()
+            .map(|(x, y)| format!("{:.1},{:.1}", px(*x), py(*y)))
+            .collect();
+        s += &format!(
+            "<polyline fill='none' stroke='{c}' stroke-width='2' points='{}'/>\n",
+            path.join(" ")
+        );
+        for (x, y) in &points {
+            s += &format!(
+                "<circle cx='{:.1}' cy='{:.1}' r='3' fill='{c}'/>\n",
+                px(*x),
+                py(*y)
+            );
+        }
+        s += &format!(
+            "<text x='{:.0}' y='{:.0}' fill='{c}'>{name}</text>\n",
+            w - right + 10.0,
+            top + 16.0 * (i as f64 + 1.0)
+        );
+    }
+    s + "</svg>\n"
+}
