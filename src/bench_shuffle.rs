@@ -428,7 +428,8 @@ fn plot_svg(r: &ShuffleBenchReport) -> String {
     let bars: usize = r.runs.iter().map(|x| x.workers.len()).sum();
     let (left, bottom, top) = (70.0, 60.0, 50.0);
     let (w, h) = (
-        left + 40.0 + 36.0 * bars as f64 + 30.0 * r.runs.len() as f64,
+        // Wide enough for the bars and for the title.
+        (left + 40.0 + 36.0 * bars as f64 + 30.0 * r.runs.len() as f64).max(720.0),
         380.0,
     );
     let max = r
