@@ -10,6 +10,8 @@ use gyre_testbed::{
     BlastHelper, BlastOptions, ClusterName, CpuQuota, GyreProcesses, LinkRate, Testbed,
     TestbedSpec, sys,
 };
+use serde::Serialize;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 pub type BoxError = Box<dyn std::error::Error>;
@@ -130,4 +132,27 @@ pub fn list(s: &str) -> Vec<String> {
         .map(|p| p.trim().to_ascii_lowercase())
         .filter(|p| !p.is_empty())
         .collect()
+}
+
+/// Writes a benchmark's report as JSON (`-`: to standard output) and its plot, if
+/// asked. Returns whether the JSON went to standard output (then nothing else may).
+pub fn write_outputs<R: Serialize>(
+    json: Option<&Path>,
+    plot: Option<&Path>,
+    report: &R,
+    draw: impl Fn(&R) -> String,
+) -> Result<bool, BoxError> {
+    let to_stdout = json == Some(Path::new("-"));
+    if let Some(path) = json {
+        let text = serde_json::to_string_pretty(report)?;
+        if to_stdout {
+            println!("{text}");
+        } else {
+            std::fs::write(path, text)?;
+        }
+    }
+    if let Some(path) = plot {
+        std::fs::write(path, draw(report))?;
+    }
+    Ok(to_stdout)
 }

@@ -16,7 +16,7 @@
 //! configurations on clusters of each size (with `--per-node`, the data grows
 //! with the cluster).
 
-use crate::bench_cluster::{BoxError, EmulatedCluster, list, with_progress};
+use crate::bench_cluster::{BoxError, EmulatedCluster, list, with_progress, write_outputs};
 use clap::Args;
 use gyre_cluster::LocalCluster;
 use gyre_cluster::protocol::{ControlClient, JoinFigures, JoinRun, Request, Response};
@@ -340,18 +340,7 @@ fn check_agreement(runs: &[JoinResult]) -> Result<(), BoxError> {
 }
 
 fn emit(args: &JoinArgs, r: &JoinBenchReport) -> Result<(), BoxError> {
-    let to_stdout = args.json.as_deref() == Some(std::path::Path::new("-"));
-    if let Some(path) = &args.json {
-        let text = serde_json::to_string_pretty(r)?;
-        if to_stdout {
-            println!("{text}");
-        } else {
-            std::fs::write(path, text)?;
-        }
-    }
-    if let Some(path) = &args.plot {
-        std::fs::write(path, plot_svg(r))?;
-    }
+    let to_stdout = write_outputs(args.json.as_deref(), args.plot.as_deref(), r, plot_svg)?;
     if to_stdout {
         return Ok(());
     }

@@ -15,7 +15,9 @@
 //! Utilisation is payload bytes per second over the measured capacity (TCP
 //! payload bytes per second of one raw stream on the same links).
 
-use crate::bench_cluster::{BoxError, EmulatedCluster, human_bytes, list, with_progress};
+use crate::bench_cluster::{
+    BoxError, EmulatedCluster, human_bytes, list, with_progress, write_outputs,
+};
 use clap::Args;
 use gyre_cluster::protocol::{ControlClient, Request, Response, ShuffleFigures, ShuffleRun};
 use gyre_cluster::{Coordinator, LocalCluster};
@@ -351,18 +353,7 @@ async fn emulated(args: &ShuffleArgs) -> Result<ShuffleBenchReport, BoxError> {
 }
 
 fn emit(args: &ShuffleArgs, r: &ShuffleBenchReport) -> Result<(), BoxError> {
-    let to_stdout = args.json.as_deref() == Some(std::path::Path::new("-"));
-    if let Some(path) = &args.json {
-        let text = serde_json::to_string_pretty(r)?;
-        if to_stdout {
-            println!("{text}");
-        } else {
-            std::fs::write(path, text)?;
-        }
-    }
-    if let Some(path) = &args.plot {
-        std::fs::write(path, plot_svg(r))?;
-    }
+    let to_stdout = write_outputs(args.json.as_deref(), args.plot.as_deref(), r, plot_svg)?;
     if to_stdout {
         return Ok(());
     }

@@ -14,35 +14,13 @@
 
 use gyre_transport::bench::{Pattern, ShuffleSpec, run_shuffle};
 use gyre_transport::{NodeId, Schedule, TcpTransport, Transport, TransportConfig, cpu};
-use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 async fn cluster(n: usize) -> Vec<TcpTransport> {
-    let mut nodes = vec![];
-    for id in 1..=n as NodeId {
-        let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
-        nodes.push(
-            TcpTransport::bind(id, any, TransportConfig::default())
-                .await
-                .expect("bind"),
-        );
-    }
-    let peers: HashMap<NodeId, SocketAddr> = nodes
-        .iter()
-        .map(|t| (t.node_id(), t.local_addr()))
-        .collect();
-    for t in &nodes {
-        t.set_peers(&peers);
-    }
-    for a in &nodes {
-        for b in &nodes {
-            while a.node_id() != b.node_id() && !a.is_connected(b.node_id()) {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        }
-    }
-    nodes
+    let ids: Vec<NodeId> = (1..=n as NodeId).collect();
+    gyre_transport::loopback_cluster(&ids, TransportConfig::default())
+        .await
+        .expect("a loopback cluster")
 }
 
 async fn shuffle(n: usize, total: u64, schedule: Schedule, run_id: u64) {

@@ -39,7 +39,7 @@ pub use frame::{FrameError, StreamKey};
 pub use pool::{Message, PoolStats};
 pub use schedule::Schedule;
 pub use stats::{PeerStats, ReceiveEndpointStats, SendEndpointStats, TransportStats};
-pub use tcp::{DEFAULT_MESSAGE_SIZE, TcpTransport, TransportConfig};
+pub use tcp::{DEFAULT_MESSAGE_SIZE, TcpTransport, TransportConfig, loopback_cluster};
 
 use std::fmt;
 

@@ -242,3 +242,43 @@ impl Transport for TcpTransport {
         }
     }
 }
+
+/// Nodes `ids` in this process, all connected to each other over loopback: for
+/// tests, examples and single-process benchmarks. Fails if a pair has not
+/// connected within 10 s.
+pub async fn loopback_cluster(
+    ids: &[NodeId],
+    config: TransportConfig,
+) -> std::io::Result<Vec<TcpTransport>> {
+    let any: SocketAddr = ([127, 0, 0, 1], 0).into();
+    let mut nodes = Vec::with_capacity(ids.len());
+    for &id in ids {
+        nodes.push(TcpTransport::bind(id, any, config.clone()).await?);
+    }
+    let peers: HashMap<NodeId, SocketAddr> = nodes
+        .iter()
+        .map(|t| (t.node_id(), t.local_addr()))
+        .collect();
+    for t in &nodes {
+        t.set_peers(&peers);
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    for a in &nodes {
+        for b in &nodes {
+            while a.node_id() != b.node_id() && !a.is_connected(b.node_id()) {
+                if std::time::Instant::now() > deadline {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!(
+                            "loopback node {} did not connect to node {} within 10 s",
+                            a.node_id(),
+                            b.node_id()
+                        ),
+                    ));
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+    }
+    Ok(nodes)
+}

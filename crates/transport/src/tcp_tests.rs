@@ -64,26 +64,7 @@ fn small_config() -> TransportConfig {
 /// Nodes `ids`, all connected to each other.
 async fn cluster(ids: &[NodeId], config: TransportConfig) -> Vec<TcpTransport> {
     log();
-    let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
-    let mut nodes = vec![];
-    for &id in ids {
-        nodes.push(TcpTransport::bind(id, any, config.clone()).await.unwrap());
-    }
-    let peers: HashMap<NodeId, SocketAddr> = nodes
-        .iter()
-        .map(|t| (t.node_id(), t.local_addr()))
-        .collect();
-    for t in &nodes {
-        t.set_peers(&peers);
-    }
-    for a in &nodes {
-        for b in &nodes {
-            if a.node_id() != b.node_id() {
-                wait_until(|| a.is_connected(b.node_id())).await;
-            }
-        }
-    }
-    nodes
+    crate::loopback_cluster(ids, config).await.unwrap()
 }
 
 async fn wait_until(f: impl Fn() -> bool) {

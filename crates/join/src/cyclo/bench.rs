@@ -17,8 +17,6 @@
 //! Phases: generate; agree (sizes, plan); setup (timed); barrier; one revolution (timed:
 //! join, sync and transmit-wait times, bytes); barrier; release of the streams.
 
-use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use gyre_transport::{NodeId, TcpTransport, Transport, TransportConfig};
@@ -474,37 +472,10 @@ pub fn format_table(figures: &[CycloFigures]) -> String {
 
 /// `n` TCP transports (nodes 1..=n) in this process, connected over loopback.
 pub async fn loopback_ring(n: usize, config: TransportConfig) -> Result<Vec<TcpTransport>> {
-    let any: SocketAddr = "127.0.0.1:0".parse().expect("address");
-    let mut nodes = Vec::with_capacity(n);
-    for id in 1..=n as NodeId {
-        let t = TcpTransport::bind(id, any, config.clone())
-            .await
-            .map_err(|e| CycloError::Spec(format!("cannot bind a loopback transport: {e}")))?;
-        nodes.push(t);
-    }
-    let peers: HashMap<NodeId, SocketAddr> = nodes
-        .iter()
-        .map(|t| (t.node_id(), t.local_addr()))
-        .collect();
-    for t in &nodes {
-        t.set_peers(&peers);
-    }
-    let deadline = Instant::now() + Duration::from_secs(10);
-    for a in &nodes {
-        for b in &nodes {
-            while a.node_id() != b.node_id() && !a.is_connected(b.node_id()) {
-                if Instant::now() > deadline {
-                    return Err(CycloError::Spec(format!(
-                        "loopback node {} did not connect to node {} in 10 s",
-                        a.node_id(),
-                        b.node_id()
-                    )));
-                }
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        }
-    }
-    Ok(nodes)
+    let ids: Vec<NodeId> = (1..=n as NodeId).collect();
+    gyre_transport::loopback_cluster(&ids, config)
+        .await
+        .map_err(|e| CycloError::Spec(format!("cannot start a loopback ring: {e}")))
 }
 
 /// Runs `spec` on every node of an in-process ring (the spec's `nodes` and `index` are
