@@ -13,6 +13,7 @@
 
 pub mod cache;
 pub mod error;
+pub mod flow;
 pub mod keys;
 mod memory;
 pub mod nested_loops;

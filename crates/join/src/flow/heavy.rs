@@ -1,0 +1,194 @@
+//! Probe tuples of heavy keys stay on their node (selective broadcast): they are kept
+//! ("materialised") until the build tuples of their key have arrived, then probed
+//! against those copies, and later ones are probed at once.
+//!
+//! Keys become ready in groups (all owners finished broadcasting an iteration's keys;
+//! or one owner answered a fetch request). Each group's build tuples form a
+//! [`Segment`] with its own matched flags, which never moves, so flags set by one
+//! prober are never lost when a later group arrives. Whether a tuple is probed now or
+//! kept is decided under the same lock that makes keys ready, so no tuple can be kept
+//! after its key's group was drained.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use super::mix64;
+use super::wire::Tup;
+
+/// Hasher for 64-bit keys: one splitmix finaliser.
+#[derive(Default, Clone, Copy)]
+pub struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        mix64(self.0)
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 ^= v;
+    }
+}
+
+pub type KeyMap<V> = HashMap<u64, V, BuildHasherDefault<KeyHasher>>;
+
+/// Build tuples of one group of keys, with a matched flag each.
+#[derive(Debug, Default)]
+pub struct Segment {
+    pub tuples: Vec<Tup>,
+    pub matched: Vec<AtomicBool>,
+    index: KeyMap<Vec<u32>>,
+}
+
+impl Segment {
+    pub fn new(tuples: Vec<Tup>) -> Self {
+        let mut index: KeyMap<Vec<u32>> = KeyMap::default();
+        for (i, t) in tuples.iter().enumerate() {
+            index.entry(t.key).or_default().push(i as u32);
+        }
+        Segment {
+            matched: tuples.iter().map(|_| AtomicBool::new(false)).collect(),
+            tuples,
+            index,
+        }
+    }
+
+    /// Rows holding `key`.
+    pub fn rows(&self, key: u64) -> &[u32] {
+        self.index.get(&key).map_or(&[], Vec::as_slice)
+    }
+}
+
+/// The keys that are ready and where their build tuples are.
+#[derive(Debug, Default)]
+pub struct ReadyView {
+    keys: KeyMap<usize>,
+    segments: Vec<Arc<Segment>>,
+}
+
+impl ReadyView {
+    /// The segment of a ready key.
+    #[inline]
+    pub fn segment(&self, key: u64) -> Option<&Segment> {
+        self.keys.get(&key).map(|&s| &*self.segments[s])
+    }
+
+    pub fn is_ready(&self, key: u64) -> bool {
+        self.keys.contains_key(&key)
+    }
+
+    pub fn segments(&self) -> &[Arc<Segment>] {
+        &self.segments
+    }
+}
+
+#[derive(Debug, Default)]
+struct State {
+    view: Arc<ReadyView>,
+    pending: Vec<Tup>,
+}
+
+/// See the module doc.
+#[derive(Debug, Default)]
+pub struct HeavyProbe {
+    state: Mutex<State>,
+    kept: AtomicU64,
+}
+
+impl HeavyProbe {
+    /// Hands over probe tuples of heavy keys: the ones whose key is ready come back
+    /// (with the view to probe them against), the others are kept.
+    pub fn offer(&self, tuples: &mut Vec<Tup>) -> (Arc<ReadyView>, Vec<Tup>) {
+        let mut st = self.state.lock().expect("heavy probe lock");
+        let view = Arc::clone(&st.view);
+        let mut ready = Vec::new();
+        let before = st.pending.len();
+        for t in tuples.drain(..) {
+            if view.is_ready(t.key) {
+                ready.push(t);
+            } else {
+                st.pending.push(t);
+            }
+        }
+        self.kept
+            .fetch_add((st.pending.len() - before) as u64, Ordering::Relaxed);
+        (view, ready)
+    }
+
+    /// Makes `keys` ready with their build tuples `build` (every tuple's key must be
+    /// among `keys`; a key without tuples simply matches nothing). Returns the kept
+    /// tuples of those keys to probe now, with the new view.
+    pub fn activate(&self, keys: &[u64], build: Vec<Tup>) -> (Arc<ReadyView>, Vec<Tup>) {
+        let mut st = self.state.lock().expect("heavy probe lock");
+        let seg = Arc::new(Segment::new(build));
+        let mut segments = st.view.segments.clone();
+        let mut map = st.view.keys.clone();
+        let s = segments.len();
+        segments.push(seg);
+        for &k in keys {
+            map.insert(k, s);
+        }
+        let view = Arc::new(ReadyView {
+            keys: map,
+            segments,
+        });
+        st.view = Arc::clone(&view);
+        let (ready, keep): (Vec<Tup>, Vec<Tup>) = std::mem::take(&mut st.pending)
+            .into_iter()
+            .partition(|t| view.is_ready(t.key));
+        st.pending = keep;
+        (view, ready)
+    }
+
+    /// Tuples still waiting for their build tuples.
+    pub fn pending(&self) -> usize {
+        self.state.lock().expect("heavy probe lock").pending.len()
+    }
+
+    /// Probe tuples that had to wait (materialised) so far.
+    pub fn kept(&self) -> u64 {
+        self.kept.load(Ordering::Relaxed)
+    }
+
+    pub fn view(&self) -> Arc<ReadyView> {
+        Arc::clone(&self.state.lock().expect("heavy probe lock").view)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(key: u64, payload: u64) -> Tup {
+        Tup {
+            key,
+            payload,
+            id: payload,
+        }
+    }
+
+    #[test]
+    fn tuples_wait_for_their_group_and_nothing_is_lost() {
+        let h = HeavyProbe::default();
+        let (_, ready) = h.offer(&mut vec![t(1, 10), t(2, 20), t(1, 11)]);
+        assert!(ready.is_empty());
+        assert_eq!(h.pending(), 3);
+        let (view, ready) = h.activate(&[1], vec![t(1, 100)]);
+        assert_eq!(ready.len(), 2);
+        assert_eq!(view.segment(1).unwrap().rows(1), &[0]);
+        assert!(view.segment(2).is_none());
+        let (_, ready) = h.offer(&mut vec![t(1, 12), t(2, 21)]);
+        assert_eq!(ready, vec![t(1, 12)]);
+        // Key 2 has no build tuples at all.
+        let (view, ready) = h.activate(&[2], vec![]);
+        assert_eq!(ready.len(), 2);
+        assert!(view.segment(2).unwrap().rows(2).is_empty());
+        assert_eq!(h.pending(), 0);
+        assert_eq!(h.kept(), 4);
+    }
+}
