@@ -225,14 +225,20 @@ impl NodeDetector {
     }
 }
 
+/// A key seen fewer times than this in a window is never a candidate: in a small
+/// window (a build side of a few thousand rows, 1% of it) the threshold share is below
+/// one tuple, and every unique key would pass it.
+pub const MIN_CANDIDATE_COUNT: u64 = 2;
+
 /// Keys of a (merged) histogram whose guaranteed count exceeds the threshold share of
-/// its window, largest first, at most `max_reported`.
+/// its window (and is at least [`MIN_CANDIDATE_COUNT`]), largest first, at most
+/// `max_reported`.
 pub fn candidates(h: &SpaceSaving, config: &DetectionConfig) -> Vec<(u64, u64)> {
     let bar = config.threshold * h.total() as f64;
     let mut out: Vec<(u64, u64)> = h
         .entries()
         .map(|c| (c.key, c.guaranteed()))
-        .filter(|&(_, g)| g > 0 && g as f64 > bar)
+        .filter(|&(_, g)| g >= MIN_CANDIDATE_COUNT && g as f64 > bar)
         .collect();
     out.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
     out.truncate(config.max_reported);
@@ -379,6 +385,12 @@ mod tests {
         assert_eq!(r.len(), 1);
         assert_eq!(r[0].window, 20_000);
         assert!(r[0].candidates.is_empty(), "{:?}", r[0].candidates);
+        // A small window of unique keys (guaranteed counts 1 > 0.01% of 50) neither.
+        let mut h = SpaceSaving::new(128);
+        (0..50u64).for_each(|k| h.update(k));
+        assert!(candidates(&h, &c).is_empty());
+        h.update(3);
+        assert_eq!(candidates(&h, &c), vec![(3, 2)]);
         let z = Zipf::new(100_000, 1.25);
         for t in 0..2 {
             let mut h = det.histogram(t).lock().unwrap();
