@@ -337,15 +337,14 @@ impl Node {
     fn probe_view(&self, view: &ReadyView, tuples: &[Tup], out: &mut JoinOutput) {
         let join = self.cfg.join;
         for t in tuples {
-            let seg = view.segment(t.key).expect("offered tuples are ready");
-            let rows = seg.rows(t.key);
-            for &r in rows {
-                let b = &seg.tuples[r as usize];
+            let (seg, rows) = view.lookup(t.key).expect("offered tuples are ready");
+            for r in rows.clone() {
+                let b = &seg.tuples[r];
                 if join.emits_pairs() {
                     out.pair(t.key, b.payload, t.payload);
                 }
                 if join.tracks_build() {
-                    seg.matched[r as usize].store(true, Ordering::Relaxed);
+                    seg.matched[r].store(true, Ordering::Relaxed);
                 }
             }
             if join.tracks_probe() {
@@ -1612,11 +1611,11 @@ async fn symmetric_fragment_replicate(
     let join = node.cfg.join;
     for s in &s_in {
         let rows = seg.rows(s.key);
-        for &r in rows {
+        for r in rows.clone() {
             if join.emits_pairs() {
-                out.pair(s.key, seg.tuples[r as usize].payload, s.payload);
+                out.pair(s.key, seg.tuples[r].payload, s.payload);
             }
-            seg.matched[r as usize].store(true, Ordering::Relaxed);
+            seg.matched[r].store(true, Ordering::Relaxed);
         }
         if join.tracks_probe() {
             probe_copies.push((*s, !rows.is_empty()));

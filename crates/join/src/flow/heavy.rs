@@ -37,19 +37,25 @@ impl Hasher for KeyHasher {
 
 pub type KeyMap<V> = HashMap<u64, V, BuildHasherDefault<KeyHasher>>;
 
-/// Build tuples of one group of keys, with a matched flag each.
+/// Build tuples of one group of keys (sorted by key, so a key's tuples are one range),
+/// with a matched flag each.
 #[derive(Debug, Default)]
 pub struct Segment {
     pub tuples: Vec<Tup>,
     pub matched: Vec<AtomicBool>,
-    index: KeyMap<Vec<u32>>,
+    index: KeyMap<(u32, u32)>,
 }
 
 impl Segment {
-    pub fn new(tuples: Vec<Tup>) -> Self {
-        let mut index: KeyMap<Vec<u32>> = KeyMap::default();
-        for (i, t) in tuples.iter().enumerate() {
-            index.entry(t.key).or_default().push(i as u32);
+    pub fn new(mut tuples: Vec<Tup>) -> Self {
+        tuples.sort_unstable_by_key(|t| t.key);
+        let mut index: KeyMap<(u32, u32)> = KeyMap::default();
+        let mut lo = 0;
+        while lo < tuples.len() {
+            let key = tuples[lo].key;
+            let hi = lo + tuples[lo..].partition_point(|t| t.key == key);
+            index.insert(key, (lo as u32, hi as u32));
+            lo = hi;
         }
         Segment {
             matched: tuples.iter().map(|_| AtomicBool::new(false)).collect(),
@@ -58,24 +64,29 @@ impl Segment {
         }
     }
 
-    /// Rows holding `key`.
-    pub fn rows(&self, key: u64) -> &[u32] {
-        self.index.get(&key).map_or(&[], Vec::as_slice)
+    /// Positions of the tuples with `key`.
+    pub fn rows(&self, key: u64) -> std::ops::Range<usize> {
+        self.index
+            .get(&key)
+            .map_or(0..0, |&(lo, hi)| lo as usize..hi as usize)
     }
 }
 
 /// The keys that are ready and where their build tuples are.
 #[derive(Debug, Default)]
 pub struct ReadyView {
-    keys: KeyMap<usize>,
+    /// Key -> (segment, first position, end position): one lookup per probe.
+    keys: KeyMap<(u32, u32, u32)>,
     segments: Vec<Arc<Segment>>,
 }
 
 impl ReadyView {
-    /// The segment of a ready key.
+    /// The segment of a ready key and the positions of its tuples there.
     #[inline]
-    pub fn segment(&self, key: u64) -> Option<&Segment> {
-        self.keys.get(&key).map(|&s| &*self.segments[s])
+    pub fn lookup(&self, key: u64) -> Option<(&Segment, std::ops::Range<usize>)> {
+        self.keys
+            .get(&key)
+            .map(|&(s, lo, hi)| (&*self.segments[s as usize], lo as usize..hi as usize))
     }
 
     pub fn is_ready(&self, key: u64) -> bool {
@@ -128,11 +139,12 @@ impl HeavyProbe {
         let seg = Arc::new(Segment::new(build));
         let mut segments = st.view.segments.clone();
         let mut map = st.view.keys.clone();
-        let s = segments.len();
-        segments.push(seg);
+        let s = segments.len() as u32;
         for &k in keys {
-            map.insert(k, s);
+            let r = seg.rows(k);
+            map.insert(k, (s, r.start as u32, r.end as u32));
         }
+        segments.push(seg);
         let view = Arc::new(ReadyView {
             keys: map,
             segments,
@@ -178,16 +190,19 @@ mod tests {
         let (_, ready) = h.offer(&mut vec![t(1, 10), t(2, 20), t(1, 11)]);
         assert!(ready.is_empty());
         assert_eq!(h.pending(), 3);
-        let (view, ready) = h.activate(&[1], vec![t(1, 100)]);
+        let (view, ready) = h.activate(&[1], vec![t(1, 100), t(1, 101)]);
         assert_eq!(ready.len(), 2);
-        assert_eq!(view.segment(1).unwrap().rows(1), &[0]);
-        assert!(view.segment(2).is_none());
+        let (seg, rows) = view.lookup(1).unwrap();
+        assert_eq!(rows, 0..2);
+        assert_eq!(seg.tuples[1].payload, 101);
+        assert!(view.lookup(2).is_none());
         let (_, ready) = h.offer(&mut vec![t(1, 12), t(2, 21)]);
         assert_eq!(ready, vec![t(1, 12)]);
         // Key 2 has no build tuples at all.
         let (view, ready) = h.activate(&[2], vec![]);
         assert_eq!(ready.len(), 2);
-        assert!(view.segment(2).unwrap().rows(2).is_empty());
+        assert!(view.lookup(2).unwrap().1.is_empty());
+        assert_eq!(view.lookup(1).unwrap().1, 0..2);
         assert_eq!(h.pending(), 0);
         assert_eq!(h.kept(), 4);
     }
