@@ -1,7 +1,8 @@
 //! Flow-Join micro-benchmarks over loopback.
 //!
 //! `cargo run --release -p gyre-join --example flow_join -- [--nodes 4] [--build 5040]
-//!  [--probe 2000000] [--threads 1] [--sketch-keys 10000000] [--zipf 0,1.0,1.25]`
+//!  [--probe 2000000] [--threads 1] [--sketch-keys 10000000] [--zipf 0,1.0,1.25]
+//!  [--sample 1]` (`--sample N`: histograms count every N-th probe tuple only)
 //!
 //! 1. SpaceSaving (k = 128) update rate per thread, every thread with its private
 //!    histogram as in Flow-Join, for uniform keys with few and many distinct values and
@@ -33,6 +34,7 @@ struct Args {
     threads: usize,
     sketch_keys: usize,
     zipf: Vec<f64>,
+    sample: u32,
 }
 
 fn parse_args() -> Args {
@@ -43,6 +45,7 @@ fn parse_args() -> Args {
         threads: 1,
         sketch_keys: 10_000_000,
         zipf: vec![0.0, 1.0, 1.25],
+        sample: 1,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -59,6 +62,7 @@ fn parse_args() -> Args {
                     .map(|z| z.parse().expect("--zipf Z[,Z...]"))
                     .collect()
             }
+            "--sample" => a.sample = value().parse().expect("--sample N"),
             "--bench" => {}
             other => panic!("unknown argument {other}"),
         }
@@ -145,7 +149,10 @@ async fn run(
                 strategy,
                 join: JoinType::Inner,
                 threads: a.threads,
-                detection: DetectionConfig::default(),
+                detection: DetectionConfig {
+                    sample: a.sample,
+                    ..DetectionConfig::default()
+                },
                 run_id,
             };
             tokio::spawn(async move { run_join(&spec, &*t).await.expect("join run") })

@@ -38,6 +38,9 @@ pub struct DetectionConfig {
     pub max_reported: usize,
     /// SpaceSaving counters per thread.
     pub capacity: usize,
+    /// Count every `sample`-th tuple only (1 = every tuple, as the thesis does). Not
+    /// the thesis's method: a knob to trade detection precision for update cost.
+    pub sample: u32,
 }
 
 impl Default for DetectionConfig {
@@ -48,6 +51,7 @@ impl Default for DetectionConfig {
             every: 0.1,
             max_reported: DEFAULT_CAPACITY,
             capacity: DEFAULT_CAPACITY,
+            sample: 1,
         }
     }
 }
@@ -71,6 +75,9 @@ impl DetectionConfig {
                 "detection period must be 0 or in [0.001, 1), got {}",
                 self.every
             ));
+        }
+        if self.sample == 0 {
+            return Err("detection sample rate must be at least 1".into());
         }
         if !(1..=16384).contains(&self.capacity) {
             return Err(format!(

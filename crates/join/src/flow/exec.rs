@@ -999,6 +999,8 @@ async fn route(
     let mut routes = node.routes();
     let mut epoch = node.epoch.load(Ordering::Acquire);
     let morsel = (rows.len() / (64 * node.cfg.threads)).clamp(MIN_MORSEL, MORSEL);
+    let sample = node.cfg.detection.sample.max(1);
+    let mut sample_left = sample;
     let (mut sent, mut kept, mut broadcast) = (0u64, 0u64, 0u64);
     loop {
         let m = next.fetch_add(1, Ordering::Relaxed);
@@ -1029,7 +1031,11 @@ async fn route(
                     continue;
                 };
                 if let Some(h) = hist.as_mut() {
-                    h.update(key);
+                    sample_left -= 1;
+                    if sample_left == 0 {
+                        sample_left = sample;
+                        h.update(key);
+                    }
                 }
                 let t = Tup {
                     key,
