@@ -101,7 +101,9 @@ impl ReadyView {
 #[derive(Debug, Default)]
 struct State {
     view: Arc<ReadyView>,
-    pending: Vec<Tup>,
+    /// Kept tuples by key, so activating a group touches only its keys' tuples.
+    pending: KeyMap<Vec<Tup>>,
+    pending_len: usize,
 }
 
 /// See the module doc.
@@ -118,16 +120,17 @@ impl HeavyProbe {
         let mut st = self.state.lock().expect("heavy probe lock");
         let view = Arc::clone(&st.view);
         let mut ready = Vec::new();
-        let before = st.pending.len();
+        let mut kept = 0usize;
         for t in tuples.drain(..) {
             if view.is_ready(t.key) {
                 ready.push(t);
             } else {
-                st.pending.push(t);
+                st.pending.entry(t.key).or_default().push(t);
+                kept += 1;
             }
         }
-        self.kept
-            .fetch_add((st.pending.len() - before) as u64, Ordering::Relaxed);
+        st.pending_len += kept;
+        self.kept.fetch_add(kept as u64, Ordering::Relaxed);
         (view, ready)
     }
 
@@ -150,16 +153,19 @@ impl HeavyProbe {
             segments,
         });
         st.view = Arc::clone(&view);
-        let (ready, keep): (Vec<Tup>, Vec<Tup>) = std::mem::take(&mut st.pending)
-            .into_iter()
-            .partition(|t| view.is_ready(t.key));
-        st.pending = keep;
+        let mut ready = Vec::new();
+        for k in keys {
+            if let Some(v) = st.pending.remove(k) {
+                ready.extend(v);
+            }
+        }
+        st.pending_len -= ready.len();
         (view, ready)
     }
 
     /// Tuples still waiting for their build tuples.
     pub fn pending(&self) -> usize {
-        self.state.lock().expect("heavy probe lock").pending.len()
+        self.state.lock().expect("heavy probe lock").pending_len
     }
 
     /// Probe tuples that had to wait (materialised) so far.
