@@ -1090,6 +1090,9 @@ async fn route(
             let reports = det.advance((hi - lo) as u64);
             handle_reports(node, side, reports, up, freq).await?;
         }
+        // Routing rarely waits; give the control tasks (announcements, broadcasts) a turn
+        // so routing changes arrive early.
+        tokio::task::yield_now().await;
     }
     for (o, tuples) in part.into_iter().enumerate() {
         if !tuples.is_empty() {
