@@ -26,6 +26,10 @@
 //!
 //! NULL keys never travel: they match nothing, so their outer/anti rows are emitted
 //! where they are.
+//!
+//! Each receive endpoint has exactly one reading task (`ReceiveEndpoint::get` wakes one
+//! waiter per event, so a second concurrent reader could sleep through the end of the
+//! streams); the S exchange's reader hands decoded batches to `threads` probing tasks.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
@@ -455,7 +459,7 @@ async fn send_control(ep: &SendEndpoint, to: To, msg: &Control) -> Result<(), Fl
     Ok(())
 }
 
-/// Everything one node's endpoints.
+/// One node's endpoints of one join (the optional ones depend on the strategy).
 struct Endpoints {
     up: Option<Arc<SendEndpoint>>,
     up_recv: Option<ReceiveEndpoint>,
