@@ -1,19 +1,23 @@
-//! Local join kernels and the skew sketch for Gyre's distributed joins.
+//! Gyre's joins: local kernels, the skew sketch, and the distributed join strategies.
 //!
 //! - [`radix`]: radix-partitioned hash equi-join (setup once, probe many fragments);
 //! - [`sort_merge`]: sort-merge join with equality, band and inequality predicates;
 //! - [`nested_loops`]: blocked nested loops for any other predicate;
 //! - [`space_saving`]: the SpaceSaving heavy-hitter histogram Flow-Join uses;
-//! - [`reference`]: obviously-correct joins the tests compare against.
+//! - [`reference`]: obviously-correct joins the tests compare against;
+//! - [`cyclo`]: cyclo-join on the Data Roundabout (ring of nodes, one input rotating);
+//! - [`flow`]: Flow-Join (partitioned hash join with heavy-hitter detection and
+//!   selective broadcast).
 //!
 //! Every kernel returns [`JoinPairs`] (row index pairs), so callers `take` whatever
 //! payload columns they need. NULL keys never match. The kernels depend only on Arrow's
-//! array types, not on DataFusion; the cyclo-join (issue 5) and Flow-Join (issue 4)
-//! operators are built on top of them.
+//! array types, not on DataFusion; the distributed strategies run over the
+//! transport's endpoints, so they work between real hosts.
 
 pub mod cache;
 pub mod cyclo;
 pub mod error;
+pub mod flow;
 pub mod keys;
 mod memory;
 pub mod nested_loops;
