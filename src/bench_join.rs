@@ -48,10 +48,12 @@ pub struct JoinArgs {
     /// Zipf exponents of the probe keys, separated by commas (0: uniform).
     #[arg(long, default_value = "0")]
     zipf: String,
-    /// Strategies separated by commas: cyclo-hash, cyclo-sort-merge, cyclo-band:C,
-    /// cyclo-lt|le|gt|ge, cyclo-nl-band:C, cyclo-theta:M:K (cyclo-join on the Data
-    /// Roundabout with that local algorithm).
-    #[arg(long, default_value = "cyclo-hash")]
+    /// Strategies separated by commas: hash (plain partitioned hash join), flow
+    /// (Flow-Join: heavy hitters detected on the fly, selective broadcast), flow-fetch
+    /// (Flow-Join fetching heavy build tuples on demand), cyclo-hash, cyclo-sort-merge,
+    /// cyclo-band:C, cyclo-lt|le|gt|ge, cyclo-nl-band:C, cyclo-theta:M:K (cyclo-join on
+    /// the Data Roundabout with that local algorithm).
+    #[arg(long, default_value = "hash,flow")]
     strategy: String,
     /// Join threads per worker (0: all cores of the host).
     #[arg(long, default_value_t = 1)]
@@ -87,10 +89,11 @@ pub struct JoinResult {
     pub elapsed_s: f64,
     /// (build + probe) tuples per second of `elapsed_s`.
     pub tuples_per_sec: f64,
-    /// Largest setup, join and sync times over the workers.
+    /// Largest setup (build), join (probe) and sync times over the workers (see
+    /// `JoinFigures`); sync only for cyclo-join.
     pub setup_s: f64,
     pub join_s: f64,
-    pub sync_s: f64,
+    pub sync_s: Option<f64>,
     /// Largest per-worker share of joined tuples over the mean (1 = balanced).
     pub imbalance: f64,
     pub results: u64,
@@ -145,13 +148,7 @@ impl JoinArgs {
         let probe_rows = parse_count(&self.probe).map_err(|e| format!("--probe: {e}"))? * scale;
         let mut runs = vec![];
         for strategy in list(&self.strategy) {
-            let Some(algorithm) = strategy.strip_prefix("cyclo-") else {
-                return Err(format!(
-                    "--strategy: unknown strategy '{strategy}' (expected cyclo-ALGORITHM)"
-                )
-                .into());
-            };
-            gyre_join::cyclo::parse_algorithm(algorithm).map_err(|e| format!("--strategy: {e}"))?;
+            check_strategy(&strategy)?;
             for z in list(&self.zipf) {
                 let zipf: f64 = z
                     .parse()
@@ -177,6 +174,20 @@ impl JoinArgs {
         }
         Ok(runs)
     }
+}
+
+fn check_strategy(strategy: &str) -> Result<(), BoxError> {
+    match strategy.strip_prefix("cyclo-") {
+        Some(algorithm) => {
+            gyre_join::cyclo::parse_algorithm(algorithm).map_err(|e| format!("--strategy: {e}"))?;
+        }
+        None => {
+            strategy
+                .parse::<gyre_join::flow::Strategy>()
+                .map_err(|e| format!("--strategy: {e} (or cyclo-ALGORITHM)"))?;
+        }
+    }
+    Ok(())
 }
 
 pub async fn run(args: JoinArgs) -> Result<(), BoxError> {
@@ -225,20 +236,27 @@ fn figures(run: &JoinRun, reply: Response) -> Result<JoinResult, BoxError> {
         return Err(format!("unexpected reply {reply:?}").into());
     };
     let max = |f: fn(&JoinFigures) -> f64| workers.iter().map(f).fold(0.0, f64::max);
+    // What the workers really generated (partitioned joins split the sizes evenly).
+    let build_rows: u64 = workers.iter().map(|w| w.build_rows_local).sum();
+    let probe_rows: u64 = workers.iter().map(|w| w.probe_rows_local).sum();
     let elapsed_s = max(|w| w.elapsed_s);
     let joined: Vec<f64> = workers.iter().map(|w| w.tuples_joined as f64).collect();
     let mean = joined.iter().sum::<f64>() / joined.len().max(1) as f64;
     Ok(JoinResult {
         strategy: run.strategy.clone(),
         nodes: workers.len(),
-        build_rows: run.build_rows,
-        probe_rows: run.probe_rows,
+        build_rows,
+        probe_rows,
         zipf: run.zipf,
         elapsed_s,
-        tuples_per_sec: (run.build_rows + run.probe_rows) as f64 / elapsed_s.max(1e-9),
+        tuples_per_sec: (build_rows + probe_rows) as f64 / elapsed_s.max(1e-9),
         setup_s: max(|w| w.setup_s),
         join_s: max(|w| w.join_s),
-        sync_s: max(|w| w.sync_s),
+        sync_s: workers
+            .iter()
+            .map(|w| w.sync_s)
+            .collect::<Option<Vec<f64>>>()
+            .map(|v| v.into_iter().fold(0.0, f64::max)),
         imbalance: joined.iter().copied().fold(0.0, f64::max) / mean.max(1e-9),
         results: workers.iter().map(|w| w.results).sum(),
         checksum: workers.iter().fold(0u64, |a, w| a.wrapping_add(w.checksum)),
@@ -301,12 +319,15 @@ async fn emulated(args: &JoinArgs, nodes: usize) -> Result<Vec<JoinResult>, BoxE
     Ok(report.runs)
 }
 
-/// Which runs must return the same rows: equi-joins among themselves, any other
-/// predicate only with itself; always on the same data (sizes, skew, seed).
+/// Which runs must return the same rows: the same predicate on the same data (sizes,
+/// skew, seed). Cyclo-join's data set is the same on any number of workers, and its
+/// equality algorithms are one predicate; the partitioned joins generate each worker's
+/// slice from its position, so they agree among themselves on the same cluster size.
 fn result_class(r: &JoinResult) -> (String, u64, u64, String) {
     let predicate = match r.strategy.as_str() {
-        "cyclo-hash" | "cyclo-sort-merge" => "equi".to_string(),
-        other => other.to_string(),
+        "cyclo-hash" | "cyclo-sort-merge" => "cyclo-equi".to_string(),
+        s if s.starts_with("cyclo-") => s.to_string(),
+        _ => format!("partitioned on {} workers", r.nodes),
     };
     (predicate, r.build_rows, r.probe_rows, format!("{}", r.zipf))
 }
@@ -360,7 +381,7 @@ fn emit(args: &JoinArgs, r: &JoinBenchReport) -> Result<(), BoxError> {
     );
     for run in &r.runs {
         println!(
-            "{:<18} {:>5} {:>5} {:>9} {:>9} {:>8.3} {:>8.3} {:>8.3} {:>8.3} {:>9.2} {:>11.1}",
+            "{:<18} {:>5} {:>5} {:>9} {:>9} {:>8.3} {:>8.3} {:>8.3} {:>8} {:>9.2} {:>11.1}",
             run.strategy,
             run.nodes,
             run.zipf,
@@ -369,12 +390,14 @@ fn emit(args: &JoinArgs, r: &JoinBenchReport) -> Result<(), BoxError> {
             run.elapsed_s,
             run.setup_s,
             run.join_s,
-            run.sync_s,
+            run.sync_s
+                .map(|s| format!("{s:.3}"))
+                .unwrap_or_else(|| "-".into()),
             run.imbalance,
             run.tuples_per_sec / 1e6
         );
     }
-    println!("\nper worker (tuples joined / results):");
+    println!("\nper worker (tuples joined: its share of the work / results):");
     for run in &r.runs {
         let shares: Vec<String> = run
             .workers

@@ -61,6 +61,54 @@ fn bench_join_cyclo_strategies_agree_on_every_cluster_size() {
 }
 
 #[test]
+fn bench_join_partitioned_strategies_agree_with_and_without_skew() {
+    let report = json_of(&[
+        "bench",
+        "join",
+        "--link",
+        "loopback",
+        "--nodes",
+        "3",
+        "--build",
+        "150K",
+        "--probe",
+        "300K",
+        "--strategy",
+        "hash,flow,flow-fetch",
+        "--zipf",
+        "0,1.25",
+        "--json",
+        "-",
+    ]);
+    let runs = report["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 3 * 2);
+    for run in runs {
+        // Unique build keys, every probe key among them: one result per probe tuple.
+        assert_eq!(run["results"].as_u64().unwrap(), 300_000, "{run}");
+        let heavy: f64 = run["workers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|w| w["details"].as_array().unwrap())
+            .filter(|d| d[0] == "heavy_hitters")
+            .map(|d| d[1].as_f64().unwrap())
+            .sum();
+        let strategy = run["strategy"].as_str().unwrap();
+        let skewed = run["zipf"].as_f64().unwrap() > 1.0;
+        // The plain hash join never looks for heavy hitters; Flow-Join finds them under
+        // Zipf 1.25 (about a hundred keys over the 0.01% threshold) and, with a global
+        // list, none without skew. Fetch on demand decides on each node's own small
+        // windows, where a few keys of uniform data can pass by chance.
+        match (strategy, skewed) {
+            ("hash", _) => assert_eq!(heavy, 0.0, "{run}"),
+            (_, true) => assert!(heavy >= 3.0 * 50.0, "{run}"),
+            ("flow", false) => assert_eq!(heavy, 0.0, "{run}"),
+            (_, false) => assert!(heavy <= 3.0 * 5.0, "{run}"),
+        }
+    }
+}
+
+#[test]
 fn bench_join_refuses_an_unknown_strategy() {
     let out = gyre()
         .args([

@@ -108,7 +108,9 @@ pub struct ShuffleRun {
 pub struct JoinRun {
     pub run_id: u64,
     pub nodes: Vec<NodeId>,
-    /// `cyclo-ALGORITHM` (`gyre_join::cyclo::parse_algorithm`).
+    /// `hash` (plain partitioned hash join), `flow` (Flow-Join, global heavy-hitter
+    /// list), `flow-fetch` (Flow-Join, fetch on demand), or `cyclo-ALGORITHM`
+    /// (`gyre_join::cyclo::parse_algorithm`).
     pub strategy: String,
     pub build_rows: u64,
     pub probe_rows: u64,
@@ -129,12 +131,13 @@ pub struct JoinFigures {
     pub probe_rows_local: u64,
     /// From the start of the join (data in memory) to this worker's last result.
     pub elapsed_s: f64,
-    /// Hash tables built, partitions or runs sorted: the part done once.
+    /// Cyclo-join: hash tables built, partitions or runs sorted (the part done once).
+    /// Partitioned joins: until the build side's hash table was complete.
     pub setup_s: f64,
-    /// Time in the join kernels.
+    /// Cyclo-join: time in the join kernels. Partitioned joins: the probe phase.
     pub join_s: f64,
-    /// Time the join waited for data from the network.
-    pub sync_s: f64,
+    /// Cyclo-join: time the join entity waited for data from the network.
+    pub sync_s: Option<f64>,
     /// Tuples this worker's join consumed (its share of the work).
     pub tuples_joined: u64,
     /// Bytes on the wire during the join.
