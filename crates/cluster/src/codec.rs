@@ -4,17 +4,22 @@
 use crate::table::{GyreInsertExec, GyreScanExec};
 use crate::tpch::TpchGenExec;
 use arrow::datatypes::{Schema, SchemaRef};
+use datafusion::common::JoinSide;
 use datafusion::common::{Result, internal_datafusion_err, internal_err};
 use datafusion::execution::TaskContext;
 use datafusion::physical_expr::{LexOrdering, Partitioning, PhysicalExpr, PhysicalSortExpr};
 use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::joins::utils::{ColumnIndex, JoinFilter};
 use datafusion_proto::physical_plan::from_proto::parse_physical_expr;
 use datafusion_proto::physical_plan::to_proto::serialize_physical_expr;
 use datafusion_proto::physical_plan::{
     AsExecutionPlan, PhysicalExtensionCodec, PhysicalProtoConverterExtension,
 };
 use datafusion_proto::protobuf;
-use gyre_exchange::{ExchangeReceiverExec, ExchangeSenderExec, Placement, ReceiveMode, SendMode};
+use gyre_exchange::{
+    CycloJoinExec, CycloKernel, CycloSide, ExchangeReceiverExec, ExchangeSenderExec, Placement,
+    ReceiveMode, SendMode,
+};
 use prost::Message;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
@@ -53,6 +58,57 @@ enum NodeProto {
         partitioning: PartitioningProto,
         ordering: Vec<SortProto>,
     },
+    Cyclo {
+        left_key: usize,
+        right_key: usize,
+        kernel: CycloKernel,
+        rotating: CycloSide,
+        exchange: Option<u32>,
+        filter: Option<FilterProto>,
+    },
+}
+
+/// A join filter: its expression over its own intermediate schema, and where each
+/// column of that schema comes from (`true` = left input).
+#[derive(Serialize, Deserialize)]
+struct FilterProto {
+    expr: Vec<u8>,
+    schema: Vec<u8>,
+    columns: Vec<(usize, bool)>,
+}
+
+fn filter_proto(f: &JoinFilter, codec: &GyreCodec) -> Result<FilterProto> {
+    Ok(FilterProto {
+        expr: expr_bytes(f.expression(), codec)?,
+        schema: schema_to_bytes(f.schema())?,
+        columns: f
+            .column_indices()
+            .iter()
+            .map(|c| match c.side {
+                JoinSide::Left => Ok((c.index, true)),
+                JoinSide::Right => Ok((c.index, false)),
+                JoinSide::None => internal_err!("a join filter column of neither input"),
+            })
+            .collect::<Result<_>>()?,
+    })
+}
+
+fn filter_from(f: &FilterProto, ctx: &TaskContext, codec: &GyreCodec) -> Result<JoinFilter> {
+    let schema = schema_from_bytes(&f.schema)?;
+    let expr = expr_from(&f.expr, ctx, &schema, codec)?;
+    let columns = f
+        .columns
+        .iter()
+        .map(|&(index, left)| ColumnIndex {
+            index,
+            side: if left {
+                JoinSide::Left
+            } else {
+                JoinSide::Right
+            },
+        })
+        .collect();
+    Ok(JoinFilter::new(expr, columns, schema))
 }
 
 #[derive(Serialize, Deserialize)]
@@ -252,6 +308,32 @@ impl PhysicalExtensionCodec for GyreCodec {
                     LexOrdering::new(sort),
                 ))
             }
+            NodeProto::Cyclo {
+                left_key,
+                right_key,
+                kernel,
+                rotating,
+                exchange,
+                filter,
+            } => {
+                let [left, right] = inputs else {
+                    return internal_err!("a cyclo-join needs two inputs, got {}", inputs.len());
+                };
+                let filter = filter
+                    .as_ref()
+                    .map(|f| filter_from(f, ctx, self))
+                    .transpose()?;
+                Arc::new(CycloJoinExec::try_new(
+                    Arc::clone(left),
+                    Arc::clone(right),
+                    left_key,
+                    right_key,
+                    kernel,
+                    filter,
+                    rotating,
+                    exchange,
+                )?)
+            }
         })
     }
 
@@ -319,6 +401,16 @@ impl PhysicalExtensionCodec for GyreCodec {
                     })
                     .transpose()?
                     .unwrap_or_default(),
+            }
+        } else if let Some(c) = node.downcast_ref::<CycloJoinExec>() {
+            let (left_key, right_key) = c.keys();
+            NodeProto::Cyclo {
+                left_key,
+                right_key,
+                kernel: c.kernel(),
+                rotating: c.rotating(),
+                exchange: c.exchange(),
+                filter: c.filter().map(|f| filter_proto(f, self)).transpose()?,
             }
         } else {
             return internal_err!("cannot serialise plan node {}", node.name());

@@ -32,7 +32,9 @@ use datafusion::sql::parser::{DFParser, Statement as DFStatement};
 use datafusion::sql::sqlparser::ast::{Expr as SqlExpr, Statement as SqlStatement};
 use datafusion::sql::sqlparser::dialect::GenericDialect;
 use gyre_exchange::{Placement, QueryContext};
-use gyre_planner::{DistributedPlan, split_into_stages};
+use gyre_planner::{
+    DistributedPlan, GyrePlannerOptions, JoinStrategy, plan_cyclo_joins, split_into_stages,
+};
 use gyre_transport::{COORDINATOR, NodeId, TcpTransport, Transport, TransportConfig, node_name};
 use parking_lot::{Mutex, RwLock};
 use std::collections::{BTreeMap, HashMap};
@@ -78,6 +80,8 @@ struct Member {
 #[derive(Debug, Clone, Default)]
 struct Settings {
     compression: Option<String>,
+    /// `gyre.join_strategy` (`auto` when unset).
+    join_strategy: JoinStrategy,
 }
 
 /// The result of one statement.
@@ -411,6 +415,9 @@ impl Coordinator {
         let mut state = self.ctx.state();
         let config = state.config_mut();
         config.options_mut().execution.target_partitions = workers.len().max(1);
+        let mut planner = GyrePlannerOptions::default();
+        planner.join_strategy = self.settings.lock().join_strategy.name().to_string();
+        config.options_mut().extensions.insert(planner);
         config.set_extension(Arc::new(QueryWorkers(workers.to_vec())));
         state
     }
@@ -582,7 +589,13 @@ impl Coordinator {
                 s.compression = Some(value.to_string());
                 Ok(())
             }
-            other => plan_err!("unknown setting '{other}' (known: gyre.compression)"),
+            "gyre.join_strategy" => {
+                s.join_strategy = JoinStrategy::parse(value)?;
+                Ok(())
+            }
+            other => {
+                plan_err!("unknown setting '{other}' (known: gyre.compression, gyre.join_strategy)")
+            }
         }
     }
 
@@ -627,6 +640,8 @@ impl Coordinator {
                 Ok(Transformed::no(node))
             })
             .data()?;
+        let strategy = self.settings.lock().join_strategy;
+        let plan = plan_cyclo_joins(plan, n, strategy)?;
         split_into_stages(plan, n, &is_worker_leaf)
     }
 

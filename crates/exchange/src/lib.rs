@@ -9,14 +9,19 @@
 //! into roughly message-sized batches and encodes each straight into a pooled
 //! message buffer (a broadcast encodes once for all workers); a receiver decodes
 //! each source's IPC stream and releases every buffer as soon as it is decoded.
+//!
+//! [`CycloJoinExec`] is the third operator that crosses the network: a join whose
+//! rotating input travels the workers' ring (the Data Roundabout of `gyre_join::cyclo`).
 
 pub mod codec;
 pub mod context;
+pub mod cyclo;
 pub mod receiver;
 pub mod sender;
 
 pub use codec::{AUTO_LZ4_BELOW_BYTES_PER_SEC, BatchDecoder, BatchEncoder, Compression};
 pub use context::{ExchangeId, Placement, QueryContext};
+pub use cyclo::{CycloJoinExec, CycloKernel, CycloSide};
 pub use receiver::{ExchangeReceiverExec, ReceiveMode};
 pub use sender::{ExchangeSenderExec, SendMode};
 

@@ -8,6 +8,7 @@
 //! worker can produce its share of the result from its own copy of the build
 //! side: inner joins and joins that preserve only the probe side.
 
+use crate::cyclo::JoinStrategy;
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
 use datafusion::common::{JoinType, Result};
@@ -35,7 +36,7 @@ pub fn broadcast_safe(join_type: JoinType) -> bool {
     )
 }
 
-fn estimated_bytes(plan: &Arc<dyn ExecutionPlan>) -> Option<f64> {
+pub(crate) fn estimated_bytes(plan: &Arc<dyn ExecutionPlan>) -> Option<f64> {
     let stats = StatisticsContext::new()
         .compute(plan.as_ref(), &StatisticsArgs::new())
         .ok()?;
@@ -67,6 +68,27 @@ pub enum JoinDistribution {
     Broadcast { swap: bool },
     /// Hash-partition the inputs not already partitioned on the key.
     Repartition,
+}
+
+/// The distribution `SET gyre.join_strategy = 'broadcast'` asks for: broadcast the
+/// smaller input where the join type allows it (either input otherwise), else repartition.
+pub fn choose_broadcast(
+    left_bytes: Option<f64>,
+    right_bytes: Option<f64>,
+    join_type: JoinType,
+    n: usize,
+) -> JoinDistribution {
+    if n <= 1 {
+        return JoinDistribution::Repartition;
+    }
+    let prefer_swap = matches!((left_bytes, right_bytes), (Some(l), Some(r)) if r < l);
+    for swap in [prefer_swap, !prefer_swap] {
+        let oriented = if swap { join_type.swap() } else { join_type };
+        if broadcast_safe(oriented) && (!swap || join_type.supports_swap()) {
+            return JoinDistribution::Broadcast { swap };
+        }
+    }
+    JoinDistribution::Repartition
 }
 
 /// Chooses a distribution from sizes, co-location and join type.
@@ -107,6 +129,7 @@ impl PhysicalOptimizerRule for DistributedJoinSelection {
         config: &ConfigOptions,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let n = config.execution.target_partitions;
+        let strategy = JoinStrategy::of(config)?;
         plan.transform_up(|node| {
             let Some(join) = node.downcast_ref::<HashJoinExec>() else {
                 return Ok(Transformed::no(node));
@@ -116,14 +139,25 @@ impl PhysicalOptimizerRule for DistributedJoinSelection {
             }
             let left_keys: Vec<_> = join.on().iter().map(|(l, _)| Arc::clone(l)).collect();
             let right_keys: Vec<_> = join.on().iter().map(|(_, r)| Arc::clone(r)).collect();
-            let decision = choose(
-                estimated_bytes(join.left()),
-                estimated_bytes(join.right()),
-                co_located(join.left(), &left_keys, n),
-                co_located(join.right(), &right_keys, n),
-                *join.join_type(),
-                n,
-            );
+            let decision = match strategy {
+                JoinStrategy::Shuffle => JoinDistribution::Repartition,
+                JoinStrategy::Broadcast => choose_broadcast(
+                    estimated_bytes(join.left()),
+                    estimated_bytes(join.right()),
+                    *join.join_type(),
+                    n,
+                ),
+                // Cyclo-joins replace eligible joins after optimisation; the others
+                // (and every join under `auto`) are distributed by size.
+                JoinStrategy::Auto | JoinStrategy::Cyclo => choose(
+                    estimated_bytes(join.left()),
+                    estimated_bytes(join.right()),
+                    co_located(join.left(), &left_keys, n),
+                    co_located(join.right(), &right_keys, n),
+                    *join.join_type(),
+                    n,
+                ),
+            };
             let new: Arc<dyn ExecutionPlan> = match decision {
                 JoinDistribution::Broadcast { swap: true } => {
                     join.swap_inputs(PartitionMode::CollectLeft)?
@@ -185,6 +219,29 @@ mod tests {
         assert_eq!(d, JoinDistribution::Repartition);
         let d = choose(Some(1e9), Some(1.0), false, false, JoinType::LeftSemi, 4);
         assert_eq!(d, JoinDistribution::Broadcast { swap: true });
+    }
+
+    #[test]
+    fn forced_broadcast_picks_the_smaller_allowed_side() {
+        let b = |l: f64, r: f64, t| choose_broadcast(Some(l), Some(r), t, 4);
+        assert_eq!(
+            b(1e9, 1.0, JoinType::Inner),
+            JoinDistribution::Broadcast { swap: true }
+        );
+        assert_eq!(
+            b(1.0, 1e9, JoinType::Inner),
+            JoinDistribution::Broadcast { swap: false }
+        );
+        // LEFT JOIN: only the right side may be the broadcast build side.
+        assert_eq!(
+            b(1.0, 1e9, JoinType::Left),
+            JoinDistribution::Broadcast { swap: true }
+        );
+        assert_eq!(b(1.0, 1e9, JoinType::Full), JoinDistribution::Repartition);
+        assert_eq!(
+            choose_broadcast(Some(1.0), Some(2.0), JoinType::Inner, 1),
+            JoinDistribution::Repartition
+        );
     }
 
     #[test]

@@ -5,10 +5,14 @@
 //! for each hash join whether to broadcast its smaller input or repartition
 //! both. Then [`split_into_stages`] cuts the optimised plan into stages at
 //! every point where rows must cross the network (repartitions, merges,
-//! broadcasts), replacing each cut with an exchange sender/receiver pair.
+//! broadcasts), replacing each cut with an exchange sender/receiver pair. In between,
+//! [`plan_cyclo_joins`] turns the joins `gyre.join_strategy` (or their size) sends
+//! around the workers' ring into cyclo-joins.
 
+pub mod cyclo;
 pub mod join_selection;
 pub mod stages;
 
+pub use cyclo::{GyrePlannerOptions, JoinStrategy, plan_cyclo_joins};
 pub use join_selection::DistributedJoinSelection;
 pub use stages::{DistributedPlan, Stage, split_into_stages};

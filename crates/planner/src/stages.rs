@@ -21,6 +21,9 @@
 //! | merge elsewhere, worker plan at root | gather to the coordinator             |
 //! | coordinator plan under worker plan   | scatter (partition `i` to worker `i`) |
 //!
+//! A `CycloJoinExec` keeps both inputs on the workers as they are and takes
+//! consecutive exchange ids for its ring.
+//!
 //! Collect-left joins whose build side is preserved (left outer, left
 //! semi/anti, full, null-aware anti) cannot run on copies of the build side;
 //! with more than one worker they run on the coordinator over gathered inputs.
@@ -38,8 +41,10 @@ use datafusion::physical_plan::{
     ExecutionPlan, ExecutionPlanProperties, Partitioning, displayable,
     replace_children_if_necessary,
 };
+use gyre_exchange::cyclo::EXCHANGES_PER_CYCLO_JOIN;
 use gyre_exchange::{
-    ExchangeId, ExchangeReceiverExec, ExchangeSenderExec, Placement, ReceiveMode, SendMode,
+    CycloJoinExec, ExchangeId, ExchangeReceiverExec, ExchangeSenderExec, Placement, ReceiveMode,
+    SendMode,
 };
 use std::fmt::Write;
 use std::sync::Arc;
@@ -110,6 +115,8 @@ fn join_note(line: &str) -> &'static str {
         "  <- broadcast join"
     } else if l.starts_with("HashJoinExec: mode=Partitioned") {
         "  <- partitioned join"
+    } else if l.starts_with("CycloJoinExec") {
+        "  <- cyclo-join (rotating input travels the ring of workers)"
     } else if l.starts_with("NestedLoopJoinExec") || l.starts_with("CrossJoinExec") {
         "  <- broadcast nested-loop join"
     } else {
@@ -351,6 +358,20 @@ impl Splitter<'_> {
         let mut visited = Vec::with_capacity(children.len());
         for c in &children {
             visited.push(self.visit(c)?);
+        }
+
+        if let Some(join) = node.downcast_ref::<CycloJoinExec>() {
+            // Both inputs stay where they are (partition i on worker i); the ring gets
+            // its exchange ids here, so every worker opens the same streams.
+            let mut children = Vec::with_capacity(2);
+            for (p, l) in visited {
+                children.push(self.place_on_workers(p, l)?);
+            }
+            let exchange = self.next_exchange;
+            self.next_exchange += EXCHANGES_PER_CYCLO_JOIN;
+            let new: Arc<dyn ExecutionPlan> = Arc::new(join.with_exchange(exchange)?);
+            let new = replace_children_if_necessary(new, children)?;
+            return Ok((new, Loc::Workers));
         }
 
         if let Some(safe) = collect_left_join(node.as_ref()) {

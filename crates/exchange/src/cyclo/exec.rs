@@ -1,0 +1,634 @@
+//! [`CycloJoinExec`]: one cyclo-join revolution per worker, as a DataFusion operator.
+//!
+//! Partition `i` runs on worker `i`. It reads its partition of both children (each input
+//! stays partitioned as it comes, no shuffle), keeps the stationary input in place and
+//! injects its part of the rotating input into the Data Roundabout; every fragment
+//! passing the worker is joined with the stationary part by the kernel the planner chose
+//! ([`CycloKernel`]), the matching rows are gathered into Arrow batches (stationary
+//! columns with `take`, rotating columns from the fragment's words), the join's full
+//! filter is applied, and the batches stream out while the ring keeps turning. After one
+//! revolution every worker has emitted its share of the inner join.
+//!
+//! The ring uses [`EXCHANGES_PER_CYCLO_JOIN`] consecutive exchange ids, assigned by the
+//! planner so that every worker opens the same streams.
+
+use crate::context::{ExchangeId, QueryContext};
+use crate::cyclo::kernel::CycloKernel;
+use crate::cyclo::words::{
+    decode_column, encode_batch, key_array, key_type_supported, travels_as_words, validity_words,
+};
+use arrow::array::{ArrayRef, RecordBatch, RecordBatchOptions, UInt32Array, UInt64Array};
+use arrow::compute::{concat_batches, filter_record_batch, take};
+use arrow::datatypes::{FieldRef, SchemaRef};
+use datafusion::common::cast::as_boolean_array;
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::{
+    DataFusionError, JoinSide, JoinType, Result, internal_datafusion_err, internal_err, plan_err,
+};
+use datafusion::execution::TaskContext;
+use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::joins::utils::{JoinFilter, build_join_schema};
+use datafusion::physical_plan::metrics::{
+    Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet, Time,
+};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    ChildrenPropertiesMode, DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties,
+    Partitioning, PlanProperties, ReplaceChildrenOptions, SendableRecordBatchStream,
+};
+use futures::StreamExt;
+use gyre_join::JoinPairs;
+use gyre_join::Keys;
+use gyre_join::cyclo::fragment::{FragmentForm, fragment_words, rows_per_buffer};
+use gyre_join::cyclo::{
+    CycloError, CycloOptions, FragmentView, PreparedCycloJoin, Relation, ResultSink, RingSpec,
+    Rotate, agree,
+};
+use gyre_transport::node_name;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::sync::Arc;
+use tokio::sync::mpsc;
+
+/// Exchange ids one cyclo-join uses: the ring, the size agreement, abort notices, and a
+/// first size agreement (`+4`, its ring id `+3` is never opened) that sizes fragments.
+pub const EXCHANGES_PER_CYCLO_JOIN: u32 = 5;
+
+/// Result pairs per fragment the inequality and all-pairs kernels are sized for: a
+/// fragment holds at most this many rows divided by the largest stationary part.
+const PAIRS_PER_FRAGMENT: u64 = 1 << 22;
+/// Fragments never get smaller than this (so tiny fragments do not dominate).
+const MIN_FRAGMENT_ROWS: usize = 64;
+/// Rows per output batch.
+const BATCH_ROWS: usize = 8192;
+/// Output batches buffered between the join entity and the consumer.
+const OUTPUT_QUEUE: usize = 16;
+
+/// Which input of the join travels the ring.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CycloSide {
+    Left,
+    Right,
+}
+
+impl fmt::Display for CycloSide {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CycloSide::Left => write!(f, "left"),
+            CycloSide::Right => write!(f, "right"),
+        }
+    }
+}
+
+/// An inner join run as a cyclo-join over all workers of the query.
+#[derive(Debug)]
+pub struct CycloJoinExec {
+    left: Arc<dyn ExecutionPlan>,
+    right: Arc<dyn ExecutionPlan>,
+    /// Key column of each input (unused by [`CycloKernel::AllPairs`]).
+    left_key: usize,
+    right_key: usize,
+    kernel: CycloKernel,
+    /// The join's condition, applied to every pair the kernel found.
+    filter: Option<JoinFilter>,
+    rotating: CycloSide,
+    /// First of the [`EXCHANGES_PER_CYCLO_JOIN`] exchange ids (set by the stage splitter).
+    exchange: Option<ExchangeId>,
+    unsigned_keys: bool,
+    schema: SchemaRef,
+    props: Arc<PlanProperties>,
+    metrics: ExecutionPlanMetricsSet,
+}
+
+impl CycloJoinExec {
+    /// Checks that the inputs suit the kernel: integer keys of one domain, a rotating
+    /// input whose columns travel as words, equal partition counts.
+    #[allow(clippy::too_many_arguments)]
+    pub fn try_new(
+        left: Arc<dyn ExecutionPlan>,
+        right: Arc<dyn ExecutionPlan>,
+        left_key: usize,
+        right_key: usize,
+        kernel: CycloKernel,
+        filter: Option<JoinFilter>,
+        rotating: CycloSide,
+        exchange: Option<ExchangeId>,
+    ) -> Result<Self> {
+        let (ls, rs) = (left.schema(), right.schema());
+        let mut unsigned_keys = false;
+        if kernel.uses_keys() {
+            let (Some(lf), Some(rf)) = (ls.fields().get(left_key), rs.fields().get(right_key))
+            else {
+                return plan_err!("cyclo-join key column out of range");
+            };
+            let (lu, ru) = (
+                key_type_supported(lf.data_type()),
+                key_type_supported(rf.data_type()),
+            );
+            match (lu, ru) {
+                (Some(a), Some(b)) if a == b => unsigned_keys = a,
+                _ => {
+                    return plan_err!(
+                        "cyclo-join cannot join keys of types {} and {}",
+                        lf.data_type(),
+                        rf.data_type()
+                    );
+                }
+            }
+        }
+        let rot_schema = match rotating {
+            CycloSide::Left => &ls,
+            CycloSide::Right => &rs,
+        };
+        if let Some(f) = rot_schema
+            .fields()
+            .iter()
+            .find(|f| !travels_as_words(f.data_type()))
+        {
+            return plan_err!(
+                "the rotating input of a cyclo-join cannot carry column {} of type {}",
+                f.name(),
+                f.data_type()
+            );
+        }
+        let n = left.output_partitioning().partition_count();
+        if right.output_partitioning().partition_count() != n {
+            return plan_err!(
+                "cyclo-join inputs have {} and {} partitions",
+                n,
+                right.output_partitioning().partition_count()
+            );
+        }
+        let schema = Arc::new(build_join_schema(&ls, &rs, &JoinType::Inner).0);
+        let props = Arc::new(PlanProperties::new(
+            EquivalenceProperties::new(Arc::clone(&schema)),
+            Partitioning::UnknownPartitioning(n),
+            EmissionType::Incremental,
+            Boundedness::Bounded,
+        ));
+        Ok(Self {
+            left,
+            right,
+            left_key,
+            right_key,
+            kernel,
+            filter,
+            rotating,
+            exchange,
+            unsigned_keys,
+            schema,
+            props,
+            metrics: ExecutionPlanMetricsSet::new(),
+        })
+    }
+
+    /// The same join on the ring whose first exchange id is `exchange`.
+    pub fn with_exchange(&self, exchange: ExchangeId) -> Result<Self> {
+        Self::try_new(
+            Arc::clone(&self.left),
+            Arc::clone(&self.right),
+            self.left_key,
+            self.right_key,
+            self.kernel,
+            self.filter.clone(),
+            self.rotating,
+            Some(exchange),
+        )
+    }
+
+    pub fn left(&self) -> &Arc<dyn ExecutionPlan> {
+        &self.left
+    }
+    pub fn right(&self) -> &Arc<dyn ExecutionPlan> {
+        &self.right
+    }
+    pub fn keys(&self) -> (usize, usize) {
+        (self.left_key, self.right_key)
+    }
+    pub fn kernel(&self) -> CycloKernel {
+        self.kernel
+    }
+    pub fn filter(&self) -> Option<&JoinFilter> {
+        self.filter.as_ref()
+    }
+    pub fn rotating(&self) -> CycloSide {
+        self.rotating
+    }
+    pub fn exchange(&self) -> Option<ExchangeId> {
+        self.exchange
+    }
+}
+
+impl DisplayAs for CycloJoinExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "CycloJoinExec: kernel={}", self.kernel)?;
+        if self.kernel.uses_keys() {
+            write!(
+                f,
+                ", on=({}, {})",
+                self.left.schema().field(self.left_key).name(),
+                self.right.schema().field(self.right_key).name()
+            )?;
+        }
+        if let Some(filter) = &self.filter {
+            write!(f, ", filter={filter}")?;
+        }
+        write!(f, ", rotating={} input", self.rotating)?;
+        if let Some(e) = self.exchange {
+            write!(
+                f,
+                ", ring exchanges={e}..{}",
+                e + EXCHANGES_PER_CYCLO_JOIN - 1
+            )?;
+        }
+        Ok(())
+    }
+}
+
+struct CycloMetrics {
+    setup: Time,
+    join: Time,
+    sync: Time,
+    ring: Time,
+    transmit_wait: Time,
+    fragments_joined: Count,
+    rotating_rows: Count,
+    stationary_rows: Count,
+    bytes_sent: Count,
+    output_rows: Count,
+}
+
+impl CycloMetrics {
+    fn new(set: &ExecutionPlanMetricsSet, partition: usize) -> Self {
+        let m = || MetricBuilder::new(set);
+        Self {
+            setup: m().subset_time("setup_time", partition),
+            join: m().subset_time("join_time", partition),
+            sync: m().subset_time("sync_time", partition),
+            ring: m().subset_time("ring_time", partition),
+            transmit_wait: m().subset_time("transmit_wait", partition),
+            fragments_joined: m().counter("fragments_joined", partition),
+            rotating_rows: m().counter("rotating_rows", partition),
+            stationary_rows: m().counter("stationary_rows", partition),
+            bytes_sent: m().counter("ring_bytes_sent", partition),
+            output_rows: m().output_rows(partition),
+        }
+    }
+}
+
+fn cyclo_err(me: gyre_transport::NodeId) -> impl Fn(CycloError) -> DataFusionError {
+    move |e| DataFusionError::Execution(format!("cyclo-join on {}: {e}", node_name(me)))
+}
+
+async fn collect(mut stream: SendableRecordBatchStream) -> Result<RecordBatch> {
+    let schema = stream.schema();
+    let mut batches = vec![];
+    while let Some(b) = stream.next().await {
+        batches.push(b?);
+    }
+    Ok(concat_batches(&schema, &batches)?)
+}
+
+/// What one partition's task needs.
+struct Job {
+    left_key: usize,
+    right_key: usize,
+    kernel: CycloKernel,
+    filter: Option<JoinFilter>,
+    rotating: CycloSide,
+    exchange: ExchangeId,
+    unsigned_keys: bool,
+    schema: SchemaRef,
+    left_width: usize,
+}
+
+impl Job {
+    fn keys_of(&self, batch: &RecordBatch, column: usize) -> Result<ArrayRef> {
+        if self.kernel.uses_keys() {
+            key_array(batch.column(column), self.unsigned_keys)
+        } else {
+            // All pairs: one key for every row, none NULL.
+            Ok(Arc::new(UInt64Array::from(vec![0u64; batch.num_rows()])))
+        }
+    }
+
+    async fn run(
+        self,
+        partition: usize,
+        qc: Arc<QueryContext>,
+        left: SendableRecordBatchStream,
+        right: SendableRecordBatchStream,
+        tx: mpsc::Sender<Result<RecordBatch>>,
+        metrics: CycloMetrics,
+    ) -> Result<()> {
+        let me = qc.me();
+        if qc.workers.get(partition) != Some(&me) {
+            return internal_err!(
+                "cyclo-join partition {partition} runs on {}, not on its worker",
+                node_name(me)
+            );
+        }
+        let err = cyclo_err(me);
+        let (left, right) = futures::try_join!(collect(left), collect(right))?;
+        let (rot, stat, rot_key, stat_key) = match self.rotating {
+            CycloSide::Left => (left, right, self.left_key, self.right_key),
+            CycloSide::Right => (right, left, self.right_key, self.left_key),
+        };
+        let rot_key_array = self.keys_of(&rot, rot_key)?;
+        let stat_key_array = self.keys_of(&stat, stat_key)?;
+        let key_err = |e: gyre_join::JoinError| err(CycloError::Join(e));
+        let words = encode_batch(&rot)?;
+        let rot_rel = Relation {
+            keys: Keys::from_array(rot_key_array.as_ref()).map_err(key_err)?,
+            payload: words.iter().map(Vec::as_slice).collect(),
+        };
+        let stat_rel = Relation {
+            keys: Keys::from_array(stat_key_array.as_ref()).map_err(key_err)?,
+            payload: vec![],
+        };
+        let (left_rel, right_rel, rotate) = match self.rotating {
+            CycloSide::Left => (&rot_rel, &stat_rel, Rotate::Left),
+            CycloSide::Right => (&stat_rel, &rot_rel, Rotate::Right),
+        };
+        let algorithm = self.kernel.algorithm();
+        let mut options = CycloOptions {
+            rotate,
+            ..CycloOptions::default()
+        };
+        let ring = RingSpec {
+            nodes: qc.workers.clone(),
+            index: partition,
+            query: qc.query_id,
+            exchange: self.exchange,
+        };
+        let t = qc.transport.as_ref();
+        if self.kernel.may_explode() {
+            // Size fragments so that one fragment's result stays bounded on every worker.
+            let probe_ring = RingSpec {
+                exchange: self.exchange + 3,
+                ..ring.clone()
+            };
+            let probe = agree(t, &probe_ring, left_rel, right_rel, &algorithm, &options)
+                .await
+                .map_err(&err)?;
+            let cols = words.len();
+            let most = rows_per_buffer(options.roundabout.buffer_bytes, cols, FragmentForm::Raw);
+            let rows = ((PAIRS_PER_FRAGMENT / probe.largest_stationary.max(1)) as usize)
+                .max(MIN_FRAGMENT_ROWS)
+                .min(most)
+                .max(1);
+            options.roundabout.buffer_bytes = fragment_words(rows, cols, FragmentForm::Raw) * 8;
+        }
+        let plan = agree(t, &ring, left_rel, right_rel, &algorithm, &options)
+            .await
+            .map_err(&err)?;
+        let prepared = PreparedCycloJoin::prepare(&plan, left_rel, right_rel, &algorithm, &options)
+            .map_err(&err)?;
+        metrics.stationary_rows.add(stat.num_rows());
+        metrics.rotating_rows.add(rot.num_rows());
+        let sink = BatchSink {
+            tx,
+            rotating_fields: rot.schema().fields().iter().cloned().collect(),
+            stationary: stat,
+            rotating: self.rotating,
+            schema: self.schema,
+            filter: self.filter,
+            left_width: self.left_width,
+            output_rows: metrics.output_rows.clone(),
+        };
+        let (figures, _sink) = prepared.run(t, &ring, sink).await.map_err(&err)?;
+        metrics.setup.add_duration(figures.setup.total());
+        metrics.join.add_duration(figures.ring.join);
+        metrics.sync.add_duration(figures.ring.sync);
+        metrics.ring.add_duration(figures.ring.elapsed);
+        metrics
+            .transmit_wait
+            .add_duration(figures.ring.transmit_wait);
+        metrics
+            .fragments_joined
+            .add(figures.ring.fragments_joined as usize);
+        metrics.bytes_sent.add(figures.ring.bytes_sent as usize);
+        Ok(())
+    }
+}
+
+/// Turns a worker's result pairs into output batches on the join entity's thread.
+struct BatchSink {
+    tx: mpsc::Sender<Result<RecordBatch>>,
+    rotating_fields: Vec<FieldRef>,
+    stationary: RecordBatch,
+    rotating: CycloSide,
+    schema: SchemaRef,
+    filter: Option<JoinFilter>,
+    left_width: usize,
+    output_rows: Count,
+}
+
+impl BatchSink {
+    fn build(
+        &self,
+        fragment: &FragmentView<'_>,
+        fragment_rows: &[u32],
+        stationary_rows: &[u32],
+    ) -> Result<RecordBatch> {
+        let ncols = self.rotating_fields.len();
+        if fragment.payload_columns() != ncols + validity_words(ncols) {
+            return internal_err!(
+                "a fragment carries {} columns, expected {}",
+                fragment.payload_columns(),
+                ncols + validity_words(ncols)
+            );
+        }
+        let validity: Vec<&[u64]> = (0..validity_words(ncols))
+            .map(|g| fragment.payload(ncols + g))
+            .collect();
+        let rotating = self
+            .rotating_fields
+            .iter()
+            .enumerate()
+            .map(|(c, f)| decode_column(f, c, fragment.payload(c), &validity, fragment_rows))
+            .collect::<Result<Vec<_>>>()?;
+        let idx = UInt32Array::from(stationary_rows.to_vec());
+        let stationary = self
+            .stationary
+            .columns()
+            .iter()
+            .map(|c| take(c.as_ref(), &idx, None))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let columns: Vec<ArrayRef> = match self.rotating {
+            CycloSide::Left => rotating.into_iter().chain(stationary).collect(),
+            CycloSide::Right => stationary.into_iter().chain(rotating).collect(),
+        };
+        let options = RecordBatchOptions::new().with_row_count(Some(fragment_rows.len()));
+        let batch = RecordBatch::try_new_with_options(Arc::clone(&self.schema), columns, &options)?;
+        match &self.filter {
+            None => Ok(batch),
+            Some(f) => apply_filter(&batch, f, self.left_width),
+        }
+    }
+}
+
+/// Keeps the rows of `batch` (left columns, then right) for which `filter` is true.
+fn apply_filter(
+    batch: &RecordBatch,
+    filter: &JoinFilter,
+    left_width: usize,
+) -> Result<RecordBatch> {
+    let columns = filter
+        .column_indices()
+        .iter()
+        .map(|ci| match ci.side {
+            JoinSide::Left => Ok(Arc::clone(batch.column(ci.index))),
+            JoinSide::Right => Ok(Arc::clone(batch.column(left_width + ci.index))),
+            JoinSide::None => internal_err!("a join filter column of neither input"),
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let options = RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
+    let intermediate =
+        RecordBatch::try_new_with_options(Arc::clone(filter.schema()), columns, &options)?;
+    let mask = filter
+        .expression()
+        .evaluate(&intermediate)?
+        .into_array(intermediate.num_rows())?;
+    // NULL counts as false.
+    Ok(filter_record_batch(batch, as_boolean_array(&mask)?)?)
+}
+
+impl ResultSink for BatchSink {
+    fn consume(
+        &mut self,
+        fragment: &FragmentView<'_>,
+        pairs: &JoinPairs,
+    ) -> std::result::Result<(), CycloError> {
+        for (f_rows, s_rows) in pairs
+            .left
+            .chunks(BATCH_ROWS)
+            .zip(pairs.right.chunks(BATCH_ROWS))
+        {
+            let batch = self
+                .build(fragment, f_rows, s_rows)
+                .map_err(|e| CycloError::Sink(e.to_string()))?;
+            if batch.num_rows() == 0 {
+                continue;
+            }
+            self.output_rows.add(batch.num_rows());
+            self.tx.blocking_send(Ok(batch)).map_err(|_| {
+                CycloError::Sink("the consumer of the join result went away".into())
+            })?;
+        }
+        Ok(())
+    }
+}
+
+/// Aborts the partition's task when its output stream is dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl ExecutionPlan for CycloJoinExec {
+    fn name(&self) -> &'static str {
+        "CycloJoinExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.props
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.left, &self.right]
+    }
+
+    fn apply_expressions(
+        &self,
+        f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        match &self.filter {
+            Some(filter) => f(filter.expression()),
+            None => Ok(TreeNodeRecursion::Continue),
+        }
+    }
+
+    fn replace_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+        _: ReplaceChildrenOptions,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let [left, right] = <[_; 2]>::try_from(children)
+            .map_err(|_| internal_datafusion_err!("a cyclo-join has two children"))?;
+        Ok(Arc::new(Self::try_new(
+            left,
+            right,
+            self.left_key,
+            self.right_key,
+            self.kernel,
+            self.filter.clone(),
+            self.rotating,
+            self.exchange,
+        )?))
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        self.replace_children(
+            children,
+            ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute),
+        )
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        let qc = QueryContext::of(&context)?;
+        let Some(exchange) = self.exchange else {
+            return internal_err!("a cyclo-join ran without ring exchange ids");
+        };
+        let left = self.left.execute(partition, Arc::clone(&context))?;
+        let right = self.right.execute(partition, context)?;
+        let job = Job {
+            left_key: self.left_key,
+            right_key: self.right_key,
+            kernel: self.kernel,
+            filter: self.filter.clone(),
+            rotating: self.rotating,
+            exchange,
+            unsigned_keys: self.unsigned_keys,
+            schema: Arc::clone(&self.schema),
+            left_width: self.left.schema().fields().len(),
+        };
+        let metrics = CycloMetrics::new(&self.metrics, partition);
+        let (tx, rx) = mpsc::channel(OUTPUT_QUEUE);
+        let task = tokio::spawn({
+            let tx = tx.clone();
+            async move {
+                if let Err(e) = job
+                    .run(partition, qc, left, right, tx.clone(), metrics)
+                    .await
+                {
+                    let _ = tx.send(Err(e)).await;
+                }
+            }
+        });
+        drop(tx);
+        let stream =
+            futures::stream::unfold((rx, AbortOnDrop(task)), |(mut rx, guard)| async move {
+                rx.recv().await.map(|b| (b, (rx, guard)))
+            });
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
+            Arc::clone(&self.schema),
+            stream,
+        )))
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+}
