@@ -4,9 +4,11 @@
 //! compared with single-node DataFusion; `EXPLAIN` must show the cyclo-join (so a
 //! fallback to another join cannot pass unnoticed) and `EXPLAIN ANALYZE` its timings.
 
-use datafusion::prelude::SessionContext;
+mod sql_reference;
+
 use gyre_cluster::LocalCluster;
 use gyre_cluster::reference::canonical_rows;
+use sql_reference::{differs, reference};
 
 /// `a`: strings (stationary only), random `x`, skewed `k` with NULLs. `b`: smaller, only
 /// fixed-width columns (it rotates): random `y` with NULLs, floats, dates, booleans.
@@ -105,15 +107,6 @@ const QUERIES: &[(&str, &str)] = &[
     ),
 ];
 
-async fn reference() -> SessionContext {
-    let ctx = SessionContext::new();
-    for stmt in SETUP.split(';').map(str::trim).filter(|s| !s.is_empty()) {
-        let stmt = stmt.replace(" PARTITION BY k", "");
-        ctx.sql(&stmt).await.unwrap().collect().await.unwrap();
-    }
-    ctx
-}
-
 fn text(r: gyre_cluster::coordinator::StatementResult) -> String {
     canonical_rows(&r.batches).unwrap().join("\n")
 }
@@ -125,7 +118,7 @@ async fn check(workers: usize) {
     let c = &cluster.coordinator;
     c.sql(SETUP).await.unwrap();
     c.sql("SET gyre.join_strategy = 'cyclo'").await.unwrap();
-    let reference = reference().await;
+    let reference = reference(SETUP).await;
     let mut failures = vec![];
     for (q, kernel) in QUERIES {
         let plan = text(c.sql_one(&format!("EXPLAIN {q}")).await.unwrap());
@@ -133,22 +126,8 @@ async fn check(workers: usize) {
             failures.push(format!("{q}\n  not a {kernel} cyclo-join:\n{plan}"));
             continue;
         }
-        let want =
-            canonical_rows(&reference.sql(q).await.unwrap().collect().await.unwrap()).unwrap();
-        match c.sql_one(q).await {
-            Ok(got) => {
-                let got = canonical_rows(&got.batches).unwrap();
-                if got != want {
-                    failures.push(format!(
-                        "{q}\n  got  {} rows {:?}\n  want {} rows {:?}",
-                        got.len(),
-                        &got[..got.len().min(8)],
-                        want.len(),
-                        &want[..want.len().min(8)]
-                    ));
-                }
-            }
-            Err(e) => failures.push(format!("{q}\n  error: {e}")),
+        if let Some(d) = differs(c, &reference, q).await {
+            failures.push(d);
         }
     }
     assert!(
@@ -180,7 +159,7 @@ async fn strategies_are_chosen_by_setting_and_analyze_shows_ring_times() {
         .unwrap();
     let c = &cluster.coordinator;
     c.sql(SETUP).await.unwrap();
-    let reference = reference().await;
+    let reference = reference(SETUP).await;
     let equi = "SELECT a.k, a.s, b.y FROM a JOIN b ON a.k = b.k";
     let band = "SELECT a.s, b.y FROM a JOIN b ON a.x BETWEEN b.y - 1 AND b.y + 1";
     let want_equi =

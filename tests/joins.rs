@@ -2,9 +2,11 @@
 //! DataFusion: outer, semi, anti, non-equi, NULL keys, empty inputs, a worker
 //! holding no rows, and input errors.
 
-use datafusion::prelude::SessionContext;
+mod sql_reference;
+
 use gyre_cluster::LocalCluster;
 use gyre_cluster::reference::canonical_rows;
+use sql_reference::{differs, reference};
 
 const SETUP: &str = "
 CREATE TABLE l (k INT, v VARCHAR) PARTITION BY k;
@@ -49,35 +51,24 @@ const QUERIES: &[&str] = &[
     "SELECT * FROM (VALUES (1), (2), (9)) AS t(k) JOIN r ON t.k = r.k",
 ];
 
-async fn reference() -> SessionContext {
-    let ctx = SessionContext::new();
-    for stmt in SETUP.split(';').map(str::trim).filter(|s| !s.is_empty()) {
-        // The reference has no placement clause and no primary-key placement.
-        let stmt = stmt.replace(" PARTITION BY k", "");
-        ctx.sql(&stmt).await.unwrap().collect().await.unwrap();
-    }
-    ctx
-}
-
 async fn check(workers: usize) {
     let cluster = LocalCluster::start(workers, 1, "127.0.0.1:0".parse().unwrap())
         .await
         .unwrap();
     let c = &cluster.coordinator;
     c.sql(SETUP).await.unwrap();
-    let reference = reference().await;
+    let reference = reference(SETUP).await;
     let mut failures = vec![];
-    for q in QUERIES {
-        let want =
-            canonical_rows(&reference.sql(q).await.unwrap().collect().await.unwrap()).unwrap();
-        match c.sql_one(q).await {
-            Ok(got) => {
-                let got = canonical_rows(&got.batches).unwrap();
-                if got != want {
-                    failures.push(format!("{q}\n  got  {got:?}\n  want {want:?}"));
-                }
+    // `shuffle` makes every equi-join partitioned, which runs the supported join types
+    // as Flow-Joins (skew detection is on by default).
+    for strategy in ["auto", "shuffle"] {
+        c.sql(&format!("SET gyre.join_strategy = '{strategy}'"))
+            .await
+            .unwrap();
+        for q in QUERIES {
+            if let Some(d) = differs(c, &reference, q).await {
+                failures.push(format!("[{strategy}] {d}"));
             }
-            Err(e) => failures.push(format!("{q}\n  error: {e}")),
         }
     }
     assert!(

@@ -17,8 +17,8 @@ use datafusion_proto::physical_plan::{
 };
 use datafusion_proto::protobuf;
 use gyre_exchange::{
-    CycloJoinExec, CycloKernel, CycloSide, ExchangeReceiverExec, ExchangeSenderExec, Placement,
-    ReceiveMode, SendMode,
+    CycloJoinExec, CycloKernel, CycloSide, ExchangeReceiverExec, ExchangeSenderExec, FlowJoinExec,
+    Placement, ReceiveMode, SendMode, SkewSettings,
 };
 use prost::Message;
 use serde::{Deserialize, Serialize};
@@ -57,6 +57,11 @@ enum NodeProto {
         shuffle: bool,
         partitioning: PartitioningProto,
         ordering: Vec<SortProto>,
+    },
+    Flow {
+        settings: SkewSettings,
+        probe_rows_per_worker: Option<u64>,
+        exchange: Option<u32>,
     },
     Cyclo {
         left_key: usize,
@@ -308,6 +313,21 @@ impl PhysicalExtensionCodec for GyreCodec {
                     LexOrdering::new(sort),
                 ))
             }
+            NodeProto::Flow {
+                settings,
+                probe_rows_per_worker,
+                exchange,
+            } => {
+                let [join] = inputs else {
+                    return internal_err!("a Flow-Join has one input, got {}", inputs.len());
+                };
+                Arc::new(FlowJoinExec::try_new(
+                    Arc::clone(join),
+                    settings,
+                    probe_rows_per_worker,
+                    exchange,
+                )?)
+            }
             NodeProto::Cyclo {
                 left_key,
                 right_key,
@@ -401,6 +421,12 @@ impl PhysicalExtensionCodec for GyreCodec {
                     })
                     .transpose()?
                     .unwrap_or_default(),
+            }
+        } else if let Some(f) = node.downcast_ref::<FlowJoinExec>() {
+            NodeProto::Flow {
+                settings: f.settings().clone(),
+                probe_rows_per_worker: f.probe_rows_per_worker(),
+                exchange: f.exchange(),
             }
         } else if let Some(c) = node.downcast_ref::<CycloJoinExec>() {
             let (left_key, right_key) = c.keys();

@@ -15,7 +15,7 @@ use arrow::array::{ArrayRef, RecordBatch, StringArray, UInt64Array};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::catalog::TableProvider;
 use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
-use datafusion::common::{DataFusionError, Result, TableReference, plan_err};
+use datafusion::common::{DataFusionError, Result, TableReference, plan_datafusion_err, plan_err};
 use datafusion::datasource::provider_as_source;
 use datafusion::execution::TaskContext;
 use datafusion::execution::context::SessionState;
@@ -31,9 +31,10 @@ use datafusion::prelude::SessionContext;
 use datafusion::sql::parser::{DFParser, Statement as DFStatement};
 use datafusion::sql::sqlparser::ast::{Expr as SqlExpr, Statement as SqlStatement};
 use datafusion::sql::sqlparser::dialect::GenericDialect;
-use gyre_exchange::{Placement, QueryContext};
+use gyre_exchange::{Placement, QueryContext, SkewSettings};
 use gyre_planner::{
-    DistributedPlan, GyrePlannerOptions, JoinStrategy, plan_cyclo_joins, split_into_stages,
+    DistributedPlan, GyrePlannerOptions, JoinStrategy, plan_cyclo_joins, plan_flow_joins,
+    split_into_stages,
 };
 use gyre_transport::{COORDINATOR, NodeId, TcpTransport, Transport, TransportConfig, node_name};
 use parking_lot::{Mutex, RwLock};
@@ -82,6 +83,10 @@ struct Settings {
     compression: Option<String>,
     /// `gyre.join_strategy` (`auto` when unset).
     join_strategy: JoinStrategy,
+    /// `gyre.skew_detection = off` (Flow-Join is on by default).
+    skew_detection_off: bool,
+    /// `gyre.skew_threshold`, `gyre.skew_first`, `gyre.skew_every`, `gyre.skew_sample`.
+    skew: SkewSettings,
 }
 
 /// The result of one statement.
@@ -593,9 +598,49 @@ impl Coordinator {
                 s.join_strategy = JoinStrategy::parse(value)?;
                 Ok(())
             }
-            other => {
-                plan_err!("unknown setting '{other}' (known: gyre.compression, gyre.join_strategy)")
+            "gyre.skew_detection" => {
+                s.skew_detection_off = match value.trim().to_ascii_lowercase().as_str() {
+                    "on" | "true" | "1" => false,
+                    "off" | "false" | "0" => true,
+                    other => return plan_err!("gyre.skew_detection is on or off, not '{other}'"),
+                };
+                Ok(())
             }
+            v @ ("gyre.skew_threshold"
+            | "gyre.skew_first"
+            | "gyre.skew_every"
+            | "gyre.skew_sample") => {
+                let mut skew = s.skew.clone();
+                let text = value.trim();
+                if v == "gyre.skew_sample" {
+                    skew.sample = text.parse().map_err(|_| {
+                        plan_datafusion_err!("{v} is a whole number of rows, not '{value}'")
+                    })?;
+                } else {
+                    let share = match text.strip_suffix('%') {
+                        Some(p) => p.trim().parse::<f64>().map(|p| p / 100.0),
+                        None => text.parse::<f64>(),
+                    }
+                    .map_err(|_| {
+                        plan_datafusion_err!(
+                            "{v} is a share of the input (0.0001 or 0.01%), not '{value}'"
+                        )
+                    })?;
+                    match v {
+                        "gyre.skew_threshold" => skew.threshold = share,
+                        "gyre.skew_first" => skew.first = share,
+                        _ => skew.every = share,
+                    }
+                }
+                skew.detection()?;
+                s.skew = skew;
+                Ok(())
+            }
+            other => plan_err!(
+                "unknown setting '{other}' (known: gyre.compression, gyre.join_strategy, \
+                 gyre.skew_detection, gyre.skew_threshold, gyre.skew_first, gyre.skew_every, \
+                 gyre.skew_sample)"
+            ),
         }
     }
 
@@ -640,8 +685,15 @@ impl Coordinator {
                 Ok(Transformed::no(node))
             })
             .data()?;
-        let strategy = self.settings.lock().join_strategy;
+        let (strategy, skew) = {
+            let s = self.settings.lock();
+            (
+                s.join_strategy,
+                (!s.skew_detection_off).then(|| s.skew.clone()),
+            )
+        };
         let plan = plan_cyclo_joins(plan, n, strategy)?;
+        let plan = plan_flow_joins(plan, n, skew.as_ref())?;
         split_into_stages(plan, n, &is_worker_leaf)
     }
 

@@ -11,17 +11,22 @@
 //! each source's IPC stream and releases every buffer as soon as it is decoded.
 //!
 //! [`CycloJoinExec`] is the third operator that crosses the network: a join whose
-//! rotating input travels the workers' ring (the Data Roundabout of `gyre_join::cyclo`).
+//! rotating input travels the workers' ring (the Data Roundabout of `gyre_join::cyclo`);
+//! [`FlowJoinExec`] is a partitioned hash join that routes its own probe shuffle, keeping
+//! heavy-hitter rows local and broadcasting their build rows (Flow-Join, `gyre_join::flow`).
 
 pub mod codec;
 pub mod context;
 pub mod cyclo;
+pub mod flow;
 pub mod receiver;
 pub mod sender;
+mod task;
 
 pub use codec::{AUTO_LZ4_BELOW_BYTES_PER_SEC, BatchDecoder, BatchEncoder, Compression};
 pub use context::{ExchangeId, Placement, QueryContext};
 pub use cyclo::{CycloJoinExec, CycloKernel, CycloSide};
+pub use flow::{FlowJoinExec, SkewSettings};
 pub use receiver::{ExchangeReceiverExec, ReceiveMode};
 pub use sender::{ExchangeSenderExec, SendMode};
 

@@ -136,7 +136,7 @@ impl DisplayAs for ExchangeSenderExec {
 }
 
 /// Per-partition counters of a sender.
-struct SendMetrics {
+pub(crate) struct SendMetrics {
     rows: Count,
     batches: Count,
     bytes: Count,
@@ -151,7 +151,7 @@ struct SendMetrics {
 }
 
 impl SendMetrics {
-    fn new(set: &ExecutionPlanMetricsSet, partition: usize) -> Self {
+    pub(crate) fn new(set: &ExecutionPlanMetricsSet, partition: usize) -> Self {
         let m = || MetricBuilder::new(set);
         Self {
             rows: m().counter("rows_sent", partition),
@@ -223,7 +223,7 @@ impl Sizer {
 /// slices and view arrays, whose IPC encoding would otherwise carry whole shared
 /// buffers); each completed batch is encoded into one pooled buffer. The batch size
 /// follows the bytes per row learned from what was encoded.
-struct Outlet {
+pub(crate) struct Outlet {
     to: To,
     schema: SchemaRef,
     encoder: BatchEncoder,
@@ -233,7 +233,12 @@ struct Outlet {
 }
 
 impl Outlet {
-    fn new(to: To, schema: SchemaRef, encoder: BatchEncoder, message_size: usize) -> Self {
+    pub(crate) fn new(
+        to: To,
+        schema: SchemaRef,
+        encoder: BatchEncoder,
+        message_size: usize,
+    ) -> Self {
         Self {
             to,
             schema,
@@ -265,7 +270,12 @@ impl Outlet {
     }
 
     /// Adds rows; sends every message-sized batch that is complete.
-    async fn push(&mut self, ep: &SendEndpoint, batch: RecordBatch, m: &SendMetrics) -> Result<()> {
+    pub(crate) async fn push(
+        &mut self,
+        ep: &SendEndpoint,
+        batch: RecordBatch,
+        m: &SendMetrics,
+    ) -> Result<()> {
         self.sizer.guess(&batch);
         self.resize()?;
         self.coalescer
@@ -290,7 +300,7 @@ impl Outlet {
     }
 
     /// Sends what is left.
-    async fn flush(&mut self, ep: &SendEndpoint, m: &SendMetrics) -> Result<()> {
+    pub(crate) async fn flush(&mut self, ep: &SendEndpoint, m: &SendMetrics) -> Result<()> {
         if let Some(c) = &mut self.coalescer {
             c.finish_buffered_batch()?;
         }
@@ -322,7 +332,7 @@ impl Outlet {
     }
 }
 
-fn transport_err(e: gyre_transport::TransportError) -> DataFusionError {
+pub(crate) fn transport_err(e: gyre_transport::TransportError) -> DataFusionError {
     DataFusionError::External(Box::new(e))
 }
 

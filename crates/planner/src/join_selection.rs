@@ -47,6 +47,14 @@ pub(crate) fn estimated_bytes(plan: &Arc<dyn ExecutionPlan>) -> Option<f64> {
     stats.num_rows.get_value().map(|r| *r as f64 * 64.0)
 }
 
+/// Estimated output rows of `plan`, if its statistics know them.
+pub(crate) fn estimated_rows(plan: &Arc<dyn ExecutionPlan>) -> Option<u64> {
+    let stats = StatisticsContext::new()
+        .compute(plan.as_ref(), &StatisticsArgs::new())
+        .ok()?;
+    stats.num_rows.get_value().map(|r| *r as u64)
+}
+
 /// Whether `plan` is already hash-partitioned on exactly `keys` over `n` partitions.
 fn co_located(
     plan: &Arc<dyn ExecutionPlan>,

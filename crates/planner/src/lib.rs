@@ -7,12 +7,15 @@
 //! every point where rows must cross the network (repartitions, merges,
 //! broadcasts), replacing each cut with an exchange sender/receiver pair. In between,
 //! [`plan_cyclo_joins`] turns the joins `gyre.join_strategy` (or their size) sends
-//! around the workers' ring into cyclo-joins.
+//! around the workers' ring into cyclo-joins, and [`plan_flow_joins`] gives shuffled
+//! partitioned hash joins Flow-Join's skew handling.
 
 pub mod cyclo;
+pub mod flow;
 pub mod join_selection;
 pub mod stages;
 
 pub use cyclo::{GyrePlannerOptions, JoinStrategy, plan_cyclo_joins};
+pub use flow::plan_flow_joins;
 pub use join_selection::DistributedJoinSelection;
 pub use stages::{DistributedPlan, Stage, split_into_stages};

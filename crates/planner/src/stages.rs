@@ -21,6 +21,9 @@
 //! | merge elsewhere, worker plan at root | gather to the coordinator             |
 //! | coordinator plan under worker plan   | scatter (partition `i` to worker `i`) |
 //!
+//! A `FlowJoinExec` wraps a partitioned hash join whose probe input it shuffles itself,
+//! and takes consecutive exchange ids for that and its heavy-hitter traffic.
+//!
 //! A `CycloJoinExec` keeps both inputs on the workers as they are and takes
 //! consecutive exchange ids for its ring.
 //!
@@ -42,9 +45,10 @@ use datafusion::physical_plan::{
     replace_children_if_necessary,
 };
 use gyre_exchange::cyclo::EXCHANGES_PER_CYCLO_JOIN;
+use gyre_exchange::flow::EXCHANGES_PER_FLOW_JOIN;
 use gyre_exchange::{
-    CycloJoinExec, ExchangeId, ExchangeReceiverExec, ExchangeSenderExec, Placement, ReceiveMode,
-    SendMode,
+    CycloJoinExec, ExchangeId, ExchangeReceiverExec, ExchangeSenderExec, FlowJoinExec, Placement,
+    ReceiveMode, SendMode,
 };
 use std::fmt::Write;
 use std::sync::Arc;
@@ -115,6 +119,8 @@ fn join_note(line: &str) -> &'static str {
         "  <- broadcast join"
     } else if l.starts_with("HashJoinExec: mode=Partitioned") {
         "  <- partitioned join"
+    } else if l.starts_with("FlowJoinExec") {
+        "  <- Flow-Join: partitioned, heavy hitters kept local, their build rows broadcast"
     } else if l.starts_with("CycloJoinExec") {
         "  <- cyclo-join (rotating input travels the ring of workers)"
     } else if l.starts_with("NestedLoopJoinExec") || l.starts_with("CrossJoinExec") {
@@ -358,6 +364,19 @@ impl Splitter<'_> {
         let mut visited = Vec::with_capacity(children.len());
         for c in &children {
             visited.push(self.visit(c)?);
+        }
+
+        if let Some(flow) = node.downcast_ref::<FlowJoinExec>() {
+            // The wrapped join's inputs are on the workers (the probe input unshuffled:
+            // the Flow-Join routes it); the join gets its exchange ids here.
+            let Some((join, Loc::Workers)) = visited.pop() else {
+                return internal_err!("a Flow-Join's join is not on the workers");
+            };
+            let exchange = self.next_exchange;
+            self.next_exchange += EXCHANGES_PER_FLOW_JOIN;
+            let new: Arc<dyn ExecutionPlan> = Arc::new(flow.with_exchange(exchange)?);
+            let new = replace_children_if_necessary(new, vec![join])?;
+            return Ok((new, Loc::Workers));
         }
 
         if let Some(join) = node.downcast_ref::<CycloJoinExec>() {

@@ -17,6 +17,7 @@ use crate::cyclo::kernel::CycloKernel;
 use crate::cyclo::words::{
     decode_column, encode_batch, key_array, key_type_supported, travels_as_words, validity_words,
 };
+use crate::task::AbortOnDrop;
 use arrow::array::{ArrayRef, RecordBatch, RecordBatchOptions, UInt32Array, UInt64Array};
 use arrow::compute::{concat_batches, filter_record_batch, take};
 use arrow::datatypes::{FieldRef, SchemaRef};
@@ -518,15 +519,6 @@ impl ResultSink for BatchSink {
             })?;
         }
         Ok(())
-    }
-}
-
-/// Aborts the partition's task when its output stream is dropped.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
     }
 }
 

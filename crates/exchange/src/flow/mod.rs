@@ -1,0 +1,315 @@
+//! [`FlowJoinExec`]: Flow-Join (thesis Ch. 4) for Gyre's partitioned hash joins.
+//!
+//! A partitioned hash join sends every probe row to the worker owning its key's hash
+//! partition. With a heavy-hitter key, one worker receives most of the probe input and
+//! the others wait. A `FlowJoinExec` wraps such a join (a DataFusion `HashJoinExec`
+//! whose probe child is the probe input *before* its shuffle) and routes the probe rows
+//! itself:
+//!
+//! - every probe row's partitioning hash (DataFusion's repartition hash, so the build
+//!   side's placement is unchanged) is counted in a SpaceSaving histogram
+//!   (`gyre_join::flow::detect`); after ~1% of the expected input and then periodically
+//!   each worker reports its candidates to worker 0, which announces the global list;
+//! - rows whose hash is heavy stay on their worker; the owner of each heavy hash
+//!   broadcasts the build rows with that hash to every worker (selective broadcast);
+//! - the worker's result is the union of two DataFusion hash joins: the usual one (the
+//!   worker's build partition with the probe rows routed to it) and a heavy one (the
+//!   broadcast build rows with the probe rows kept local).
+//!
+//! Every probe row takes exactly one of the two paths, and either path sees every build
+//! row of its hash, so rows sent before a key was found heavy stay correct. This holds for
+//! the join types whose build rows need no match tracking across workers: inner, right
+//! outer, right semi/anti/mark (the planner only wraps those; see `gyre_planner::flow`).
+//! Heavy hitters are detected on hashes, not key values: a collision only makes a key
+//! take the heavy path too, which stays correct.
+//!
+//! The join uses [`EXCHANGES_PER_FLOW_JOIN`] consecutive exchange ids: the probe shuffle,
+//! the heavy build broadcast, detection reports (to worker 0) and announcements (from it).
+
+mod run;
+mod source;
+
+use crate::context::ExchangeId;
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::{JoinType, Result, internal_datafusion_err, plan_err};
+use datafusion::execution::TaskContext;
+use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
+use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
+use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricsSet};
+use datafusion::physical_plan::{
+    ChildrenPropertiesMode, DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties,
+    Partitioning, PlanProperties, ReplaceChildrenOptions, SendableRecordBatchStream,
+};
+use gyre_join::flow::DetectionConfig;
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+
+/// Exchange ids one Flow-Join uses: probe shuffle, heavy build broadcast, detection
+/// reports, heavy-hitter announcements.
+pub const EXCHANGES_PER_FLOW_JOIN: u32 = 4;
+
+/// Probe rows per worker assumed when the planner knew no estimate: detection then runs
+/// at fixed row counts (first after ~10K rows), and keys heavy only after ~1M rows are
+/// not looked for.
+pub const DEFAULT_PROBE_ROWS_PER_WORKER: u64 = 1 << 20;
+
+/// Session settings of skew detection (`SET gyre.skew_*`), carried in the plan.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SkewSettings {
+    /// A key is heavy above this share of the probe input (0.0001 = 0.01%).
+    pub threshold: f64,
+    /// First detection after this share of a worker's expected probe rows.
+    pub first: f64,
+    /// Then again after every further share; 0 = once.
+    pub every: f64,
+    /// Count every `sample`-th row in the histogram (1 = all, as the thesis does).
+    pub sample: u32,
+}
+
+impl Default for SkewSettings {
+    fn default() -> Self {
+        let d = DetectionConfig::default();
+        Self {
+            threshold: d.threshold,
+            first: d.first,
+            every: d.every,
+            sample: d.sample,
+        }
+    }
+}
+
+impl SkewSettings {
+    /// The detection configuration, checked.
+    pub fn detection(&self) -> Result<DetectionConfig> {
+        let c = DetectionConfig {
+            threshold: self.threshold,
+            first: self.first,
+            every: self.every,
+            sample: self.sample,
+            ..DetectionConfig::default()
+        };
+        c.validate()
+            .map_err(|e| datafusion::error::DataFusionError::Plan(e))?;
+        Ok(c)
+    }
+}
+
+/// Whether a partitioned hash join of this type can take Flow-Join's heavy path: each
+/// probe row is joined exactly once and no build row's match state is needed elsewhere.
+pub fn flow_join_supported(join_type: JoinType) -> bool {
+    matches!(
+        join_type,
+        JoinType::Inner
+            | JoinType::Right
+            | JoinType::RightSemi
+            | JoinType::RightAnti
+            | JoinType::RightMark
+    )
+}
+
+/// What one worker found and did, shown by `EXPLAIN ANALYZE` (the display of a plan
+/// runs on the worker that executed it).
+#[derive(Debug, Default)]
+struct FlowReport {
+    /// Heavy hash -> (detection iteration, estimated probe rows, a key value seen).
+    heavy: BTreeMap<u64, HeavyHitter>,
+}
+
+#[derive(Debug, Clone)]
+struct HeavyHitter {
+    iteration: u32,
+    estimate: u64,
+    /// The key of the first probe row kept local or build row broadcast for this hash.
+    key: Option<String>,
+}
+
+/// A partitioned hash join with skew detection and selective broadcast of heavy hitters.
+#[derive(Debug)]
+pub struct FlowJoinExec {
+    /// `HashJoinExec` in partitioned mode: left = the build partitions (partition `i` on
+    /// worker `i`), right = the probe input before its shuffle.
+    join: Arc<dyn ExecutionPlan>,
+    settings: SkewSettings,
+    /// Probe rows the planner expects per worker (schedules detection).
+    probe_rows_per_worker: Option<u64>,
+    /// First of the [`EXCHANGES_PER_FLOW_JOIN`] exchange ids (set by the stage splitter).
+    exchange: Option<ExchangeId>,
+    props: Arc<PlanProperties>,
+    metrics: ExecutionPlanMetricsSet,
+    report: Arc<Mutex<FlowReport>>,
+}
+
+impl FlowJoinExec {
+    pub fn try_new(
+        join: Arc<dyn ExecutionPlan>,
+        settings: SkewSettings,
+        probe_rows_per_worker: Option<u64>,
+        exchange: Option<ExchangeId>,
+    ) -> Result<Self> {
+        let Some(hj) = join.downcast_ref::<HashJoinExec>() else {
+            return plan_err!("a Flow-Join wraps a hash join, not {}", join.name());
+        };
+        if *hj.partition_mode() != PartitionMode::Partitioned {
+            return plan_err!("a Flow-Join wraps a partitioned hash join");
+        }
+        if !flow_join_supported(*hj.join_type()) {
+            return plan_err!("Flow-Join does not handle {} joins", hj.join_type());
+        }
+        settings.detection()?;
+        let n = hj.left().output_partitioning().partition_count();
+        let m = hj.right().output_partitioning().partition_count();
+        if n != m {
+            return plan_err!("Flow-Join over {n} build and {m} probe partitions");
+        }
+        // Heavy keys are joined away from their owner, and the two joins' outputs
+        // interleave: neither hash partitioning nor order survives.
+        let props = Arc::new(PlanProperties::new(
+            EquivalenceProperties::new(join.schema()),
+            Partitioning::UnknownPartitioning(n),
+            join.pipeline_behavior(),
+            join.boundedness(),
+        ));
+        Ok(Self {
+            join,
+            settings,
+            probe_rows_per_worker,
+            exchange,
+            props,
+            metrics: ExecutionPlanMetricsSet::new(),
+            report: Arc::default(),
+        })
+    }
+
+    /// The same join using the exchanges from `exchange` on.
+    pub fn with_exchange(&self, exchange: ExchangeId) -> Result<Self> {
+        Self::try_new(
+            Arc::clone(&self.join),
+            self.settings.clone(),
+            self.probe_rows_per_worker,
+            Some(exchange),
+        )
+    }
+
+    pub fn join(&self) -> &Arc<dyn ExecutionPlan> {
+        &self.join
+    }
+    pub fn settings(&self) -> &SkewSettings {
+        &self.settings
+    }
+    pub fn probe_rows_per_worker(&self) -> Option<u64> {
+        self.probe_rows_per_worker
+    }
+    pub fn exchange(&self) -> Option<ExchangeId> {
+        self.exchange
+    }
+
+    fn hash_join(&self) -> &HashJoinExec {
+        self.join
+            .downcast_ref::<HashJoinExec>()
+            .expect("checked by try_new")
+    }
+}
+
+impl DisplayAs for FlowJoinExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(
+            f,
+            "FlowJoinExec: skew detection on probe hashes, threshold={}%, first at {}%, every {}%",
+            self.settings.threshold * 100.0,
+            self.settings.first * 100.0,
+            self.settings.every * 100.0
+        )?;
+        if self.settings.sample > 1 {
+            write!(f, ", sample 1/{}", self.settings.sample)?;
+        }
+        if let Some(e) = self.exchange {
+            write!(f, ", exchanges={}..{}", e, e + EXCHANGES_PER_FLOW_JOIN - 1)?;
+        }
+        let report = self.report.lock();
+        if !report.heavy.is_empty() {
+            let mut hh: Vec<&HeavyHitter> = report.heavy.values().collect();
+            hh.sort_by(|a, b| b.estimate.cmp(&a.estimate));
+            let shown: Vec<String> = hh
+                .iter()
+                .take(8)
+                .map(|h| {
+                    format!(
+                        "{} (~{} rows, round {})",
+                        h.key.as_deref().unwrap_or("(key not seen here)"),
+                        h.estimate,
+                        h.iteration
+                    )
+                })
+                .collect();
+            write!(
+                f,
+                ", heavy_hitters={} [{}{}]",
+                hh.len(),
+                shown.join(", "),
+                if hh.len() > shown.len() { ", ..." } else { "" }
+            )?;
+        }
+        Ok(())
+    }
+}
+
+impl ExecutionPlan for FlowJoinExec {
+    fn name(&self) -> &'static str {
+        "FlowJoinExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.props
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.join]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn replace_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+        _: ReplaceChildrenOptions,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let [join] = <[_; 1]>::try_from(children)
+            .map_err(|_| internal_datafusion_err!("a Flow-Join has one child"))?;
+        Ok(Arc::new(Self::try_new(
+            join,
+            self.settings.clone(),
+            self.probe_rows_per_worker,
+            self.exchange,
+        )?))
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        self.replace_children(
+            children,
+            ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute),
+        )
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        run::execute(self, partition, context)
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+}

@@ -1,0 +1,123 @@
+//! Where the planner puts Flow-Joins (issue 4): partitioned hash joins whose probe input
+//! is shuffled become [`FlowJoinExec`]s, which route that shuffle themselves, detect heavy
+//! hitters while it streams and keep them local (`gyre_exchange::flow`).
+//!
+//! On by default; `SET gyre.skew_detection = off` keeps DataFusion's joins. A join is
+//! rewritten only where that is safe:
+//! - a partitioned `HashJoinExec` of a type whose build rows need no match tracking
+//!   across workers ([`flow_join_supported`]), not null-aware;
+//! - its probe (right) input is a hash `RepartitionExec` on exactly the probe keys into
+//!   one partition per worker, over an input with one partition per worker, without
+//!   order preservation;
+//! - nothing above relies on the join's output being hash-partitioned or ordered (heavy
+//!   keys are joined on every worker): no ancestor requires a hash distribution or an
+//!   order that reaches the join through operators passing partitioning through.
+
+use crate::join_selection::estimated_rows;
+use datafusion::common::Result;
+use datafusion::physical_expr::Distribution;
+use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
+use datafusion::physical_plan::repartition::RepartitionExec;
+use datafusion::physical_plan::{
+    ChildrenPropertiesMode, ExecutionPlan, ExecutionPlanProperties, Partitioning,
+    ReplaceChildrenOptions,
+};
+use gyre_exchange::flow::flow_join_supported;
+use gyre_exchange::{FlowJoinExec, SkewSettings};
+use std::sync::Arc;
+
+fn recompute() -> ReplaceChildrenOptions {
+    ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute)
+}
+
+/// Rewrites the eligible joins of `plan` (optimised for `n` workers) into Flow-Joins;
+/// `settings` is `None` when skew detection is off.
+pub fn plan_flow_joins(
+    plan: Arc<dyn ExecutionPlan>,
+    n: usize,
+    settings: Option<&SkewSettings>,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    match settings {
+        Some(s) if n > 1 => rewrite(plan, false, n, s),
+        _ => Ok(plan),
+    }
+}
+
+/// `pinned`: an ancestor relies on this node's hash partitioning or order.
+fn rewrite(
+    node: Arc<dyn ExecutionPlan>,
+    pinned: bool,
+    n: usize,
+    settings: &SkewSettings,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    let distributions = node.input_distribution_requirements();
+    let orderings = node.required_input_ordering();
+    let passes_on = !node.is::<RepartitionExec>()
+        && (matches!(node.output_partitioning(), Partitioning::Hash(..))
+            || node.output_ordering().is_some());
+    let children: Vec<Arc<dyn ExecutionPlan>> = node.children().into_iter().cloned().collect();
+    let mut new_children = Vec::with_capacity(children.len());
+    let mut changed = false;
+    for (i, child) in children.iter().enumerate() {
+        let needs = matches!(
+            distributions.child_distribution(i),
+            Some(Distribution::KeyPartitioned(_))
+        ) || orderings.get(i).is_some_and(Option::is_some)
+            || (pinned && passes_on);
+        let new = rewrite(Arc::clone(child), needs, n, settings)?;
+        changed |= !Arc::ptr_eq(&new, child);
+        new_children.push(new);
+    }
+    let node = if changed {
+        node.replace_children(new_children, recompute())?
+    } else {
+        node
+    };
+    if !pinned && let Some(flow) = flow_join(&node, n, settings)? {
+        return Ok(flow);
+    }
+    Ok(node)
+}
+
+/// The Flow-Join for `node`, if it is an eligible join.
+fn flow_join(
+    node: &Arc<dyn ExecutionPlan>,
+    n: usize,
+    settings: &SkewSettings,
+) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+    let Some(hj) = node.downcast_ref::<HashJoinExec>() else {
+        return Ok(None);
+    };
+    if *hj.partition_mode() != PartitionMode::Partitioned
+        || !flow_join_supported(*hj.join_type())
+        || hj.null_aware
+        || hj.left().output_partitioning().partition_count() != n
+    {
+        return Ok(None);
+    }
+    let Some(rep) = hj.right().downcast_ref::<RepartitionExec>() else {
+        return Ok(None);
+    };
+    let Partitioning::Hash(exprs, count) = rep.partitioning() else {
+        return Ok(None);
+    };
+    let probe_keys: Vec<_> = hj.on().iter().map(|(_, r)| Arc::clone(r)).collect();
+    if *count != n
+        || rep.preserve_order()
+        || rep.input().output_partitioning().partition_count() != n
+        || exprs.len() != probe_keys.len()
+        || !exprs.iter().zip(&probe_keys).all(|(a, b)| a.eq(b))
+    {
+        return Ok(None);
+    }
+    let probe = Arc::clone(rep.input());
+    let rows = estimated_rows(&probe).map(|r| (r / n as u64).max(1));
+    let join =
+        Arc::clone(node).replace_children(vec![Arc::clone(hj.left()), probe], recompute())?;
+    Ok(Some(Arc::new(FlowJoinExec::try_new(
+        join,
+        settings.clone(),
+        rows,
+        None,
+    )?)))
+}
