@@ -134,7 +134,7 @@ struct LocalArgs {
     listen: Option<SocketAddr>,
     #[command(flatten)]
     input: SqlInput,
-    /// Run a benchmark instead of SQL: `tpch`.
+    /// Run a benchmark instead of SQL: `tpch` (after the -c/-f statements, e.g. settings).
     #[arg(long)]
     bench: Option<String>,
     /// Benchmark: runs per query (the median is reported).
@@ -288,6 +288,15 @@ async fn run_local(args: LocalArgs) -> Result<(), Box<dyn std::error::Error>> {
     if let Some(bench) = &args.bench {
         if bench != "tpch" {
             return Err(format!("unknown benchmark '{bench}' (known: tpch)").into());
+        }
+        // With a benchmark, -c/-f statements (e.g. SET ...) run first, quietly.
+        for sql in &args.input.command {
+            cluster.coordinator.sql(sql).await?;
+        }
+        for f in &args.input.file {
+            let sql = std::fs::read_to_string(f)
+                .map_err(|e| format!("cannot read {}: {e}", f.display()))?;
+            cluster.coordinator.sql(&sql).await?;
         }
         let options = bench::TpchBenchOptions {
             iterations: args.iterations.max(1),

@@ -192,7 +192,7 @@ async fn external_csv_and_parquet_files_load_and_bad_files_fail_clearly() {
         vec!["1|ann", "2|bob", "3|cy", "4|di"]
     );
     let parquet = dir.path().join("people.parquet");
-    let ctx = SessionContext::new();
+    let ctx = datafusion::prelude::SessionContext::new();
     ctx.sql("SELECT 1 AS id, 'x' AS v UNION ALL SELECT 2, 'y'")
         .await
         .unwrap()

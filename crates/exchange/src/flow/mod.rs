@@ -92,7 +92,7 @@ impl SkewSettings {
             ..DetectionConfig::default()
         };
         c.validate()
-            .map_err(|e| datafusion::error::DataFusionError::Plan(e))?;
+            .map_err(datafusion::error::DataFusionError::Plan)?;
         Ok(c)
     }
 }
@@ -231,7 +231,7 @@ impl DisplayAs for FlowJoinExec {
         let report = self.report.lock();
         if !report.heavy.is_empty() {
             let mut hh: Vec<&HeavyHitter> = report.heavy.values().collect();
-            hh.sort_by(|a, b| b.estimate.cmp(&a.estimate));
+            hh.sort_by_key(|h| std::cmp::Reverse(h.estimate));
             let shown: Vec<String> = hh
                 .iter()
                 .take(8)
