@@ -83,11 +83,16 @@ def main():
                     rows = [parse_count(m) for m in re.findall(
                         r"HashJoinExec: mode=Partitioned.*?[, \[]input_rows=([0-9.]+ ?[KMB]?)", out)]
                     heavy = re.search(r"heavy_hitters=(\d+)", out)
+                    waits = [parse_time(v, u) for v, u in
+                             re.findall(r"first_round_wait=([0-9.]+)(ns|µs|ms|s)", out)]
                     runs.append({"table": table, "skew_detection": skew, "seconds": secs,
                                  "probe_rows_per_worker": rows,
-                                 "heavy_hitters": int(heavy.group(1)) if heavy else 0})
+                                 "heavy_hitters": int(heavy.group(1)) if heavy else 0,
+                                 "first_round_wait_max_s": max(waits) if waits else 0.0})
                     print(f"  {table:14} skew_detection={skew:3}: {secs:.3f} s, probe rows per "
-                          f"worker {[human(r) for r in rows]}", file=sys.stderr)
+                          f"worker {[human(r) for r in rows]}"
+                          + (f", first-round wait up to {max(waits) * 1e3:.1f} ms" if waits else ""),
+                          file=sys.stderr)
         report(a, runs)
     finally:
         subprocess.run([gyre, "cluster", "down", "--name", name], check=False)
@@ -98,6 +103,10 @@ def parse_count(text):
     scale = {"K": 1e3, "M": 1e6, "B": 1e9}.get(text[-1:], 1)
     number = text[:-1] if scale != 1 else text
     return int(float(number) * scale)
+
+
+def parse_time(value, unit):
+    return float(value) * {"ns": 1e-9, "µs": 1e-6, "ms": 1e-3, "s": 1.0}[unit]
 
 
 def human(n):

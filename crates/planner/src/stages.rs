@@ -45,7 +45,6 @@ use datafusion::physical_plan::{
     replace_children_if_necessary,
 };
 use gyre_exchange::cyclo::EXCHANGES_PER_CYCLO_JOIN;
-use gyre_exchange::flow::EXCHANGES_PER_FLOW_JOIN;
 use gyre_exchange::{
     CycloJoinExec, ExchangeId, ExchangeReceiverExec, ExchangeSenderExec, FlowJoinExec, Placement,
     ReceiveMode, SendMode,
@@ -373,7 +372,7 @@ impl Splitter<'_> {
                 return internal_err!("a Flow-Join's join is not on the workers");
             };
             let exchange = self.next_exchange;
-            self.next_exchange += EXCHANGES_PER_FLOW_JOIN;
+            self.next_exchange += flow.exchanges();
             let new: Arc<dyn ExecutionPlan> = Arc::new(flow.with_exchange(exchange)?);
             let new = replace_children_if_necessary(new, vec![join])?;
             return Ok((new, Loc::Workers));

@@ -23,8 +23,10 @@
 //! Heavy hitters are detected on hashes, not key values: a collision only makes a key
 //! take the heavy path too, which stays correct.
 //!
-//! The join uses [`EXCHANGES_PER_FLOW_JOIN`] consecutive exchange ids: the probe shuffle,
-//! the heavy build broadcast, detection reports (to worker 0) and announcements (from it).
+//! The join uses [`FlowJoinExec::exchanges`] consecutive exchange ids: the probe
+//! shuffle, detection reports (to worker 0), announcements (from it), and one heavy
+//! build broadcast per detection round, so that each round's heavy join can start as
+//! soon as its build rows are complete.
 
 mod run;
 mod source;
@@ -47,9 +49,9 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
-/// Exchange ids one Flow-Join uses: probe shuffle, heavy build broadcast, detection
-/// reports, heavy-hitter announcements.
-pub const EXCHANGES_PER_FLOW_JOIN: u32 = 4;
+/// Offset of the first heavy build broadcast among a Flow-Join's exchange ids (after
+/// the probe shuffle, detection reports and announcements).
+pub(crate) const HEAVY_EXCHANGES_FROM: u32 = 3;
 
 /// Probe rows per worker assumed when the planner knew no estimate: detection then runs
 /// at fixed row counts (first after ~10K rows), and keys heavy only after ~1M rows are
@@ -135,7 +137,7 @@ pub struct FlowJoinExec {
     settings: SkewSettings,
     /// Probe rows the planner expects per worker (schedules detection).
     probe_rows_per_worker: Option<u64>,
-    /// First of the [`EXCHANGES_PER_FLOW_JOIN`] exchange ids (set by the stage splitter).
+    /// First of the [`FlowJoinExec::exchanges`] exchange ids (set by the stage splitter).
     exchange: Option<ExchangeId>,
     props: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
@@ -206,6 +208,15 @@ impl FlowJoinExec {
         self.exchange
     }
 
+    /// How many consecutive exchange ids the join uses.
+    pub fn exchanges(&self) -> u32 {
+        let rounds = self
+            .settings
+            .detection()
+            .map_or(1, |c| c.iterations() as u32);
+        HEAVY_EXCHANGES_FROM + rounds
+    }
+
     fn hash_join(&self) -> &HashJoinExec {
         self.join
             .downcast_ref::<HashJoinExec>()
@@ -226,7 +237,7 @@ impl DisplayAs for FlowJoinExec {
             write!(f, ", sample 1/{}", self.settings.sample)?;
         }
         if let Some(e) = self.exchange {
-            write!(f, ", exchanges={}..{}", e, e + EXCHANGES_PER_FLOW_JOIN - 1)?;
+            write!(f, ", exchanges={}..{}", e, e + self.exchanges() - 1)?;
         }
         let report = self.report.lock();
         if !report.heavy.is_empty() {

@@ -14,7 +14,9 @@
 //! partitioned hash join does.
 
 use super::source::PreparedInputExec;
-use super::{DEFAULT_PROBE_ROWS_PER_WORKER, FlowJoinExec, FlowReport, HeavyHitter};
+use super::{
+    DEFAULT_PROBE_ROWS_PER_WORKER, FlowJoinExec, FlowReport, HEAVY_EXCHANGES_FROM, HeavyHitter,
+};
 use crate::codec::BatchEncoder;
 use crate::context::{Placement, QueryContext};
 use crate::receiver::{ExchangeReceiverExec, ReceiveMode};
@@ -41,7 +43,7 @@ use gyre_join::flow::detect::{Coordinator, NodeDetector, NodeReport};
 use gyre_join::flow::wire::{Control, Side};
 use gyre_transport::{NodeId, ReceiveEndpoint, ReceiveSpec, SendEndpoint, SendSpec, To, node_name};
 use parking_lot::{Mutex, RwLock};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -70,13 +72,14 @@ type HashSetU64 = HashSet<u64, BuildHasherDefault<PreHashed>>;
 /// The heavy hashes announced so far, shared by the listener (writer) and router.
 #[derive(Default)]
 struct HeavySet {
-    hashes: RwLock<Vec<u64>>,
+    /// (hash, round that found it).
+    hashes: RwLock<Vec<(u64, u32)>>,
     version: AtomicU64,
 }
 
 impl HeavySet {
-    fn extend(&self, new: &[u64]) {
-        self.hashes.write().extend_from_slice(new);
+    fn extend(&self, new: &[u64], round: u32) {
+        self.hashes.write().extend(new.iter().map(|&h| (h, round)));
         self.version.fetch_add(1, Ordering::Release);
     }
 }
@@ -95,6 +98,10 @@ struct FlowMetrics {
     build_rows_broadcast: Count,
     heavy_build_rows_received: Count,
     routing_time: Time,
+    /// Detection windows after which this worker counted only a sample of rows.
+    quiet_windows: Count,
+    /// Time the router waited for the first round's heavy hitters.
+    first_round_wait: Time,
 }
 
 impl FlowMetrics {
@@ -110,6 +117,8 @@ impl FlowMetrics {
             build_rows_broadcast: m().counter("build_rows_broadcast", partition),
             heavy_build_rows_received: m().counter("heavy_build_rows_received", partition),
             routing_time: m().subset_time("routing_time", partition),
+            quiet_windows: m().counter("quiet_windows", partition),
+            first_round_wait: m().subset_time("first_round_wait", partition),
         }
     }
 }
@@ -117,6 +126,12 @@ impl FlowMetrics {
 /// How long a router waits, once, for the first round's heavy hitters after reporting
 /// it (see [`route`]).
 const FIRST_ROUND_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// Sampling factor after a detection window that found no new candidate on this worker.
+const QUIET_SAMPLE: usize = 16;
+
+/// Rows a router holds back at least while waiting for round 0 (else 5% of its input).
+const HOLD_MIN_ROWS: u64 = 65_536;
 
 /// Everything a worker's tasks share.
 struct Shared {
@@ -254,6 +269,7 @@ pub(super) fn execute(
         ));
     }
     let config = exec.settings.detection()?;
+    let rounds = config.iterations();
     let expected = exec
         .probe_rows_per_worker
         .unwrap_or(DEFAULT_PROBE_ROWS_PER_WORKER);
@@ -281,17 +297,19 @@ pub(super) fn execute(
         .map(|(i, w)| (i as u32, *w))
         .collect();
     let probe_ep = shared.open_send(ex, qc.workers.clone())?;
-    let bcast_ep = shared.open_send(ex + 1, qc.workers.clone())?;
-    let report_ep = shared.open_send(ex + 2, vec![shared.detector_node])?;
-    let announce_rx = shared.open_receive(ex + 3, vec![(0, shared.detector_node)])?;
+    let report_ep = shared.open_send(ex + 1, vec![shared.detector_node])?;
+    let announce_rx = shared.open_receive(ex + 2, vec![(0, shared.detector_node)])?;
     let detector_eps = if partition == 0 {
         Some((
-            shared.open_receive(ex + 2, all.clone())?,
-            shared.open_send(ex + 3, qc.workers.clone())?,
+            shared.open_receive(ex + 1, all.clone())?,
+            shared.open_send(ex + 2, qc.workers.clone())?,
         ))
     } else {
         None
     };
+    let bcast_eps = (0..rounds as u32)
+        .map(|r| shared.open_send(ex + HEAVY_EXCHANGES_FROM + r, qc.workers.clone()))
+        .collect::<Result<Vec<_>>>()?;
 
     // The usual join: this worker's build partition with the probe rows routed here.
     let (build_tx, build_rx) = oneshot::channel();
@@ -312,50 +330,57 @@ pub(super) fn execute(
     let usual = Arc::clone(&exec.join)
         .replace_children(vec![build_src, probe_recv], recompute())?
         .execute(partition, Arc::clone(&ctx))?;
+    let mut outputs: Vec<futures::stream::BoxStream<'static, Result<RecordBatch>>> =
+        vec![usual.boxed()];
 
-    // The heavy join: every owner's broadcast build rows with the probe rows kept here.
-    let heavy_build_recv = ExchangeReceiverExec::new(
-        ex + 1,
-        Arc::clone(&build_schema),
-        Placement::Workers,
-        n,
-        ReceiveMode::Shuffle,
-        Partitioning::UnknownPartitioning(n),
-        None,
-    )
-    .execute(partition, Arc::clone(&ctx))?;
-    let (heavy_build_tx, heavy_build_rx) = oneshot::channel();
-    let (local_tx, local_rx) = mpsc::unbounded_channel::<RecordBatch>();
-    let local = futures::stream::unfold(local_rx, |mut rx| async move {
-        rx.recv().await.map(|b| (Ok(b), rx))
-    });
-    let heavy = Arc::clone(&exec.join)
-        .replace_children(
-            vec![
-                PreparedInputExec::new(
-                    "heavy build rows",
-                    delivered(
-                        Arc::clone(&build_schema),
-                        heavy_build_rx,
-                        "heavy build broadcast",
+    // One heavy join per detection round: the build rows every owner broadcast for the
+    // keys announced in that round, with the probe rows of those keys kept here. A
+    // round's join starts as soon as its broadcast is complete, while routing goes on.
+    let mut local_txs = Vec::with_capacity(rounds);
+    let mut drains = Vec::with_capacity(rounds);
+    for r in 0..rounds as u32 {
+        let recv = ExchangeReceiverExec::new(
+            ex + HEAVY_EXCHANGES_FROM + r,
+            Arc::clone(&build_schema),
+            Placement::Workers,
+            n,
+            ReceiveMode::Shuffle,
+            Partitioning::UnknownPartitioning(n),
+            None,
+        )
+        .execute(partition, Arc::clone(&ctx))?;
+        let (build_tx, build_rx) = oneshot::channel();
+        drains.push((recv, build_tx));
+        let (local_tx, local_rx) = mpsc::unbounded_channel::<RecordBatch>();
+        local_txs.push(local_tx);
+        let local = futures::stream::unfold(local_rx, |mut rx| async move {
+            rx.recv().await.map(|b| (Ok(b), rx))
+        });
+        let heavy = Arc::clone(&exec.join)
+            .replace_children(
+                vec![
+                    PreparedInputExec::new(
+                        "heavy build rows",
+                        delivered(Arc::clone(&build_schema), build_rx, "heavy build broadcast"),
+                        n,
                     ),
-                    n,
-                ),
-                PreparedInputExec::new(
-                    "probe rows kept local",
-                    Box::pin(RecordBatchStreamAdapter::new(
-                        Arc::clone(&probe_schema),
-                        local,
-                    )),
-                    n,
-                ),
-            ],
-            recompute(),
-        )?
-        .execute(partition, ctx)?;
+                    PreparedInputExec::new(
+                        "probe rows kept local",
+                        Box::pin(RecordBatchStreamAdapter::new(
+                            Arc::clone(&probe_schema),
+                            local,
+                        )),
+                        n,
+                    ),
+                ],
+                recompute(),
+            )?
+            .execute(partition, Arc::clone(&ctx))?;
+        outputs.push(heavy.boxed());
+    }
 
     let (err_tx, err_rx) = mpsc::unbounded_channel::<DataFusionError>();
-    let (owner_tx, owner_rx) = mpsc::unbounded_channel::<Vec<u64>>();
+    let (owner_tx, owner_rx) = mpsc::unbounded_channel::<(u32, Vec<u64>)>();
     let mut tasks = Vec::new();
     let mut spawn = |fut: futures::future::BoxFuture<'static, Result<()>>| {
         let err_tx = err_tx.clone();
@@ -365,54 +390,51 @@ pub(super) fn execute(
             }
         })));
     };
-    let detector = NodeDetector::new(&config, 1, expected);
-    spawn(Box::pin(route(
-        Arc::clone(&shared),
-        probe_input,
+    let router = Router::new(
+        &shared,
+        &probe_schema,
         probe_keys,
         probe_ep,
-        report_ep,
-        local_tx,
-        detector,
-        config.sample,
-    )));
+        local_txs,
+        &config,
+        expected,
+    )?;
+    spawn(Box::pin(router.run(probe_input, report_ep)));
     spawn(Box::pin(own(
         Arc::clone(&shared),
         build_input,
         build_keys,
         build_tx,
-        bcast_ep,
+        bcast_eps,
         owner_rx,
     )));
     spawn(Box::pin(listen(Arc::clone(&shared), announce_rx, owner_tx)));
-    spawn(Box::pin(drain(
-        Arc::clone(&shared),
-        heavy_build_recv,
-        heavy_build_tx,
-    )));
+    for (recv, tx) in drains {
+        spawn(Box::pin(drain(Arc::clone(&shared), recv, tx)));
+    }
     if let Some((reports, announce_ep)) = detector_eps {
-        let iterations = config.iterations();
         spawn(Box::pin(detect(
             Arc::clone(&shared),
             reports,
             announce_ep,
-            iterations,
+            rounds,
             config.threshold,
         )));
     }
     drop(err_tx);
 
-    let errors = futures::stream::unfold(err_rx, |mut rx| async move {
-        rx.recv().await.map(|e| (Err(e), rx))
-    });
-    let output_rows = shared.m.output_rows.clone();
-    let merged = Box::pin(
-        futures::stream::select(usual, futures::stream::select(heavy, errors)).inspect(move |b| {
-            if let Ok(b) = b {
-                output_rows.add(b.num_rows());
-            }
-        }),
+    outputs.push(
+        futures::stream::unfold(err_rx, |mut rx| async move {
+            rx.recv().await.map(|e| (Err(e), rx))
+        })
+        .boxed(),
     );
+    let output_rows = shared.m.output_rows.clone();
+    let merged = futures::stream::select_all(outputs).inspect(move |b| {
+        if let Ok(b) = b {
+            output_rows.add(b.num_rows());
+        }
+    });
     let guarded = futures::stream::unfold((merged, tasks), |(mut s, tasks)| async move {
         s.next().await.map(|b| (b, (s, tasks)))
     });
@@ -422,131 +444,265 @@ pub(super) fn execute(
     )))
 }
 
-/// Routes the local probe input: heavy hashes stay, the rest go to their owners.
-#[allow(clippy::too_many_arguments)]
-async fn route(
+/// Routes the local probe input: rows with a heavy hash stay (into the heavy join of
+/// the round that found the hash), the rest go to their owners.
+struct Router {
     sh: Arc<Shared>,
-    mut input: SendableRecordBatchStream,
     keys: Vec<PhysicalExprRef>,
     ep: SendEndpoint,
-    report_ep: SendEndpoint,
-    local_tx: mpsc::UnboundedSender<RecordBatch>,
+    outlets: Vec<Outlet>,
+    local_txs: Vec<mpsc::UnboundedSender<RecordBatch>>,
     detector: NodeDetector,
-    sample: u32,
-) -> Result<()> {
-    let schema = input.schema();
-    let n = sh.n();
-    let mut outlets = sh
-        .qc
-        .workers
-        .iter()
-        .map(|w| sh.outlet(To::Node(*w), &schema, &ep))
-        .collect::<Result<Vec<_>>>()?;
-    let result = async {
-        let mut hashes = Vec::new();
-        let mut by_owner: Vec<Vec<u32>> = vec![Vec::new(); n];
-        let mut kept: Vec<u32> = Vec::new();
-        let mut heavy = HashSetU64::default();
-        let mut heavy_version = 0;
-        let mut named = HashSetU64::default();
-        let mut routed: u64 = 0;
-        let step = sample.max(1) as usize;
-        while let Some(batch) = input.next().await {
-            let batch = batch?;
-            let rows = batch.num_rows();
-            if rows == 0 {
-                continue;
+    /// Heavy hash -> detection round.
+    heavy: HashMap<u64, u32, BuildHasherDefault<PreHashed>>,
+    heavy_version: u64,
+    named: HashSetU64,
+    by_owner: Vec<Vec<u32>>,
+    kept: Vec<Vec<u32>>,
+    routed: u64,
+    /// Rows between two rows counted in the histogram (see [`QUIET_SAMPLE`]).
+    sample: usize,
+    step: usize,
+    next_counted: usize,
+    /// Rows held back after reporting round 0, until its answer (see `run`).
+    hold_limit: u64,
+}
+
+impl Router {
+    fn new(
+        sh: &Arc<Shared>,
+        schema: &SchemaRef,
+        keys: Vec<PhysicalExprRef>,
+        ep: SendEndpoint,
+        local_txs: Vec<mpsc::UnboundedSender<RecordBatch>>,
+        config: &gyre_join::flow::DetectionConfig,
+        expected: u64,
+    ) -> Result<Self> {
+        let n = sh.n();
+        let outlets = sh
+            .qc
+            .workers
+            .iter()
+            .map(|w| sh.outlet(To::Node(*w), schema, &ep))
+            .collect::<Result<Vec<_>>>()?;
+        let rounds = local_txs.len();
+        let sample = config.sample.max(1) as usize;
+        Ok(Self {
+            sh: Arc::clone(sh),
+            keys,
+            ep,
+            outlets,
+            local_txs,
+            detector: NodeDetector::new(config, 1, expected),
+            heavy: HashMap::default(),
+            heavy_version: 0,
+            named: HashSetU64::default(),
+            by_owner: vec![Vec::new(); n],
+            kept: vec![Vec::new(); rounds],
+            routed: 0,
+            sample,
+            step: sample,
+            next_counted: 0,
+            hold_limit: (expected / 20).max(HOLD_MIN_ROWS),
+        })
+    }
+
+    /// Takes in the heavy hashes announced since the last look.
+    fn refresh(&mut self) {
+        let v = self.sh.heavy.version.load(Ordering::Acquire);
+        if v != self.heavy_version {
+            self.heavy_version = v;
+            let was_empty = self.heavy.is_empty();
+            self.heavy
+                .extend(self.sh.heavy.hashes.read().iter().copied());
+            if was_empty && !self.heavy.is_empty() {
+                self.sh.m.first_heavy_after_rows.set(self.routed as usize);
             }
-            let timer = sh.m.routing_time.timer();
-            let arrays = hashes_of(&keys, &batch, &mut hashes)?;
-            {
-                let mut h = detector.histogram(0).lock().expect("histogram lock");
-                for &x in hashes.iter().step_by(step) {
-                    h.update(x);
+        }
+    }
+
+    /// After round 0 was reported, rows are held back (not routed) while the input
+    /// keeps flowing, so that the first heavy hitters apply to nearly all rows without
+    /// idling. At `hold_limit` rows, or at the end of the input, the router waits for the
+    /// answer at most [`FIRST_ROUND_WAIT`]: a peer whose input depends on this worker's
+    /// progress (through an upstream exchange) may not report until this one goes on.
+    async fn run(
+        mut self,
+        mut input: SendableRecordBatchStream,
+        report_ep: SendEndpoint,
+    ) -> Result<()> {
+        let result = async {
+            let mut hashes = Vec::new();
+            let mut awaiting = false;
+            let mut held: Vec<(RecordBatch, Vec<u64>)> = Vec::new();
+            let mut held_rows = 0u64;
+            while let Some(batch) = input.next().await {
+                let batch = batch?;
+                let rows = batch.num_rows();
+                if rows == 0 {
+                    continue;
+                }
+                {
+                    let timer = self.sh.m.routing_time.clone();
+                    let _t = timer.timer();
+                    hashes_of(&self.keys, &batch, &mut hashes)?;
+                    self.count(&hashes);
+                }
+                if awaiting {
+                    held_rows += rows as u64;
+                    held.push((batch, std::mem::take(&mut hashes)));
+                    let answered = *self.sh.rounds.borrow() > 0;
+                    if answered || held_rows >= self.hold_limit {
+                        if !answered {
+                            self.wait_first_round().await;
+                        }
+                        awaiting = false;
+                        self.refresh();
+                        for (b, h) in std::mem::take(&mut held) {
+                            self.route(&b, &h).await?;
+                        }
+                    }
+                } else {
+                    self.refresh();
+                    self.route(&batch, &hashes).await?;
+                }
+                for r in self.detector.advance(rows as u64) {
+                    awaiting |= r.iteration == 0;
+                    self.report(&report_ep, r).await?;
                 }
             }
-            let v = sh.heavy.version.load(Ordering::Acquire);
-            if v != heavy_version {
-                heavy_version = v;
-                let was_empty = heavy.is_empty();
-                heavy.extend(sh.heavy.hashes.read().iter().copied());
-                if was_empty && !heavy.is_empty() {
-                    sh.m.first_heavy_after_rows.set(routed as usize);
+            if awaiting {
+                self.wait_first_round().await;
+                self.refresh();
+                for (b, h) in std::mem::take(&mut held) {
+                    self.route(&b, &h).await?;
                 }
             }
-            by_owner.iter_mut().for_each(Vec::clear);
-            kept.clear();
-            if heavy.is_empty() {
+            for r in self.detector.finish() {
+                self.report(&report_ep, r).await?;
+            }
+            for o in &mut self.outlets {
+                o.flush(&self.ep, &self.sh.send_m).await?;
+            }
+            Ok(())
+        }
+        .await;
+        match result {
+            Ok(()) => {
+                self.ep.finish();
+                report_ep.finish();
+                Ok(())
+            }
+            Err(e) => {
+                let e = self.sh.fail(&self.ep, e);
+                Err(self.sh.fail(&report_ep, e))
+            }
+        }
+    }
+
+    async fn wait_first_round(&self) {
+        let _t = self.sh.m.first_round_wait.timer();
+        let mut rounds = self.sh.rounds.subscribe();
+        let _ = tokio::time::timeout(FIRST_ROUND_WAIT, rounds.wait_for(|r| *r > 0)).await;
+    }
+
+    /// Counts a sample of the rows' hashes (sampling continues across batches).
+    fn count(&mut self, hashes: &[u64]) {
+        let mut h = self.detector.histogram(0).lock().expect("histogram lock");
+        let mut i = self.next_counted;
+        while i < hashes.len() {
+            h.update(hashes[i]);
+            i += self.step;
+        }
+        self.next_counted = i - hashes.len();
+    }
+
+    async fn route(&mut self, batch: &RecordBatch, hashes: &[u64]) -> Result<()> {
+        let rows = batch.num_rows();
+        let n = self.by_owner.len() as u64;
+        {
+            let timer = self.sh.m.routing_time.clone();
+            let _t = timer.timer();
+            self.by_owner.iter_mut().for_each(Vec::clear);
+            self.kept.iter_mut().for_each(Vec::clear);
+            if self.heavy.is_empty() {
                 for (i, &x) in hashes.iter().enumerate() {
-                    by_owner[(x % n as u64) as usize].push(i as u32);
+                    self.by_owner[(x % n) as usize].push(i as u32);
                 }
             } else {
                 for (i, &x) in hashes.iter().enumerate() {
-                    if heavy.contains(&x) {
-                        kept.push(i as u32);
-                    } else {
-                        by_owner[(x % n as u64) as usize].push(i as u32);
+                    match self.heavy.get(&x) {
+                        Some(&round) => self.kept[round as usize].push(i as u32),
+                        None => self.by_owner[(x % n) as usize].push(i as u32),
                     }
                 }
             }
-            timer.done();
-            routed += rows as u64;
-            sh.m.probe_rows.add(rows);
-            for (q, idx) in by_owner.iter().enumerate() {
-                if idx.is_empty() {
-                    continue;
-                }
-                let part = if idx.len() == rows {
-                    batch.clone()
-                } else {
-                    take_record_batch(&batch, &UInt32Array::from(idx.clone()))?
-                };
-                outlets[q].push(&ep, part, &sh.send_m).await?;
+        }
+        self.routed += rows as u64;
+        self.sh.m.probe_rows.add(rows);
+        for q in 0..self.by_owner.len() {
+            let idx = &self.by_owner[q];
+            if idx.is_empty() {
+                continue;
             }
-            if !kept.is_empty() {
-                for &i in &kept {
-                    if named.insert(hashes[i as usize]) {
-                        name_heavy_hitter(&sh, hashes[i as usize], &arrays, i as usize);
+            let part = if idx.len() == rows {
+                batch.clone()
+            } else {
+                take_record_batch(batch, &UInt32Array::from(idx.clone()))?
+            };
+            self.outlets[q]
+                .push(&self.ep, part, &self.sh.send_m)
+                .await?;
+        }
+        for round in 0..self.kept.len() {
+            let idx = &self.kept[round];
+            if idx.is_empty() {
+                continue;
+            }
+            if idx
+                .iter()
+                .any(|&i| !self.named.contains(&hashes[i as usize]))
+            {
+                let arrays = self
+                    .keys
+                    .iter()
+                    .map(|e| e.evaluate(batch)?.into_array(rows))
+                    .collect::<Result<Vec<_>>>()?;
+                for &i in idx {
+                    if self.named.insert(hashes[i as usize]) {
+                        name_heavy_hitter(&self.sh, hashes[i as usize], &arrays, i as usize);
                     }
                 }
-                sh.m.probe_rows_local.add(kept.len());
-                let part = take_record_batch(&batch, &UInt32Array::from(kept.clone()))?;
-                // The receiver is gone only when the query's output was dropped.
-                let _ = local_tx.send(part);
             }
-            for r in detector.advance(rows as u64) {
-                let first = r.iteration == 0;
-                report(&sh, &report_ep, r).await?;
-                if first {
-                    // A fast local input is routed long before the first round's
-                    // answer could arrive, so the router waits for it once. Bounded: a
-                    // peer whose input depends on this worker's progress (through an
-                    // upstream exchange) may not report round 0 until this one goes on.
-                    let mut rounds = sh.rounds.subscribe();
-                    let _ =
-                        tokio::time::timeout(FIRST_ROUND_WAIT, rounds.wait_for(|r| *r > 0)).await;
-                }
-            }
-        }
-        for r in detector.finish() {
-            report(&sh, &report_ep, r).await?;
-        }
-        for o in &mut outlets {
-            o.flush(&ep, &sh.send_m).await?;
+            self.sh.m.probe_rows_local.add(idx.len());
+            let part = take_record_batch(batch, &UInt32Array::from(idx.clone()))?;
+            // The receiver is gone only when the query's output was dropped.
+            let _ = self.local_txs[round].send(part);
         }
         Ok(())
     }
-    .await;
-    match result {
-        Ok(()) => {
-            ep.finish();
-            report_ep.finish();
-            Ok(())
-        }
-        Err(e) => {
-            let e = sh.fail(&ep, e);
-            Err(sh.fail(&report_ep, e))
-        }
+
+    async fn report(&mut self, ep: &SendEndpoint, r: NodeReport) -> Result<()> {
+        // A window with no new candidate here: count only every QUIET_SAMPLE-th of the
+        // sampled rows in the next one. Updating SpaceSaving for every row of an
+        // unskewed input costs more than routing it; a key heavy enough to unbalance
+        // the workers still stands out in a sample of thousands of rows.
+        let quiet = r.candidates.iter().all(|(h, _)| self.heavy.contains_key(h));
+        self.step = if quiet {
+            self.sample * QUIET_SAMPLE
+        } else {
+            self.sample
+        };
+        self.sh.m.quiet_windows.add(usize::from(quiet));
+        self.sh.m.detection_rounds.add(1);
+        let msg = Control::Report {
+            side: Side::Probe,
+            iteration: r.iteration,
+            window: r.window,
+            total: r.processed,
+            candidates: r.candidates,
+        };
+        send_control(ep, To::Node(self.sh.detector_node), &msg).await
     }
 }
 
@@ -574,98 +730,102 @@ fn name_heavy_hitter(sh: &Shared, hash: u64, arrays: &[ArrayRef], row: usize) {
     });
 }
 
-async fn report(sh: &Shared, ep: &SendEndpoint, r: NodeReport) -> Result<()> {
-    sh.m.detection_rounds.add(1);
-    let msg = Control::Report {
-        side: Side::Probe,
-        iteration: r.iteration,
-        window: r.window,
-        total: r.processed,
-        candidates: r.candidates,
-    };
-    send_control(ep, To::Node(sh.detector_node), &msg).await
-}
-
-/// Collects the build partition for the usual join, then broadcasts the rows of every
-/// heavy hash it is told about.
+/// Collects the build partition for the usual join, then broadcasts, for every
+/// detection round, the rows of the hashes announced in it (and ends that round's
+/// broadcast, also when it names none).
 async fn own(
     sh: Arc<Shared>,
     input: SendableRecordBatchStream,
     keys: Vec<PhysicalExprRef>,
     build_tx: oneshot::Sender<Result<Vec<RecordBatch>>>,
-    ep: SendEndpoint,
-    mut heavy_rx: mpsc::UnboundedReceiver<Vec<u64>>,
+    eps: Vec<SendEndpoint>,
+    mut heavy_rx: mpsc::UnboundedReceiver<(u32, Vec<u64>)>,
 ) -> Result<()> {
+    let fail_all = |e: DataFusionError| {
+        let text = e.to_string();
+        for ep in &eps {
+            sh.fail(ep, DataFusionError::Execution(text.clone()));
+        }
+        e
+    };
     let schema = input.schema();
     let batches: Vec<RecordBatch> = match input.try_collect().await {
         Ok(b) => b,
         Err(e) => {
             let text = e.to_string();
             let _ = build_tx.send(Err(e));
-            return Err(sh.fail(&ep, DataFusionError::Execution(text)));
+            return Err(fail_all(DataFusionError::Execution(text)));
         }
     };
     let _ = build_tx.send(Ok(batches.clone()));
     let result = async {
-        let mut outlet = sh.outlet(To::All, &schema, &ep)?;
         let mut hashes: Option<Vec<Vec<u64>>> = None;
         let metrics = SendMetrics::new(&ExecutionPlanMetricsSet::new(), sh.partition);
-        while let Some(new) = heavy_rx.recv().await {
-            let new: HashSetU64 = new.into_iter().collect();
-            if new.is_empty() {
-                continue;
-            }
-            // Hashed once, on the first announcement that names any key.
-            let hashes = match &mut hashes {
-                Some(h) => h,
-                None => {
-                    let mut all = Vec::with_capacity(batches.len());
-                    for b in &batches {
-                        let mut h = Vec::new();
-                        hashes_of(&keys, b, &mut h)?;
-                        all.push(h);
-                    }
-                    hashes.insert(all)
-                }
+        let mut done = vec![false; eps.len()];
+        while let Some((round, new)) = heavy_rx.recv().await {
+            let Some(ep) = eps.get(round as usize) else {
+                return Err(internal_datafusion_err!(
+                    "heavy hitters announced for round {round} of {}",
+                    eps.len()
+                ));
             };
-            for (b, hs) in batches.iter().zip(hashes.iter()) {
-                let idx: Vec<u32> = hs
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, h)| new.contains(h))
-                    .map(|(i, _)| i as u32)
-                    .collect();
-                if !idx.is_empty() {
-                    let arrays = keys
-                        .iter()
-                        .map(|e| e.evaluate(b)?.into_array(b.num_rows()))
-                        .collect::<Result<Vec<_>>>()?;
-                    for &i in &idx {
-                        name_heavy_hitter(&sh, hs[i as usize], &arrays, i as usize);
+            let new: HashSetU64 = new.into_iter().collect();
+            if !new.is_empty() {
+                // Hashed once, on the first announcement that names any key.
+                let hashes = match &mut hashes {
+                    Some(h) => h,
+                    None => {
+                        let mut all = Vec::with_capacity(batches.len());
+                        for b in &batches {
+                            let mut h = Vec::new();
+                            hashes_of(&keys, b, &mut h)?;
+                            all.push(h);
+                        }
+                        hashes.insert(all)
                     }
-                    sh.m.build_rows_broadcast.add(idx.len());
-                    let part = take_record_batch(b, &UInt32Array::from(idx))?;
-                    outlet.push(&ep, part, &metrics).await?;
+                };
+                let mut outlet = sh.outlet(To::All, &schema, ep)?;
+                for (b, hs) in batches.iter().zip(hashes.iter()) {
+                    let idx: Vec<u32> = hs
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, h)| new.contains(h))
+                        .map(|(i, _)| i as u32)
+                        .collect();
+                    if !idx.is_empty() {
+                        let arrays = keys
+                            .iter()
+                            .map(|e| e.evaluate(b)?.into_array(b.num_rows()))
+                            .collect::<Result<Vec<_>>>()?;
+                        for &i in &idx {
+                            name_heavy_hitter(&sh, hs[i as usize], &arrays, i as usize);
+                        }
+                        sh.m.build_rows_broadcast.add(idx.len());
+                        let part = take_record_batch(b, &UInt32Array::from(idx))?;
+                        outlet.push(ep, part, &metrics).await?;
+                    }
                 }
+                outlet.flush(ep, &metrics).await?;
             }
+            ep.finish();
+            done[round as usize] = true;
         }
-        outlet.flush(&ep, &metrics).await
+        if let Some(r) = done.iter().position(|d| !d) {
+            return Err(internal_datafusion_err!(
+                "Flow-Join detection ended before round {r} was announced"
+            ));
+        }
+        Ok(())
     }
     .await;
-    match result {
-        Ok(()) => {
-            ep.finish();
-            Ok(())
-        }
-        Err(e) => Err(sh.fail(&ep, e)),
-    }
+    result.map_err(fail_all)
 }
 
 /// Applies worker 0's announcements in order.
 async fn listen(
     sh: Arc<Shared>,
     ep: ReceiveEndpoint,
-    owner_tx: mpsc::UnboundedSender<Vec<u64>>,
+    owner_tx: mpsc::UnboundedSender<(u32, Vec<u64>)>,
 ) -> Result<()> {
     while let Some(msg) = ep.get().await.map_err(transport_err)? {
         if msg.data().is_empty() {
@@ -683,6 +843,7 @@ async fn listen(
             ));
         };
         if keys.is_empty() {
+            let _ = owner_tx.send((iteration, vec![]));
             sh.rounds.send_modify(|r| *r += 1);
             continue;
         }
@@ -698,8 +859,8 @@ async fn listen(
         }
         sh.m.heavy_hitters.add(keys.len());
         let hashes: Vec<u64> = keys.iter().map(|k| k.0).collect();
-        sh.heavy.extend(&hashes);
-        let _ = owner_tx.send(hashes);
+        sh.heavy.extend(&hashes, iteration);
+        let _ = owner_tx.send((iteration, hashes));
         sh.rounds.send_modify(|r| *r += 1);
     }
     Ok(())
