@@ -12,9 +12,10 @@
 //!   each worker reports its candidates to worker 0, which announces the global list;
 //! - rows whose hash is heavy stay on their worker; the owner of each heavy hash
 //!   broadcasts the build rows with that hash to every worker (selective broadcast);
-//! - the worker's result is the union of two DataFusion hash joins: the usual one (the
-//!   worker's build partition with the probe rows routed to it) and a heavy one (the
-//!   broadcast build rows with the probe rows kept local).
+//! - the worker's result is the union of DataFusion hash joins: the usual one (the
+//!   worker's build partition with the probe rows routed to it) and one heavy join per
+//!   detection round (the build rows broadcast for that round's keys with the probe
+//!   rows of those keys kept local).
 //!
 //! Every probe row takes exactly one of the two paths, and either path sees every build
 //! row of its hash, so rows sent before a key was found heavy stay correct. This holds for

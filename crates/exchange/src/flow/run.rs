@@ -3,9 +3,10 @@
 //! - *router*: reads the local probe input, counts hashes, reports to worker 0 at the
 //!   detection points, sends rows to their owners or keeps heavy ones local;
 //! - *owner*: collects the local build partition for the usual join and broadcasts the
-//!   build rows of every announced heavy hash;
+//!   build rows of every announced heavy hash, one broadcast per round;
 //! - *listener*: applies worker 0's announcements (router's heavy set, owner's work);
-//! - *drain*: collects the heavy build rows broadcast by all owners;
+//! - *drain* (one per detection round): collects the heavy build rows all owners
+//!   broadcast for that round;
 //! - *detector* (worker 0 only): sums reports, announces the global heavy hitters.
 //!
 //! Nothing waits in a cycle: the router never waits for the heavy path (heavy probe
