@@ -118,6 +118,20 @@ struct SqlInput {
     format: Format,
 }
 
+impl SqlInput {
+    /// The `-c` texts, then the contents of the `-f` files, in order.
+    fn scripts(&self) -> Result<Vec<String>, Box<dyn std::error::Error>> {
+        let mut scripts = self.command.clone();
+        for f in &self.file {
+            scripts.push(
+                std::fs::read_to_string(f)
+                    .map_err(|e| format!("cannot read {}: {e}", f.display()))?,
+            );
+        }
+        Ok(scripts)
+    }
+}
+
 #[derive(Args)]
 struct LocalArgs {
     /// Number of workers.
@@ -290,12 +304,7 @@ async fn run_local(args: LocalArgs) -> Result<(), Box<dyn std::error::Error>> {
             return Err(format!("unknown benchmark '{bench}' (known: tpch)").into());
         }
         // With a benchmark, -c/-f statements (e.g. SET ...) run first, quietly.
-        for sql in &args.input.command {
-            cluster.coordinator.sql(sql).await?;
-        }
-        for f in &args.input.file {
-            let sql = std::fs::read_to_string(f)
-                .map_err(|e| format!("cannot read {}: {e}", f.display()))?;
+        for sql in args.input.scripts()? {
             cluster.coordinator.sql(&sql).await?;
         }
         let options = bench::TpchBenchOptions {
@@ -331,13 +340,7 @@ async fn run_input(
     if input.command.is_empty() && input.file.is_empty() {
         return repl::run(runner, input.format).await;
     }
-    let mut scripts: Vec<String> = input.command.clone();
-    for f in &input.file {
-        scripts.push(
-            std::fs::read_to_string(f).map_err(|e| format!("cannot read {}: {e}", f.display()))?,
-        );
-    }
-    for script in scripts {
+    for script in input.scripts()? {
         for stmt in client::split_statements(&script)? {
             let results = runner.run(&stmt).await?;
             output::print_results(&results, input.format)?;

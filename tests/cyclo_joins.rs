@@ -6,9 +6,8 @@
 
 mod sql_reference;
 
-use gyre_cluster::LocalCluster;
 use gyre_cluster::reference::canonical_rows;
-use sql_reference::{differs, reference};
+use sql_reference::{differs, start, text};
 
 /// `a`: strings (stationary only), random `x`, skewed `k` with NULLs. `b`: smaller, only
 /// fixed-width columns (it rotates): random `y` with NULLs, floats, dates, booleans.
@@ -107,18 +106,10 @@ const QUERIES: &[(&str, &str)] = &[
     ),
 ];
 
-fn text(r: gyre_cluster::coordinator::StatementResult) -> String {
-    canonical_rows(&r.batches).unwrap().join("\n")
-}
-
 async fn check(workers: usize) {
-    let cluster = LocalCluster::start(workers, 1, "127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
+    let (cluster, reference) = start(workers, SETUP).await;
     let c = &cluster.coordinator;
-    c.sql(SETUP).await.unwrap();
     c.sql("SET gyre.join_strategy = 'cyclo'").await.unwrap();
-    let reference = reference(SETUP).await;
     let mut failures = vec![];
     for (q, kernel) in QUERIES {
         let plan = text(c.sql_one(&format!("EXPLAIN {q}")).await.unwrap());
@@ -154,12 +145,8 @@ async fn cyclo_joins_match_datafusion_on_three_workers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn strategies_are_chosen_by_setting_and_analyze_shows_ring_times() {
-    let cluster = LocalCluster::start(3, 1, "127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
+    let (cluster, reference) = start(3, SETUP).await;
     let c = &cluster.coordinator;
-    c.sql(SETUP).await.unwrap();
-    let reference = reference(SETUP).await;
     let equi = "SELECT a.k, a.s, b.y FROM a JOIN b ON a.k = b.k";
     let band = "SELECT a.s, b.y FROM a JOIN b ON a.x BETWEEN b.y - 1 AND b.y + 1";
     let want_equi =

@@ -5,9 +5,7 @@
 
 mod sql_reference;
 
-use gyre_cluster::LocalCluster;
-use gyre_cluster::reference::canonical_rows;
-use sql_reference::{differs, reference};
+use sql_reference::{differs, start, text};
 
 const SETUP: &str = "
 CREATE TABLE dim (k BIGINT, name VARCHAR, w INT) PARTITION BY k;
@@ -67,18 +65,10 @@ const QUERIES: &[(&str, bool)] = &[
     ),
 ];
 
-fn text(r: gyre_cluster::coordinator::StatementResult) -> String {
-    canonical_rows(&r.batches).unwrap().join("\n")
-}
-
 async fn check(workers: usize) {
-    let cluster = LocalCluster::start(workers, 1, "127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
+    let (cluster, reference) = start(workers, SETUP).await;
     let c = &cluster.coordinator;
-    c.sql(SETUP).await.unwrap();
     c.sql("SET gyre.join_strategy = 'shuffle'").await.unwrap();
-    let reference = reference(SETUP).await;
     let mut failures = vec![];
     for (q, flow) in QUERIES {
         let plan = text(c.sql_one(&format!("EXPLAIN {q}")).await.unwrap());
@@ -114,11 +104,8 @@ async fn flow_joins_match_datafusion_on_four_workers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn analyze_shows_heavy_hitters_and_the_setting_switches_it_off() {
-    let cluster = LocalCluster::start(3, 1, "127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
+    let (cluster, reference) = start(3, SETUP).await;
     let c = &cluster.coordinator;
-    c.sql(SETUP).await.unwrap();
     c.sql("SET gyre.join_strategy = 'shuffle'").await.unwrap();
     let q = QUERIES[0].0;
     let analyzed = text(c.sql_one(&format!("EXPLAIN ANALYZE {q}")).await.unwrap());
@@ -158,7 +145,6 @@ async fn analyze_shows_heavy_hitters_and_the_setting_switches_it_off() {
         plan.contains("threshold=0.5%") && plan.contains("sample 1/4"),
         "{plan}"
     );
-    let reference = reference(SETUP).await;
     assert_eq!(differs(c, &reference, q).await, None);
     for (bad, named) in [
         ("SET gyre.skew_detection = maybe", "maybe"),

@@ -6,7 +6,7 @@ mod sql_reference;
 
 use gyre_cluster::LocalCluster;
 use gyre_cluster::reference::canonical_rows;
-use sql_reference::{differs, reference};
+use sql_reference::{differs, start, text};
 
 const SETUP: &str = "
 CREATE TABLE l (k INT, v VARCHAR) PARTITION BY k;
@@ -52,12 +52,8 @@ const QUERIES: &[&str] = &[
 ];
 
 async fn check(workers: usize) {
-    let cluster = LocalCluster::start(workers, 1, "127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
+    let (cluster, reference) = start(workers, SETUP).await;
     let c = &cluster.coordinator;
-    c.sql(SETUP).await.unwrap();
-    let reference = reference(SETUP).await;
     let mut failures = vec![];
     // `shuffle` makes every equi-join partitioned, which runs the supported join types
     // as Flow-Joins (skew detection is on by default).
@@ -132,9 +128,6 @@ async fn explain_shows_fragments_exchanges_and_join_strategies() {
         .unwrap();
     let c = &cluster.coordinator;
     c.load_tpch(0.01).await.unwrap();
-    let text = |r: gyre_cluster::coordinator::StatementResult| {
-        canonical_rows(&r.batches).unwrap().join("\n")
-    };
     // orders and lineitem are both hash-placed on the order key: co-located, no shuffle.
     let plan = text(
         c.sql_one("EXPLAIN SELECT count(*) FROM orders JOIN lineitem ON o_orderkey = l_orderkey")

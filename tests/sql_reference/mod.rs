@@ -1,7 +1,8 @@
 //! Single-node DataFusion as the reference for the SQL end-to-end tests.
 
 use datafusion::prelude::SessionContext;
-use gyre_cluster::coordinator::Coordinator;
+use gyre_cluster::LocalCluster;
+use gyre_cluster::coordinator::{Coordinator, StatementResult};
 use gyre_cluster::reference::canonical_rows;
 use std::sync::Arc;
 
@@ -33,6 +34,21 @@ pub async fn reference(setup: &str) -> SessionContext {
             .unwrap();
     }
     ctx
+}
+
+/// A local cluster of `workers` (one thread each) that ran `setup`, and the reference
+/// that ran it too.
+pub async fn start(workers: usize, setup: &str) -> (LocalCluster, SessionContext) {
+    let cluster = LocalCluster::start(workers, 1, "127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    cluster.coordinator.sql(setup).await.unwrap();
+    (cluster, reference(setup).await)
+}
+
+/// A result's rows in canonical order, one line each (for plans and small results).
+pub fn text(r: StatementResult) -> String {
+    canonical_rows(&r.batches).unwrap().join("\n")
 }
 
 /// Runs `query` on the cluster and on the reference; a description of the difference,

@@ -47,7 +47,6 @@ use parking_lot::{Mutex, RwLock};
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::sync::{mpsc, oneshot};
 
 /// Hashes are already well mixed: a set of them needs no second hash.
@@ -71,17 +70,16 @@ impl Hasher for PreHashed {
 type HashSetU64 = HashSet<u64, BuildHasherDefault<PreHashed>>;
 
 /// The heavy hashes announced so far, shared by the listener (writer) and router.
+/// Only ever appended to, so a reader knows what is new by the length it last saw.
 #[derive(Default)]
 struct HeavySet {
     /// (hash, round that found it).
     hashes: RwLock<Vec<(u64, u32)>>,
-    version: AtomicU64,
 }
 
 impl HeavySet {
     fn extend(&self, new: &[u64], round: u32) {
         self.hashes.write().extend(new.iter().map(|&h| (h, round)));
-        self.version.fetch_add(1, Ordering::Release);
     }
 }
 
@@ -125,7 +123,7 @@ impl FlowMetrics {
 }
 
 /// How long a router waits, once, for the first round's heavy hitters after reporting
-/// it (see [`route`]).
+/// it (see [`Router::run`]).
 const FIRST_ROUND_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// Sampling factor after a detection window that found no new candidate on this worker.
@@ -197,19 +195,32 @@ impl Shared {
     }
 }
 
-fn hashes_of(
-    keys: &[PhysicalExprRef],
-    batch: &RecordBatch,
-    out: &mut Vec<u64>,
-) -> Result<Vec<ArrayRef>> {
-    let arrays = keys
-        .iter()
-        .map(|e| e.evaluate(batch)?.into_array(batch.num_rows()))
-        .collect::<Result<Vec<_>>>()?;
-    out.clear();
-    out.resize(batch.num_rows(), 0);
-    create_hashes(&arrays, REPARTITION_RANDOM_STATE.random_state(), out)?;
-    Ok(arrays)
+/// A batch with its join key columns and their partitioning hashes (DataFusion's
+/// repartition hash, so `hash % n` is the row's owner).
+struct Hashed {
+    batch: RecordBatch,
+    keys: Vec<ArrayRef>,
+    hashes: Vec<u64>,
+}
+
+impl Hashed {
+    fn new(keys: &[PhysicalExprRef], batch: RecordBatch) -> Result<Self> {
+        let arrays = keys
+            .iter()
+            .map(|e| e.evaluate(&batch)?.into_array(batch.num_rows()))
+            .collect::<Result<Vec<_>>>()?;
+        let mut hashes = vec![0; batch.num_rows()];
+        create_hashes(
+            &arrays,
+            REPARTITION_RANDOM_STATE.random_state(),
+            &mut hashes,
+        )?;
+        Ok(Self {
+            batch,
+            keys: arrays,
+            hashes,
+        })
+    }
 }
 
 async fn send_control(ep: &SendEndpoint, to: To, msg: &Control) -> Result<()> {
@@ -456,7 +467,8 @@ struct Router {
     detector: NodeDetector,
     /// Heavy hash -> detection round.
     heavy: HashMap<u64, u32, BuildHasherDefault<PreHashed>>,
-    heavy_version: u64,
+    /// How many of the shared heavy hashes `heavy` holds.
+    heavy_seen: usize,
     named: HashSetU64,
     by_owner: Vec<Vec<u32>>,
     kept: Vec<Vec<u32>>,
@@ -496,7 +508,7 @@ impl Router {
             local_txs,
             detector: NodeDetector::new(config, 1, expected),
             heavy: HashMap::default(),
-            heavy_version: 0,
+            heavy_seen: 0,
             named: HashSetU64::default(),
             by_owner: vec![Vec::new(); n],
             kept: vec![Vec::new(); rounds],
@@ -510,16 +522,23 @@ impl Router {
 
     /// Takes in the heavy hashes announced since the last look.
     fn refresh(&mut self) {
-        let v = self.sh.heavy.version.load(Ordering::Acquire);
-        if v != self.heavy_version {
-            self.heavy_version = v;
-            let was_empty = self.heavy.is_empty();
-            self.heavy
-                .extend(self.sh.heavy.hashes.read().iter().copied());
-            if was_empty && !self.heavy.is_empty() {
+        let hashes = self.sh.heavy.hashes.read();
+        if hashes.len() > self.heavy_seen {
+            if self.heavy.is_empty() {
                 self.sh.m.first_heavy_after_rows.set(self.routed as usize);
             }
+            self.heavy.extend(hashes[self.heavy_seen..].iter().copied());
+            self.heavy_seen = hashes.len();
         }
+    }
+
+    /// Routes the rows held back while waiting for round 0, with what is known now.
+    async fn release(&mut self, held: &mut Vec<Hashed>) -> Result<()> {
+        self.refresh();
+        for h in std::mem::take(held) {
+            self.route(&h).await?;
+        }
+        Ok(())
     }
 
     /// After round 0 was reported, rows are held back (not routed) while the input
@@ -533,9 +552,8 @@ impl Router {
         report_ep: SendEndpoint,
     ) -> Result<()> {
         let result = async {
-            let mut hashes = Vec::new();
             let mut awaiting = false;
-            let mut held: Vec<(RecordBatch, Vec<u64>)> = Vec::new();
+            let mut held: Vec<Hashed> = Vec::new();
             let mut held_rows = 0u64;
             while let Some(batch) = input.next().await {
                 let batch = batch?;
@@ -543,29 +561,27 @@ impl Router {
                 if rows == 0 {
                     continue;
                 }
-                {
+                let hashed = {
                     let timer = self.sh.m.routing_time.clone();
                     let _t = timer.timer();
-                    hashes_of(&self.keys, &batch, &mut hashes)?;
-                    self.count(&hashes);
-                }
+                    let hashed = Hashed::new(&self.keys, batch)?;
+                    self.count(&hashed.hashes);
+                    hashed
+                };
                 if awaiting {
                     held_rows += rows as u64;
-                    held.push((batch, std::mem::take(&mut hashes)));
+                    held.push(hashed);
                     let answered = *self.sh.rounds.borrow() > 0;
                     if answered || held_rows >= self.hold_limit {
                         if !answered {
                             self.wait_first_round().await;
                         }
                         awaiting = false;
-                        self.refresh();
-                        for (b, h) in std::mem::take(&mut held) {
-                            self.route(&b, &h).await?;
-                        }
+                        self.release(&mut held).await?;
                     }
                 } else {
                     self.refresh();
-                    self.route(&batch, &hashes).await?;
+                    self.route(&hashed).await?;
                 }
                 for r in self.detector.advance(rows as u64) {
                     awaiting |= r.iteration == 0;
@@ -574,10 +590,7 @@ impl Router {
             }
             if awaiting {
                 self.wait_first_round().await;
-                self.refresh();
-                for (b, h) in std::mem::take(&mut held) {
-                    self.route(&b, &h).await?;
-                }
+                self.release(&mut held).await?;
             }
             for r in self.detector.finish() {
                 self.report(&report_ep, r).await?;
@@ -618,7 +631,12 @@ impl Router {
         self.next_counted = i - hashes.len();
     }
 
-    async fn route(&mut self, batch: &RecordBatch, hashes: &[u64]) -> Result<()> {
+    async fn route(&mut self, hashed: &Hashed) -> Result<()> {
+        let Hashed {
+            batch,
+            keys,
+            hashes,
+        } = hashed;
         let rows = batch.num_rows();
         let n = self.by_owner.len() as u64;
         {
@@ -660,19 +678,9 @@ impl Router {
             if idx.is_empty() {
                 continue;
             }
-            if idx
-                .iter()
-                .any(|&i| !self.named.contains(&hashes[i as usize]))
-            {
-                let arrays = self
-                    .keys
-                    .iter()
-                    .map(|e| e.evaluate(batch)?.into_array(rows))
-                    .collect::<Result<Vec<_>>>()?;
-                for &i in idx {
-                    if self.named.insert(hashes[i as usize]) {
-                        name_heavy_hitter(&self.sh, hashes[i as usize], &arrays, i as usize);
-                    }
+            for &i in idx {
+                if self.named.insert(hashes[i as usize]) {
+                    name_heavy_hitter(&self.sh, hashes[i as usize], keys, i as usize);
                 }
             }
             self.sh.m.probe_rows_local.add(idx.len());
@@ -760,7 +768,7 @@ async fn own(
     };
     let _ = build_tx.send(Ok(batches.clone()));
     let result = async {
-        let mut hashes: Option<Vec<Vec<u64>>> = None;
+        let mut hashed: Option<Vec<Hashed>> = None;
         let metrics = SendMetrics::new(&ExecutionPlanMetricsSet::new(), sh.partition);
         let mut done = vec![false; eps.len()];
         while let Some((round, new)) = heavy_rx.recv().await {
@@ -773,36 +781,30 @@ async fn own(
             let new: HashSetU64 = new.into_iter().collect();
             if !new.is_empty() {
                 // Hashed once, on the first announcement that names any key.
-                let hashes = match &mut hashes {
+                let hashed = match &mut hashed {
                     Some(h) => h,
-                    None => {
-                        let mut all = Vec::with_capacity(batches.len());
-                        for b in &batches {
-                            let mut h = Vec::new();
-                            hashes_of(&keys, b, &mut h)?;
-                            all.push(h);
-                        }
-                        hashes.insert(all)
-                    }
+                    None => hashed.insert(
+                        batches
+                            .iter()
+                            .map(|b| Hashed::new(&keys, b.clone()))
+                            .collect::<Result<_>>()?,
+                    ),
                 };
                 let mut outlet = sh.outlet(To::All, &schema, ep)?;
-                for (b, hs) in batches.iter().zip(hashes.iter()) {
-                    let idx: Vec<u32> = hs
+                for h in hashed.iter() {
+                    let idx: Vec<u32> = h
+                        .hashes
                         .iter()
                         .enumerate()
-                        .filter(|(_, h)| new.contains(h))
+                        .filter(|(_, x)| new.contains(x))
                         .map(|(i, _)| i as u32)
                         .collect();
                     if !idx.is_empty() {
-                        let arrays = keys
-                            .iter()
-                            .map(|e| e.evaluate(b)?.into_array(b.num_rows()))
-                            .collect::<Result<Vec<_>>>()?;
                         for &i in &idx {
-                            name_heavy_hitter(&sh, hs[i as usize], &arrays, i as usize);
+                            name_heavy_hitter(&sh, h.hashes[i as usize], &h.keys, i as usize);
                         }
                         sh.m.build_rows_broadcast.add(idx.len());
-                        let part = take_record_batch(b, &UInt32Array::from(idx))?;
+                        let part = take_record_batch(&h.batch, &UInt32Array::from(idx))?;
                         outlet.push(ep, part, &metrics).await?;
                     }
                 }
@@ -843,11 +845,8 @@ async fn listen(
                 "Flow-Join expected a heavy-hitter announcement, got {control:?}"
             ));
         };
-        if keys.is_empty() {
-            let _ = owner_tx.send((iteration, vec![]));
-            sh.rounds.send_modify(|r| *r += 1);
-            continue;
-        }
+        // An empty round still counts: the owner ends that round's broadcast, and a
+        // router waiting for round 0 goes on.
         {
             let mut report = sh.report.lock();
             for &(hash, estimate) in &keys {

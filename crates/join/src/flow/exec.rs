@@ -286,6 +286,21 @@ impl Node {
         self.table.get().expect("table built before use")
     }
 
+    /// The build tuples of `keys`, counted as replicated (they are about to be sent to
+    /// nodes other than their owner).
+    fn replicated_tuples(&self, keys: &[u64]) -> Vec<Tup> {
+        let table = self.table();
+        let tuples: Vec<Tup> = table
+            .rows_of(keys)
+            .into_iter()
+            .map(|r| table.tuples[r as usize])
+            .collect();
+        self.c
+            .build_replicated
+            .fetch_add(tuples.len() as u64, Ordering::Relaxed);
+        tuples
+    }
+
     async fn wait_table(&self) {
         let mut rx = self.table_ready.subscribe();
         // The sender lives in `self`, so the channel cannot close while we wait.
@@ -1334,15 +1349,7 @@ async fn control(
                     .into_iter()
                     .filter(|&k| owner(k, node.n) == node.me)
                     .collect();
-                let table = node.table();
-                let tuples: Vec<Tup> = table
-                    .rows_of(&mine)
-                    .into_iter()
-                    .map(|r| table.tuples[r as usize])
-                    .collect();
-                node.c
-                    .build_replicated
-                    .fetch_add(tuples.len() as u64, Ordering::Relaxed);
+                let tuples = node.replicated_tuples(&mine);
                 send_tuples(
                     rb,
                     To::All,
@@ -1447,15 +1454,7 @@ async fn serve_fetches(
                 s.insert(k, ());
             }
         }
-        let table = node.table();
-        let tuples: Vec<Tup> = table
-            .rows_of(&keys)
-            .into_iter()
-            .map(|r| table.tuples[r as usize])
-            .collect();
-        node.c
-            .build_replicated
-            .fetch_add(tuples.len() as u64, Ordering::Relaxed);
+        let tuples = node.replicated_tuples(&keys);
         send_tuples(
             &fresp,
             node.to(from),
