@@ -126,9 +126,6 @@ impl FlowMetrics {
 /// it (see [`Router::run`]).
 const FIRST_ROUND_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
 
-/// Sampling factor after a detection window that found no new candidate on this worker.
-const QUIET_SAMPLE: usize = 16;
-
 /// Rows a router holds back at least while waiting for round 0 (else 5% of its input).
 const HOLD_MIN_ROWS: u64 = 65_536;
 
@@ -473,9 +470,7 @@ struct Router {
     by_owner: Vec<Vec<u32>>,
     kept: Vec<Vec<u32>>,
     routed: u64,
-    /// Rows between two rows counted in the histogram (see [`QUIET_SAMPLE`]).
-    sample: usize,
-    step: usize,
+    /// Where counting resumes in the next batch (sampling spans batches).
     next_counted: usize,
     /// Rows held back after reporting round 0, until its answer (see `run`).
     hold_limit: u64,
@@ -499,7 +494,6 @@ impl Router {
             .map(|w| sh.outlet(To::Node(*w), schema, &ep))
             .collect::<Result<Vec<_>>>()?;
         let rounds = local_txs.len();
-        let sample = config.sample.max(1) as usize;
         Ok(Self {
             sh: Arc::clone(sh),
             keys,
@@ -513,8 +507,6 @@ impl Router {
             by_owner: vec![Vec::new(); n],
             kept: vec![Vec::new(); rounds],
             routed: 0,
-            sample,
-            step: sample,
             next_counted: 0,
             hold_limit: (expected / 20).max(HOLD_MIN_ROWS),
         })
@@ -622,11 +614,12 @@ impl Router {
 
     /// Counts a sample of the rows' hashes (sampling continues across batches).
     fn count(&mut self, hashes: &[u64]) {
+        let step = self.detector.step();
         let mut h = self.detector.histogram(0).lock().expect("histogram lock");
-        let mut i = self.next_counted;
+        let mut i = self.next_counted.min(step - 1);
         while i < hashes.len() {
             h.update(hashes[i]);
-            i += self.step;
+            i += step;
         }
         self.next_counted = i - hashes.len();
     }
@@ -692,17 +685,7 @@ impl Router {
     }
 
     async fn report(&mut self, ep: &SendEndpoint, r: NodeReport) -> Result<()> {
-        // A window with no new candidate here: count only every QUIET_SAMPLE-th of the
-        // sampled rows in the next one. Updating SpaceSaving for every row of an
-        // unskewed input costs more than routing it; a key heavy enough to unbalance
-        // the workers still stands out in a sample of thousands of rows.
-        let quiet = r.candidates.iter().all(|(h, _)| self.heavy.contains_key(h));
-        self.step = if quiet {
-            self.sample * QUIET_SAMPLE
-        } else {
-            self.sample
-        };
-        self.sh.m.quiet_windows.add(usize::from(quiet));
+        self.sh.m.quiet_windows.add(usize::from(r.quiet));
         self.sh.m.detection_rounds.add(1);
         let msg = Control::Report {
             side: Side::Probe,

@@ -14,6 +14,13 @@
 //!   keys whose summed count exceeds the threshold share of the summed windows: the
 //!   global heavy-hitter list, announced to everyone.
 //!
+//! - Cost control: after a window in which a node found no candidate it had not
+//!   reported before, it counts only every [`QUIET_SAMPLE`]-th tuple in the next one
+//!   ([`NodeDetector::step`]). Updating SpaceSaving for every tuple of an unskewed
+//!   input costs more than routing it; a key heavy enough to unbalance the nodes still
+//!   stands out in a sample of thousands of tuples. Reports are scaled back to tuples,
+//!   so nodes sampling at different rates add up correctly at the coordinator.
+//!
 //! Why guaranteed counts: the default threshold (0.01%) is far below SpaceSaving's
 //! error bound 1/k (0.8% for k = 128), so on a stream without skew every monitored
 //! key's *estimate* passes it; its guaranteed count does not. A heavy key's error is
@@ -21,7 +28,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use crate::space_saving::{DEFAULT_CAPACITY, SpaceSaving};
 
@@ -140,16 +147,22 @@ impl Schedule {
     }
 }
 
+/// In a window after a quiet one (no new candidate), one tuple in this many is counted.
+pub const QUIET_SAMPLE: usize = 16;
+
 /// What a node found in one iteration.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NodeReport {
     pub iteration: u32,
-    /// Tuples counted in this iteration's window.
+    /// Tuples routed in this iteration's window (counted or not).
     pub window: u64,
-    /// `(key, guaranteed count)` above the threshold, largest first.
+    /// `(key, guaranteed count)` above the threshold, largest first; counts scaled
+    /// from the counted sample to the window's tuples.
     pub candidates: Vec<(u64, u64)>,
     /// Tuples routed when the iteration ran.
     pub processed: u64,
+    /// No candidate this node had not reported before: the next window is sampled.
+    pub quiet: bool,
 }
 
 /// Per-thread histograms plus the iteration schedule of one node and one input.
@@ -159,7 +172,19 @@ pub struct NodeDetector {
     schedule: Schedule,
     hists: Vec<Mutex<SpaceSaving>>,
     processed: AtomicU64,
-    next: Mutex<usize>,
+    step: AtomicUsize,
+    progress: Mutex<Progress>,
+}
+
+/// Where a node's detection stands (behind one lock: iterations run one at a time).
+#[derive(Debug, Default)]
+struct Progress {
+    /// The next iteration to run.
+    next: usize,
+    /// Tuples routed when the last iteration ran.
+    processed: u64,
+    /// Keys this node reported so far.
+    reported: HashSet<u64>,
 }
 
 impl NodeDetector {
@@ -171,8 +196,15 @@ impl NodeDetector {
                 .map(|_| Mutex::new(SpaceSaving::new(config.capacity)))
                 .collect(),
             processed: AtomicU64::new(0),
-            next: Mutex::new(0),
+            step: AtomicUsize::new(config.sample.max(1) as usize),
+            progress: Mutex::new(Progress::default()),
         }
+    }
+
+    /// Count one routed tuple in this many (1, the configured `sample`, or
+    /// `sample * QUIET_SAMPLE` after a quiet window); read it at each morsel or batch.
+    pub fn step(&self) -> usize {
+        self.step.load(Ordering::Relaxed)
     }
 
     pub fn iterations(&self) -> usize {
@@ -193,29 +225,45 @@ impl NodeDetector {
     /// due (usually none). Iterations run in order, each exactly once.
     pub fn advance(&self, n: u64) -> Vec<NodeReport> {
         let processed = self.processed.fetch_add(n, Ordering::AcqRel) + n;
-        let mut next = self.next.lock().expect("detector lock");
-        let due = self.schedule.due(*next, processed);
-        self.run(&mut next, due, processed)
+        let mut progress = self.progress.lock().expect("detector lock");
+        let due = self.schedule.due(progress.next, processed);
+        self.run(&mut progress, due, processed)
     }
 
     /// Runs every iteration not run yet (the input ended).
     pub fn finish(&self) -> Vec<NodeReport> {
-        let mut next = self.next.lock().expect("detector lock");
-        let due = self.schedule.len() - *next;
-        self.run(&mut next, due, self.processed())
+        let mut progress = self.progress.lock().expect("detector lock");
+        let due = self.schedule.len() - progress.next;
+        self.run(&mut progress, due, self.processed())
     }
 
-    fn run(&self, next: &mut usize, due: usize, processed: u64) -> Vec<NodeReport> {
+    fn run(&self, progress: &mut Progress, due: usize, processed: u64) -> Vec<NodeReport> {
         (0..due)
             .map(|_| {
-                let iteration = *next as u32;
-                *next += 1;
+                let iteration = progress.next as u32;
+                progress.next += 1;
+                // Several iterations due at once: the first takes the whole window.
+                let window = processed - progress.processed;
+                progress.processed = processed;
                 let merged = self.merge_and_clear();
+                let counted = merged.total();
+                let candidates: Vec<(u64, u64)> = candidates(&merged, &self.config)
+                    .into_iter()
+                    .map(|(k, c)| (k, scale(c, window, counted)))
+                    .collect();
+                let quiet = candidates
+                    .iter()
+                    .all(|(k, _)| progress.reported.contains(k));
+                progress.reported.extend(candidates.iter().map(|c| c.0));
+                let sample = self.config.sample.max(1) as usize;
+                let step = if quiet { sample * QUIET_SAMPLE } else { sample };
+                self.step.store(step, Ordering::Relaxed);
                 NodeReport {
                     iteration,
-                    window: merged.total(),
-                    candidates: candidates(&merged, &self.config),
+                    window,
+                    candidates,
                     processed,
+                    quiet,
                 }
             })
             .collect()
@@ -229,6 +277,15 @@ impl NodeDetector {
             h.clear();
         }
         merged
+    }
+}
+
+/// `count` of `counted` sampled tuples, as tuples of a window of `window`.
+fn scale(count: u64, window: u64, counted: u64) -> u64 {
+    if counted == 0 || counted == window {
+        count
+    } else {
+        (count as u128 * window as u128 / counted as u128) as u64
     }
 }
 
@@ -392,6 +449,9 @@ mod tests {
         assert_eq!(r.len(), 1);
         assert_eq!(r[0].window, 20_000);
         assert!(r[0].candidates.is_empty(), "{:?}", r[0].candidates);
+        // Nothing new: the next window counts a sample only.
+        assert!(r[0].quiet);
+        assert_eq!(det.step(), QUIET_SAMPLE);
         // A small window of unique keys (guaranteed counts 1 > 0.01% of 50) neither.
         let mut h = SpaceSaving::new(128);
         (0..50u64).for_each(|k| h.update(k));
@@ -410,6 +470,17 @@ mod tests {
         assert_eq!(r[0].iteration, 1);
         let keys: Vec<u64> = r[0].candidates.iter().map(|c| c.0).collect();
         assert_eq!(&keys[..3], &[1, 2, 3]);
+        // 20 000 tuples counted of 200 000 routed: counts are scaled by 10 (key 1 has
+        // about 22% of a Zipf 1.25 stream).
+        assert_eq!(r[0].window, 200_000);
+        assert!(
+            (35_000..55_000).contains(&r[0].candidates[0].1),
+            "{:?}",
+            r[0]
+        );
+        // New candidates: count every tuple again.
+        assert!(!r[0].quiet);
+        assert_eq!(det.step(), 1);
         // The rest of the schedule runs at the end.
         assert_eq!(det.finish().len(), 8);
         assert!(det.finish().is_empty());

@@ -1018,8 +1018,7 @@ async fn route(
     let mut routes = node.routes();
     let mut epoch = node.epoch.load(Ordering::Acquire);
     let morsel = (rows.len() / (64 * node.cfg.threads)).clamp(MIN_MORSEL, MORSEL);
-    let sample = node.cfg.detection.sample.max(1);
-    let mut sample_left = sample;
+    let mut sample_left = 1;
     let (mut sent, mut kept, mut broadcast) = (0u64, 0u64, 0u64);
     loop {
         let m = next.fetch_add(1, Ordering::Relaxed);
@@ -1035,6 +1034,8 @@ async fn route(
         }
         let mut outgoing: Vec<Outgoing> = Vec::new();
         {
+            let step = det.map_or(1, |d| d.step());
+            sample_left = sample_left.min(step);
             let mut hist = det.map(|d| d.histogram(thread).lock().expect("histogram lock"));
             for row in lo..hi {
                 let Some(key) = rows.key(row) else {
@@ -1052,7 +1053,7 @@ async fn route(
                 if let Some(h) = hist.as_mut() {
                     sample_left -= 1;
                     if sample_left == 0 {
-                        sample_left = sample;
+                        sample_left = step;
                         h.update(key);
                     }
                 }
