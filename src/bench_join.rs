@@ -146,16 +146,21 @@ impl JoinArgs {
         let scale = if self.per_node { nodes as u64 } else { 1 };
         let build_rows = parse_count(&self.build).map_err(|e| format!("--build: {e}"))? * scale;
         let probe_rows = parse_count(&self.probe).map_err(|e| format!("--probe: {e}"))? * scale;
+        let strategies = list(&self.strategy);
+        for strategy in &strategies {
+            check_strategy(strategy)?;
+        }
+        // Strategies alternate within each repetition, so that they are compared side
+        // by side under the same (noisy) conditions.
         let mut runs = vec![];
-        for strategy in list(&self.strategy) {
-            check_strategy(&strategy)?;
-            for z in list(&self.zipf) {
-                let zipf: f64 = z
-                    .parse()
-                    .ok()
-                    .filter(|z: &f64| z.is_finite() && *z >= 0.0)
-                    .ok_or_else(|| format!("--zipf: '{z}' is not an exponent"))?;
-                for _ in 0..self.repeat.max(1) {
+        for z in list(&self.zipf) {
+            let zipf: f64 = z
+                .parse()
+                .ok()
+                .filter(|z: &f64| z.is_finite() && *z >= 0.0)
+                .ok_or_else(|| format!("--zipf: '{z}' is not an exponent"))?;
+            for _ in 0..self.repeat.max(1) {
+                for strategy in &strategies {
                     runs.push(JoinRun {
                         run_id: 0,
                         nodes: vec![],
@@ -416,7 +421,8 @@ fn emit(args: &JoinArgs, r: &JoinBenchReport) -> Result<(), BoxError> {
 }
 
 /// Time per strategy over the Zipf exponent, or over the workers when several
-/// cluster sizes ran; one polyline per strategy, setup/join/sync in the JSON.
+/// cluster sizes ran; one polyline (through the medians of repeated runs) per
+/// strategy, setup/join/sync in the JSON.
 fn plot_svg(r: &JoinBenchReport) -> String {
     let by_nodes = r
         .runs
@@ -478,10 +484,14 @@ fn plot_svg(r: &JoinBenchReport) -> String {
     }
     for (i, (name, mut points)) in series.into_iter().enumerate() {
         let c = colours[i % colours.len()];
-        points.sort_by(|a, b| a.0.total_cmp(&b.0));
+        points.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.total_cmp(&b.1)));
+        // Repeated runs: the line joins the medians, every run is a dot.
         let path: Vec<String> = points
-            .iter()
-            .map(|(x, y)| format!("{:.1},{:.1}", px(*x), py(*y)))
+            .chunk_by(|a, b| a.0 == b.0)
+            .map(|runs| {
+                let (x, y) = runs[runs.len() / 2];
+                format!("{:.1},{:.1}", px(x), py(y))
+            })
             .collect();
         s += &format!(
             "<polyline fill='none' stroke='{c}' stroke-width='2' points='{}'/>\n",
