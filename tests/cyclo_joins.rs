@@ -1,5 +1,6 @@
 //! Cyclo-joins through SQL on 1, 2 and 3 workers: band, inequality, theta and equi-joins
-//! (the last under `SET gyre.join_strategy = 'cyclo'`) over random and skewed data with
+//! (the last under `SET gyre.join_strategy = 'cyclo'`), inner, outer, semi and anti,
+//! over random and skewed data with
 //! duplicate keys, NULL keys, an empty table and a table on one worker only, each result
 //! compared with single-node DataFusion; `EXPLAIN` must show the cyclo-join (so a
 //! fallback to another join cannot pass unnoticed) and `EXPLAIN ANALYZE` its timings.
@@ -93,6 +94,40 @@ const QUERIES: &[(&str, &str)] = &[
         "SELECT c.k, c.dd, b.y, b.u FROM c JOIN b ON c.dd = b.d WHERE b.y < 50",
         "radix hash",
     ),
+    // Outer, semi and anti joins: the preserved (or filtered) input stays, the other
+    // rotates; unmatched rows include NULL keys.
+    (
+        "SELECT a.k, a.x, a.s, b.y, b.f FROM a LEFT JOIN b ON a.x BETWEEN b.y - 3 AND b.y + 3",
+        "sort-merge band",
+    ),
+    (
+        "SELECT a.s, b.k, b.f FROM a LEFT JOIN b ON a.k = b.k AND b.f > a.x",
+        "radix hash",
+    ),
+    (
+        "SELECT b.k, b.y, a.x FROM a RIGHT JOIN b ON a.x < b.y - 990",
+        "sort-merge (l ",
+    ),
+    (
+        "SELECT a.k, a.s FROM a WHERE EXISTS (SELECT 1 FROM b WHERE b.y BETWEEN a.x - 1 AND a.x + 1)",
+        "sort-merge band",
+    ),
+    (
+        "SELECT a.k, a.s FROM a WHERE a.k IN (SELECT k FROM b WHERE y < 100)",
+        "radix hash",
+    ),
+    (
+        "SELECT count(*), sum(a.x) FROM a WHERE NOT EXISTS (SELECT 1 FROM b WHERE b.y BETWEEN a.x - 2 AND a.x + 2)",
+        "sort-merge band",
+    ),
+    (
+        "SELECT a.s FROM a WHERE NOT EXISTS (SELECT 1 FROM b WHERE b.k = a.k AND b.y > a.x)",
+        "radix hash",
+    ),
+    (
+        "SELECT a.s, e.x FROM a LEFT JOIN e ON a.x < e.x",
+        "sort-merge (l ",
+    ),
     // Empty inputs and a table whose rows are all on one worker.
     ("SELECT * FROM a JOIN e ON a.x < e.x", "sort-merge (l "),
     ("SELECT * FROM e JOIN b ON e.k = b.k", "radix hash"),
@@ -184,6 +219,16 @@ async fn strategies_are_chosen_by_setting_and_analyze_shows_ring_times() {
         "worker 3",
     ] {
         assert!(plan.contains(needle), "missing {needle}:\n{plan}");
+    }
+    // Full outer joins need to know whether a rotating row matched anywhere: they stay
+    // DataFusion's join (and correct); so do null-aware anti joins (NOT IN).
+    for q in [
+        "SELECT a.s, b.y FROM a FULL JOIN b ON a.x BETWEEN b.y - 1 AND b.y + 1",
+        "SELECT a.s FROM a WHERE a.k NOT IN (SELECT k FROM b WHERE y < 500)",
+    ] {
+        let plan = text(c.sql_one(&format!("EXPLAIN {q}")).await.unwrap());
+        assert!(!plan.contains("CycloJoinExec"), "{q}\n{plan}");
+        assert_eq!(differs(c, &reference, q).await, None);
     }
     let err = c
         .sql("SET gyre.join_strategy = 'spin'")

@@ -17,8 +17,8 @@ use datafusion_proto::physical_plan::{
 };
 use datafusion_proto::protobuf;
 use gyre_exchange::{
-    CycloJoinExec, CycloKernel, CycloSide, ExchangeReceiverExec, ExchangeSenderExec, FlowJoinExec,
-    Placement, ReceiveMode, SendMode, SkewSettings,
+    CycloJoinExec, CycloJoinType, CycloKernel, CycloSide, ExchangeReceiverExec, ExchangeSenderExec,
+    FlowJoinExec, Placement, ReceiveMode, SendMode, SkewSettings,
 };
 use prost::Message;
 use serde::{Deserialize, Serialize};
@@ -68,6 +68,7 @@ enum NodeProto {
         right_key: usize,
         kernel: CycloKernel,
         rotating: CycloSide,
+        join_type: CycloJoinType,
         exchange: Option<u32>,
         filter: Option<FilterProto>,
     },
@@ -333,6 +334,7 @@ impl PhysicalExtensionCodec for GyreCodec {
                 right_key,
                 kernel,
                 rotating,
+                join_type,
                 exchange,
                 filter,
             } => {
@@ -351,6 +353,7 @@ impl PhysicalExtensionCodec for GyreCodec {
                     kernel,
                     filter,
                     rotating,
+                    join_type,
                     exchange,
                 )?)
             }
@@ -435,6 +438,7 @@ impl PhysicalExtensionCodec for GyreCodec {
                 right_key,
                 kernel: c.kernel(),
                 rotating: c.rotating(),
+                join_type: c.join_type(),
                 exchange: c.exchange(),
                 filter: c.filter().map(|f| filter_proto(f, self)).transpose()?,
             }

@@ -13,7 +13,9 @@
 //! inequality (`<`, `<=`, `>`, `>=`), or all pairs for any other predicate. The full
 //! condition always remains the operator's filter, so the kernel only narrows the pairs.
 //! The smaller input (by estimated bytes) rotates, if its columns can travel as words;
-//! else the other one; else the join stays as DataFusion planned it.
+//! else the other one; else the join stays as DataFusion planned it. Outer, semi and
+//! anti joins run on the ring too when their preserved (or filtered) input can stay
+//! and the other one can rotate; full outer, mark and null-aware joins never do.
 
 use crate::join_selection::estimated_bytes;
 use arrow::datatypes::{DataType, Schema};
@@ -30,7 +32,7 @@ use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, Partitioning};
 use gyre_exchange::cyclo::{key_type_supported, travels_as_words};
-use gyre_exchange::{CycloJoinExec, CycloKernel, CycloSide};
+use gyre_exchange::{CycloJoinExec, CycloJoinType, CycloKernel, CycloSide};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -280,12 +282,14 @@ pub fn derive_kernel(
             return (CycloKernel::Band { lo, hi }, l, r);
         }
     }
+    // `l >= r + d` with d >= 1 implies `l > r` (and `l <= r + d` with d <= -1 implies
+    // `l < r`): the plain inequality narrows the pairs, the filter decides.
     for (&(l, r), b) in &pairs {
         match (b.lower, b.upper) {
             (Some(0), _) => return (CycloKernel::Ge, l, r),
-            (Some(1), _) => return (CycloKernel::Gt, l, r),
+            (Some(lo), _) if lo >= 1 => return (CycloKernel::Gt, l, r),
             (_, Some(0)) => return (CycloKernel::Le, l, r),
-            (_, Some(-1)) => return (CycloKernel::Lt, l, r),
+            (_, Some(hi)) if hi <= -1 => return (CycloKernel::Lt, l, r),
             _ => {}
         }
     }
@@ -325,10 +329,12 @@ fn all_travel(plan: &Arc<dyn ExecutionPlan>) -> bool {
         .all(|f| travels_as_words(f.data_type()))
 }
 
-/// The rotating side: the smaller input whose columns can travel, if any.
+/// The rotating side: the one the join type requires, else the smaller input whose
+/// columns can travel, if any.
 fn rotating_side(
     left: &Arc<dyn ExecutionPlan>,
     right: &Arc<dyn ExecutionPlan>,
+    required: Option<CycloSide>,
 ) -> Option<CycloSide> {
     let (lb, rb) = (estimated_bytes(left), estimated_bytes(right));
     let smaller = match (lb, rb) {
@@ -339,6 +345,9 @@ fn rotating_side(
         CycloSide::Left => all_travel(left),
         CycloSide::Right => all_travel(right),
     };
+    if let Some(side) = required {
+        return ok(side).then_some(side);
+    }
     let other = match smaller {
         CycloSide::Left => CycloSide::Right,
         CycloSide::Right => CycloSide::Left,
@@ -351,22 +360,26 @@ fn rotating_side(
 fn cyclo_join(
     left: &Arc<dyn ExecutionPlan>,
     right: &Arc<dyn ExecutionPlan>,
+    join_type: JoinType,
     keys: (usize, usize),
     kernel: CycloKernel,
     filter: Option<JoinFilter>,
     projection: Option<&[usize]>,
     n: usize,
 ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+    let Some((join_type, required)) = CycloJoinType::of(join_type) else {
+        return Ok(None);
+    };
     let left = unwrap_distribution(Arc::clone(left));
     let right = unwrap_distribution(Arc::clone(right));
-    let Some(rotating) = rotating_side(&left, &right) else {
+    let Some(rotating) = rotating_side(&left, &right, required) else {
         return Ok(None);
     };
     let left = on_n_partitions(left, n)?;
     let right = on_n_partitions(right, n)?;
-    let Ok(join) =
-        CycloJoinExec::try_new(left, right, keys.0, keys.1, kernel, filter, rotating, None)
-    else {
+    let Ok(join) = CycloJoinExec::try_new(
+        left, right, keys.0, keys.1, kernel, filter, rotating, join_type, None,
+    ) else {
         return Ok(None);
     };
     let join: Arc<dyn ExecutionPlan> = Arc::new(join);
@@ -387,7 +400,7 @@ fn cyclo_join(
     Ok(Some(Arc::new(ProjectionExec::try_new(exprs, join)?)))
 }
 
-/// Replaces the inner joins `strategy` sends around the ring by [`CycloJoinExec`]s in a
+/// Replaces the joins `strategy` sends around the ring by [`CycloJoinExec`]s in a
 /// plan optimised for `n` workers. Their exchange ids are assigned when the plan is
 /// cut into stages.
 pub fn plan_cyclo_joins(
@@ -407,13 +420,13 @@ pub fn plan_cyclo_joins(
             match single_column_key {
                 Some(keys)
                     if strategy == JoinStrategy::Cyclo
-                        && *j.join_type() == JoinType::Inner
                         && !j.null_aware
                         && j.null_equality() == NullEquality::NullEqualsNothing =>
                 {
                     cyclo_join(
                         j.left(),
                         j.right(),
+                        *j.join_type(),
                         keys,
                         CycloKernel::Hash,
                         j.filter().cloned(),
@@ -426,19 +439,19 @@ pub fn plan_cyclo_joins(
         } else if let Some(j) = node.downcast_ref::<NestedLoopJoinExec>() {
             match j.filter() {
                 Some(filter)
-                    if *j.join_type() == JoinType::Inner
-                        && (strategy == JoinStrategy::Cyclo
-                            || (strategy == JoinStrategy::Auto
-                                && prefer_cyclo(
-                                    estimated_bytes(j.left()),
-                                    estimated_bytes(j.right()),
-                                    n,
-                                ))) =>
+                    if (strategy == JoinStrategy::Cyclo
+                        || (strategy == JoinStrategy::Auto
+                            && prefer_cyclo(
+                                estimated_bytes(j.left()),
+                                estimated_bytes(j.right()),
+                                n,
+                            ))) =>
                 {
                     let (kernel, l, r) = derive_kernel(filter, j.left(), j.right());
                     cyclo_join(
                         j.left(),
                         j.right(),
+                        *j.join_type(),
                         (l, r),
                         kernel,
                         Some(filter.clone()),
@@ -558,6 +571,23 @@ mod tests {
         // r.b > l.a  ==  l.a < r.b
         let f = filter(|c| bin(Arc::clone(&c[2]), Operator::Gt, Arc::clone(&c[0])));
         assert_eq!(kernel_of(&f), (CycloKernel::Lt, 0, 3));
+        // l.a < r.b - 4 implies l.a < r.b; l.a >= r.b + 2 implies l.a > r.b.
+        let f = filter(|c| {
+            bin(
+                Arc::clone(&c[0]),
+                Operator::Lt,
+                bin(Arc::clone(&c[2]), Operator::Minus, lit(4)),
+            )
+        });
+        assert_eq!(kernel_of(&f), (CycloKernel::Lt, 0, 3));
+        let f = filter(|c| {
+            bin(
+                Arc::clone(&c[0]),
+                Operator::GtEq,
+                bin(Arc::clone(&c[2]), Operator::Plus, lit(2)),
+            )
+        });
+        assert_eq!(kernel_of(&f), (CycloKernel::Gt, 0, 3));
         // l.a + 1 = r.b  ==  l.a BETWEEN r.b - 1 AND r.b - 1
         let f = filter(|c| {
             bin(
@@ -591,8 +621,8 @@ mod tests {
 
     #[test]
     fn anything_else_joins_all_pairs() {
-        // Both columns of one side, a string column, mixed domains, an offset inequality,
-        // a disjunction.
+        // Both columns of one side, a string column, mixed domains, an inequality whose
+        // offset widens it (l < r + 4), a disjunction.
         let cases: Vec<JoinFilter> = vec![
             filter(|c| bin(Arc::clone(&c[0]), Operator::Lt, Arc::clone(&c[4]))),
             filter(|c| bin(Arc::clone(&c[1]), Operator::Lt, Arc::clone(&c[2]))),

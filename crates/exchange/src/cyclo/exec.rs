@@ -9,6 +9,11 @@
 //! filter is applied, and the batches stream out while the ring keeps turning. After one
 //! revolution every worker has emitted its share of the inner join.
 //!
+//! Outer, semi and anti joins ([`CycloJoinType`]) preserve or filter the *stationary*
+//! input: every stationary row meets every rotating row exactly once, on its own worker,
+//! so after the revolution the worker knows which of its rows matched (after the full
+//! condition) and emits the unmatched ones (outer, anti) or the matched ones (semi).
+//!
 //! The ring uses [`EXCHANGES_PER_CYCLO_JOIN`] consecutive exchange ids, assigned by the
 //! planner so that every worker opens the same streams.
 
@@ -18,8 +23,11 @@ use crate::cyclo::words::{
     decode_column, encode_batch, key_array, key_type_supported, travels_as_words, validity_words,
 };
 use crate::task::AbortOnDrop;
-use arrow::array::{ArrayRef, RecordBatch, RecordBatchOptions, UInt32Array, UInt64Array};
-use arrow::compute::{concat_batches, filter_record_batch, take};
+use arrow::array::{
+    Array, ArrayRef, BooleanArray, RecordBatch, RecordBatchOptions, UInt32Array, UInt64Array,
+    new_null_array,
+};
+use arrow::compute::{concat_batches, take};
 use arrow::datatypes::{FieldRef, SchemaRef};
 use datafusion::common::cast::as_boolean_array;
 use datafusion::common::tree_node::TreeNodeRecursion;
@@ -82,7 +90,60 @@ impl fmt::Display for CycloSide {
     }
 }
 
-/// An inner join run as a cyclo-join over all workers of the query.
+/// What a cyclo-join returns. Outer, semi and anti joins preserve or filter the
+/// stationary input (the rotating input's rows meet a different worker's rows at every
+/// stop, so no worker could tell whether one of them matched).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CycloJoinType {
+    /// Every matching pair.
+    Inner,
+    /// Every matching pair, plus each unmatched stationary row with NULLs.
+    Outer,
+    /// The stationary rows with at least one match (stationary columns only).
+    Semi,
+    /// The stationary rows without a match (stationary columns only).
+    Anti,
+}
+
+impl CycloJoinType {
+    /// The cyclo-join for DataFusion's `join_type`, and the input that must rotate
+    /// (`None`: either may); `None` if the join type cannot run on the ring (full
+    /// outer and mark joins need to know whether a *rotating* row matched anywhere).
+    pub fn of(join_type: JoinType) -> Option<(Self, Option<CycloSide>)> {
+        use CycloSide::{Left, Right};
+        Some(match join_type {
+            JoinType::Inner => (Self::Inner, None),
+            JoinType::Left => (Self::Outer, Some(Right)),
+            JoinType::LeftSemi => (Self::Semi, Some(Right)),
+            JoinType::LeftAnti => (Self::Anti, Some(Right)),
+            JoinType::Right => (Self::Outer, Some(Left)),
+            JoinType::RightSemi => (Self::Semi, Some(Left)),
+            JoinType::RightAnti => (Self::Anti, Some(Left)),
+            _ => return None,
+        })
+    }
+
+    /// DataFusion's join type of this cyclo-join when `rotating` travels.
+    pub fn join_type(self, rotating: CycloSide) -> JoinType {
+        let stationary_left = rotating == CycloSide::Right;
+        match (self, stationary_left) {
+            (Self::Inner, _) => JoinType::Inner,
+            (Self::Outer, true) => JoinType::Left,
+            (Self::Outer, false) => JoinType::Right,
+            (Self::Semi, true) => JoinType::LeftSemi,
+            (Self::Semi, false) => JoinType::RightSemi,
+            (Self::Anti, true) => JoinType::LeftAnti,
+            (Self::Anti, false) => JoinType::RightAnti,
+        }
+    }
+
+    /// Whether matching pairs are part of the output.
+    fn emits_pairs(self) -> bool {
+        matches!(self, Self::Inner | Self::Outer)
+    }
+}
+
+/// A join run as a cyclo-join over all workers of the query.
 #[derive(Debug)]
 pub struct CycloJoinExec {
     left: Arc<dyn ExecutionPlan>,
@@ -94,6 +155,7 @@ pub struct CycloJoinExec {
     /// The join's condition, applied to every pair the kernel found.
     filter: Option<JoinFilter>,
     rotating: CycloSide,
+    join_type: CycloJoinType,
     /// First of the [`EXCHANGES_PER_CYCLO_JOIN`] exchange ids (set by the stage splitter).
     exchange: Option<ExchangeId>,
     unsigned_keys: bool,
@@ -114,6 +176,7 @@ impl CycloJoinExec {
         kernel: CycloKernel,
         filter: Option<JoinFilter>,
         rotating: CycloSide,
+        join_type: CycloJoinType,
         exchange: Option<ExchangeId>,
     ) -> Result<Self> {
         let (ls, rs) = (left.schema(), right.schema());
@@ -161,7 +224,7 @@ impl CycloJoinExec {
                 right.output_partitioning().partition_count()
             );
         }
-        let schema = Arc::new(build_join_schema(&ls, &rs, &JoinType::Inner).0);
+        let schema = Arc::new(build_join_schema(&ls, &rs, &join_type.join_type(rotating)).0);
         let props = Arc::new(PlanProperties::new(
             EquivalenceProperties::new(Arc::clone(&schema)),
             Partitioning::UnknownPartitioning(n),
@@ -176,6 +239,7 @@ impl CycloJoinExec {
             kernel,
             filter,
             rotating,
+            join_type,
             exchange,
             unsigned_keys,
             schema,
@@ -194,6 +258,7 @@ impl CycloJoinExec {
             self.kernel,
             self.filter.clone(),
             self.rotating,
+            self.join_type,
             Some(exchange),
         )
     }
@@ -216,6 +281,9 @@ impl CycloJoinExec {
     pub fn rotating(&self) -> CycloSide {
         self.rotating
     }
+    pub fn join_type(&self) -> CycloJoinType {
+        self.join_type
+    }
     pub fn exchange(&self) -> Option<ExchangeId> {
         self.exchange
     }
@@ -224,6 +292,9 @@ impl CycloJoinExec {
 impl DisplayAs for CycloJoinExec {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
         write!(f, "CycloJoinExec: kernel={}", self.kernel)?;
+        if self.join_type != CycloJoinType::Inner {
+            write!(f, ", join_type={}", self.join_type.join_type(self.rotating))?;
+        }
         if self.kernel.uses_keys() {
             write!(
                 f,
@@ -298,10 +369,10 @@ struct Job {
     kernel: CycloKernel,
     filter: Option<JoinFilter>,
     rotating: CycloSide,
+    join_type: CycloJoinType,
     exchange: ExchangeId,
     unsigned_keys: bool,
     schema: SchemaRef,
-    left_width: usize,
 }
 
 impl Job {
@@ -388,17 +459,21 @@ impl Job {
             .map_err(&err)?;
         metrics.stationary_rows.add(stat.num_rows());
         metrics.rotating_rows.add(rot.num_rows());
+        let matched =
+            (self.join_type != CycloJoinType::Inner).then(|| vec![false; stat.num_rows()]);
         let sink = BatchSink {
             tx,
             rotating_fields: rot.schema().fields().iter().cloned().collect(),
             stationary: stat,
             rotating: self.rotating,
+            join_type: self.join_type,
             schema: self.schema,
             filter: self.filter,
-            left_width: self.left_width,
+            matched,
             output_rows: metrics.output_rows.clone(),
         };
-        let (figures, _sink) = prepared.run(t, &ring, sink).await.map_err(&err)?;
+        let (figures, sink) = prepared.run(t, &ring, sink).await.map_err(&err)?;
+        sink.finish().await?;
         metrics.setup.add_duration(figures.setup.total());
         metrics.join.add_duration(figures.ring.join);
         metrics.sync.add_duration(figures.ring.sync);
@@ -420,19 +495,24 @@ struct BatchSink {
     rotating_fields: Vec<FieldRef>,
     stationary: RecordBatch,
     rotating: CycloSide,
+    join_type: CycloJoinType,
     schema: SchemaRef,
     filter: Option<JoinFilter>,
-    left_width: usize,
+    /// Which stationary rows matched (outer, semi and anti joins).
+    matched: Option<Vec<bool>>,
     output_rows: Count,
 }
 
 impl BatchSink {
-    fn build(
-        &self,
+    /// The output rows of one result chunk: its pairs that satisfy the join's
+    /// condition (evaluated on the condition's columns only, so that only passing
+    /// pairs are gathered in full); marks their stationary rows as matched.
+    fn pairs(
+        &mut self,
         fragment: &FragmentView<'_>,
         fragment_rows: &[u32],
         stationary_rows: &[u32],
-    ) -> Result<RecordBatch> {
+    ) -> Result<Option<RecordBatch>> {
         let ncols = self.rotating_fields.len();
         if fragment.payload_columns() != ncols + validity_words(ncols) {
             return internal_err!(
@@ -441,14 +521,140 @@ impl BatchSink {
                 ncols + validity_words(ncols)
             );
         }
+        let kept: Option<(Vec<u32>, Vec<u32>)> = match &self.filter {
+            None => None,
+            Some(f) => {
+                let mask = self.filter_mask(f, fragment, fragment_rows, stationary_rows)?;
+                // NULL counts as false.
+                let pass = |i: &usize| mask.is_valid(*i) && mask.value(*i);
+                Some((0..fragment_rows.len()).filter(pass).fold(
+                    (vec![], vec![]),
+                    |(mut f, mut s), i| {
+                        f.push(fragment_rows[i]);
+                        s.push(stationary_rows[i]);
+                        (f, s)
+                    },
+                ))
+            }
+        };
+        let (f_rows, s_rows) = match &kept {
+            Some((f, s)) => (f.as_slice(), s.as_slice()),
+            None => (fragment_rows, stationary_rows),
+        };
+        if let Some(matched) = &mut self.matched {
+            for &s in s_rows {
+                matched[s as usize] = true;
+            }
+        }
+        if f_rows.is_empty() || !self.join_type.emits_pairs() {
+            return Ok(None);
+        }
+        self.build(fragment, f_rows, s_rows).map(Some)
+    }
+
+    /// Where `filter` holds on the pairs `(fragment_rows[i], stationary_rows[i])`.
+    fn filter_mask(
+        &self,
+        filter: &JoinFilter,
+        fragment: &FragmentView<'_>,
+        fragment_rows: &[u32],
+        stationary_rows: &[u32],
+    ) -> Result<BooleanArray> {
+        let rotating = match self.rotating {
+            CycloSide::Left => JoinSide::Left,
+            CycloSide::Right => JoinSide::Right,
+        };
+        let idx = UInt32Array::from(stationary_rows.to_vec());
+        let columns = filter
+            .column_indices()
+            .iter()
+            .map(|ci| match ci.side {
+                JoinSide::None => internal_err!("a join filter column of neither input"),
+                side if side == rotating => self.rotating_column(fragment, ci.index, fragment_rows),
+                _ => Ok(take(self.stationary.column(ci.index).as_ref(), &idx, None)?),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let options = RecordBatchOptions::new().with_row_count(Some(fragment_rows.len()));
+        let intermediate =
+            RecordBatch::try_new_with_options(Arc::clone(filter.schema()), columns, &options)?;
+        let mask = filter
+            .expression()
+            .evaluate(&intermediate)?
+            .into_array(intermediate.num_rows())?;
+        Ok(as_boolean_array(&mask)?.clone())
+    }
+
+    /// Rotating column `c` at `rows` of `fragment`.
+    fn rotating_column(
+        &self,
+        fragment: &FragmentView<'_>,
+        c: usize,
+        rows: &[u32],
+    ) -> Result<ArrayRef> {
+        let ncols = self.rotating_fields.len();
         let validity: Vec<&[u64]> = (0..validity_words(ncols))
             .map(|g| fragment.payload(ncols + g))
             .collect();
-        let rotating = self
-            .rotating_fields
-            .iter()
-            .enumerate()
-            .map(|(c, f)| decode_column(f, c, fragment.payload(c), &validity, fragment_rows))
+        decode_column(
+            &self.rotating_fields[c],
+            c,
+            fragment.payload(c),
+            &validity,
+            rows,
+        )
+    }
+
+    /// After the revolution: the unmatched stationary rows with NULLs (outer), the
+    /// matched ones (semi) or the unmatched ones (anti).
+    async fn finish(self) -> Result<()> {
+        let Some(matched) = &self.matched else {
+            return Ok(());
+        };
+        let want = self.join_type == CycloJoinType::Semi;
+        let rows: Vec<u32> = (0..matched.len() as u32)
+            .filter(|&r| matched[r as usize] == want)
+            .collect();
+        for chunk in rows.chunks(BATCH_ROWS) {
+            let idx = UInt32Array::from(chunk.to_vec());
+            let stationary = self
+                .stationary
+                .columns()
+                .iter()
+                .map(|c| take(c.as_ref(), &idx, None))
+                .collect::<std::result::Result<Vec<_>, _>>()?;
+            let columns: Vec<ArrayRef> = if self.join_type == CycloJoinType::Outer {
+                let nulls = self
+                    .rotating_fields
+                    .iter()
+                    .map(|f| new_null_array(f.data_type(), chunk.len()));
+                match self.rotating {
+                    CycloSide::Left => nulls.chain(stationary).collect(),
+                    CycloSide::Right => stationary.into_iter().chain(nulls).collect(),
+                }
+            } else {
+                stationary
+            };
+            let options = RecordBatchOptions::new().with_row_count(Some(chunk.len()));
+            let batch =
+                RecordBatch::try_new_with_options(Arc::clone(&self.schema), columns, &options)?;
+            self.output_rows.add(batch.num_rows());
+            if self.tx.send(Ok(batch)).await.is_err() {
+                // The consumer went away: nothing more to do.
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// The output batch of the pairs `(fragment_rows[i], stationary_rows[i])`.
+    fn build(
+        &self,
+        fragment: &FragmentView<'_>,
+        fragment_rows: &[u32],
+        stationary_rows: &[u32],
+    ) -> Result<RecordBatch> {
+        let rotating = (0..self.rotating_fields.len())
+            .map(|c| self.rotating_column(fragment, c, fragment_rows))
             .collect::<Result<Vec<_>>>()?;
         let idx = UInt32Array::from(stationary_rows.to_vec());
         let stationary = self
@@ -462,38 +668,13 @@ impl BatchSink {
             CycloSide::Right => stationary.into_iter().chain(rotating).collect(),
         };
         let options = RecordBatchOptions::new().with_row_count(Some(fragment_rows.len()));
-        let batch = RecordBatch::try_new_with_options(Arc::clone(&self.schema), columns, &options)?;
-        match &self.filter {
-            None => Ok(batch),
-            Some(f) => apply_filter(&batch, f, self.left_width),
-        }
+        // An outer join's output has the other input's columns nullable: same arrays.
+        Ok(RecordBatch::try_new_with_options(
+            Arc::clone(&self.schema),
+            columns,
+            &options,
+        )?)
     }
-}
-
-/// Keeps the rows of `batch` (left columns, then right) for which `filter` is true.
-fn apply_filter(
-    batch: &RecordBatch,
-    filter: &JoinFilter,
-    left_width: usize,
-) -> Result<RecordBatch> {
-    let columns = filter
-        .column_indices()
-        .iter()
-        .map(|ci| match ci.side {
-            JoinSide::Left => Ok(Arc::clone(batch.column(ci.index))),
-            JoinSide::Right => Ok(Arc::clone(batch.column(left_width + ci.index))),
-            JoinSide::None => internal_err!("a join filter column of neither input"),
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let options = RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
-    let intermediate =
-        RecordBatch::try_new_with_options(Arc::clone(filter.schema()), columns, &options)?;
-    let mask = filter
-        .expression()
-        .evaluate(&intermediate)?
-        .into_array(intermediate.num_rows())?;
-    // NULL counts as false.
-    Ok(filter_record_batch(batch, as_boolean_array(&mask)?)?)
 }
 
 impl ResultSink for BatchSink {
@@ -507,12 +688,12 @@ impl ResultSink for BatchSink {
             .chunks(BATCH_ROWS)
             .zip(pairs.right.chunks(BATCH_ROWS))
         {
-            let batch = self
-                .build(fragment, f_rows, s_rows)
-                .map_err(|e| CycloError::Sink(e.to_string()))?;
-            if batch.num_rows() == 0 {
+            let Some(batch) = self
+                .pairs(fragment, f_rows, s_rows)
+                .map_err(|e| CycloError::Sink(e.to_string()))?
+            else {
                 continue;
-            }
+            };
             self.output_rows.add(batch.num_rows());
             self.tx.blocking_send(Ok(batch)).map_err(|_| {
                 CycloError::Sink("the consumer of the join result went away".into())
@@ -560,6 +741,7 @@ impl ExecutionPlan for CycloJoinExec {
             self.kernel,
             self.filter.clone(),
             self.rotating,
+            self.join_type,
             self.exchange,
         )?))
     }
@@ -591,10 +773,10 @@ impl ExecutionPlan for CycloJoinExec {
             kernel: self.kernel,
             filter: self.filter.clone(),
             rotating: self.rotating,
+            join_type: self.join_type,
             exchange,
             unsigned_keys: self.unsigned_keys,
             schema: Arc::clone(&self.schema),
-            left_width: self.left.schema().fields().len(),
         };
         let metrics = CycloMetrics::new(&self.metrics, partition);
         let (tx, rx) = mpsc::channel(OUTPUT_QUEUE);

@@ -6,12 +6,13 @@
 //! - [`words`]: how rotating rows travel: key words for the kernel and every column as
 //!   one `u64` word per row (fixed-width types), rebuilt as Arrow arrays on arrival;
 //! - [`exec`]: [`CycloJoinExec`], one revolution per worker, emitting joined batches
-//!   with the residual filter applied.
+//!   with the residual filter applied (inner joins, and outer/semi/anti joins that
+//!   preserve or filter the stationary input).
 
 pub mod exec;
 pub mod kernel;
 pub mod words;
 
-pub use exec::{CycloJoinExec, CycloSide, EXCHANGES_PER_CYCLO_JOIN};
+pub use exec::{CycloJoinExec, CycloJoinType, CycloSide, EXCHANGES_PER_CYCLO_JOIN};
 pub use kernel::CycloKernel;
 pub use words::{key_type_supported, travels_as_words};
