@@ -1,9 +1,10 @@
 //! Where the planner puts cyclo-joins (issue 5): the `gyre.join_strategy` setting, and
 //! the rewrite of inner joins into [`CycloJoinExec`]s over the optimised plan.
 //!
-//! - Non-equi inner joins (DataFusion's `NestedLoopJoinExec`, which Gyre otherwise
+//! - Non-equi joins (DataFusion's `NestedLoopJoinExec`, which Gyre otherwise
 //!   broadcasts) become cyclo-joins when both inputs are too large to broadcast
-//!   cheaply ([`prefer_cyclo`]), or always under `SET gyre.join_strategy = 'cyclo'`.
+//!   cheaply ([`prefer_cyclo`]) and the condition gives a band or inequality kernel,
+//!   or always under `SET gyre.join_strategy = 'cyclo'`.
 //! - Single-key inner equi-joins become radix-hash cyclo-joins only when asked
 //!   (`'cyclo'`); `'shuffle'` and `'broadcast'` force the hash join's distribution,
 //!   `'auto'` is the size-based choice of [`crate::join_selection`].
@@ -104,6 +105,26 @@ pub fn prefer_cyclo(left_bytes: Option<f64>, right_bytes: Option<f64>, n: usize)
     match (left_bytes, right_bytes) {
         (Some(l), Some(r)) => n > 1 && l.min(r) > BROADCAST_LIMIT_BYTES,
         _ => false,
+    }
+}
+
+/// Whether a non-equi join with this kernel runs on the ring: always under `'cyclo'`;
+/// under `'auto'` when [`prefer_cyclo`] and the kernel narrows the pairs (all pairs
+/// through the ring cost more per pair than DataFusion's nested-loop join, see
+/// docs/benchmarks.md "Cyclo-join in SQL").
+pub fn non_equi_on_ring(
+    strategy: JoinStrategy,
+    kernel: CycloKernel,
+    left_bytes: Option<f64>,
+    right_bytes: Option<f64>,
+    n: usize,
+) -> bool {
+    match strategy {
+        JoinStrategy::Cyclo => true,
+        JoinStrategy::Auto => {
+            kernel != CycloKernel::AllPairs && prefer_cyclo(left_bytes, right_bytes, n)
+        }
+        JoinStrategy::Shuffle | JoinStrategy::Broadcast => false,
     }
 }
 
@@ -437,28 +458,28 @@ pub fn plan_cyclo_joins(
                 _ => None,
             }
         } else if let Some(j) = node.downcast_ref::<NestedLoopJoinExec>() {
-            match j.filter() {
-                Some(filter)
-                    if (strategy == JoinStrategy::Cyclo
-                        || (strategy == JoinStrategy::Auto
-                            && prefer_cyclo(
-                                estimated_bytes(j.left()),
-                                estimated_bytes(j.right()),
-                                n,
-                            ))) =>
-                {
-                    let (kernel, l, r) = derive_kernel(filter, j.left(), j.right());
-                    cyclo_join(
-                        j.left(),
-                        j.right(),
-                        *j.join_type(),
-                        (l, r),
-                        kernel,
-                        Some(filter.clone()),
-                        j.projection().as_deref(),
-                        n,
-                    )?
-                }
+            let chosen = j.filter().and_then(|filter| {
+                let (kernel, l, r) = derive_kernel(filter, j.left(), j.right());
+                let wanted = non_equi_on_ring(
+                    strategy,
+                    kernel,
+                    estimated_bytes(j.left()),
+                    estimated_bytes(j.right()),
+                    n,
+                );
+                wanted.then_some((filter, kernel, l, r))
+            });
+            match chosen {
+                Some((filter, kernel, l, r)) => cyclo_join(
+                    j.left(),
+                    j.right(),
+                    *j.join_type(),
+                    (l, r),
+                    kernel,
+                    Some(filter.clone()),
+                    j.projection().as_deref(),
+                    n,
+                )?,
                 _ => None,
             }
         } else {
@@ -655,6 +676,31 @@ mod tests {
         assert!(!prefer_cyclo(big, Some(1e6), 3));
         assert!(!prefer_cyclo(big, big, 1));
         assert!(!prefer_cyclo(None, big, 3));
+        let band = CycloKernel::Band { lo: -1, hi: 1 };
+        assert!(non_equi_on_ring(JoinStrategy::Auto, band, big, big, 3));
+        assert!(non_equi_on_ring(
+            JoinStrategy::Auto,
+            CycloKernel::Lt,
+            big,
+            big,
+            3
+        ));
+        // All pairs stay DataFusion's nested-loop join unless asked.
+        assert!(!non_equi_on_ring(
+            JoinStrategy::Auto,
+            CycloKernel::AllPairs,
+            big,
+            big,
+            3
+        ));
+        assert!(non_equi_on_ring(
+            JoinStrategy::Cyclo,
+            CycloKernel::AllPairs,
+            None,
+            None,
+            1
+        ));
+        assert!(!non_equi_on_ring(JoinStrategy::Shuffle, band, big, big, 3));
     }
 
     #[test]

@@ -615,28 +615,16 @@ impl BatchSink {
             .filter(|&r| matched[r as usize] == want)
             .collect();
         for chunk in rows.chunks(BATCH_ROWS) {
-            let idx = UInt32Array::from(chunk.to_vec());
-            let stationary = self
-                .stationary
-                .columns()
-                .iter()
-                .map(|c| take(c.as_ref(), &idx, None))
-                .collect::<std::result::Result<Vec<_>, _>>()?;
-            let columns: Vec<ArrayRef> = if self.join_type == CycloJoinType::Outer {
-                let nulls = self
-                    .rotating_fields
+            // Semi and anti joins return the stationary columns only.
+            let rotating: Vec<ArrayRef> = if self.join_type == CycloJoinType::Outer {
+                self.rotating_fields
                     .iter()
-                    .map(|f| new_null_array(f.data_type(), chunk.len()));
-                match self.rotating {
-                    CycloSide::Left => nulls.chain(stationary).collect(),
-                    CycloSide::Right => stationary.into_iter().chain(nulls).collect(),
-                }
+                    .map(|f| new_null_array(f.data_type(), chunk.len()))
+                    .collect()
             } else {
-                stationary
+                vec![]
             };
-            let options = RecordBatchOptions::new().with_row_count(Some(chunk.len()));
-            let batch =
-                RecordBatch::try_new_with_options(Arc::clone(&self.schema), columns, &options)?;
+            let batch = self.assemble(rotating, chunk)?;
             self.output_rows.add(batch.num_rows());
             if self.tx.send(Ok(batch)).await.is_err() {
                 // The consumer went away: nothing more to do.
@@ -656,7 +644,13 @@ impl BatchSink {
         let rotating = (0..self.rotating_fields.len())
             .map(|c| self.rotating_column(fragment, c, fragment_rows))
             .collect::<Result<Vec<_>>>()?;
-        let idx = UInt32Array::from(stationary_rows.to_vec());
+        self.assemble(rotating, stationary_rows)
+    }
+
+    /// An output batch: `rotating` columns next to the stationary rows `rows`, in the
+    /// join's column order (an outer join's other input is nullable: same arrays).
+    fn assemble(&self, rotating: Vec<ArrayRef>, rows: &[u32]) -> Result<RecordBatch> {
+        let idx = UInt32Array::from(rows.to_vec());
         let stationary = self
             .stationary
             .columns()
@@ -667,8 +661,7 @@ impl BatchSink {
             CycloSide::Left => rotating.into_iter().chain(stationary).collect(),
             CycloSide::Right => stationary.into_iter().chain(rotating).collect(),
         };
-        let options = RecordBatchOptions::new().with_row_count(Some(fragment_rows.len()));
-        // An outer join's output has the other input's columns nullable: same arrays.
+        let options = RecordBatchOptions::new().with_row_count(Some(rows.len()));
         Ok(RecordBatch::try_new_with_options(
             Arc::clone(&self.schema),
             columns,
