@@ -247,7 +247,12 @@ impl NodeDetector {
                 progress.processed = processed;
                 let merged = self.merge_and_clear();
                 let counted = merged.total();
-                let candidates: Vec<(u64, u64)> = candidates(&merged, &self.config)
+                let min_count = if self.step() > self.config.sample.max(1) as usize {
+                    MIN_SAMPLED_COUNT
+                } else {
+                    MIN_CANDIDATE_COUNT
+                };
+                let candidates: Vec<(u64, u64)> = candidates(&merged, &self.config, min_count)
                     .into_iter()
                     .map(|(k, c)| (k, scale(c, window, counted)))
                     .collect();
@@ -294,15 +299,21 @@ fn scale(count: u64, window: u64, counted: u64) -> u64 {
 /// one tuple, and every unique key would pass it.
 pub const MIN_CANDIDATE_COUNT: u64 = 2;
 
+/// The same guard in a sampled (quiet) window: a key sampled twice there stands for
+/// `2 * QUIET_SAMPLE` tuples, far above the threshold of a small window, yet among
+/// many uniform keys some are sampled twice by chance. Four times is rare by chance
+/// (a key with 1% of the window is sampled about 19 times in 1,900 samples).
+pub const MIN_SAMPLED_COUNT: u64 = 4;
+
 /// Keys of a (merged) histogram whose guaranteed count exceeds the threshold share of
-/// its window (and is at least [`MIN_CANDIDATE_COUNT`]), largest first, at most
-/// `max_reported`.
-pub fn candidates(h: &SpaceSaving, config: &DetectionConfig) -> Vec<(u64, u64)> {
+/// its window and is at least `min_count` ([`MIN_CANDIDATE_COUNT`], or
+/// [`MIN_SAMPLED_COUNT`] in a sampled window), largest first, at most `max_reported`.
+pub fn candidates(h: &SpaceSaving, config: &DetectionConfig, min_count: u64) -> Vec<(u64, u64)> {
     let bar = config.threshold * h.total() as f64;
     let mut out: Vec<(u64, u64)> = h
         .entries()
         .map(|c| (c.key, c.guaranteed()))
-        .filter(|&(_, g)| g >= MIN_CANDIDATE_COUNT && g as f64 > bar)
+        .filter(|&(_, g)| g >= min_count && g as f64 > bar)
         .collect();
     out.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
     out.truncate(config.max_reported);
@@ -455,9 +466,11 @@ mod tests {
         // A small window of unique keys (guaranteed counts 1 > 0.01% of 50) neither.
         let mut h = SpaceSaving::new(128);
         (0..50u64).for_each(|k| h.update(k));
-        assert!(candidates(&h, &c).is_empty());
+        assert!(candidates(&h, &c, MIN_CANDIDATE_COUNT).is_empty());
         h.update(3);
-        assert_eq!(candidates(&h, &c), vec![(3, 2)]);
+        assert_eq!(candidates(&h, &c, MIN_CANDIDATE_COUNT), vec![(3, 2)]);
+        // In a sampled window twice is not enough.
+        assert!(candidates(&h, &c, MIN_SAMPLED_COUNT).is_empty());
         let z = Zipf::new(100_000, 1.25);
         for t in 0..2 {
             let mut h = det.histogram(t).lock().unwrap();
