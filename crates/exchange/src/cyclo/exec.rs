@@ -525,16 +525,13 @@ impl BatchSink {
             None => None,
             Some(f) => {
                 let mask = self.filter_mask(f, fragment, fragment_rows, stationary_rows)?;
-                // NULL counts as false.
-                let pass = |i: &usize| mask.is_valid(*i) && mask.value(*i);
-                Some((0..fragment_rows.len()).filter(pass).fold(
-                    (vec![], vec![]),
-                    |(mut f, mut s), i| {
-                        f.push(fragment_rows[i]);
-                        s.push(stationary_rows[i]);
-                        (f, s)
-                    },
-                ))
+                Some(
+                    (0..fragment_rows.len())
+                        // NULL counts as false.
+                        .filter(|&i| mask.is_valid(i) && mask.value(i))
+                        .map(|i| (fragment_rows[i], stationary_rows[i]))
+                        .unzip(),
+                )
             }
         };
         let (f_rows, s_rows) = match &kept {

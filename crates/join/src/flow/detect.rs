@@ -247,7 +247,8 @@ impl NodeDetector {
                 progress.processed = processed;
                 let merged = self.merge_and_clear();
                 let counted = merged.total();
-                let min_count = if self.step() > self.config.sample.max(1) as usize {
+                let sample = self.config.sample.max(1) as usize;
+                let min_count = if self.step() > sample {
                     MIN_SAMPLED_COUNT
                 } else {
                     MIN_CANDIDATE_COUNT
@@ -260,7 +261,6 @@ impl NodeDetector {
                     .iter()
                     .all(|(k, _)| progress.reported.contains(k));
                 progress.reported.extend(candidates.iter().map(|c| c.0));
-                let sample = self.config.sample.max(1) as usize;
                 let step = if quiet { sample * QUIET_SAMPLE } else { sample };
                 self.step.store(step, Ordering::Relaxed);
                 NodeReport {
