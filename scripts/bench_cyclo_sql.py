@@ -37,12 +37,11 @@ import json
 import os
 import re
 import statistics
-import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_flow_sql import parse_time  # noqa: E402
+from emulated_cluster import Cluster, Failure, parse_time  # noqa: E402
 
 P = 2147483647  # 2^31 - 1
 SELECT = "SELECT count(*), sum(r.a + s.b) FROM {r} r JOIN {s} s ON {on}"
@@ -95,39 +94,6 @@ def cases(a):
             variants1=[("cyclo", r"CycloJoinExec: kernel=radix hash"),
                        ("shuffle", r"HashJoinExec: mode=CollectLeft")]),
     }
-
-
-class Cluster:
-    def __init__(self, gyre, name, subnet, nodes, cpus, link, timeout):
-        self.gyre, self.name, self.nodes, self.timeout = gyre, name, nodes, timeout
-        self.addr = subnet.rsplit(".", 1)[0] + ".1:50050"
-        self.up = [gyre, "cluster", "up", "--name", name, "--nodes", str(nodes), "--link", link,
-                   "--cpus", cpus, "--subnet", subnet + "/24"]
-
-    def start(self):
-        print("+", " ".join(self.up), file=sys.stderr)
-        subprocess.run(self.up, check=True)
-
-    def stop(self):
-        subprocess.run([self.gyre, "cluster", "down", "--name", self.name], check=False)
-
-    def sql(self, text):
-        """(stdout, wall seconds); exits with the statement and stderr on failure or timeout."""
-        cmd = ["ip", "netns", "exec", f"gyre-{self.name}-c", self.gyre, "sql", "--connect",
-               self.addr, "--format", "csv", "-c", text]
-        t0 = time.perf_counter()
-        try:
-            out = subprocess.run(cmd, capture_output=True, text=True, timeout=self.timeout)
-        except subprocess.TimeoutExpired:
-            raise Failure(f"{self.name}: no answer after {self.timeout} s (hang?) to:\n{text}")
-        secs = time.perf_counter() - t0
-        if out.returncode != 0:
-            raise Failure(f"{self.name}: exit {out.returncode} for:\n{text}\nstderr:\n{out.stderr}")
-        return out.stdout, secs
-
-
-class Failure(Exception):
-    pass
 
 
 def variants(case, label):

@@ -21,9 +21,11 @@ import json
 import os
 import re
 import statistics
-import subprocess
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from emulated_cluster import Cluster, Failure, parse_time  # noqa: E402
 
 
 def main():
@@ -42,19 +44,12 @@ def main():
     if os.geteuid() != 0:
         sys.exit("bench_flow_sql.py builds an emulated cluster: run it as root")
 
-    gyre, name = a.gyre, a.name
-    up = [gyre, "cluster", "up", "--name", name, "--nodes", str(a.nodes), "--link", a.link,
-          "--cpus", a.cpus]
-    print("+", " ".join(up), file=sys.stderr)
-    subprocess.run(up, check=True)
+    cluster = Cluster(a.gyre, a.name, "10.213.0.0", a.nodes, a.cpus, a.link)
+    cluster.start()
     try:
-        addr = "10.213.0.1:50050"
 
         def sql(text):
-            cmd = ["ip", "netns", "exec", f"gyre-{name}-c", gyre, "sql", "--connect", addr,
-                   "--format", "csv", "-c", text]
-            out = subprocess.run(cmd, check=True, capture_output=True, text=True)
-            return out.stdout
+            return cluster.sql(text)[0]
 
         t0 = time.time()
         print(f"loading {a.build} build rows and 2 x {a.probe} probe rows...", file=sys.stderr)
@@ -94,8 +89,10 @@ def main():
                           + (f", first-round wait up to {max(waits) * 1e3:.1f} ms" if waits else ""),
                           file=sys.stderr)
         report(a, runs)
+    except Failure as e:
+        sys.exit(f"FAILED: {e}")
     finally:
-        subprocess.run([gyre, "cluster", "down", "--name", name], check=False)
+        cluster.stop()
 
 
 def parse_count(text):
@@ -103,10 +100,6 @@ def parse_count(text):
     scale = {"K": 1e3, "M": 1e6, "B": 1e9}.get(text[-1:], 1)
     number = text[:-1] if scale != 1 else text
     return int(float(number) * scale)
-
-
-def parse_time(value, unit):
-    return float(value) * {"ns": 1e-9, "µs": 1e-6, "ms": 1e-3, "s": 1.0}[unit]
 
 
 def human(n):
