@@ -16,7 +16,8 @@
 //! The smaller input (by estimated bytes) rotates, if its columns can travel as words;
 //! else the other one; else the join stays as DataFusion planned it. Outer, semi and
 //! anti joins run on the ring too when their preserved (or filtered) input can stay
-//! and the other one can rotate; full outer, mark and null-aware joins never do.
+//! and the other one can rotate; full outer joins with either input rotating; mark and
+//! null-aware joins never do.
 
 use crate::join_selection::estimated_bytes;
 use arrow::datatypes::{DataType, Schema};

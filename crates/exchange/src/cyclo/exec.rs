@@ -13,6 +13,10 @@
 //! input: every stationary row meets every rotating row exactly once, on its own worker,
 //! so after the revolution the worker knows which of its rows matched (after the full
 //! condition) and emits the unmatched ones (outer, anti) or the matched ones (semi).
+//! A full outer join also needs the rotating rows no worker matched: the rotating rows
+//! carry their row number around the ring, every worker marks the ones it matched per
+//! origin, and after the revolution the marks go back to each origin (one message per
+//! pair of workers), which emits its unmatched rotating rows.
 //!
 //! The ring uses [`EXCHANGES_PER_CYCLO_JOIN`] consecutive exchange ids, assigned by the
 //! planner so that every worker opens the same streams.
@@ -52,7 +56,7 @@ use gyre_join::Keys;
 use gyre_join::cyclo::fragment::{FragmentForm, fragment_words, rows_per_buffer};
 use gyre_join::cyclo::{
     CycloError, CycloOptions, FragmentView, PreparedCycloJoin, Relation, ResultSink, RingSpec,
-    Rotate, agree,
+    Rotate, agree, scatter,
 };
 use gyre_transport::node_name;
 use serde::{Deserialize, Serialize};
@@ -60,9 +64,12 @@ use std::fmt;
 use std::sync::Arc;
 use tokio::sync::mpsc;
 
-/// Exchange ids one cyclo-join uses: the ring, the size agreement, abort notices, and a
-/// first size agreement (`+4`, its ring id `+3` is never opened) that sizes fragments.
-pub const EXCHANGES_PER_CYCLO_JOIN: u32 = 5;
+/// Exchange ids one cyclo-join uses: the ring, the size agreement, abort notices, a
+/// first size agreement (`+4`, its ring id `+3` is never opened) that sizes fragments,
+/// and (`+5`) the full outer join's matched rotating rows going back to their origins.
+pub const EXCHANGES_PER_CYCLO_JOIN: u32 = 6;
+/// Offset of the exchange that returns matched rotating rows to their origins.
+const MATCHES_EXCHANGE: u32 = 5;
 
 /// Result pairs per fragment the inequality and all-pairs kernels are sized for: a
 /// fragment holds at most this many rows divided by the largest stationary part.
@@ -92,7 +99,8 @@ impl fmt::Display for CycloSide {
 
 /// What a cyclo-join returns. Outer, semi and anti joins preserve or filter the
 /// stationary input (the rotating input's rows meet a different worker's rows at every
-/// stop, so no worker could tell whether one of them matched).
+/// stop, so no worker alone can tell whether one of them matched); a full outer join
+/// preserves both, its rotating side by returning matches to the rows' origins.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum CycloJoinType {
     /// Every matching pair.
@@ -103,12 +111,14 @@ pub enum CycloJoinType {
     Semi,
     /// The stationary rows without a match (stationary columns only).
     Anti,
+    /// Every matching pair, plus each unmatched row of either input with NULLs.
+    Full,
 }
 
 impl CycloJoinType {
     /// The cyclo-join for DataFusion's `join_type`, and the input that must rotate
-    /// (`None`: either may); `None` if the join type cannot run on the ring (full
-    /// outer and mark joins need to know whether a *rotating* row matched anywhere).
+    /// (`None`: either may); `None` if the join type cannot run on the ring (mark and
+    /// null-aware joins).
     pub fn of(join_type: JoinType) -> Option<(Self, Option<CycloSide>)> {
         use CycloSide::{Left, Right};
         Some(match join_type {
@@ -119,6 +129,7 @@ impl CycloJoinType {
             JoinType::Right => (Self::Outer, Some(Left)),
             JoinType::RightSemi => (Self::Semi, Some(Left)),
             JoinType::RightAnti => (Self::Anti, Some(Left)),
+            JoinType::Full => (Self::Full, None),
             _ => return None,
         })
     }
@@ -128,6 +139,7 @@ impl CycloJoinType {
         let stationary_left = rotating == CycloSide::Right;
         match (self, stationary_left) {
             (Self::Inner, _) => JoinType::Inner,
+            (Self::Full, _) => JoinType::Full,
             (Self::Outer, true) => JoinType::Left,
             (Self::Outer, false) => JoinType::Right,
             (Self::Semi, true) => JoinType::LeftSemi,
@@ -139,7 +151,17 @@ impl CycloJoinType {
 
     /// Whether matching pairs are part of the output.
     fn emits_pairs(self) -> bool {
-        matches!(self, Self::Inner | Self::Outer)
+        matches!(self, Self::Inner | Self::Outer | Self::Full)
+    }
+
+    /// Whether unmatched stationary rows are part of the output (with NULLs).
+    fn preserves_stationary(self) -> bool {
+        matches!(self, Self::Outer | Self::Full)
+    }
+
+    /// Whether unmatched rotating rows are part of the output (with NULLs).
+    fn preserves_rotating(self) -> bool {
+        self == Self::Full
     }
 }
 
@@ -410,7 +432,11 @@ impl Job {
         let rot_key_array = self.keys_of(&rot, rot_key)?;
         let stat_key_array = self.keys_of(&stat, stat_key)?;
         let key_err = |e: gyre_join::JoinError| err(CycloError::Join(e));
-        let words = encode_batch(&rot)?;
+        let mut words = encode_batch(&rot)?;
+        if self.join_type.preserves_rotating() {
+            // The row numbers travel with the rows, to report matches to the origin.
+            words.push((0..rot.num_rows() as u64).collect());
+        }
         let rot_rel = Relation {
             keys: Keys::from_array(rot_key_array.as_ref()).map_err(key_err)?,
             payload: words.iter().map(Vec::as_slice).collect(),
@@ -464,6 +490,10 @@ impl Job {
         let sink = BatchSink {
             tx,
             rotating_fields: rot.schema().fields().iter().cloned().collect(),
+            rotating_matched: self
+                .join_type
+                .preserves_rotating()
+                .then(|| vec![Vec::new(); ring.len()]),
             stationary: stat,
             rotating: self.rotating,
             join_type: self.join_type,
@@ -472,8 +502,21 @@ impl Job {
             matched,
             output_rows: metrics.output_rows.clone(),
         };
-        let (figures, sink) = prepared.run(t, &ring, sink).await.map_err(&err)?;
-        sink.finish().await?;
+        let (figures, mut sink) = prepared.run(t, &ring, sink).await.map_err(&err)?;
+        let rotating_matched = match sink.rotating_matched.take() {
+            // Before emitting anything, so that no peer waits on this node's consumer.
+            Some(marks) => Some(
+                scatter(t, &ring, self.exchange + MATCHES_EXCHANGE, marks)
+                    .await
+                    .map_err(&err)?,
+            ),
+            None => None,
+        };
+        if sink.finish().await?
+            && let Some(marks) = rotating_matched
+        {
+            sink.finish_rotating(&rot, &marks).await?;
+        }
         metrics.setup.add_duration(figures.setup.total());
         metrics.join.add_duration(figures.ring.join);
         metrics.sync.add_duration(figures.ring.sync);
@@ -500,6 +543,8 @@ struct BatchSink {
     filter: Option<JoinFilter>,
     /// Which stationary rows matched (outer, semi and anti joins).
     matched: Option<Vec<bool>>,
+    /// Full outer joins: per origin, a bitmap of its rotating rows matched here.
+    rotating_matched: Option<Vec<Vec<u64>>>,
     output_rows: Count,
 }
 
@@ -514,11 +559,12 @@ impl BatchSink {
         stationary_rows: &[u32],
     ) -> Result<Option<RecordBatch>> {
         let ncols = self.rotating_fields.len();
-        if fragment.payload_columns() != ncols + validity_words(ncols) {
+        let row_ids = ncols + validity_words(ncols);
+        let expected = row_ids + usize::from(self.rotating_matched.is_some());
+        if fragment.payload_columns() != expected {
             return internal_err!(
-                "a fragment carries {} columns, expected {}",
-                fragment.payload_columns(),
-                ncols + validity_words(ncols)
+                "a fragment carries {} columns, expected {expected}",
+                fragment.payload_columns()
             );
         }
         let kept: Option<(Vec<u32>, Vec<u32>)> = match &self.filter {
@@ -541,6 +587,19 @@ impl BatchSink {
         if let Some(matched) = &mut self.matched {
             for &s in s_rows {
                 matched[s as usize] = true;
+            }
+        }
+        if let Some(marks) = &mut self.rotating_matched {
+            let Some(bits) = marks.get_mut(fragment.origin() as usize) else {
+                return internal_err!("a fragment from ring position {}", fragment.origin());
+            };
+            let ids = fragment.payload(row_ids);
+            for &f in f_rows {
+                let id = ids[f as usize] as usize;
+                if bits.len() <= id / 64 {
+                    bits.resize(id / 64 + 1, 0);
+                }
+                bits[id / 64] |= 1 << (id % 64);
             }
         }
         if f_rows.is_empty() || !self.join_type.emits_pairs() {
@@ -602,10 +661,11 @@ impl BatchSink {
     }
 
     /// After the revolution: the unmatched stationary rows with NULLs (outer), the
-    /// matched ones (semi) or the unmatched ones (anti).
-    async fn finish(self) -> Result<()> {
+    /// matched ones (semi) or the unmatched ones (anti). False if the consumer went
+    /// away (nothing more to emit).
+    async fn finish(&self) -> Result<bool> {
         let Some(matched) = &self.matched else {
-            return Ok(());
+            return Ok(true);
         };
         let want = self.join_type == CycloJoinType::Semi;
         let rows: Vec<u32> = (0..matched.len() as u32)
@@ -613,7 +673,7 @@ impl BatchSink {
             .collect();
         for chunk in rows.chunks(BATCH_ROWS) {
             // Semi and anti joins return the stationary columns only.
-            let rotating: Vec<ArrayRef> = if self.join_type == CycloJoinType::Outer {
+            let rotating: Vec<ArrayRef> = if self.join_type.preserves_stationary() {
                 self.rotating_fields
                     .iter()
                     .map(|f| new_null_array(f.data_type(), chunk.len()))
@@ -622,13 +682,57 @@ impl BatchSink {
                 vec![]
             };
             let batch = self.assemble(rotating, chunk)?;
-            self.output_rows.add(batch.num_rows());
-            if self.tx.send(Ok(batch)).await.is_err() {
-                // The consumer went away: nothing more to do.
+            if !self.emit(batch).await {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// After the revolution, on a full outer join: this worker's rotating rows (`rot`,
+    /// its own part) that no worker matched, with NULLs. `marks[w]` is the bitmap of
+    /// the rows worker `w` matched.
+    async fn finish_rotating(&self, rot: &RecordBatch, marks: &[Vec<u64>]) -> Result<()> {
+        let rows = rot.num_rows();
+        let mut matched = vec![0u64; rows.div_ceil(64)];
+        for bits in marks {
+            if bits.len() > matched.len() {
+                return internal_err!(
+                    "matches reported for {} rotating rows, this worker has {rows}",
+                    bits.len() * 64
+                );
+            }
+            matched.iter_mut().zip(bits).for_each(|(m, b)| *m |= b);
+        }
+        let unmatched: Vec<u32> = (0..rows as u32)
+            .filter(|&r| matched[r as usize / 64] & (1 << (r % 64)) == 0)
+            .collect();
+        for chunk in unmatched.chunks(BATCH_ROWS) {
+            let idx = UInt32Array::from(chunk.to_vec());
+            let rotating = rot
+                .columns()
+                .iter()
+                .map(|c| take(c.as_ref(), &idx, None))
+                .collect::<std::result::Result<Vec<_>, _>>()?;
+            let stationary = self
+                .stationary
+                .schema()
+                .fields()
+                .iter()
+                .map(|f| new_null_array(f.data_type(), chunk.len()))
+                .collect();
+            let batch = self.combine(rotating, stationary, chunk.len())?;
+            if !self.emit(batch).await {
                 break;
             }
         }
         Ok(())
+    }
+
+    /// Sends an output batch; false if the consumer went away.
+    async fn emit(&self, batch: RecordBatch) -> bool {
+        self.output_rows.add(batch.num_rows());
+        self.tx.send(Ok(batch)).await.is_ok()
     }
 
     /// The output batch of the pairs `(fragment_rows[i], stationary_rows[i])`.
@@ -654,11 +758,21 @@ impl BatchSink {
             .iter()
             .map(|c| take(c.as_ref(), &idx, None))
             .collect::<std::result::Result<Vec<_>, _>>()?;
+        self.combine(rotating, stationary, rows.len())
+    }
+
+    /// An output batch of `rows` rows from both inputs' columns, in the join's order.
+    fn combine(
+        &self,
+        rotating: Vec<ArrayRef>,
+        stationary: Vec<ArrayRef>,
+        rows: usize,
+    ) -> Result<RecordBatch> {
         let columns: Vec<ArrayRef> = match self.rotating {
             CycloSide::Left => rotating.into_iter().chain(stationary).collect(),
             CycloSide::Right => stationary.into_iter().chain(rotating).collect(),
         };
-        let options = RecordBatchOptions::new().with_row_count(Some(rows.len()));
+        let options = RecordBatchOptions::new().with_row_count(Some(rows));
         Ok(RecordBatch::try_new_with_options(
             Arc::clone(&self.schema),
             columns,

@@ -15,7 +15,9 @@
 
 use std::time::{Duration, Instant};
 
-use gyre_transport::{ReceiveSpec, SendSpec, To, Transport, node_name};
+use gyre_transport::{
+    ReceiveEndpoint, ReceiveSpec, SendEndpoint, SendSpec, To, Transport, node_name,
+};
 
 use crate::keys::Keys;
 use crate::pairs::JoinPairs;
@@ -116,6 +118,29 @@ fn domain_word(d: KeyDomain) -> u64 {
     }
 }
 
+/// Opens `exchange` from this ring member to every other one and back; returns the
+/// other members' ring positions with the two endpoints.
+fn open_to_others(
+    t: &dyn Transport,
+    ring: &RingSpec,
+    exchange: u32,
+) -> Result<(Vec<usize>, SendEndpoint, ReceiveEndpoint)> {
+    let others: Vec<usize> = (0..ring.len()).filter(|&i| i != ring.index).collect();
+    let send = t.open_send(SendSpec {
+        query: ring.query,
+        exchange,
+        from: ring.index as u32,
+        destinations: others.iter().map(|&i| ring.nodes[i]).collect(),
+        groups: vec![],
+    })?;
+    let recv = t.open_receive(ReceiveSpec {
+        query: ring.query,
+        exchange,
+        sources: others.iter().map(|&i| (i as u32, ring.nodes[i])).collect(),
+    })?;
+    Ok((others, send, recv))
+}
+
 /// Every node sends `words` to every other and gets theirs, by ring position.
 async fn all_to_all(
     t: &dyn Transport,
@@ -129,19 +154,7 @@ async fn all_to_all(
     if n == 1 {
         return Ok(out);
     }
-    let others: Vec<usize> = (0..n).filter(|&i| i != ring.index).collect();
-    let send = t.open_send(SendSpec {
-        query: ring.query,
-        exchange,
-        from: ring.index as u32,
-        destinations: others.iter().map(|&i| ring.nodes[i]).collect(),
-        groups: vec![],
-    })?;
-    let recv = t.open_receive(ReceiveSpec {
-        query: ring.query,
-        exchange,
-        sources: others.iter().map(|&i| (i as u32, ring.nodes[i])).collect(),
-    })?;
+    let (_, send, recv) = open_to_others(t, ring, exchange)?;
     let mut buf = send.acquire(To::All).await?;
     for w in words {
         buf.vec_mut().extend_from_slice(&w.to_le_bytes());
@@ -166,6 +179,79 @@ async fn all_to_all(
     }
     // Written before anybody may release the query.
     send.flushed().await;
+    Ok(out)
+}
+
+/// Sends `mine[i]` to ring member `i` (any length, in as many messages as it takes) and
+/// returns what every member sent to this one (this node's own entry is `mine[me]`).
+/// Used after a revolution to return per-origin results, such as which rotating rows
+/// matched, to the origin.
+pub async fn scatter(
+    t: &dyn Transport,
+    ring: &RingSpec,
+    exchange: u32,
+    mine: Vec<Vec<u64>>,
+) -> Result<Vec<Vec<u64>>> {
+    let n = ring.len();
+    if mine.len() != n {
+        return Err(CycloError::Spec(format!(
+            "scatter of {} word vectors over a ring of {n}",
+            mine.len()
+        )));
+    }
+    let mut mine = mine;
+    let mut out = vec![Vec::new(); n];
+    out[ring.index] = std::mem::take(&mut mine[ring.index]);
+    if n == 1 {
+        return Ok(out);
+    }
+    let (others, send, recv) = open_to_others(t, ring, exchange)?;
+    let words_per_message = (t.message_size() / 8).max(1);
+    let sending = async {
+        for &i in &others {
+            for chunk in mine[i].chunks(words_per_message) {
+                let mut buf = send.acquire(To::Node(ring.nodes[i])).await?;
+                for w in chunk {
+                    buf.vec_mut().extend_from_slice(&w.to_le_bytes());
+                }
+                send.put(buf, false)?;
+            }
+        }
+        send.finish();
+        // Written before anybody may release the query.
+        send.flushed().await;
+        Ok::<_, CycloError>(())
+    };
+    let receiving = async {
+        let mut bytes: Vec<Vec<u8>> = vec![Vec::new(); n];
+        while let Some(m) = recv.get().await? {
+            let from = m.slot as usize;
+            if from >= n || from == ring.index {
+                return Err(CycloError::Protocol(format!(
+                    "{} sent words from ring position {from} on exchange {exchange}",
+                    node_name(m.node)
+                )));
+            }
+            bytes[from].extend_from_slice(m.data());
+        }
+        for (from, b) in bytes.into_iter().enumerate() {
+            if b.len() % 8 != 0 {
+                return Err(CycloError::Protocol(format!(
+                    "{} sent {} bytes on exchange {exchange}, not whole words",
+                    node_name(ring.nodes[from]),
+                    b.len()
+                )));
+            }
+            if from != ring.index {
+                out[from] = b
+                    .chunks_exact(8)
+                    .map(|w| u64::from_le_bytes(w.try_into().expect("8 bytes")))
+                    .collect();
+            }
+        }
+        Ok::<_, CycloError>(out)
+    };
+    let ((), out) = tokio::try_join!(sending, receiving)?;
     Ok(out)
 }
 

@@ -33,7 +33,7 @@ pub use error::CycloError;
 pub use fragment::{FragmentForm, FragmentView};
 pub use join::{
     CycloOptions, CycloRunFigures, PreparedCycloJoin, Relation, ResultSink, RingPlan, Rotate,
-    SetupFigures, agree, cyclo_join,
+    SetupFigures, agree, cyclo_join, scatter,
 };
 pub use local::{CycloAlgorithm, Side, Stationary, ThetaPredicate};
 pub use roundabout::{
