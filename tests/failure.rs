@@ -1,10 +1,13 @@
 //! A real multi-process cluster: killing a worker mid-query fails that query
 //! quickly with an error naming the worker; later queries that need the dead
-//! worker's partitions fail naming them; the cluster stays usable.
+//! worker's partitions fail naming them; the cluster stays usable. A coordinator too
+//! busy to hear heartbeats does not take its workers for dead.
 
 use arrow_flight::sql::client::FlightSqlServiceClient;
 use futures::TryStreamExt;
+use gyre_cluster::LocalCluster;
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 use tonic::transport::Channel;
 
@@ -106,4 +109,43 @@ async fn killed_worker_fails_the_query_and_names_itself() {
     // The cluster stays usable.
     assert_eq!(run(&mut client, "SELECT 1").await.unwrap(), 1);
     drop(w2);
+}
+
+/// A final stage that keeps every coordinator thread busy for longer than the heartbeat
+/// timeout (a nested-loop join on the coordinator did) used to get every worker
+/// declared dead and every table lost: the silence was the coordinator's, not theirs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_coordinator_too_busy_to_hear_heartbeats_keeps_its_workers() {
+    let cluster = LocalCluster::start(2, 1, "127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let c = &cluster.coordinator;
+    c.sql("CREATE TABLE t AS SELECT value AS k FROM generate_series(1, 1000)")
+        .await
+        .unwrap();
+    // Both runtime threads (heartbeat handlers and the monitor run there) block for
+    // longer than the 3 s heartbeat timeout; the barrier makes sure both are taken.
+    let started = Arc::new(Barrier::new(3));
+    let blockers: Vec<_> = (0..2)
+        .map(|_| {
+            let started = Arc::clone(&started);
+            tokio::spawn(async move {
+                started.wait();
+                std::thread::sleep(Duration::from_millis(4500));
+            })
+        })
+        .collect();
+    started.wait();
+    for b in blockers {
+        b.await.unwrap();
+    }
+    // Give the monitor a few checks, then the workers must still be members.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(c.live_workers().len(), 2);
+    let r = c.sql_one("SELECT count(*) FROM t").await.unwrap();
+    let n = arrow::array::AsArray::as_primitive::<arrow::datatypes::Int64Type>(
+        r.batches[0].column(0).as_ref(),
+    )
+    .value(0);
+    assert_eq!(n, 1000);
 }
