@@ -8,6 +8,8 @@ strategies, alternating, REPEAT times each:
 
   band-small  r.x BETWEEN s.y - 1000 AND s.y + 1000, 50K x 50K: cyclo (sort-merge band)
               vs broadcast (DataFusion's NestedLoopJoinExec, one input broadcast)
+  band-full   the same as a FULL JOIN (both inputs' unmatched rows kept), 50K x 50K:
+              cyclo vs DataFusion's NestedLoopJoinExec (which cannot broadcast a full join)
   band-large  r.x BETWEEN s.y - 10 AND s.y + 10, 2M x 2M: cyclo only (the nested-loop
               join would take minutes)
   theta-lt    r.x < s.y with s.y in [0, 20000), 50K x 50K: cyclo (sort-merge inequality)
@@ -44,7 +46,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from emulated_cluster import Cluster, Failure, parse_time  # noqa: E402
 
 P = 2147483647  # 2^31 - 1
-SELECT = "SELECT count(*), sum(r.a + s.b) FROM {r} r JOIN {s} s ON {on}"
+SELECT = "SELECT count(*), sum(r.a + s.b) FROM {r} r {join} {s} s ON {on}"
 
 
 def keys(n, seed, domain):
@@ -63,6 +65,14 @@ def cases(a):
                     ("s_bs", "y", keys(a.band_small, 22, 10**8))],
             on="r.x BETWEEN s.y - 1000 AND s.y + 1000",
             variants=[("cyclo", r"CycloJoinExec: kernel=sort-merge band"), nlj]),
+        "band-full": dict(
+            rows=(a.band_small, a.band_small),
+            tables=[("r_bf", "x", keys(a.band_small, 12, 10**8)),
+                    ("s_bf", "y", keys(a.band_small, 23, 10**8))],
+            join="FULL JOIN",
+            on="r.x BETWEEN s.y - 1000 AND s.y + 1000",
+            variants=[("cyclo", r"CycloJoinExec: kernel=sort-merge band.*join_type=Full"),
+                      ("broadcast", r"NestedLoopJoinExec: join_type=Full")]),
         "band-large": dict(
             rows=(a.band_large, a.band_large),
             tables=[("r_bl", "x", keys(a.band_large, 33, 10**8)),
@@ -194,7 +204,7 @@ def run(a, todo, clusters):
            "cases": {}, "plans": {}, "analyze": [], "runs": [], "floor": [], "mismatches": []}
     for name, case in todo.items():
         r, s = case["tables"][0][0], case["tables"][1][0]
-        case["sql"] = SELECT.format(r=r, s=s, on=case["on"])
+        case["sql"] = SELECT.format(r=r, s=s, join=case.get("join", "JOIN"), on=case["on"])
         out["cases"][name] = {"sql": case["sql"], "rows": case["rows"]}
         # check every plan first
         for label, c in clusters.items():
