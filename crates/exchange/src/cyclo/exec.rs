@@ -31,7 +31,7 @@ use arrow::array::{
     Array, ArrayRef, BooleanArray, RecordBatch, RecordBatchOptions, UInt32Array, UInt64Array,
     new_null_array,
 };
-use arrow::compute::{concat_batches, take};
+use arrow::compute::{concat_batches, take, take_record_batch};
 use arrow::datatypes::{FieldRef, SchemaRef};
 use datafusion::common::cast::as_boolean_array;
 use datafusion::common::tree_node::TreeNodeRecursion;
@@ -70,6 +70,14 @@ use tokio::sync::mpsc;
 pub const EXCHANGES_PER_CYCLO_JOIN: u32 = 6;
 /// Offset of the exchange that returns matched rotating rows to their origins.
 const MATCHES_EXCHANGE: u32 = 5;
+
+/// All-NULL columns of `rows` rows for `fields` (the missing side of an outer join's row).
+fn null_columns(fields: &[FieldRef], rows: usize) -> Vec<ArrayRef> {
+    fields
+        .iter()
+        .map(|f| new_null_array(f.data_type(), rows))
+        .collect()
+}
 
 /// Result pairs per fragment the inequality and all-pairs kernels are sized for: a
 /// fragment holds at most this many rows divided by the largest stationary part.
@@ -674,10 +682,7 @@ impl BatchSink {
         for chunk in rows.chunks(BATCH_ROWS) {
             // Semi and anti joins return the stationary columns only.
             let rotating: Vec<ArrayRef> = if self.join_type.preserves_stationary() {
-                self.rotating_fields
-                    .iter()
-                    .map(|f| new_null_array(f.data_type(), chunk.len()))
-                    .collect()
+                null_columns(&self.rotating_fields, chunk.len())
             } else {
                 vec![]
             };
@@ -708,20 +713,9 @@ impl BatchSink {
             .filter(|&r| matched[r as usize / 64] & (1 << (r % 64)) == 0)
             .collect();
         for chunk in unmatched.chunks(BATCH_ROWS) {
-            let idx = UInt32Array::from(chunk.to_vec());
-            let rotating = rot
-                .columns()
-                .iter()
-                .map(|c| take(c.as_ref(), &idx, None))
-                .collect::<std::result::Result<Vec<_>, _>>()?;
-            let stationary = self
-                .stationary
-                .schema()
-                .fields()
-                .iter()
-                .map(|f| new_null_array(f.data_type(), chunk.len()))
-                .collect();
-            let batch = self.combine(rotating, stationary, chunk.len())?;
+            let rotating = take_record_batch(rot, &UInt32Array::from(chunk.to_vec()))?;
+            let stationary = null_columns(self.stationary.schema().fields(), chunk.len());
+            let batch = self.combine(rotating.columns().to_vec(), stationary, chunk.len())?;
             if !self.emit(batch).await {
                 break;
             }
