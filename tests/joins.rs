@@ -48,6 +48,9 @@ const QUERIES: &[&str] = &[
     "SELECT g, count(*), min(k), max(k) FROM big GROUP BY g ORDER BY g",
     "SELECT k FROM big ORDER BY k DESC LIMIT 5",
     "SELECT count(*) FROM e",
+    // Rows without columns cross the exchanges (a count over a LIMIT pushed into the join).
+    "SELECT count(*) FROM (SELECT a.k FROM big a JOIN big b ON a.k = b.k LIMIT 7) t",
+    "SELECT count(*) FROM (SELECT a.k FROM big a JOIN big b ON a.g = b.g WHERE a.k < 10) t",
     "SELECT * FROM (VALUES (1), (2), (9)) AS t(k) JOIN r ON t.k = r.k",
 ];
 

@@ -6,10 +6,16 @@
 //! dictionary-encoded columns work unchanged. The encoder writes straight into
 //! the buffer the send endpoint handed out, so a batch is serialised exactly
 //! once, even when the message goes to every worker.
+//!
+//! Batches without columns (what `SELECT count(*)` leaves after a projection) have an
+//! empty IPC body, and arrow's stream decoder only completes such a message once more
+//! bytes arrive, which at the end of a message or stream they never do: their rows
+//! would be lost. They travel as one all-false boolean column under a reserved name
+//! instead, dropped again on arrival.
 
-use arrow::array::RecordBatch;
-use arrow::buffer::Buffer;
-use arrow::datatypes::SchemaRef;
+use arrow::array::{BooleanArray, RecordBatch, RecordBatchOptions};
+use arrow::buffer::{BooleanBuffer, Buffer};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use arrow::ipc::CompressionType;
 use arrow::ipc::reader::StreamDecoder;
 use arrow::ipc::writer::{IpcWriteOptions, StreamWriter};
@@ -94,10 +100,26 @@ pub struct BatchEncoder {
     writer: Option<StreamWriter<Target>>,
 }
 
+/// The column that carries the row count of a batch without columns.
+const ROWS_ONLY: &str = "__gyre_rows_only";
+
+fn rows_only_schema() -> SchemaRef {
+    std::sync::Arc::new(Schema::new(vec![Field::new(
+        ROWS_ONLY,
+        DataType::Boolean,
+        false,
+    )]))
+}
+
 impl BatchEncoder {
     pub fn try_new(schema: &SchemaRef, compression: Option<CompressionType>) -> Result<Self> {
+        let schema = if schema.fields().is_empty() {
+            rows_only_schema()
+        } else {
+            SchemaRef::clone(schema)
+        };
         Ok(Self {
-            schema: SchemaRef::clone(schema),
+            schema,
             options: IpcWriteOptions::default().try_with_compression(compression)?,
             writer: None,
         })
@@ -117,7 +139,14 @@ impl BatchEncoder {
                 self.options.clone(),
             )?),
         };
-        let res = writer.write(batch);
+        let res = if batch.num_columns() == 0 {
+            let rows = BooleanArray::new(BooleanBuffer::new_unset(batch.num_rows()), None);
+            let carrier =
+                RecordBatch::try_new(rows_only_schema(), vec![std::sync::Arc::new(rows)])?;
+            writer.write(&carrier)
+        } else {
+            writer.write(batch)
+        };
         let buf = writer.get_mut().0.take().expect("set above");
         res?;
         Ok(buf)
@@ -139,7 +168,18 @@ impl BatchDecoder {
         let mut out = vec![];
         while !buf.is_empty() {
             if let Some(batch) = self.decoder.decode(&mut buf)? {
-                out.push(batch);
+                let rows_only =
+                    batch.num_columns() == 1 && batch.schema().field(0).name() == ROWS_ONLY;
+                out.push(if rows_only {
+                    let options = RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
+                    RecordBatch::try_new_with_options(
+                        std::sync::Arc::new(Schema::empty()),
+                        vec![],
+                        &options,
+                    )?
+                } else {
+                    batch
+                });
             }
         }
         Ok(out)
@@ -228,6 +268,45 @@ mod tests {
                 assert_eq!(dec.decode(r.bytes()).unwrap(), vec![batch.clone(); 2]);
                 recv.release(r);
             }
+            // Batches without columns keep their row counts, also as the last thing
+            // in a message.
+            let empty = Arc::new(Schema::empty());
+            let mut enc = BatchEncoder::try_new(&empty, compression).unwrap();
+            let rows_only = |n| {
+                let options = RecordBatchOptions::new().with_row_count(Some(n));
+                RecordBatch::try_new_with_options(Arc::clone(&empty), vec![], &options).unwrap()
+            };
+            let mut dec = BatchDecoder::default();
+            let recv2 = t
+                .open_receive(ReceiveSpec {
+                    query: q + 100,
+                    exchange: 0,
+                    sources: vec![(0, 1)],
+                })
+                .unwrap();
+            let send2 = t
+                .open_send(SendSpec {
+                    query: q + 100,
+                    exchange: 0,
+                    from: 0,
+                    destinations: vec![1],
+                    groups: vec![],
+                })
+                .unwrap();
+            let buf = send2.acquire(To::Node(1)).await.unwrap();
+            let buf = enc.encode_into(&rows_only(7), buf).unwrap();
+            let buf = enc.encode_into(&rows_only(0), buf).unwrap();
+            let buf = enc.encode_into(&rows_only(3), buf).unwrap();
+            send2.put(buf, false).unwrap();
+            let r = recv2.get().await.unwrap().unwrap();
+            let got: Vec<(usize, usize)> = dec
+                .decode(r.bytes())
+                .unwrap()
+                .iter()
+                .map(|b| (b.num_columns(), b.num_rows()))
+                .collect();
+            assert_eq!(got, vec![(0, 7), (0, 0), (0, 3)]);
+            recv2.release(r);
         }
     }
 }
