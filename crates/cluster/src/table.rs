@@ -430,7 +430,7 @@ impl ExecutionPlan for GyreInsertExec {
         let fut = async move {
             let batches: Vec<RecordBatch> = input.try_collect().await?;
             let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
-            storage.stage_insert(qc.query_id, &table, batches);
+            storage.stage_insert(qc.query_id, &table, batches)?;
             RecordBatch::try_new(
                 count_schema(),
                 vec![Arc::new(UInt64Array::from(vec![rows as u64]))],
