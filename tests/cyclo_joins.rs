@@ -11,8 +11,10 @@ mod sql_reference;
 use gyre_cluster::reference::canonical_rows;
 use sql_reference::{differs, start, text};
 
-/// `a`: strings (stationary only), random `x`, skewed `k` with NULLs. `b`: smaller, only
-/// fixed-width columns (it rotates): random `y` with NULLs, floats, dates, booleans.
+/// `a`: strings, random `x`, skewed `k` with NULLs. `b`: smaller, only fixed-width
+/// columns: random `y` with NULLs, floats, dates, booleans. `w`: smaller than `a`, with
+/// strings (NULL, empty, multi-byte, up to 6000 bytes long) and decimals, so strings
+/// and decimals must travel the ring.
 const SETUP: &str = "
 CREATE TABLE a AS SELECT
     CASE WHEN value % 13 = 0 THEN NULL WHEN value % 3 = 0 THEN 7 ELSE CAST(value % 40 AS INT) END AS k,
@@ -31,6 +33,14 @@ CREATE TABLE b AS SELECT
 CREATE TABLE c AS SELECT CAST(value % 9 AS INT) AS k, CAST(19000 + value % 30 AS INT) AS di,
     CAST(CAST(19000 + value % 30 AS INT) AS DATE) AS dd
   FROM generate_series(1, 40) AS t(value);
+CREATE TABLE w AS SELECT
+    CAST(value % 50 AS INT) AS k,
+    (value * 613) % 1000 AS z,
+    CASE WHEN value % 9 = 0 THEN NULL ELSE 'w' || repeat('-', CAST(value % 23 AS INT)) || CAST(value AS VARCHAR) END AS name,
+    CAST(value AS DECIMAL(15, 2)) / 7 AS price,
+    CASE WHEN value % 5 = 0 THEN '' ELSE 'é' || CAST(value % 3 AS VARCHAR) END AS u,
+    repeat('x', CAST((value * 37) % 6000 AS INT)) AS long
+  FROM generate_series(1, 1500) AS t(value);
 CREATE TABLE e (k INT, x BIGINT);
 CREATE TABLE one (k INT, w BIGINT) PARTITION BY k;
 INSERT INTO one VALUES (20, 5);
@@ -146,6 +156,34 @@ const QUERIES: &[(&str, &str)] = &[
     (
         "SELECT a.s, e.x FROM a FULL JOIN e ON a.x < e.x",
         "sort-merge (l ",
+    ),
+    // Strings and decimals on the rotating side. With strings on both sides a
+    // cyclo-join means one of them travelled; the LEFT join forces `w` to rotate, the
+    // anti join `a` (its strings are in the condition).
+    (
+        "SELECT w.name, w.price, w.u, a.s, a.x FROM w JOIN a ON a.x BETWEEN w.z - 2 AND w.z + 2",
+        "sort-merge band",
+    ),
+    (
+        "SELECT a.s, a.k, w.name, w.u, w.price FROM a LEFT JOIN w ON a.k = w.k AND w.z < a.x",
+        "radix hash",
+    ),
+    (
+        "SELECT w.name, length(w.long), a.s FROM w FULL JOIN a ON (a.x + w.z) % 101 = 7",
+        "nested loops",
+    ),
+    (
+        "SELECT w.k, w.name FROM w WHERE NOT EXISTS (SELECT 1 FROM a WHERE a.x BETWEEN w.z AND w.z + 1 AND a.s > 'a2')",
+        "sort-merge band",
+    ),
+    (
+        "SELECT a.s, w.u, sum(length(w.long)) FROM a JOIN w ON a.k = w.k GROUP BY a.s, w.u",
+        "radix hash",
+    ),
+    // A LIMIT that DataFusion pushed into the join (its `fetch`) stays a limit.
+    (
+        "SELECT count(*) FROM (SELECT a.s, w.name FROM a JOIN w ON a.k = w.k LIMIT 7) t",
+        "radix hash",
     ),
     // Empty inputs and a table whose rows are all on one worker.
     ("SELECT * FROM a JOIN e ON a.x < e.x", "sort-merge (l "),

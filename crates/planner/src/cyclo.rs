@@ -30,10 +30,11 @@ use datafusion::physical_expr::{PhysicalExpr, split_conjunction};
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::joins::utils::JoinFilter;
 use datafusion::physical_plan::joins::{HashJoinExec, NestedLoopJoinExec};
+use datafusion::physical_plan::limit::LocalLimitExec;
 use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, Partitioning};
-use gyre_exchange::cyclo::{key_type_supported, travels_as_words};
+use gyre_exchange::cyclo::{key_type_supported, travels};
 use gyre_exchange::{CycloJoinExec, CycloJoinType, CycloKernel, CycloSide};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -348,7 +349,7 @@ fn all_travel(plan: &Arc<dyn ExecutionPlan>) -> bool {
     plan.schema()
         .fields()
         .iter()
-        .all(|f| travels_as_words(f.data_type()))
+        .all(|f| travels(f.data_type()))
 }
 
 /// The rotating side: the one the join type requires, else the smaller input whose
@@ -377,7 +378,8 @@ fn rotating_side(
     [smaller, other].into_iter().find(|&s| ok(s))
 }
 
-/// A cyclo-join replacing a join, with the join's own projection on top.
+/// A cyclo-join replacing a join, with the join's own projection and per-partition
+/// row limit (`fetch`, pushed into the join from a LIMIT) on top.
 #[allow(clippy::too_many_arguments)]
 fn cyclo_join(
     left: &Arc<dyn ExecutionPlan>,
@@ -387,6 +389,7 @@ fn cyclo_join(
     kernel: CycloKernel,
     filter: Option<JoinFilter>,
     projection: Option<&[usize]>,
+    fetch: Option<usize>,
     n: usize,
 ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
     let Some((join_type, required)) = CycloJoinType::of(join_type) else {
@@ -405,9 +408,18 @@ fn cyclo_join(
         return Ok(None);
     };
     let join: Arc<dyn ExecutionPlan> = Arc::new(join);
-    let Some(projection) = projection else {
-        return Ok(Some(join));
+    let projected = match projection {
+        Some(projection) => project(join, projection)?,
+        None => join,
     };
+    Ok(Some(match fetch {
+        Some(fetch) => Arc::new(LocalLimitExec::new(projected, fetch)),
+        None => projected,
+    }))
+}
+
+/// The columns `projection` of `join`'s output.
+fn project(join: Arc<dyn ExecutionPlan>, projection: &[usize]) -> Result<Arc<dyn ExecutionPlan>> {
     let schema = join.schema();
     let exprs: Vec<(Arc<dyn PhysicalExpr>, String)> = projection
         .iter()
@@ -419,7 +431,7 @@ fn cyclo_join(
             )
         })
         .collect();
-    Ok(Some(Arc::new(ProjectionExec::try_new(exprs, join)?)))
+    Ok(Arc::new(ProjectionExec::try_new(exprs, join)?))
 }
 
 /// Replaces the joins `strategy` sends around the ring by [`CycloJoinExec`]s in a
@@ -453,6 +465,7 @@ pub fn plan_cyclo_joins(
                         CycloKernel::Hash,
                         j.filter().cloned(),
                         j.projection.as_deref(),
+                        ExecutionPlan::fetch(j),
                         n,
                     )?
                 }
@@ -479,6 +492,7 @@ pub fn plan_cyclo_joins(
                     kernel,
                     Some(filter.clone()),
                     j.projection().as_deref(),
+                    ExecutionPlan::fetch(j),
                     n,
                 )?,
                 _ => None,

@@ -23,10 +23,7 @@
 
 use crate::context::{ExchangeId, QueryContext};
 use crate::cyclo::kernel::CycloKernel;
-use crate::cyclo::words::{
-    decode_column, encode_batch, key_array, key_type_supported, travels_as_words, validity_words,
-};
-use crate::task::AbortOnDrop;
+use crate::cyclo::words::{RotatingLayout, key_array, key_type_supported, travels};
 use arrow::array::{
     Array, ArrayRef, BooleanArray, RecordBatch, RecordBatchOptions, UInt32Array, UInt64Array,
     new_null_array,
@@ -53,7 +50,6 @@ use datafusion::physical_plan::{
 use futures::StreamExt;
 use gyre_join::JoinPairs;
 use gyre_join::Keys;
-use gyre_join::cyclo::fragment::{FragmentForm, fragment_words, rows_per_buffer};
 use gyre_join::cyclo::{
     CycloError, CycloOptions, FragmentView, PreparedCycloJoin, Relation, ResultSink, RingSpec,
     Rotate, agree, scatter,
@@ -196,7 +192,7 @@ pub struct CycloJoinExec {
 
 impl CycloJoinExec {
     /// Checks that the inputs suit the kernel: integer keys of one domain, a rotating
-    /// input whose columns travel as words, equal partition counts.
+    /// input whose columns can travel the ring, equal partition counts.
     #[allow(clippy::too_many_arguments)]
     pub fn try_new(
         left: Arc<dyn ExecutionPlan>,
@@ -235,11 +231,7 @@ impl CycloJoinExec {
             CycloSide::Left => &ls,
             CycloSide::Right => &rs,
         };
-        if let Some(f) = rot_schema
-            .fields()
-            .iter()
-            .find(|f| !travels_as_words(f.data_type()))
-        {
+        if let Some(f) = rot_schema.fields().iter().find(|f| !travels(f.data_type())) {
             return plan_err!(
                 "the rotating input of a cyclo-join cannot carry column {} of type {}",
                 f.name(),
@@ -440,18 +432,21 @@ impl Job {
         let rot_key_array = self.keys_of(&rot, rot_key)?;
         let stat_key_array = self.keys_of(&stat, stat_key)?;
         let key_err = |e: gyre_join::JoinError| err(CycloError::Join(e));
-        let mut words = encode_batch(&rot)?;
+        let layout = RotatingLayout::new(rot.schema().fields())?;
+        let mut encoded = layout.encode(&rot)?;
         if self.join_type.preserves_rotating() {
             // The row numbers travel with the rows, to report matches to the origin.
-            words.push((0..rot.num_rows() as u64).collect());
+            encoded.words.push((0..rot.num_rows() as u64).collect());
         }
         let rot_rel = Relation {
             keys: Keys::from_array(rot_key_array.as_ref()).map_err(key_err)?,
-            payload: words.iter().map(Vec::as_slice).collect(),
+            payload: encoded.words.iter().map(Vec::as_slice).collect(),
+            bytes: encoded.byte_columns(),
         };
         let stat_rel = Relation {
             keys: Keys::from_array(stat_key_array.as_ref()).map_err(key_err)?,
             payload: vec![],
+            bytes: vec![],
         };
         let (left_rel, right_rel, rotate) = match self.rotating {
             CycloSide::Left => (&rot_rel, &stat_rel, Rotate::Left),
@@ -478,13 +473,9 @@ impl Job {
             let probe = agree(t, &probe_ring, left_rel, right_rel, &algorithm, &options)
                 .await
                 .map_err(&err)?;
-            let cols = words.len();
-            let most = rows_per_buffer(options.roundabout.buffer_bytes, cols, FragmentForm::Raw);
-            let rows = ((PAIRS_PER_FRAGMENT / probe.largest_stationary.max(1)) as usize)
-                .max(MIN_FRAGMENT_ROWS)
-                .min(most)
-                .max(1);
-            options.roundabout.buffer_bytes = fragment_words(rows, cols, FragmentForm::Raw) * 8;
+            options.max_fragment_rows = ((PAIRS_PER_FRAGMENT / probe.largest_stationary.max(1))
+                as usize)
+                .max(MIN_FRAGMENT_ROWS);
         }
         let plan = agree(t, &ring, left_rel, right_rel, &algorithm, &options)
             .await
@@ -497,7 +488,7 @@ impl Job {
             (self.join_type != CycloJoinType::Inner).then(|| vec![false; stat.num_rows()]);
         let sink = BatchSink {
             tx,
-            rotating_fields: rot.schema().fields().iter().cloned().collect(),
+            layout,
             rotating_matched: self
                 .join_type
                 .preserves_rotating()
@@ -508,6 +499,7 @@ impl Job {
             schema: self.schema,
             filter: self.filter,
             matched,
+            consumer_gone: false,
             output_rows: metrics.output_rows.clone(),
         };
         let (figures, mut sink) = prepared.run(t, &ring, sink).await.map_err(&err)?;
@@ -543,7 +535,8 @@ impl Job {
 /// Turns a worker's result pairs into output batches on the join entity's thread.
 struct BatchSink {
     tx: mpsc::Sender<Result<RecordBatch>>,
-    rotating_fields: Vec<FieldRef>,
+    /// Where the rotating columns are in a fragment.
+    layout: RotatingLayout,
     stationary: RecordBatch,
     rotating: CycloSide,
     join_type: CycloJoinType,
@@ -553,6 +546,10 @@ struct BatchSink {
     matched: Option<Vec<bool>>,
     /// Full outer joins: per origin, a bitmap of its rotating rows matched here.
     rotating_matched: Option<Vec<Vec<u64>>>,
+    /// The consumer stopped reading (it had enough rows, a LIMIT): nothing more is
+    /// built, but the ring still needs this worker to forward fragments and, on a
+    /// full outer join, to report which rotating rows it matched.
+    consumer_gone: bool,
     output_rows: Count,
 }
 
@@ -566,15 +563,9 @@ impl BatchSink {
         fragment_rows: &[u32],
         stationary_rows: &[u32],
     ) -> Result<Option<RecordBatch>> {
-        let ncols = self.rotating_fields.len();
-        let row_ids = ncols + validity_words(ncols);
-        let expected = row_ids + usize::from(self.rotating_matched.is_some());
-        if fragment.payload_columns() != expected {
-            return internal_err!(
-                "a fragment carries {} columns, expected {expected}",
-                fragment.payload_columns()
-            );
-        }
+        let row_ids = self.layout.payload_words();
+        self.layout
+            .check(fragment, usize::from(self.rotating_matched.is_some()))?;
         let kept: Option<(Vec<u32>, Vec<u32>)> = match &self.filter {
             None => None,
             Some(f) => {
@@ -610,7 +601,7 @@ impl BatchSink {
                 bits[id / 64] |= 1 << (id % 64);
             }
         }
-        if f_rows.is_empty() || !self.join_type.emits_pairs() {
+        if f_rows.is_empty() || !self.join_type.emits_pairs() || self.consumer_gone {
             return Ok(None);
         }
         self.build(fragment, f_rows, s_rows).map(Some)
@@ -655,23 +646,16 @@ impl BatchSink {
         c: usize,
         rows: &[u32],
     ) -> Result<ArrayRef> {
-        let ncols = self.rotating_fields.len();
-        let validity: Vec<&[u64]> = (0..validity_words(ncols))
-            .map(|g| fragment.payload(ncols + g))
-            .collect();
-        decode_column(
-            &self.rotating_fields[c],
-            c,
-            fragment.payload(c),
-            &validity,
-            rows,
-        )
+        self.layout.decode(fragment, c, rows)
     }
 
     /// After the revolution: the unmatched stationary rows with NULLs (outer), the
     /// matched ones (semi) or the unmatched ones (anti). False if the consumer went
     /// away (nothing more to emit).
     async fn finish(&self) -> Result<bool> {
+        if self.consumer_gone {
+            return Ok(false);
+        }
         let Some(matched) = &self.matched else {
             return Ok(true);
         };
@@ -682,7 +666,7 @@ impl BatchSink {
         for chunk in rows.chunks(BATCH_ROWS) {
             // Semi and anti joins return the stationary columns only.
             let rotating: Vec<ArrayRef> = if self.join_type.preserves_stationary() {
-                null_columns(&self.rotating_fields, chunk.len())
+                null_columns(self.layout.fields(), chunk.len())
             } else {
                 vec![]
             };
@@ -736,7 +720,7 @@ impl BatchSink {
         fragment_rows: &[u32],
         stationary_rows: &[u32],
     ) -> Result<RecordBatch> {
-        let rotating = (0..self.rotating_fields.len())
+        let rotating = (0..self.layout.fields().len())
             .map(|c| self.rotating_column(fragment, c, fragment_rows))
             .collect::<Result<Vec<_>>>()?;
         self.assemble(rotating, stationary_rows)
@@ -781,6 +765,9 @@ impl ResultSink for BatchSink {
         fragment: &FragmentView<'_>,
         pairs: &JoinPairs,
     ) -> std::result::Result<(), CycloError> {
+        if self.consumer_gone && self.rotating_matched.is_none() {
+            return Ok(());
+        }
         for (f_rows, s_rows) in pairs
             .left
             .chunks(BATCH_ROWS)
@@ -793,9 +780,9 @@ impl ResultSink for BatchSink {
                 continue;
             };
             self.output_rows.add(batch.num_rows());
-            self.tx.blocking_send(Ok(batch)).map_err(|_| {
-                CycloError::Sink("the consumer of the join result went away".into())
-            })?;
+            if self.tx.blocking_send(Ok(batch)).is_err() {
+                self.consumer_gone = true;
+            }
         }
         Ok(())
     }
@@ -890,10 +877,13 @@ impl ExecutionPlan for CycloJoinExec {
             }
         });
         drop(tx);
+        // Not aborted when the stream is dropped: a consumer that has enough rows (a
+        // LIMIT) stops reading, but the other workers' fragments still have to pass
+        // through this one. The task ends with its revolution, or when the query is
+        // released (the transport then fails its endpoints).
+        drop(task);
         let stream =
-            futures::stream::unfold((rx, AbortOnDrop(task)), |(mut rx, guard)| async move {
-                rx.recv().await.map(|b| (b, (rx, guard)))
-            });
+            futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (b, rx)) });
         Ok(Box::pin(RecordBatchStreamAdapter::new(
             Arc::clone(&self.schema),
             stream,

@@ -2,23 +2,80 @@
 //!
 //! A fragment of the Data Roundabout is raw `u64` arrays joined in place, whole buffers
 //! that are never decoded (`gyre_join::cyclo::fragment`). Every column of the rotating
-//! input therefore travels as one little-endian word per row, holding the value's bytes
-//! (fixed-width types of at most 8 bytes and booleans), plus one validity word per 64
-//! columns. On every worker the matching fragment rows are gathered straight from the
-//! buffer into Arrow arrays, so nothing is decoded for rows that do not join. Columns of
-//! other types (strings, lists, 128-bit decimals) cannot rotate; the planner then
-//! rotates the other input or keeps DataFusion's join.
+//! input therefore travels as little-endian words, row-aligned with the keys:
+//!
+//! - fixed-width values (integers, floats, dates, decimals, fixed-size binaries,
+//!   booleans) as `ceil(width / 8)` words per row holding the value's bytes;
+//! - variable-length values (strings, binaries, and dictionaries of either) as one of
+//!   the fragment's byte columns: a word pointing into the fragment's heap;
+//! - validity as one word per 64 columns.
+//!
+//! On every worker the matching fragment rows are gathered straight from the buffer
+//! into Arrow arrays, so nothing is decoded for rows that do not join. Nested types
+//! (lists, structs, maps) cannot rotate; the planner then rotates the other input or
+//! keeps DataFusion's join.
 
-use arrow::array::{Array, ArrayData, ArrayRef, BooleanArray, RecordBatch, make_array};
+use std::sync::Arc;
+
+use arrow::array::{
+    Array, ArrayData, ArrayRef, BinaryBuilder, BooleanArray, LargeBinaryArray, RecordBatch,
+    StringBuilder, make_array,
+};
 use arrow::buffer::{BooleanBuffer, MutableBuffer, NullBuffer};
 use arrow::compute::cast;
-use arrow::datatypes::{DataType, Field};
-use datafusion::common::{Result, exec_err};
+use arrow::datatypes::{DataType, FieldRef};
+use datafusion::common::{Result, exec_err, internal_err};
+use gyre_join::cyclo::{ByteColumn, FragmentView};
 
-/// Whether a column of type `t` can travel in a fragment as one word per row.
-pub fn travels_as_words(t: &DataType) -> bool {
-    *t == DataType::Boolean
-        || (t.is_primitive() && t.primitive_width().is_some_and(|w| (1..=8).contains(&w)))
+/// How a column of the rotating input travels in a fragment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Travel {
+    /// `width` bytes per row in `width.div_ceil(8)` words (booleans: one word, 0 or 1).
+    Fixed {
+        width: usize,
+    },
+    Boolean,
+    /// A byte column in the fragment's heap; `string` if the values are UTF-8.
+    Bytes {
+        string: bool,
+    },
+}
+
+impl Travel {
+    /// How a column of type `t` travels, if it can.
+    pub fn of(t: &DataType) -> Option<Travel> {
+        match t {
+            DataType::Boolean => Some(Travel::Boolean),
+            DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => {
+                Some(Travel::Bytes { string: true })
+            }
+            DataType::Binary | DataType::LargeBinary | DataType::BinaryView => {
+                Some(Travel::Bytes { string: false })
+            }
+            DataType::FixedSizeBinary(n) if *n > 0 => Some(Travel::Fixed { width: *n as usize }),
+            DataType::Dictionary(_, v) => match Travel::of(v)? {
+                // Dictionaries travel as their values and are rebuilt on arrival.
+                b @ Travel::Bytes { .. } => Some(b),
+                _ => None,
+            },
+            t if t.is_primitive() => t.primitive_width().map(|width| Travel::Fixed { width }),
+            _ => None,
+        }
+    }
+
+    /// Payload words per row (byte columns: none, their pointer is the fragment's).
+    fn words(self) -> usize {
+        match self {
+            Travel::Fixed { width } => width.div_ceil(8),
+            Travel::Boolean => 1,
+            Travel::Bytes { .. } => 0,
+        }
+    }
+}
+
+/// Whether a column of type `t` can travel the ring.
+pub fn travels(t: &DataType) -> bool {
+    Travel::of(t).is_some()
 }
 
 /// Whether a join key of type `t` maps exactly onto the kernels' 64-bit integer keys,
@@ -60,175 +117,445 @@ pub fn validity_words(columns: usize) -> usize {
     columns.div_ceil(64)
 }
 
-/// The words of every column of `batch` (column-major), then its validity words.
-pub fn encode_batch(batch: &RecordBatch) -> Result<Vec<Vec<u64>>> {
-    let n = batch.num_rows();
-    let cols = batch.num_columns();
-    let mut out = Vec::with_capacity(cols + validity_words(cols));
-    for c in batch.columns() {
-        out.push(column_words(c)?);
+/// Where each rotating column sits in a fragment: its first payload word column, or its
+/// byte column. Payload columns are every fixed column's words, then the validity
+/// words, then whatever the operator appends (row numbers); byte columns come last.
+#[derive(Debug, Clone)]
+pub struct RotatingLayout {
+    fields: Vec<FieldRef>,
+    travel: Vec<Travel>,
+    /// Payload word column (fixed) or byte column (bytes) of each column.
+    place: Vec<usize>,
+    fixed_words: usize,
+    byte_columns: usize,
+}
+
+impl RotatingLayout {
+    pub fn new(fields: &[FieldRef]) -> Result<Self> {
+        let (mut fixed_words, mut byte_columns) = (0, 0);
+        let mut travel = Vec::with_capacity(fields.len());
+        let mut place = Vec::with_capacity(fields.len());
+        for f in fields {
+            let Some(t) = Travel::of(f.data_type()) else {
+                return exec_err!(
+                    "cyclo-join cannot ship column {} of type {}",
+                    f.name(),
+                    f.data_type()
+                );
+            };
+            if let Travel::Bytes { .. } = t {
+                place.push(byte_columns);
+                byte_columns += 1;
+            } else {
+                place.push(fixed_words);
+                fixed_words += t.words();
+            }
+            travel.push(t);
+        }
+        Ok(RotatingLayout {
+            fields: fields.to_vec(),
+            travel,
+            place,
+            fixed_words,
+            byte_columns,
+        })
     }
-    for g in 0..validity_words(cols) {
-        let mut v = vec![0u64; n];
-        for (bit, c) in batch.columns().iter().enumerate().skip(g * 64).take(64) {
-            let b = 1u64 << (bit - g * 64);
-            match c.logical_nulls() {
-                None => v.iter_mut().for_each(|w| *w |= b),
-                Some(nulls) => {
-                    for (w, valid) in v.iter_mut().zip(nulls.iter()) {
-                        if valid {
-                            *w |= b;
+
+    pub fn fields(&self) -> &[FieldRef] {
+        &self.fields
+    }
+
+    /// Payload word columns the layout itself uses (fixed words and validity).
+    pub fn payload_words(&self) -> usize {
+        self.fixed_words + validity_words(self.fields.len())
+    }
+
+    pub fn byte_columns(&self) -> usize {
+        self.byte_columns
+    }
+
+    /// Checks that `fragment` carries this layout plus `extra` payload word columns.
+    pub fn check(&self, fragment: &FragmentView<'_>, extra: usize) -> Result<()> {
+        let want = self.payload_words() + extra + self.byte_columns;
+        if fragment.payload_columns() != want || fragment.byte_columns() != self.byte_columns {
+            return internal_err!(
+                "a fragment carries {} payload columns ({} of bytes), expected {want} ({})",
+                fragment.payload_columns(),
+                fragment.byte_columns(),
+                self.byte_columns
+            );
+        }
+        Ok(())
+    }
+
+    /// The rows of `batch` as they travel: payload word columns (fixed words, then
+    /// validity) and the byte columns' values.
+    pub fn encode(&self, batch: &RecordBatch) -> Result<EncodedRotating> {
+        let n = batch.num_rows();
+        let cols = batch.num_columns();
+        let mut words = Vec::with_capacity(self.payload_words());
+        let mut bytes = Vec::with_capacity(self.byte_columns);
+        for (c, t) in batch.columns().iter().zip(&self.travel) {
+            match t {
+                Travel::Boolean => {
+                    let Some(b) = c.as_any().downcast_ref::<BooleanArray>() else {
+                        return internal_err!("a {} column is not boolean", c.data_type());
+                    };
+                    words.push(b.values().iter().map(u64::from).collect());
+                }
+                Travel::Fixed { width } => words.extend(fixed_words(c, *width)?),
+                Travel::Bytes { .. } => {
+                    let large = cast(c, &DataType::LargeBinary)?;
+                    let Some(a) = large.as_any().downcast_ref::<LargeBinaryArray>() else {
+                        return internal_err!("a cast to large binary gave {}", large.data_type());
+                    };
+                    bytes.push(a.clone());
+                }
+            }
+        }
+        for g in 0..validity_words(cols) {
+            let mut v = vec![0u64; n];
+            for (bit, c) in batch.columns().iter().enumerate().skip(g * 64).take(64) {
+                let b = 1u64 << (bit - g * 64);
+                match c.logical_nulls() {
+                    None => v.iter_mut().for_each(|w| *w |= b),
+                    Some(nulls) => {
+                        for (w, valid) in v.iter_mut().zip(nulls.iter()) {
+                            if valid {
+                                *w |= b;
+                            }
                         }
                     }
                 }
             }
+            words.push(v);
         }
-        out.push(v);
+        Ok(EncodedRotating { words, bytes })
+    }
+
+    /// Rebuilds column `c` for the rows `rows` of `fragment`.
+    pub fn decode(&self, fragment: &FragmentView<'_>, c: usize, rows: &[u32]) -> Result<ArrayRef> {
+        let field = &self.fields[c];
+        let bit = 1u64 << (c % 64);
+        let valid = fragment.payload(self.fixed_words + c / 64);
+        let nulls = if field.is_nullable() {
+            let nb = NullBuffer::new(BooleanBuffer::from_iter(
+                rows.iter().map(|&r| valid[r as usize] & bit != 0),
+            ));
+            (nb.null_count() > 0).then_some(nb)
+        } else {
+            None
+        };
+        let t = field.data_type();
+        match self.travel[c] {
+            Travel::Boolean => {
+                let words = fragment.payload(self.place[c]);
+                let values = BooleanBuffer::from_iter(rows.iter().map(|&r| words[r as usize] != 0));
+                Ok(Arc::new(BooleanArray::new(values, nulls)))
+            }
+            Travel::Fixed { width } => {
+                let k = width.div_ceil(8);
+                let cols: Vec<&[u64]> = (0..k)
+                    .map(|j| fragment.payload(self.place[c] + j))
+                    .collect();
+                let mut buf = MutableBuffer::with_capacity(rows.len() * width);
+                for &r in rows {
+                    let mut left = width;
+                    for col in &cols {
+                        let take = left.min(8);
+                        buf.extend_from_slice(&col[r as usize].to_le_bytes()[..take]);
+                        left -= take;
+                    }
+                }
+                let data = ArrayData::builder(t.clone())
+                    .len(rows.len())
+                    .add_buffer(buf.into())
+                    .nulls(nulls)
+                    .build()?;
+                Ok(make_array(data))
+            }
+            Travel::Bytes { string } => {
+                let b = self.place[c];
+                let valid = |i: usize| nulls.as_ref().is_none_or(|n| n.is_valid(i));
+                let built: ArrayRef = if string {
+                    let mut out = StringBuilder::with_capacity(rows.len(), 0);
+                    for (i, &r) in rows.iter().enumerate() {
+                        if valid(i) {
+                            match std::str::from_utf8(fragment.byte_value(b, r as usize)) {
+                                Ok(s) => out.append_value(s),
+                                Err(e) => {
+                                    return exec_err!(
+                                        "column {} of a fragment is not UTF-8: {e}",
+                                        field.name()
+                                    );
+                                }
+                            }
+                        } else {
+                            out.append_null();
+                        }
+                    }
+                    Arc::new(out.finish())
+                } else {
+                    let mut out = BinaryBuilder::with_capacity(rows.len(), 0);
+                    for (i, &r) in rows.iter().enumerate() {
+                        if valid(i) {
+                            out.append_value(fragment.byte_value(b, r as usize));
+                        } else {
+                            out.append_null();
+                        }
+                    }
+                    Arc::new(out.finish())
+                };
+                if built.data_type() == t {
+                    Ok(built)
+                } else {
+                    Ok(cast(&built, t)?)
+                }
+            }
+        }
+    }
+}
+
+/// A batch of the rotating input as it travels (see [`RotatingLayout::encode`]).
+#[derive(Debug)]
+pub struct EncodedRotating {
+    /// Payload word columns; the operator may append its own (row numbers).
+    pub words: Vec<Vec<u64>>,
+    bytes: Vec<LargeBinaryArray>,
+}
+
+impl EncodedRotating {
+    pub fn byte_columns(&self) -> Vec<ByteColumn<'_>> {
+        self.bytes
+            .iter()
+            .map(|a| ByteColumn {
+                offsets: a.value_offsets(),
+                values: a.values().as_slice(),
+            })
+            .collect()
+    }
+}
+
+/// The `width.div_ceil(8)` word columns of a fixed-width column.
+fn fixed_words(a: &ArrayRef, width: usize) -> Result<Vec<Vec<u64>>> {
+    let n = a.len();
+    let data = a.to_data();
+    let Some(values) = data.buffers().first() else {
+        return internal_err!("a {} column without a values buffer", a.data_type());
+    };
+    let bytes = &values.as_slice()[data.offset() * width..(data.offset() + n) * width];
+    let k = width.div_ceil(8);
+    let mut out = vec![Vec::with_capacity(n); k];
+    match width {
+        8 => out[0].extend(
+            bytes
+                .chunks_exact(8)
+                .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes"))),
+        ),
+        4 => out[0].extend(
+            bytes
+                .chunks_exact(4)
+                .map(|c| u64::from(u32::from_le_bytes(c.try_into().expect("4 bytes")))),
+        ),
+        _ => {
+            for row in bytes.chunks_exact(width) {
+                for (j, col) in out.iter_mut().enumerate() {
+                    let part = &row[j * 8..((j + 1) * 8).min(width)];
+                    let mut b = [0u8; 8];
+                    b[..part.len()].copy_from_slice(part);
+                    col.push(u64::from_le_bytes(b));
+                }
+            }
+        }
     }
     Ok(out)
-}
-
-fn column_words(a: &ArrayRef) -> Result<Vec<u64>> {
-    let n = a.len();
-    if let Some(b) = a.as_any().downcast_ref::<BooleanArray>() {
-        return Ok(b.values().iter().map(u64::from).collect());
-    }
-    let Some(w) = a
-        .data_type()
-        .primitive_width()
-        .filter(|_| travels_as_words(a.data_type()))
-    else {
-        return exec_err!("cyclo-join cannot ship a column of type {}", a.data_type());
-    };
-    let data = a.to_data();
-    let bytes = &data.buffers()[0].as_slice()[data.offset() * w..(data.offset() + n) * w];
-    Ok(match w {
-        8 => bytes
-            .chunks_exact(8)
-            .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
-            .collect(),
-        4 => bytes
-            .chunks_exact(4)
-            .map(|c| u64::from(u32::from_le_bytes(c.try_into().expect("4 bytes"))))
-            .collect(),
-        _ => bytes
-            .chunks_exact(w)
-            .map(|c| {
-                let mut b = [0u8; 8];
-                b[..w].copy_from_slice(c);
-                u64::from_le_bytes(b)
-            })
-            .collect(),
-    })
-}
-
-/// Rebuilds column `column` of type `field` for fragment rows `rows`, from the column's
-/// words and the validity words (`validity[column / 64]`).
-pub fn decode_column(
-    field: &Field,
-    column: usize,
-    words: &[u64],
-    validity: &[&[u64]],
-    rows: &[u32],
-) -> Result<ArrayRef> {
-    let bit = 1u64 << (column % 64);
-    let valid = validity[column / 64];
-    let nulls = if field.is_nullable() {
-        let nb = NullBuffer::new(BooleanBuffer::from_iter(
-            rows.iter().map(|&r| valid[r as usize] & bit != 0),
-        ));
-        (nb.null_count() > 0).then_some(nb)
-    } else {
-        None
-    };
-    let t = field.data_type();
-    if *t == DataType::Boolean {
-        let values = BooleanBuffer::from_iter(rows.iter().map(|&r| words[r as usize] != 0));
-        return Ok(std::sync::Arc::new(BooleanArray::new(values, nulls)));
-    }
-    let Some(w) = t.primitive_width().filter(|_| travels_as_words(t)) else {
-        return exec_err!("cyclo-join cannot rebuild a column of type {t}");
-    };
-    let mut buf = MutableBuffer::with_capacity(rows.len() * w);
-    for &r in rows {
-        buf.extend_from_slice(&words[r as usize].to_le_bytes()[..w]);
-    }
-    let data = ArrayData::builder(t.clone())
-        .len(rows.len())
-        .add_buffer(buf.into())
-        .nulls(nulls)
-        .build()?;
-    Ok(make_array(data))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use arrow::array::{
-        Date32Array, Float32Array, Float64Array, Int8Array, Int16Array, Int64Array, UInt32Array,
+        BinaryArray, Date32Array, Decimal128Array, FixedSizeBinaryArray, Float32Array,
+        Float64Array, Int8Array, Int16Array, Int64Array, LargeStringArray, StringArray,
+        StringViewArray, UInt32Array,
     };
-    use arrow::datatypes::Schema;
-    use std::sync::Arc;
+    use arrow::datatypes::{Field, Schema};
+    use gyre_join::KeyDomain;
+    use gyre_join::cyclo::FragmentForm;
+    use gyre_join::cyclo::fragment::encode_with_bytes;
 
+    /// Every travelling type survives the trip through a real fragment: encoded at the
+    /// origin (rows reordered as a sorted fragment would be), gathered on arrival.
     #[test]
-    fn columns_survive_the_round_trip_through_words() {
+    fn columns_survive_the_round_trip_through_a_fragment() {
+        let dict: ArrayRef = Arc::new(
+            vec![Some("x"), None, Some("yy"), Some("x"), Some("zzz")]
+                .into_iter()
+                .collect::<arrow::array::DictionaryArray<arrow::datatypes::Int32Type>>(),
+        );
         let cols: Vec<ArrayRef> = vec![
-            Arc::new(Int8Array::from(vec![Some(-3), None, Some(7), Some(-128)])),
-            Arc::new(Int16Array::from(vec![1, -2, 3, i16::MIN])),
+            Arc::new(Int8Array::from(vec![
+                Some(-3),
+                None,
+                Some(7),
+                Some(-128),
+                Some(1),
+            ])),
+            Arc::new(Int16Array::from(vec![1, -2, 3, i16::MIN, 0])),
             Arc::new(UInt32Array::from(vec![
                 Some(u32::MAX),
                 Some(0),
                 None,
                 Some(5),
+                None,
             ])),
-            Arc::new(Int64Array::from(vec![i64::MIN, -1, 0, i64::MAX])),
+            Arc::new(Int64Array::from(vec![i64::MIN, -1, 0, i64::MAX, 9])),
             Arc::new(Float32Array::from(vec![
                 Some(1.5),
                 None,
                 Some(-0.0),
                 Some(2.0),
+                None,
             ])),
-            Arc::new(Float64Array::from(vec![1e300, -2.5, 0.0, f64::INFINITY])),
+            Arc::new(Float64Array::from(vec![
+                1e300,
+                -2.5,
+                0.0,
+                f64::INFINITY,
+                1.0,
+            ])),
             Arc::new(Date32Array::from(vec![
                 Some(19000),
                 None,
                 Some(-1),
                 Some(0),
+                Some(3),
             ])),
             Arc::new(BooleanArray::from(vec![
                 Some(true),
                 Some(false),
                 None,
                 Some(true),
+                None,
             ])),
+            Arc::new(
+                Decimal128Array::from(vec![Some(i128::MAX), Some(-12345), None, Some(0), Some(1)])
+                    .with_precision_and_scale(38, 2)
+                    .unwrap(),
+            ),
+            Arc::new(StringArray::from(vec![
+                Some("héllo"),
+                None,
+                Some(""),
+                Some("a"),
+                Some("bc"),
+            ])),
+            Arc::new(LargeStringArray::from(vec!["l1", "", "l333", "l4", "l5"])),
+            Arc::new(StringViewArray::from(vec![
+                Some("a string longer than twelve bytes"),
+                Some("short"),
+                None,
+                Some(""),
+                Some("v"),
+            ])),
+            Arc::new(BinaryArray::from(vec![
+                Some(&b"\x00\xff"[..]),
+                None,
+                Some(&b""[..]),
+                Some(&b"bin"[..]),
+                Some(&b"\x01"[..]),
+            ])),
+            Arc::new(
+                FixedSizeBinaryArray::try_from_sparse_iter_with_size(
+                    vec![
+                        Some(*b"abcdefghijk"),
+                        None,
+                        Some(*b"ABCDEFGHIJK"),
+                        Some([0; 11]),
+                        None,
+                    ]
+                    .into_iter(),
+                    11,
+                )
+                .unwrap(),
+            ),
+            dict,
         ];
-        let fields: Vec<Field> = cols
+        let fields: Vec<FieldRef> = cols
             .iter()
             .enumerate()
-            .map(|(i, c)| Field::new(format!("c{i}"), c.data_type().clone(), true))
+            .map(|(i, c)| Arc::new(Field::new(format!("c{i}"), c.data_type().clone(), true)))
             .collect();
-        let batch = RecordBatch::try_new(Arc::new(Schema::new(fields.clone())), cols).unwrap();
+        let batch =
+            RecordBatch::try_new(Arc::new(Schema::new(fields.clone())), cols.clone()).unwrap();
         // A sliced batch: offsets must be honoured.
-        let batch = batch.slice(1, 3);
-        let words = encode_batch(&batch).unwrap();
-        assert_eq!(words.len(), 9);
-        let validity: Vec<&[u64]> = vec![&words[8]];
-        let rows = [2u32, 0, 1, 2];
-        for (c, f) in fields.iter().enumerate() {
-            let got = decode_column(f, c, &words[c], &validity, &rows).unwrap();
-            let idx = UInt32Array::from(rows.to_vec());
+        let batch = batch.slice(1, 4);
+        let layout = RotatingLayout::new(&fields).unwrap();
+        assert_eq!(layout.byte_columns(), 5);
+        let enc = layout.encode(&batch).unwrap();
+        assert_eq!(enc.words.len(), layout.payload_words());
+        let payload: Vec<&[u64]> = enc.words.iter().map(Vec::as_slice).collect();
+        let keys = [0u64; 4];
+        let order = [3u32, 1, 0, 2];
+        let words = encode_with_bytes(
+            FragmentForm::Raw,
+            KeyDomain::Unsigned,
+            &keys,
+            &payload,
+            &enc.byte_columns(),
+            &order,
+            &[],
+        );
+        let fragment = FragmentView::parse(&words).unwrap();
+        layout.check(&fragment, 0).unwrap();
+        assert!(layout.check(&fragment, 1).is_err());
+        // Fragment rows 0..4 hold batch rows 3, 1, 0, 2.
+        let rows = [2u32, 0, 1, 2, 3];
+        for c in 0..fields.len() {
+            let got = layout.decode(&fragment, c, &rows).unwrap();
+            let idx =
+                UInt32Array::from(rows.iter().map(|&r| order[r as usize]).collect::<Vec<_>>());
             let want = arrow::compute::take(batch.column(c).as_ref(), &idx, None).unwrap();
-            assert_eq!(got.to_data(), want.to_data(), "column {c}");
+            assert_eq!(got.data_type(), want.data_type(), "column {c}");
+            assert_eq!(
+                arrow::compute::cast(&got, &DataType::Utf8)
+                    .ok()
+                    .map(|a| a.to_data()),
+                arrow::compute::cast(&want, &DataType::Utf8)
+                    .ok()
+                    .map(|a| a.to_data()),
+                "column {c}"
+            );
+            if !matches!(
+                want.data_type(),
+                DataType::Dictionary(..) | DataType::Utf8View
+            ) {
+                assert_eq!(got.to_data(), want.to_data(), "column {c}");
+            }
         }
     }
 
     #[test]
-    fn only_fixed_width_columns_travel() {
-        assert!(travels_as_words(&DataType::Int32));
-        assert!(travels_as_words(&DataType::Float64));
-        assert!(travels_as_words(&DataType::Boolean));
-        assert!(!travels_as_words(&DataType::Utf8));
-        assert!(!travels_as_words(&DataType::Decimal128(10, 2)));
+    fn nested_columns_do_not_travel() {
+        assert!(travels(&DataType::Int32));
+        assert!(travels(&DataType::Float64));
+        assert!(travels(&DataType::Boolean));
+        assert!(travels(&DataType::Utf8));
+        assert!(travels(&DataType::Decimal128(10, 2)));
+        assert!(travels(&DataType::Decimal256(50, 2)));
+        let item = Arc::new(Field::new("item", DataType::Int32, true));
+        assert!(!travels(&DataType::List(item)));
+        assert!(!travels(&DataType::Dictionary(
+            Box::new(DataType::Int32),
+            Box::new(DataType::Int64)
+        )));
+        let e = RotatingLayout::new(&[Arc::new(Field::new(
+            "xs",
+            DataType::List(Arc::new(Field::new("item", DataType::Int32, true))),
+            true,
+        ))])
+        .unwrap_err();
+        assert!(e.to_string().contains("column xs of type List"), "{e}");
         assert_eq!(key_type_supported(&DataType::Date32), Some(false));
         assert_eq!(key_type_supported(&DataType::UInt64), Some(true));
         assert_eq!(key_type_supported(&DataType::Utf8), None);

@@ -353,10 +353,12 @@ async fn run_ring(spec: &CycloSpec, t: &dyn Transport, ring: &RingSpec) -> Resul
         let left = Relation {
             keys: Keys::unsigned(&r.0),
             payload: vec![&r.1],
+            bytes: vec![],
         };
         let right = Relation {
             keys: Keys::unsigned(&s.0),
             payload: vec![&s.1],
+            bytes: vec![],
         };
         agree(t, &ring, &left, &right, &spec.algorithm, &spec.options).await?
     };
@@ -366,10 +368,12 @@ async fn run_ring(spec: &CycloSpec, t: &dyn Transport, ring: &RingSpec) -> Resul
             let left = Relation {
                 keys: Keys::unsigned(&r.0),
                 payload: vec![&r.1],
+                bytes: vec![],
             };
             let right = Relation {
                 keys: Keys::unsigned(&s.0),
                 payload: vec![&s.1],
+                bytes: vec![],
             };
             let prepared = PreparedCycloJoin::prepare(&plan, &left, &right, &algo, &options)?;
             let stationary_payload = match plan.rotating {

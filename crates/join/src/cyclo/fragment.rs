@@ -8,11 +8,19 @@
 //! word 2   sequence number of the fragment at its origin (0, 1, ...)
 //! word 3   rows
 //! word 4   form (bits 0-7) | partition bits (8-15) | payload columns (16-31)
+//!          | of which byte columns, the last ones (32-47)
 //! word 5   total words (header included)
-//! word 6-7 reserved (0)
+//! word 6   heap bytes
+//! word 7   reserved (0)
 //! then     keys[rows], payload column 0 [rows], payload column 1 [rows], ...
 //! then     partitioned form only: 2^bits + 1 partition bounds (u32, padded to a word)
+//! then     the heap: the values of the byte columns, padded to a word
 //! ```
+//!
+//! Byte columns carry variable-length values (strings, binaries): their payload word is
+//! the value's offset in the fragment's heap (low 32 bits) and its length (high 32
+//! bits), so rows keep their place however the fragment is ordered and a node reads a
+//! value in place like every other column.
 //!
 //! The form says how the origin prepared the rows (setup done once, where it pays, paper
 //! Sec. IV-D): grouped by the radix hash join's partition bits, sorted by key, or as is.
@@ -80,9 +88,41 @@ pub fn fragment_words(rows: usize, payload_columns: usize, form: FragmentForm) -
     HEADER_WORDS + rows * (1 + payload_columns) + bounds_words(form)
 }
 
+/// Words of a buffer of `buffer_bytes` left for rows and heap in a fragment of `form`.
+pub fn body_words(buffer_bytes: usize, form: FragmentForm) -> usize {
+    (buffer_bytes / 8).saturating_sub(HEADER_WORDS + bounds_words(form))
+}
+
 /// Most rows a buffer of `buffer_bytes` can hold with `payload_columns` payload columns.
 pub fn rows_per_buffer(buffer_bytes: usize, payload_columns: usize, form: FragmentForm) -> usize {
     (buffer_bytes / 8).saturating_sub(HEADER_WORDS + bounds_words(form)) / (1 + payload_columns)
+}
+
+/// A variable-length payload column (strings, binaries) in Arrow's layout: row `r` is
+/// `values[offsets[r]..offsets[r + 1]]`.
+#[derive(Debug, Clone, Copy)]
+pub struct ByteColumn<'a> {
+    pub offsets: &'a [i64],
+    pub values: &'a [u8],
+}
+
+impl ByteColumn<'_> {
+    pub fn len(&self) -> usize {
+        self.offsets.len().saturating_sub(1)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Bytes of row `r`'s value.
+    pub fn value_len(&self, r: usize) -> usize {
+        (self.offsets[r + 1] - self.offsets[r]) as usize
+    }
+
+    pub fn value(&self, r: usize) -> &[u8] {
+        &self.values[self.offsets[r] as usize..self.offsets[r + 1] as usize]
+    }
 }
 
 /// Encodes a fragment (origin, sequence and LAST are stamped later by the roundabout):
@@ -96,6 +136,20 @@ pub fn encode(
     order: &[u32],
     bounds: &[u32],
 ) -> Vec<u64> {
+    encode_with_bytes(form, domain, keys, payload, &[], order, bounds)
+}
+
+/// [`encode`] with byte columns after the payload columns, their values in the heap.
+/// The heap must stay below 4 GiB (a fragment fits a ring buffer).
+pub fn encode_with_bytes(
+    form: FragmentForm,
+    domain: KeyDomain,
+    keys: &[u64],
+    payload: &[&[u64]],
+    bytes: &[ByteColumn<'_>],
+    order: &[u32],
+    bounds: &[u32],
+) -> Vec<u64> {
     let rows = order.len();
     let want_bounds = match form {
         FragmentForm::HashPartitioned { bits } => (1usize << bits) + 1,
@@ -106,7 +160,18 @@ pub fn encode(
         want_bounds,
         "partition bounds of a {form:?} fragment"
     );
-    let words = fragment_words(rows, payload.len(), form);
+    let heap: usize = bytes
+        .iter()
+        .map(|b| {
+            order
+                .iter()
+                .map(|&r| b.value_len(r as usize))
+                .sum::<usize>()
+        })
+        .sum();
+    assert!(heap <= u32::MAX as usize, "a fragment heap of {heap} bytes");
+    let columns = payload.len() + bytes.len();
+    let words = fragment_words(rows, columns, form) + heap.div_ceil(8);
     let mut out = Vec::with_capacity(words);
     let flags = if domain == KeyDomain::Signed {
         FLAG_SIGNED
@@ -118,20 +183,40 @@ pub fn encode(
         u64::from(flags) << 32,
         0,
         rows as u64,
-        form.encode() | ((payload.len() as u64) << 16),
+        form.encode() | ((columns as u64) << 16) | ((bytes.len() as u64) << 32),
         words as u64,
-        0,
+        heap as u64,
         0,
     ]);
     out.extend(order.iter().map(|&r| keys[r as usize]));
     for col in payload {
         out.extend(order.iter().map(|&r| col[r as usize]));
     }
+    let mut at = 0u64;
+    for col in bytes {
+        out.extend(order.iter().map(|&r| {
+            let len = col.value_len(r as usize) as u64;
+            let word = at | (len << 32);
+            at += len;
+            word
+        }));
+    }
     out.extend(
         bounds
             .chunks(2)
             .map(|p| u64::from(p[0]) | (u64::from(*p.get(1).unwrap_or(&0)) << 32)),
     );
+    let heap_start = out.len();
+    out.resize(words, 0);
+    let dst = as_bytes_mut(&mut out[heap_start..]);
+    let mut at = 0;
+    for col in bytes {
+        for &r in order {
+            let v = col.value(r as usize);
+            dst[at..at + v.len()].copy_from_slice(v);
+            at += v.len();
+        }
+    }
     out
 }
 
@@ -159,6 +244,8 @@ pub struct FragmentView<'a> {
     words: &'a [u64],
     rows: usize,
     columns: usize,
+    byte_columns: usize,
+    heap_bytes: usize,
 }
 
 impl<'a> FragmentView<'a> {
@@ -167,6 +254,8 @@ impl<'a> FragmentView<'a> {
         let total = announced_words(words)?;
         let rows = words[3] as usize;
         let columns = ((words[4] >> 16) & 0xffff) as usize;
+        let byte_columns = ((words[4] >> 32) & 0xffff) as usize;
+        let heap_bytes = words[6] as usize;
         let Some(form) = FragmentForm::decode(words[4]).filter(|f| match f {
             FragmentForm::HashPartitioned { bits } => *bits <= 16,
             _ => true,
@@ -178,11 +267,13 @@ impl<'a> FragmentView<'a> {
         };
         let want = rows
             .checked_mul(1 + columns)
-            .and_then(|b| b.checked_add(HEADER_WORDS + bounds_words(form)));
-        if want != Some(total) || total != words.len() {
+            .and_then(|b| b.checked_add(HEADER_WORDS + bounds_words(form)))
+            .and_then(|b| b.checked_add(heap_bytes.div_ceil(8)));
+        if byte_columns > columns || want != Some(total) || total != words.len() {
             return Err(CycloError::Protocol(format!(
-                "fragment announces {rows} rows with {columns} payload columns in {total} \
-                 words but holds {} words",
+                "fragment announces {rows} rows with {columns} payload columns \
+                 ({byte_columns} of bytes) and {heap_bytes} heap bytes in {total} words \
+                 but holds {} words",
                 words.len()
             )));
         }
@@ -190,7 +281,20 @@ impl<'a> FragmentView<'a> {
             words,
             rows,
             columns,
+            byte_columns,
+            heap_bytes,
         };
+        for c in 0..byte_columns {
+            let outside = view
+                .payload(columns - byte_columns + c)
+                .iter()
+                .any(|&w| (w & 0xffff_ffff) + (w >> 32) > heap_bytes as u64);
+            if outside {
+                return Err(CycloError::Protocol(format!(
+                    "byte column {c} of a fragment points outside its heap of {heap_bytes} bytes"
+                )));
+            }
+        }
         if let Some(b) = view.partition_bounds()
             && (b[0] != 0 || b[b.len() - 1] as usize != rows || b.windows(2).any(|w| w[0] > w[1]))
         {
@@ -266,6 +370,29 @@ impl<'a> FragmentView<'a> {
         &self.words[start..start + self.rows]
     }
 
+    /// Byte columns: the last ones of the payload columns.
+    pub fn byte_columns(&self) -> usize {
+        self.byte_columns
+    }
+
+    /// The fragment's heap, where the byte columns' values are.
+    pub fn heap(&self) -> &'a [u8] {
+        let start = self.words.len() - self.heap_bytes.div_ceil(8);
+        &as_bytes(&self.words[start..])[..self.heap_bytes]
+    }
+
+    /// Row `row`'s value of byte column `c` (`0..byte_columns()`).
+    pub fn byte_value(&self, c: usize, row: usize) -> &'a [u8] {
+        assert!(
+            c < self.byte_columns,
+            "byte column {c} of {}",
+            self.byte_columns
+        );
+        let w = self.payload(self.columns - self.byte_columns + c)[row];
+        let at = (w & 0xffff_ffff) as usize;
+        &self.heap()[at..at + (w >> 32) as usize]
+    }
+
     /// Size of the fragment in bytes.
     pub fn bytes(&self) -> usize {
         self.words.len() * 8
@@ -309,6 +436,8 @@ mod tests {
             words: &w,
             rows: 2,
             columns: 2,
+            byte_columns: 0,
+            heap_bytes: 0,
         };
         assert_eq!(
             (v.origin(), v.seq(), v.is_last(), v.rows()),
@@ -360,5 +489,57 @@ mod tests {
         assert!(FragmentView::parse(&bad).is_err());
         let empty = encode(FragmentForm::Raw, KeyDomain::Unsigned, &[], &[], &[], &[]);
         assert!(FragmentView::parse(&empty).unwrap().is_empty());
+    }
+
+    #[test]
+    fn byte_columns_travel_in_the_heap_whatever_the_order() {
+        let values = b"alphabetagammaX";
+        let offsets = [0i64, 5, 9, 9, 15];
+        let names = ByteColumn {
+            offsets: &offsets,
+            values,
+        };
+        let other = ByteColumn {
+            offsets: &[0, 1, 2, 3, 4],
+            values: b"wxyz",
+        };
+        let keys = [4u64, 3, 2, 1];
+        let ids = [40u64, 30, 20, 10];
+        let order = [3u32, 1, 2, 0];
+        let mut w = encode_with_bytes(
+            FragmentForm::Sorted,
+            KeyDomain::Unsigned,
+            &keys,
+            &[&ids],
+            &[names, other],
+            &order,
+            &[],
+        );
+        stamp(&mut w, 0, 0, true);
+        let v = FragmentView::parse(&w).unwrap();
+        assert_eq!((v.payload_columns(), v.byte_columns()), (3, 2));
+        assert_eq!(v.heap().len(), 19);
+        assert_eq!(v.payload(0), &[10, 30, 20, 40]);
+        let got: Vec<(&[u8], &[u8])> = (0..4)
+            .map(|r| (v.byte_value(0, r), v.byte_value(1, r)))
+            .collect();
+        let want: Vec<(&[u8], &[u8])> = vec![
+            (b"gammaX", b"z"),
+            (b"beta", b"x"),
+            (b"", b"y"),
+            (b"alpha", b"w"),
+        ];
+        assert_eq!(got, want);
+        // A pointer past the heap (a corrupt frame) is refused, naming the column.
+        let mut bad = w.clone();
+        bad[HEADER_WORDS + 4 * 2 + 1] = 17 | (5 << 32);
+        let e = FragmentView::parse(&bad).unwrap_err();
+        assert!(e.to_string().contains("outside its heap"), "{e}");
+        let mut bad = w.clone();
+        bad[6] += 8;
+        assert!(
+            FragmentView::parse(&bad).is_err(),
+            "heap size beyond the words"
+        );
     }
 }

@@ -25,18 +25,19 @@ use crate::radix::{RadixConfig, RadixLayout};
 use crate::{KeyDomain, l2_cache_bytes};
 
 use super::error::{CycloError, Result};
-use super::fragment::{FragmentView, rows_per_buffer};
-use super::local::{CycloAlgorithm, Side, Stationary, fragment_form, prepare_rotating};
+use super::fragment::{ByteColumn, FragmentView};
+use super::local::{CycloAlgorithm, FragmentLimits, Side, Stationary, prepare_rotating};
 use super::roundabout::{
     JoinEntity, RingSpec, RoundaboutConfig, RoundaboutFigures, run_roundabout,
 };
 
 /// A node's local part of one join input: keys (with validity) and the `u64` payload
-/// columns that travel with the keys if this input rotates.
+/// and variable-length byte columns that travel with the keys if this input rotates.
 #[derive(Debug, Clone)]
 pub struct Relation<'a> {
     pub keys: Keys<'a>,
     pub payload: Vec<&'a [u64]>,
+    pub bytes: Vec<ByteColumn<'a>>,
 }
 
 /// Which input travels the ring.
@@ -61,6 +62,9 @@ pub struct CycloOptions {
     /// (with its `max_bits_per_pass`) is used by all, so all tables share one layout.
     pub radix_cache_bytes: usize,
     pub radix_max_bits_per_pass: u32,
+    /// Most rows of a rotating fragment (0: as many as fit a buffer); bounds the work
+    /// one fragment makes when a join may explode.
+    pub max_fragment_rows: usize,
 }
 
 impl Default for CycloOptions {
@@ -73,6 +77,7 @@ impl Default for CycloOptions {
             roundabout: RoundaboutConfig::default(),
             radix_cache_bytes: radix.cache_bytes,
             radix_max_bits_per_pass: radix.max_bits_per_pass,
+            max_fragment_rows: 0,
         }
     }
 }
@@ -434,20 +439,15 @@ impl PreparedCycloJoin {
             Stationary::prepare(&stat.keys, algorithm, plan.layout.clone(), options.threads)?;
         let stationary_time = t0.elapsed();
         let t1 = Instant::now();
-        let form = fragment_form(algorithm, plan.layout.as_ref(), options.prepare_rotating);
-        let rows = rows_per_buffer(options.roundabout.buffer_bytes, rot.payload.len(), form);
-        if rows == 0 {
-            return Err(CycloError::Spec(format!(
-                "buffers of {} bytes cannot hold a row of a {form:?} fragment",
-                options.roundabout.buffer_bytes
-            )));
-        }
+        let limits = FragmentLimits {
+            rows: options.max_fragment_rows,
+            buffer_bytes: options.roundabout.buffer_bytes,
+        };
         let fragments = prepare_rotating(
-            &rot.keys,
-            &rot.payload,
+            rot,
             algorithm,
             plan.layout.as_ref(),
-            rows,
+            limits,
             options.prepare_rotating,
             options.threads,
         )?;

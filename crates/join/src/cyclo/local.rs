@@ -25,7 +25,8 @@ use crate::sort_merge::{MergePredicate, SortedKeys, merge_join, merge_join_run};
 use crate::{JoinError, KeyDomain};
 
 use super::error::{CycloError, Result};
-use super::fragment::{self, FragmentForm, FragmentView};
+use super::fragment::{self, ByteColumn, FragmentForm, FragmentView};
+use super::join::Relation;
 
 /// One of the two join inputs, as the user wrote the join (`left ⋈ right`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -347,24 +348,77 @@ pub fn fragment_form(
     }
 }
 
+/// How big a fragment may be: at most `rows` rows (0 = no limit) in at most
+/// `buffer_bytes` (a ring buffer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FragmentLimits {
+    pub rows: usize,
+    pub buffer_bytes: usize,
+}
+
+/// Cuts the rows `valid` into fragments within `limits`: rows of `row_words` words each
+/// plus their byte columns' values in the heap.
+fn cut_fragments<'v>(
+    valid: &'v [u32],
+    row_words: usize,
+    bytes: &[ByteColumn<'_>],
+    form: FragmentForm,
+    limits: FragmentLimits,
+) -> Result<Vec<&'v [u32]>> {
+    let capacity = fragment::body_words(limits.buffer_bytes, form);
+    let max_rows = if limits.rows == 0 {
+        usize::MAX
+    } else {
+        limits.rows
+    };
+    let too_big = |heap: usize| {
+        CycloError::Spec(format!(
+            "a rotating row of {} bytes does not fit ring buffers of {} bytes",
+            row_words * 8 + heap,
+            limits.buffer_bytes
+        ))
+    };
+    if bytes.is_empty() {
+        let rows = (capacity / row_words).min(max_rows);
+        if rows == 0 {
+            return Err(too_big(0));
+        }
+        return Ok(valid.chunks(rows).collect());
+    }
+    let mut out = Vec::new();
+    let (mut start, mut heap) = (0, 0usize);
+    for (i, &r) in valid.iter().enumerate() {
+        let len: usize = bytes.iter().map(|b| b.value_len(r as usize)).sum();
+        let fits = |rows: usize, heap: usize| {
+            rows <= max_rows && rows * row_words + heap.div_ceil(8) <= capacity
+        };
+        if !fits(i - start + 1, heap + len) {
+            if !fits(1, len) {
+                return Err(too_big(len));
+            }
+            out.push(&valid[start..i]);
+            (start, heap) = (i, 0);
+        }
+        heap += len;
+    }
+    out.push(&valid[start..]);
+    Ok(out)
+}
+
 /// Setup of the rotating part at its origin: drops NULL keys, cuts the rows into
-/// fragments of at most `rows_per_fragment` rows, orders each as the algorithm's join
-/// phase wants it (when `prepare`), and encodes it with the key and `payload` columns.
-/// Fragments are prepared in parallel on `threads` threads.
+/// fragments within `limits`, orders each as the algorithm's join phase wants it (when
+/// `prepare`), and encodes it with the relation's payload and byte columns. Fragments
+/// are prepared in parallel on `threads` threads.
 pub fn prepare_rotating(
-    keys: &Keys,
-    payload: &[&[u64]],
+    rel: &Relation<'_>,
     algorithm: &CycloAlgorithm,
     layout: Option<&RadixLayout>,
-    rows_per_fragment: usize,
+    limits: FragmentLimits,
     prepare: bool,
     threads: usize,
 ) -> Result<Vec<Vec<u64>>> {
-    if rows_per_fragment == 0 {
-        return Err(CycloError::Spec(
-            "fragments must hold at least one row".into(),
-        ));
-    }
+    let keys = &rel.keys;
+    let payload = &rel.payload;
     if let Some(c) = payload.iter().position(|c| c.len() != keys.len()) {
         return Err(CycloError::Spec(format!(
             "payload column {c} has {} rows, the keys {}",
@@ -372,9 +426,18 @@ pub fn prepare_rotating(
             keys.len()
         )));
     }
+    if let Some(c) = rel.bytes.iter().position(|c| c.len() != keys.len()) {
+        return Err(CycloError::Spec(format!(
+            "byte column {c} has {} rows, the keys {}",
+            rel.bytes[c].len(),
+            keys.len()
+        )));
+    }
     let mut valid = Vec::with_capacity(keys.valid_count());
     keys.for_each_valid(0..keys.len(), |row, _| valid.push(row as u32));
-    let mut chunks: Vec<&[u32]> = valid.chunks(rows_per_fragment).collect();
+    let form = fragment_form(algorithm, layout, prepare);
+    let row_words = 1 + payload.len() + rel.bytes.len();
+    let mut chunks = cut_fragments(&valid, row_words, &rel.bytes, form, limits)?;
     if chunks.is_empty() {
         // An origin without rows still sends one (empty) fragment: it marks its end.
         chunks.push(&[]);
@@ -399,8 +462,8 @@ pub fn prepare_rotating(
             }
             _ => (FragmentForm::Raw, rows.to_vec(), vec![]),
         };
-        Ok(fragment::encode(
-            form, domain, values, payload, &order, &bounds,
+        Ok(fragment::encode_with_bytes(
+            form, domain, values, payload, &rel.bytes, &order, &bounds,
         ))
     };
     let threads = crate::cache::resolve_threads(threads)
@@ -507,9 +570,17 @@ mod tests {
                     Side::Right => naive_join(&rv, &sv, |a, b| algo.holds(b, a)),
                 };
                 for prepare in [true, false] {
+                    let rel = Relation {
+                        keys: r.clone(),
+                        payload: vec![&payload],
+                        bytes: vec![],
+                    };
+                    let limits = FragmentLimits {
+                        rows: 700,
+                        buffer_bytes: 1 << 20,
+                    };
                     let frags =
-                        prepare_rotating(&r, &[&payload], algo, Some(&layout), 700, prepare, 2)
-                            .unwrap();
+                        prepare_rotating(&rel, algo, Some(&layout), limits, prepare, 2).unwrap();
                     assert_eq!(frags.len(), (2500usize - 357).div_ceil(700));
                     let mut got = vec![];
                     for words in &frags {
@@ -524,5 +595,62 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// With byte columns, fragments are cut by size: every fragment fits its buffer,
+    /// every row travels once, and a row bigger than a buffer is refused by name.
+    #[test]
+    fn byte_columns_cut_fragments_by_size() {
+        let n = 1000usize;
+        let keys: Vec<i64> = (0..n as i64).collect();
+        let k = Keys::signed(&keys);
+        let mut offsets = vec![0i64];
+        let mut values = Vec::new();
+        for i in 0..n {
+            values.extend(std::iter::repeat_n(b'a' + (i % 26) as u8, i % 97));
+            offsets.push(values.len() as i64);
+        }
+        let ids: Vec<u64> = (0..n as u64).collect();
+        let rel = Relation {
+            keys: k,
+            payload: vec![&ids],
+            bytes: vec![ByteColumn {
+                offsets: &offsets,
+                values: &values,
+            }],
+        };
+        let limits = FragmentLimits {
+            rows: 0,
+            buffer_bytes: 4096,
+        };
+        for algo in [
+            CycloAlgorithm::SortMerge(MergePredicate::Lt),
+            CycloAlgorithm::NestedLoops(ThetaPredicate::DiffMod {
+                modulus: 2,
+                remainder: 0,
+            }),
+        ] {
+            let frags = prepare_rotating(&rel, &algo, None, limits, true, 2).unwrap();
+            assert!(frags.len() > 10, "{} fragments", frags.len());
+            let mut seen = vec![false; n];
+            for words in &frags {
+                assert!(words.len() * 8 <= 4096);
+                let v = FragmentView::parse(words).unwrap();
+                for r in 0..v.rows() {
+                    let id = v.payload(0)[r] as usize;
+                    assert!(!seen[id]);
+                    seen[id] = true;
+                    let want = &values[offsets[id] as usize..offsets[id + 1] as usize];
+                    assert_eq!(v.byte_value(0, r), want);
+                }
+            }
+            assert!(seen.iter().all(|&s| s));
+        }
+        let tight = FragmentLimits {
+            rows: 0,
+            buffer_bytes: 8 * (fragment::HEADER_WORDS + 3) + 40,
+        };
+        let e = prepare_rotating(&rel, &CycloAlgorithm::Hash, None, tight, false, 1).unwrap_err();
+        assert!(e.to_string().contains("does not fit ring buffers"), "{e}");
     }
 }

@@ -30,12 +30,12 @@ pub use bench::{
     CycloFigures, CycloSpec, format_table, loopback_ring, parse_algorithm, run_cyclo, run_on,
 };
 pub use error::CycloError;
-pub use fragment::{FragmentForm, FragmentView};
+pub use fragment::{ByteColumn, FragmentForm, FragmentView};
 pub use join::{
     CycloOptions, CycloRunFigures, PreparedCycloJoin, Relation, ResultSink, RingPlan, Rotate,
     SetupFigures, agree, cyclo_join, scatter,
 };
-pub use local::{CycloAlgorithm, Side, Stationary, ThetaPredicate};
+pub use local::{CycloAlgorithm, FragmentLimits, Side, Stationary, ThetaPredicate};
 pub use roundabout::{
     ForwardPolicy, JoinEntity, RingSpec, RoundaboutConfig, RoundaboutFigures, run_roundabout,
 };

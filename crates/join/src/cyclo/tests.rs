@@ -334,10 +334,12 @@ async fn library_join_handles_nulls_duplicates_and_empty_parts() {
                     let l = Relation {
                         keys: keys(&left, &left_valid),
                         payload: vec![&left_ids],
+                        bytes: vec![],
                     };
                     let r = Relation {
                         keys: keys(&right, &right_valid),
                         payload: vec![&right_ids],
+                        bytes: vec![],
                     };
                     let options = CycloOptions {
                         rotate,
@@ -411,6 +413,7 @@ async fn failures_and_disagreements_end_every_node_with_an_error() {
                     let rel = Relation {
                         keys: Keys::unsigned(part),
                         payload: vec![part],
+                        bytes: vec![],
                     };
                     let options = small_options();
                     let res = if failing == Some(i) {
@@ -478,6 +481,7 @@ async fn failures_and_disagreements_end_every_node_with_an_error() {
                 let rel = Relation {
                     keys: Keys::unsigned(&keys),
                     payload: vec![payload],
+                    bytes: vec![],
                 };
                 let algo = CycloAlgorithm::Hash;
                 let res = cyclo_join(
