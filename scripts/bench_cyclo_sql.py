@@ -10,6 +10,9 @@ strategies, alternating, REPEAT times each:
               vs broadcast (DataFusion's NestedLoopJoinExec, one input broadcast)
   band-full   the same as a FULL JOIN (both inputs' unmatched rows kept), 50K x 50K:
               cyclo vs DataFusion's NestedLoopJoinExec (which cannot broadcast a full join)
+  band-strings the band-small join over tables that also hold a string column (5-50
+              bytes) that both sides return: cyclo (the strings travel the ring in the
+              fragments' heaps) vs broadcast nested loops
   band-large  r.x BETWEEN s.y - 10 AND s.y + 10, 2M x 2M: cyclo only (the nested-loop
               join would take minutes)
   theta-lt    r.x < s.y with s.y in [0, 20000), 50K x 50K: cyclo (sort-merge inequality)
@@ -73,6 +76,15 @@ def cases(a):
             on="r.x BETWEEN s.y - 1000 AND s.y + 1000",
             variants=[("cyclo", r"CycloJoinExec: kernel=sort-merge band.*join_type=Full"),
                       ("broadcast", r"NestedLoopJoinExec: join_type=Full")]),
+        "band-strings": dict(
+            rows=(a.band_small, a.band_small),
+            tables=[("r_bt", "x", keys(a.band_small, 13, 10**8)),
+                    ("s_bt", "y", keys(a.band_small, 24, 10**8))],
+            strings=True,
+            select="SELECT count(*), sum(length(r.t) + length(s.t)) FROM {r} r {join} {s} s "
+                   "ON {on}",
+            on="r.x BETWEEN s.y - 1000 AND s.y + 1000",
+            variants=[("cyclo", r"CycloJoinExec: kernel=sort-merge band"), nlj]),
         "band-large": dict(
             rows=(a.band_large, a.band_large),
             tables=[("r_bl", "x", keys(a.band_large, 33, 10**8)),
@@ -193,8 +205,15 @@ def run(a, todo, clusters):
         for case in todo.values():
             for table, key, rows in case["tables"]:
                 other = "a" if key == "x" else "b"
-                stmts.append(f"CREATE TABLE {table} ({key} BIGINT, {other} BIGINT) "
-                             f"PARTITION BY {other};\nINSERT INTO {table} {rows};")
+                if case.get("strings"):
+                    stmts.append(
+                        f"CREATE TABLE {table} ({key} BIGINT, {other} BIGINT, t VARCHAR) "
+                        f"PARTITION BY {other};\nINSERT INTO {table} SELECT k, id, 'row-' || "
+                        f"repeat('x', CAST(id % 40 AS INT)) || CAST(id AS VARCHAR) "
+                        f"FROM ({rows}) AS q(k, id);")
+                else:
+                    stmts.append(f"CREATE TABLE {table} ({key} BIGINT, {other} BIGINT) "
+                                 f"PARTITION BY {other};\nINSERT INTO {table} {rows};")
         print(f"{label}: loading...", file=sys.stderr)
         c.sql("\n".join(stmts))
     print(f"  loaded in {time.time() - t0:.1f} s", file=sys.stderr)
@@ -204,7 +223,8 @@ def run(a, todo, clusters):
            "cases": {}, "plans": {}, "analyze": [], "runs": [], "floor": [], "mismatches": []}
     for name, case in todo.items():
         r, s = case["tables"][0][0], case["tables"][1][0]
-        case["sql"] = SELECT.format(r=r, s=s, join=case.get("join", "JOIN"), on=case["on"])
+        case["sql"] = case.get("select", SELECT).format(r=r, s=s, join=case.get("join", "JOIN"),
+                                                       on=case["on"])
         out["cases"][name] = {"sql": case["sql"], "rows": case["rows"]}
         # check every plan first
         for label, c in clusters.items():
