@@ -23,6 +23,7 @@ use bytes::Bytes;
 use datafusion::common::{DataFusionError, Result};
 use gyre_transport::SendBuffer;
 use std::io::Write;
+use std::sync::Arc;
 
 /// Below this outgoing link rate (bytes per second), `auto` compresses with LZ4.
 ///
@@ -104,7 +105,7 @@ pub struct BatchEncoder {
 const ROWS_ONLY: &str = "__gyre_rows_only";
 
 fn rows_only_schema() -> SchemaRef {
-    std::sync::Arc::new(Schema::new(vec![Field::new(
+    Arc::new(Schema::new(vec![Field::new(
         ROWS_ONLY,
         DataType::Boolean,
         false,
@@ -141,8 +142,7 @@ impl BatchEncoder {
         };
         let res = if batch.num_columns() == 0 {
             let rows = BooleanArray::new(BooleanBuffer::new_unset(batch.num_rows()), None);
-            let carrier =
-                RecordBatch::try_new(rows_only_schema(), vec![std::sync::Arc::new(rows)])?;
+            let carrier = RecordBatch::try_new(rows_only_schema(), vec![Arc::new(rows)])?;
             writer.write(&carrier)
         } else {
             writer.write(batch)
@@ -172,11 +172,7 @@ impl BatchDecoder {
                     batch.num_columns() == 1 && batch.schema().field(0).name() == ROWS_ONLY;
                 out.push(if rows_only {
                     let options = RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
-                    RecordBatch::try_new_with_options(
-                        std::sync::Arc::new(Schema::empty()),
-                        vec![],
-                        &options,
-                    )?
+                    RecordBatch::try_new_with_options(Arc::new(Schema::empty()), vec![], &options)?
                 } else {
                     batch
                 });

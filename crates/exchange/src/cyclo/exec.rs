@@ -625,7 +625,7 @@ impl BatchSink {
             .iter()
             .map(|ci| match ci.side {
                 JoinSide::None => internal_err!("a join filter column of neither input"),
-                side if side == rotating => self.rotating_column(fragment, ci.index, fragment_rows),
+                side if side == rotating => self.layout.decode(fragment, ci.index, fragment_rows),
                 _ => Ok(take(self.stationary.column(ci.index).as_ref(), &idx, None)?),
             })
             .collect::<Result<Vec<_>>>()?;
@@ -637,16 +637,6 @@ impl BatchSink {
             .evaluate(&intermediate)?
             .into_array(intermediate.num_rows())?;
         Ok(as_boolean_array(&mask)?.clone())
-    }
-
-    /// Rotating column `c` at `rows` of `fragment`.
-    fn rotating_column(
-        &self,
-        fragment: &FragmentView<'_>,
-        c: usize,
-        rows: &[u32],
-    ) -> Result<ArrayRef> {
-        self.layout.decode(fragment, c, rows)
     }
 
     /// After the revolution: the unmatched stationary rows with NULLs (outer), the
@@ -721,7 +711,7 @@ impl BatchSink {
         stationary_rows: &[u32],
     ) -> Result<RecordBatch> {
         let rotating = (0..self.layout.fields().len())
-            .map(|c| self.rotating_column(fragment, c, fragment_rows))
+            .map(|c| self.layout.decode(fragment, c, fragment_rows))
             .collect::<Result<Vec<_>>>()?;
         self.assemble(rotating, stationary_rows)
     }

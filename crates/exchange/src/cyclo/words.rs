@@ -113,7 +113,7 @@ pub fn key_array(column: &ArrayRef, unsigned: bool) -> Result<ArrayRef> {
 }
 
 /// Validity words per row for `columns` columns.
-pub fn validity_words(columns: usize) -> usize {
+fn validity_words(columns: usize) -> usize {
     columns.div_ceil(64)
 }
 

@@ -93,11 +93,6 @@ pub fn body_words(buffer_bytes: usize, form: FragmentForm) -> usize {
     (buffer_bytes / 8).saturating_sub(HEADER_WORDS + bounds_words(form))
 }
 
-/// Most rows a buffer of `buffer_bytes` can hold with `payload_columns` payload columns.
-pub fn rows_per_buffer(buffer_bytes: usize, payload_columns: usize, form: FragmentForm) -> usize {
-    (buffer_bytes / 8).saturating_sub(HEADER_WORDS + bounds_words(form)) / (1 + payload_columns)
-}
-
 /// A variable-length payload column (strings, binaries) in Arrow's layout: row `r` is
 /// `values[offsets[r]..offsets[r + 1]]`.
 #[derive(Debug, Clone, Copy)]
@@ -466,7 +461,10 @@ mod tests {
         assert!(!v.is_last() && v.domain() == KeyDomain::Signed && v.origin() == 1);
         assert_eq!(v.partition_bounds().unwrap(), &bounds[..]);
         let form = FragmentForm::HashPartitioned { bits: 5 };
-        assert_eq!(rows_per_buffer(fragment_words(2, 2, form) * 8, 2, form), 2);
+        assert_eq!(
+            body_words(fragment_words(2, 2, form) * 8, form),
+            2 * (1 + 2)
+        );
     }
 
     #[test]

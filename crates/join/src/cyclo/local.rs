@@ -385,13 +385,13 @@ fn cut_fragments<'v>(
         }
         return Ok(valid.chunks(rows).collect());
     }
+    let fits = |rows: usize, heap: usize| {
+        rows <= max_rows && rows * row_words + heap.div_ceil(8) <= capacity
+    };
     let mut out = Vec::new();
     let (mut start, mut heap) = (0, 0usize);
     for (i, &r) in valid.iter().enumerate() {
         let len: usize = bytes.iter().map(|b| b.value_len(r as usize)).sum();
-        let fits = |rows: usize, heap: usize| {
-            rows <= max_rows && rows * row_words + heap.div_ceil(8) <= capacity
-        };
         if !fits(i - start + 1, heap + len) {
             if !fits(1, len) {
                 return Err(too_big(len));
