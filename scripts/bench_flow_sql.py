@@ -38,6 +38,9 @@ def main():
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--json")
     p.add_argument("--name", default="flowsql")
+    p.add_argument("--join", choices=["inner", "left"], default="inner",
+                   help="left: build LEFT JOIN probe, a build-preserving join whose heavy build "
+                        "rows' matches are combined across workers")
     target = os.environ.get("CARGO_TARGET_DIR", os.path.expanduser("~/.cache/gyre-target"))
     p.add_argument("--gyre", default=os.path.join(target, "release", "gyre"))
     a = p.parse_args()
@@ -72,7 +75,7 @@ def main():
                     out = sql(f"""
                         SET gyre.join_strategy = 'shuffle';
                         SET gyre.skew_detection = '{skew}';
-                        EXPLAIN ANALYZE SELECT count(*), sum(b.v + p.id) FROM build b JOIN {table} p ON b.k = p.k
+                        EXPLAIN ANALYZE {QUERIES[a.join].format(table=table)}
                     """)
                     secs = float(re.search(r"rows in ([0-9.]+) s", out).group(1))
                     rows = [parse_count(m) for m in re.findall(
@@ -95,6 +98,13 @@ def main():
         cluster.stop()
 
 
+QUERIES = {
+    "inner": "SELECT count(*), sum(b.v + p.id) FROM build b JOIN {table} p ON b.k = p.k",
+    "left": "SELECT count(*), count(p.id), sum(b.v + coalesce(p.id, 0)) "
+            "FROM build b LEFT JOIN {table} p ON b.k = p.k",
+}
+
+
 def parse_count(text):
     text = text.strip()
     scale = {"K": 1e3, "M": 1e6, "B": 1e9}.get(text[-1:], 1)
@@ -107,7 +117,7 @@ def human(n):
 
 
 def report(a, runs):
-    print(f"\n{a.nodes} hosts, {a.link}, {a.cpus} CPU each; build {a.build}, probe {a.probe}; "
+    print(f"\n{a.join} join, {a.nodes} hosts, {a.link}, {a.cpus} CPU each; build {a.build}, probe {a.probe}; "
           f"median of {a.repeat}")
     print("| probe keys | skew detection | time (s) | probe rows per worker | largest / mean | heavy hitters |")
     print("|---|---|---|---|---|---|")
@@ -130,7 +140,7 @@ def report(a, runs):
               f"{on['median_seconds'] / off['median_seconds']:.3f}")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"nodes": a.nodes, "link": a.link, "cpus": a.cpus, "build": a.build,
+            json.dump({"join": a.join, "nodes": a.nodes, "link": a.link, "cpus": a.cpus, "build": a.build,
                        "probe": a.probe, "runs": runs, "summary": summary}, f, indent=2)
 
 

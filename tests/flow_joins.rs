@@ -23,45 +23,106 @@ INSERT INTO fact SELECT value,
   FROM generate_series(1, 600000) AS t(value);
 ";
 
-/// Queries and whether their plan must contain a Flow-Join (with more than one worker).
-const QUERIES: &[(&str, bool)] = &[
+/// What a query's plan must contain with more than one worker.
+#[derive(Clone, Copy, PartialEq)]
+enum Plan {
+    /// A Flow-Join of a probe-preserving join.
+    Flow,
+    /// A Flow-Join of a build-preserving join, combining build matches across workers.
+    FlowTracked,
+    /// No Flow-Join.
+    Plain,
+}
+
+const QUERIES: &[(&str, Plan)] = &[
     (
         "SELECT count(*), sum(f.x), sum(d.w), count(DISTINCT d.name) FROM fact f JOIN dim d ON f.k = d.k",
-        true,
+        Plan::Flow,
     ),
     (
         "SELECT f.id, f.k, d.name FROM fact f JOIN dim d ON f.k = d.k WHERE f.id % 1000 = 7",
-        true,
+        Plan::Flow,
     ),
     (
         "SELECT count(*), count(d.name), sum(f.x), sum(d.w) FROM dim d RIGHT JOIN fact f ON d.k = f.k",
-        true,
+        Plan::Flow,
     ),
     (
         "SELECT f.id, f.k, d.name FROM dim d RIGHT JOIN fact f ON d.k = f.k WHERE f.id % 997 = 1",
-        true,
+        Plan::Flow,
     ),
     (
         "SELECT count(*), sum(x) FROM fact f WHERE f.k IN (SELECT k FROM dim WHERE w < 50)",
-        true,
+        Plan::Flow,
     ),
     (
         "SELECT count(*), sum(x) FROM fact f WHERE NOT EXISTS (SELECT 1 FROM dim d WHERE d.k = f.k)",
-        true,
+        Plan::Flow,
     ),
     (
         "SELECT count(*), sum(f.x) FROM fact f JOIN dim d ON f.k = d.k AND f.x < d.w % 13",
-        true,
+        Plan::Flow,
     ),
     (
         "SELECT count(*), sum(f.id) FROM fact f JOIN dim d ON f.k = d.k AND f.x = d.w % 13",
-        true,
+        Plan::Flow,
+    ),
+    // Build-preserving joins (dim builds, fact probes with heavy keys 7 and 11, and 40000
+    // heavy late): the heavy dim rows are joined on every worker, and whether one
+    // matched is decided by all of them. About 40% of the dim keys match no fact row.
+    (
+        "SELECT count(*), count(f.id), sum(f.x), sum(d.w), count(DISTINCT d.name) FROM dim d LEFT JOIN fact f ON d.k = f.k",
+        Plan::FlowTracked,
+    ),
+    (
+        "SELECT d.k, d.name, f.id FROM dim d LEFT JOIN fact f ON d.k = f.k AND f.x > d.w % 13 WHERE d.k % 1000 = 7 OR d.k IS NULL",
+        Plan::FlowTracked,
+    ),
+    (
+        "SELECT count(*), count(d.k), count(f.k), sum(f.x), sum(d.w) FROM dim d FULL JOIN fact f ON d.k = f.k",
+        Plan::FlowTracked,
+    ),
+    (
+        "SELECT d.name, f.id FROM dim d FULL JOIN fact f ON d.k = f.k AND f.x < d.w % 13 WHERE f.id % 2000 = 7 OR d.k % 3000 = 11 OR d.k IS NULL OR f.k IS NULL",
+        Plan::FlowTracked,
+    ),
+    (
+        "SELECT count(*), sum(d.w) FROM dim d WHERE EXISTS (SELECT 1 FROM fact f WHERE f.k = d.k AND f.x > 3)",
+        Plan::FlowTracked,
+    ),
+    (
+        "SELECT count(*), sum(d.w), count(d.k) FROM dim d WHERE NOT EXISTS (SELECT 1 FROM fact f WHERE f.k = d.k)",
+        Plan::FlowTracked,
+    ),
+    (
+        "SELECT count(*), sum(d.w) FROM dim d WHERE d.w = 5 OR EXISTS (SELECT 1 FROM fact f WHERE f.k = d.k AND f.x = 12)",
+        Plan::FlowTracked,
+    ),
+    // Only fact rows 599990 (key 7) and 599993 (key 11), near the end of their workers'
+    // input and so kept local, match dim rows 'd7' (w = 7) and 'd11' (w = 11): each
+    // match happens on whichever worker holds the fact row, often not the owner of the
+    // key, and must reach the owner.
+    (
+        "SELECT count(*), count(f.id), sum(f.id), count(DISTINCT d.name) FROM dim d LEFT JOIN fact f ON d.k = f.k AND f.id - d.w IN (599982, 599983)",
+        Plan::FlowTracked,
+    ),
+    (
+        "SELECT count(*), count(d.k), count(f.id) FROM dim d FULL JOIN fact f ON d.k = f.k AND f.id - d.w IN (599982, 599983)",
+        Plan::FlowTracked,
+    ),
+    (
+        "SELECT d.k, d.name FROM dim d WHERE EXISTS (SELECT 1 FROM fact f WHERE f.k = d.k AND f.id - d.w IN (599982, 599983))",
+        Plan::FlowTracked,
+    ),
+    (
+        "SELECT count(*), sum(d.w) FROM dim d WHERE NOT EXISTS (SELECT 1 FROM fact f WHERE f.k = d.k AND f.id - d.w IN (599982, 599983))",
+        Plan::FlowTracked,
     ),
     // Grouped by the join key: the aggregation relies on the join's hash partitioning,
     // so the planner must keep the plain partitioned join (still correct).
     (
         "SELECT f.k, count(*), count(d.k) FROM dim d RIGHT JOIN fact f ON d.k = f.k GROUP BY f.k ORDER BY count(*) DESC, f.k LIMIT 20",
-        false,
+        Plan::Plain,
     ),
 ];
 
@@ -70,10 +131,17 @@ async fn check(workers: usize) {
     let c = &cluster.coordinator;
     c.sql("SET gyre.join_strategy = 'shuffle'").await.unwrap();
     let mut failures = vec![];
-    for (q, flow) in QUERIES {
+    for &(q, expected) in QUERIES {
         let plan = text(c.sql_one(&format!("EXPLAIN {q}")).await.unwrap());
-        if *flow && workers > 1 && !plan.contains("FlowJoinExec") {
-            failures.push(format!("{q}\n  no Flow-Join in:\n{plan}"));
+        let flow = plan.contains("FlowJoinExec");
+        let tracked = plan.contains("build matches combined across workers");
+        let planned = match expected {
+            Plan::Flow => flow,
+            Plan::FlowTracked => flow && tracked,
+            Plan::Plain => true,
+        };
+        if workers > 1 && !planned {
+            failures.push(format!("{q}\n  not planned as expected in:\n{plan}"));
         }
         if let Some(d) = differs(c, &reference, q).await {
             failures.push(d);
@@ -114,18 +182,7 @@ async fn analyze_shows_heavy_hitters_and_the_setting_switches_it_off() {
     assert!(analyzed.contains("7 (~"), "{analyzed}");
     assert!(analyzed.contains("11 (~"), "{analyzed}");
     assert!(analyzed.contains("round 0"), "{analyzed}");
-    let kept: Vec<u64> = analyzed
-        .match_indices("probe_rows_kept_local=")
-        .map(|(at, m)| {
-            let v = &analyzed[at + m.len()..];
-            let v = &v[..v.find([',', ']']).unwrap()];
-            let (num, scale) = match v.strip_suffix(" K") {
-                Some(n) => (n, 1000.0),
-                None => (v, 1.0),
-            };
-            (num.trim().parse::<f64>().unwrap() * scale) as u64
-        })
-        .collect();
+    let kept = metric(&analyzed, "probe_rows_kept_local");
     assert_eq!(kept.len(), 3, "{analyzed}");
     // 40% of 600K rows have key 7 or 11: far more than one worker's share stays local.
     assert!(kept.iter().sum::<u64>() > 100_000, "{kept:?}\n{analyzed}");
@@ -136,6 +193,23 @@ async fn analyze_shows_heavy_hitters_and_the_setting_switches_it_off() {
     let analyzed = text(c.sql_one(&format!("EXPLAIN ANALYZE {late}")).await.unwrap());
     assert!(analyzed.contains("40000 (~"), "{analyzed}");
     assert!(!analyzed.contains("40000 (~0 rows, round 0)"), "{analyzed}");
+
+    // A build-preserving join: the heavy dim rows are matched on every worker, which
+    // report those matches to the rows' owners.
+    let left = "SELECT count(*), count(f.id) FROM dim d LEFT JOIN fact f ON d.k = f.k";
+    let analyzed = text(c.sql_one(&format!("EXPLAIN ANALYZE {left}")).await.unwrap());
+    assert!(
+        analyzed.contains("build matches combined across workers"),
+        "{analyzed}"
+    );
+    let sent = metric(&analyzed, "build_matches_sent");
+    let received = metric(&analyzed, "build_matches_received");
+    assert!(sent.iter().sum::<u64>() > 0, "{analyzed}");
+    assert_eq!(
+        sent.iter().sum::<u64>(),
+        received.iter().sum::<u64>(),
+        "{analyzed}"
+    );
 
     // Stricter threshold and sampling are accepted and shown; bad values are refused.
     c.sql("SET gyre.skew_threshold = '0.5%'").await.unwrap();
@@ -164,4 +238,20 @@ async fn analyze_shows_heavy_hitters_and_the_setting_switches_it_off() {
     c.sql("SET gyre.skew_detection = on").await.unwrap();
     let plan = text(c.sql_one(&format!("EXPLAIN {q}")).await.unwrap());
     assert!(plan.contains("FlowJoinExec"), "{plan}");
+}
+
+/// The per-worker values of metric `name` in an `EXPLAIN ANALYZE` text.
+fn metric(analyzed: &str, name: &str) -> Vec<u64> {
+    analyzed
+        .match_indices(&format!("{name}="))
+        .map(|(at, m)| {
+            let v = &analyzed[at + m.len()..];
+            let v = &v[..v.find([',', ']']).unwrap()];
+            let (num, scale) = match v.strip_suffix(" K") {
+                Some(n) => (n, 1000.0),
+                None => (v, 1.0),
+            };
+            (num.trim().parse::<f64>().unwrap() * scale) as u64
+        })
+        .collect()
 }

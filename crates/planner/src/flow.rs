@@ -4,8 +4,8 @@
 //!
 //! On by default; `SET gyre.skew_detection = off` keeps DataFusion's joins. A join is
 //! rewritten only where that is safe:
-//! - a partitioned `HashJoinExec` of a type whose build rows need no match tracking
-//!   across workers ([`flow_join_supported`]), not null-aware;
+//! - a partitioned `HashJoinExec`, not null-aware, of any type ([`flow_join_supported`]:
+//!   a build-preserving one only without a pushed-down `fetch`);
 //! - its probe (right) input is a hash `RepartitionExec` on exactly the probe keys into
 //!   one partition per worker, over an input with one partition per worker, without
 //!   order preservation;
@@ -89,7 +89,7 @@ fn flow_join(
         return Ok(None);
     };
     if *hj.partition_mode() != PartitionMode::Partitioned
-        || !flow_join_supported(*hj.join_type())
+        || !flow_join_supported(*hj.join_type(), hj.fetch())
         || hj.null_aware
         || hj.left().output_partitioning().partition_count() != n
     {

@@ -25,10 +25,17 @@ pub struct DistributedJoinSelection;
 
 /// Whether a collect-left join of this type stays correct when each worker
 /// holds its own full copy of the left (build) input: no build row needs match
-/// state from other workers. Flow-Join's heavy path (build rows of heavy keys on
-/// every worker) needs exactly the same, hence one definition.
+/// state from other workers (a build row matched by no probe row of one worker may be
+/// matched on another).
 pub fn broadcast_safe(join_type: JoinType) -> bool {
-    gyre_exchange::flow::flow_join_supported(join_type)
+    matches!(
+        join_type,
+        JoinType::Inner
+            | JoinType::Right
+            | JoinType::RightSemi
+            | JoinType::RightAnti
+            | JoinType::RightMark
+    )
 }
 
 pub(crate) fn estimated_bytes(plan: &Arc<dyn ExecutionPlan>) -> Option<f64> {

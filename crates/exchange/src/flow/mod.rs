@@ -18,9 +18,11 @@
 //!   rows of those keys kept local).
 //!
 //! Every probe row takes exactly one of the two paths, and either path sees every build
-//! row of its hash, so rows sent before a key was found heavy stay correct. This holds for
-//! the join types whose build rows need no match tracking across workers: inner, right
-//! outer, right semi/anti/mark (the planner only wraps those; see `gyre_planner::flow`).
+//! row of its hash, so rows sent before a key was found heavy stay correct. That is all
+//! the probe-preserving joins (inner, right outer, right semi/anti/mark) need. A heavy
+//! build row, though, is joined on every worker: the build-preserving joins (left and
+//! full outer, left semi/anti/mark) combine its matches across workers before deciding
+//! its fate ([`matches`]), with one more exchange.
 //! Heavy hitters are detected on hashes, not key values: a collision only makes a key
 //! take the heavy path too, which stays correct.
 //!
@@ -29,8 +31,11 @@
 //! build broadcast per detection round, so that each round's heavy join can start as
 //! soon as its build rows are complete.
 
+mod matches;
 mod run;
 mod source;
+
+use matches::BuildTracking;
 
 use crate::context::ExchangeId;
 use datafusion::common::tree_node::TreeNodeRecursion;
@@ -100,17 +105,13 @@ impl SkewSettings {
     }
 }
 
-/// Whether a partitioned hash join of this type can take Flow-Join's heavy path: each
-/// probe row is joined exactly once and no build row's match state is needed elsewhere.
-pub fn flow_join_supported(join_type: JoinType) -> bool {
-    matches!(
-        join_type,
-        JoinType::Inner
-            | JoinType::Right
-            | JoinType::RightSemi
-            | JoinType::RightAnti
-            | JoinType::RightMark
-    )
+/// Whether a partitioned hash join of this type can take Flow-Join's heavy path. The
+/// probe-preserving types (inner, right outer, right semi/anti/mark) need nothing more:
+/// each probe row is joined exactly once. The build-preserving ones (left and full
+/// outer, left semi/anti/mark) track their build rows' matches across workers
+/// ([`matches`]), which a join that stops early (a pushed-down `fetch`) cannot finish.
+pub fn flow_join_supported(join_type: JoinType, fetch: Option<usize>) -> bool {
+    BuildTracking::of(join_type).is_none() || fetch.is_none()
 }
 
 /// What one worker found and did, shown by `EXPLAIN ANALYZE` (the display of a plan
@@ -158,8 +159,12 @@ impl FlowJoinExec {
         if *hj.partition_mode() != PartitionMode::Partitioned {
             return plan_err!("a Flow-Join wraps a partitioned hash join");
         }
-        if !flow_join_supported(*hj.join_type()) {
-            return plan_err!("Flow-Join does not handle {} joins", hj.join_type());
+        if !flow_join_supported(*hj.join_type(), hj.fetch()) {
+            return plan_err!(
+                "Flow-Join does not handle {} joins that stop after {:?} rows",
+                hj.join_type(),
+                hj.fetch()
+            );
         }
         settings.detection()?;
         let n = hj.left().output_partitioning().partition_count();
@@ -215,7 +220,12 @@ impl FlowJoinExec {
             .settings
             .detection()
             .map_or(1, |c| c.iterations() as u32);
-        HEAVY_EXCHANGES_FROM + rounds
+        HEAVY_EXCHANGES_FROM + rounds + u32::from(self.tracking().is_some())
+    }
+
+    /// How build rows' matches are combined across workers (build-preserving joins).
+    fn tracking(&self) -> Option<BuildTracking> {
+        BuildTracking::of(*self.hash_join().join_type())
     }
 
     fn hash_join(&self) -> &HashJoinExec {
@@ -236,6 +246,9 @@ impl DisplayAs for FlowJoinExec {
         )?;
         if self.settings.sample > 1 {
             write!(f, ", sample 1/{}", self.settings.sample)?;
+        }
+        if self.tracking().is_some() {
+            write!(f, ", build matches combined across workers")?;
         }
         if let Some(e) = self.exchange {
             write!(f, ", exchanges={}..{}", e, e + self.exchanges() - 1)?;

@@ -14,6 +14,7 @@
 //! broadcasts as they come, and the usual join consumes the probe shuffle as any
 //! partitioned hash join does.
 
+use super::matches::{Matches, Shape, number_rows, with_row_id};
 use super::source::PreparedInputExec;
 use super::{
     DEFAULT_PROBE_ROWS_PER_WORKER, FlowJoinExec, FlowReport, HEAVY_EXCHANGES_FROM, HeavyHitter,
@@ -39,6 +40,7 @@ use datafusion::physical_plan::{
     ChildrenPropertiesMode, ExecutionPlan, ExecutionPlanProperties, Partitioning,
     ReplaceChildrenOptions, SendableRecordBatchStream,
 };
+use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
 use gyre_join::flow::detect::{Coordinator, NodeDetector, NodeReport};
 use gyre_join::flow::wire::{Control, Side};
@@ -101,6 +103,10 @@ struct FlowMetrics {
     quiet_windows: Count,
     /// Time the router waited for the first round's heavy hitters.
     first_round_wait: Time,
+    /// Build-preserving joins: other owners' build rows this worker matched (sent to
+    /// them), and own build rows peers reported matched.
+    build_matches_sent: Count,
+    build_matches_received: Count,
 }
 
 impl FlowMetrics {
@@ -118,6 +124,8 @@ impl FlowMetrics {
             routing_time: m().subset_time("routing_time", partition),
             quiet_windows: m().counter("quiet_windows", partition),
             first_round_wait: m().subset_time("first_round_wait", partition),
+            build_matches_sent: m().counter("build_matches_sent", partition),
+            build_matches_received: m().counter("build_matches_received", partition),
         }
     }
 }
@@ -284,7 +292,17 @@ pub(super) fn execute(
         .unwrap_or(DEFAULT_PROBE_ROWS_PER_WORKER);
     let (build_keys, probe_keys): (Vec<PhysicalExprRef>, Vec<PhysicalExprRef>) =
         hj.on().iter().cloned().unzip();
-    let build_schema = hj.left().schema();
+    // Build-preserving joins number their build rows and run a counterpart join that
+    // reports matches (see `super::matches`).
+    let shape = exec.tracking().map(|t| Arc::new(Shape::new(hj, t)));
+    let build_schema = match shape {
+        Some(_) => with_row_id(&hj.left().schema()),
+        None => hj.left().schema(),
+    };
+    let join = |build: Arc<dyn ExecutionPlan>, probe: Arc<dyn ExecutionPlan>| match &shape {
+        Some(shape) => shape.join(hj, build, probe),
+        None => Arc::clone(&exec.join).replace_children(vec![build, probe], recompute()),
+    };
     let probe_schema = hj.right().schema();
     let build_input = hj.left().execute(partition, Arc::clone(&ctx))?;
     let probe_input = hj.right().execute(partition, Arc::clone(&ctx))?;
@@ -336,11 +354,15 @@ pub(super) fn execute(
         delivered(Arc::clone(&build_schema), build_rx, "build partition"),
         n,
     );
-    let usual = Arc::clone(&exec.join)
-        .replace_children(vec![build_src, probe_recv], recompute())?
-        .execute(partition, Arc::clone(&ctx))?;
-    let mut outputs: Vec<futures::stream::BoxStream<'static, Result<RecordBatch>>> =
-        vec![usual.boxed()];
+    let usual = join(build_src, probe_recv)?.execute(partition, Arc::clone(&ctx))?;
+    let matches = shape
+        .as_ref()
+        .map(|_| Arc::new(Mutex::new(Matches::new(partition))));
+    let tracked = |s: SendableRecordBatchStream| match (&shape, &matches) {
+        (Some(shape), Some(matches)) => track(s, Arc::clone(shape), Arc::clone(matches)),
+        _ => s.boxed(),
+    };
+    let mut outputs: Vec<BoxStream<'static, Result<RecordBatch>>> = vec![tracked(usual)];
 
     // One heavy join per detection round: the build rows every owner broadcast for the
     // keys announced in that round, with the probe rows of those keys kept here. A
@@ -365,27 +387,52 @@ pub(super) fn execute(
         let local = futures::stream::unfold(local_rx, |mut rx| async move {
             rx.recv().await.map(|b| (Ok(b), rx))
         });
-        let heavy = Arc::clone(&exec.join)
-            .replace_children(
-                vec![
-                    PreparedInputExec::new(
-                        "heavy build rows",
-                        delivered(Arc::clone(&build_schema), build_rx, "heavy build broadcast"),
-                        n,
-                    ),
-                    PreparedInputExec::new(
-                        "probe rows kept local",
-                        Box::pin(RecordBatchStreamAdapter::new(
-                            Arc::clone(&probe_schema),
-                            local,
-                        )),
-                        n,
-                    ),
-                ],
-                recompute(),
-            )?
-            .execute(partition, Arc::clone(&ctx))?;
-        outputs.push(heavy.boxed());
+        let heavy = join(
+            PreparedInputExec::new(
+                "heavy build rows",
+                delivered(Arc::clone(&build_schema), build_rx, "heavy build broadcast"),
+                n,
+            ),
+            PreparedInputExec::new(
+                "probe rows kept local",
+                Box::pin(RecordBatchStreamAdapter::new(
+                    Arc::clone(&probe_schema),
+                    local,
+                )),
+                n,
+            ),
+        )?
+        .execute(partition, Arc::clone(&ctx))?;
+        outputs.push(tracked(heavy));
+    }
+
+    // Build-preserving joins: the exchange of matches, and this worker's build rows
+    // for the end.
+    let mut combine = None;
+    let mut numbered_tx = None;
+    if let (Some(shape), Some(matches)) = (&shape, &matches) {
+        let match_ex = ex + HEAVY_EXCHANGES_FROM + rounds as u32;
+        let ep = shared.open_send(match_ex, qc.workers.clone())?;
+        let reports = ExchangeReceiverExec::new(
+            match_ex,
+            row_id_schema(),
+            Placement::Workers,
+            n,
+            ReceiveMode::Shuffle,
+            Partitioning::UnknownPartitioning(n),
+            None,
+        )
+        .execute(partition, Arc::clone(&ctx))?;
+        let (tx, rx) = oneshot::channel();
+        numbered_tx = Some(tx);
+        combine = Some(combine_matches(
+            Arc::clone(&shared),
+            Arc::clone(shape),
+            Arc::clone(matches),
+            ep,
+            reports,
+            rx,
+        ));
     }
 
     let (err_tx, err_rx) = mpsc::unbounded_channel::<DataFusionError>();
@@ -414,6 +461,7 @@ pub(super) fn execute(
         build_input,
         build_keys,
         build_tx,
+        numbered_tx.map(|tx| (Arc::clone(&build_schema), tx)),
         bcast_eps,
         owner_rx,
     )));
@@ -439,7 +487,15 @@ pub(super) fn execute(
         .boxed(),
     );
     let output_rows = shared.m.output_rows.clone();
-    let merged = futures::stream::select_all(outputs).inspect(move |b| {
+    let mut merged = futures::stream::select_all(outputs).boxed();
+    if let Some(combine) = combine {
+        // Once every join here is done: exchange matches, then emit the build rows.
+        let tail = futures::stream::once(combine)
+            .map_ok(|batches| futures::stream::iter(batches.into_iter().map(Ok)))
+            .try_flatten();
+        merged = merged.chain(tail).boxed();
+    }
+    let merged = merged.inspect(move |b| {
         if let Ok(b) = b {
             output_rows.add(b.num_rows());
         }
@@ -724,12 +780,14 @@ fn name_heavy_hitter(sh: &Shared, hash: u64, arrays: &[ArrayRef], row: usize) {
 
 /// Collects the build partition for the usual join, then broadcasts, for every
 /// detection round, the rows of the hashes announced in it (and ends that round's
-/// broadcast, also when it names none).
+/// broadcast, also when it names none). With `numbered` (build-preserving joins), the
+/// rows get their ids first, and the numbered partition also goes to the end phase.
 async fn own(
     sh: Arc<Shared>,
     input: SendableRecordBatchStream,
     keys: Vec<PhysicalExprRef>,
     build_tx: oneshot::Sender<Result<Vec<RecordBatch>>>,
+    numbered: Option<(SchemaRef, oneshot::Sender<Result<Vec<RecordBatch>>>)>,
     eps: Vec<SendEndpoint>,
     mut heavy_rx: mpsc::UnboundedReceiver<(u32, Vec<u64>)>,
 ) -> Result<()> {
@@ -740,16 +798,30 @@ async fn own(
         }
         e
     };
-    let schema = input.schema();
-    let batches: Vec<RecordBatch> = match input.try_collect().await {
+    let mut schema = input.schema();
+    let collected = input
+        .try_collect::<Vec<RecordBatch>>()
+        .await
+        .and_then(|b| match &numbered {
+            Some((numbered_schema, _)) => number_rows(sh.partition, &b, numbered_schema),
+            None => Ok(b),
+        });
+    let batches = match collected {
         Ok(b) => b,
         Err(e) => {
             let text = e.to_string();
             let _ = build_tx.send(Err(e));
+            if let Some((_, tx)) = numbered {
+                let _ = tx.send(Err(DataFusionError::Execution(text.clone())));
+            }
             return Err(fail_all(DataFusionError::Execution(text)));
         }
     };
     let _ = build_tx.send(Ok(batches.clone()));
+    if let Some((numbered_schema, tx)) = numbered {
+        schema = numbered_schema;
+        let _ = tx.send(Ok(batches.clone()));
+    }
     let result = async {
         let mut hashed: Option<Vec<Hashed>> = None;
         let metrics = SendMetrics::new(&ExecutionPlanMetricsSet::new(), sh.partition);
@@ -930,4 +1002,89 @@ async fn detect(
         }
         Err(e) => Err(sh.fail(&ep, e)),
     }
+}
+
+/// The schema of the row ids exchanged between build-preserving joins' workers.
+fn row_id_schema() -> SchemaRef {
+    Arc::new(arrow::datatypes::Schema::new(vec![
+        arrow::datatypes::Field::new(
+            super::matches::ROW_ID,
+            arrow::datatypes::DataType::UInt64,
+            false,
+        ),
+    ]))
+}
+
+/// A counterpart join's output: records the build rows it matched, passes on what the
+/// original join emits now.
+fn track(
+    s: SendableRecordBatchStream,
+    shape: Arc<Shape>,
+    matches: Arc<Mutex<Matches>>,
+) -> BoxStream<'static, Result<RecordBatch>> {
+    let column = shape.row_id_column();
+    s.filter_map(move |b| {
+        let out = b.and_then(|b| {
+            matches.lock().record(b.column(column).as_ref())?;
+            shape.streamed(&b)
+        });
+        futures::future::ready(out.transpose())
+    })
+    .boxed()
+}
+
+/// The end of a build-preserving join on one worker, once its joins are done: sends
+/// the other owners' matched build rows to them, takes in the matches peers report for
+/// this worker's rows, and returns the build rows the original join emits at the end.
+async fn combine_matches(
+    sh: Arc<Shared>,
+    shape: Arc<Shape>,
+    matches: Arc<Mutex<Matches>>,
+    ep: SendEndpoint,
+    mut reports: SendableRecordBatchStream,
+    build_rx: oneshot::Receiver<Result<Vec<RecordBatch>>>,
+) -> Result<Vec<RecordBatch>> {
+    let schema = reports.schema();
+    let sent = async {
+        let by_owner = matches.lock().take_remote(sh.n())?;
+        for (owner, ids) in by_owner.into_iter().enumerate() {
+            if ids.is_empty() {
+                continue;
+            }
+            sh.m.build_matches_sent.add(ids.len());
+            let batch = RecordBatch::try_new(
+                Arc::clone(&schema),
+                vec![Arc::new(arrow::array::UInt64Array::from(ids))],
+            )?;
+            let mut outlet = sh.outlet(To::Node(sh.qc.workers[owner]), &schema, &ep)?;
+            outlet.push(&ep, batch, &sh.send_m).await?;
+            outlet.flush(&ep, &sh.send_m).await?;
+        }
+        Ok(())
+    }
+    .await;
+    match sent {
+        Ok(()) => ep.finish(),
+        Err(e) => return Err(sh.fail(&ep, e)),
+    }
+    while let Some(batch) = reports.next().await {
+        let batch = batch?;
+        sh.m.build_matches_received.add(batch.num_rows());
+        matches
+            .lock()
+            .merge_reported(batch.column(0).as_ref(), "a peer")?;
+    }
+    let build = build_rx.await.map_err(|_| {
+        internal_datafusion_err!("the build partition of a Flow-Join ended early")
+    })??;
+    let matches = matches.lock();
+    let mut out = Vec::new();
+    let mut first = 0u64;
+    for b in &build {
+        if let Some(rows) = shape.finished(b, |r| matches.is_matched(first + r as u64))? {
+            out.push(rows);
+        }
+        first += b.num_rows() as u64;
+    }
+    Ok(out)
 }
