@@ -134,22 +134,42 @@ impl Shape {
         build: Arc<dyn ExecutionPlan>,
         probe: Arc<dyn ExecutionPlan>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let projection = match self.tracking {
-            BuildTracking::Outer => None,
-            BuildTracking::Rows => Some(vec![self.build_columns]),
-        };
         hj.builder()
             .with_type(self.tracking.counterpart(self.join_type))
-            .with_projection(projection)
+            .with_projection(Some(self.counterpart_projection()))
             .with_fetch(None)
             .with_new_children(vec![build, probe])?
             .build_exec()
     }
 
+    /// The counterpart's output columns (over build-with-id ++ probe): for an outer
+    /// join, the original's output columns in order and then the row id, so that
+    /// dropping the id leaves the original's rows; for the others the row id alone.
+    fn counterpart_projection(&self) -> Vec<usize> {
+        let nl = self.build_columns;
+        match self.tracking {
+            BuildTracking::Rows => vec![nl],
+            BuildTracking::Outer => {
+                let unprojected = nl + self.probe_types.len();
+                let mut p: Vec<usize> = match &self.projection {
+                    Some(p) => p.to_vec(),
+                    None => (0..unprojected).collect(),
+                };
+                // Probe columns sit one further right, behind the row id.
+                p.iter_mut().filter(|i| **i >= nl).for_each(|i| *i += 1);
+                p.push(nl);
+                p
+            }
+        }
+    }
+
     /// Index of the row id in the counterpart join's output.
     pub(super) fn row_id_column(&self) -> usize {
         match self.tracking {
-            BuildTracking::Outer => self.build_columns,
+            BuildTracking::Outer => self
+                .projection
+                .as_ref()
+                .map_or(self.build_columns + self.probe_types.len(), |p| p.len()),
             BuildTracking::Rows => 0,
         }
     }
@@ -161,8 +181,12 @@ impl Shape {
             return Ok(None);
         }
         let mut columns = batch.columns().to_vec();
-        columns.remove(self.build_columns);
-        self.output(columns, batch.num_rows()).map(Some)
+        columns.truncate(self.row_id_column());
+        Ok(Some(RecordBatch::try_new_with_options(
+            Arc::clone(&self.schema),
+            columns,
+            &RecordBatchOptions::new().with_row_count(Some(batch.num_rows())),
+        )?))
     }
 
     /// The build rows (a batch with row ids) the original join emits at the end, given
@@ -458,29 +482,37 @@ mod tests {
             flags.iter().collect::<Vec<_>>(),
             vec![Some(true), Some(false)]
         );
-        // A streamed outer batch loses its row id; the others stream nothing.
-        let pairs = RecordBatch::try_new(
-            left.join(
-                &hash_join(JoinType::Left, None),
+        // The counterpart of a projected outer join outputs the original's columns,
+        // then the row id; streamed batches lose the id, the others stream nothing.
+        let hj = hash_join(JoinType::Left, Some(vec![3, 1]));
+        let projected_left = Shape::new(&hj, BuildTracking::Outer);
+        let counterpart = projected_left
+            .join(
+                &hj,
                 Arc::new(EmptyExec::new(b.schema())),
-                Arc::new(EmptyExec::new(
-                    hash_join(JoinType::Left, None).right().schema(),
-                )),
+                Arc::new(EmptyExec::new(hj.right().schema())),
             )
-            .unwrap()
-            .schema(),
+            .unwrap();
+        let names: Vec<String> = counterpart
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| f.name().clone())
+            .collect();
+        assert_eq!(names, vec!["x", "s", ROW_ID]);
+        assert_eq!(projected_left.row_id_column(), 2);
+        let pairs = RecordBatch::try_new(
+            counterpart.schema(),
             vec![
-                Arc::new(Int64Array::from(vec![1])),
+                Arc::new(Int64Array::from(vec![5])),
                 Arc::new(StringArray::from(vec!["a"])),
                 Arc::new(UInt64Array::from(vec![0])),
-                Arc::new(Int64Array::from(vec![1])),
-                Arc::new(Int64Array::from(vec![5])),
             ],
         )
         .unwrap();
-        assert_eq!(left.row_id_column(), 2);
-        let out = left.streamed(&pairs).unwrap().unwrap();
-        assert_eq!(out.schema(), hash_join(JoinType::Left, None).schema());
+        let out = projected_left.streamed(&pairs).unwrap().unwrap();
+        assert_eq!(out.schema(), hj.schema());
+        assert_eq!(left.row_id_column(), 4);
         assert!(semi.streamed(&pairs).unwrap().is_none());
     }
 }
