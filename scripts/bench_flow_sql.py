@@ -75,6 +75,7 @@ def main():
                     out = sql(f"""
                         SET gyre.join_strategy = 'shuffle';
                         SET gyre.skew_detection = '{skew}';
+                        SET gyre.skew_build_preserving = {'on' if a.join == 'left' else 'off'};
                         EXPLAIN ANALYZE {QUERIES[a.join].format(table=table)}
                     """)
                     secs = float(re.search(r"rows in ([0-9.]+) s", out).group(1))

@@ -130,6 +130,7 @@ async fn check(workers: usize) {
     let (cluster, reference) = start(workers, SETUP).await;
     let c = &cluster.coordinator;
     c.sql("SET gyre.join_strategy = 'shuffle'").await.unwrap();
+    c.sql("SET gyre.skew_build_preserving = on").await.unwrap();
     let mut failures = vec![];
     for &(q, expected) in QUERIES {
         let plan = text(c.sql_one(&format!("EXPLAIN {q}")).await.unwrap());
@@ -194,9 +195,13 @@ async fn analyze_shows_heavy_hitters_and_the_setting_switches_it_off() {
     assert!(analyzed.contains("40000 (~"), "{analyzed}");
     assert!(!analyzed.contains("40000 (~0 rows, round 0)"), "{analyzed}");
 
-    // A build-preserving join: the heavy dim rows are matched on every worker, which
-    // report those matches to the rows' owners.
+    // A build-preserving join: a plain partitioned join unless asked for. Then the
+    // heavy dim rows are matched on every worker, which report those matches to the
+    // rows' owners.
     let left = "SELECT count(*), count(f.id) FROM dim d LEFT JOIN fact f ON d.k = f.k";
+    let plan = text(c.sql_one(&format!("EXPLAIN {left}")).await.unwrap());
+    assert!(!plan.contains("FlowJoinExec"), "{plan}");
+    c.sql("SET gyre.skew_build_preserving = on").await.unwrap();
     let analyzed = text(c.sql_one(&format!("EXPLAIN ANALYZE {left}")).await.unwrap());
     assert!(
         analyzed.contains("build matches combined across workers"),
@@ -225,6 +230,7 @@ async fn analyze_shows_heavy_hitters_and_the_setting_switches_it_off() {
         ("SET gyre.skew_threshold = 2", "threshold"),
         ("SET gyre.skew_threshold = lots", "lots"),
         ("SET gyre.skew_sample = 0", "sample"),
+        ("SET gyre.skew_build_preserving = sometimes", "sometimes"),
         ("SET gyre.skew_first = 1.5", "first"),
     ] {
         let err = c.sql(bad).await.unwrap_err().to_string();

@@ -15,9 +15,12 @@ async fn tpch_two_workers() {
     common::check_cluster(2, SF, false).await;
 }
 
+/// With Flow-Joins allowed around build-preserving joins too (outer, semi and anti
+/// joins the planner can wrap; most TPC-H joins feed operators that need their hash
+/// partitioning and stay plain).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tpch_three_workers() {
-    common::check_cluster(3, SF, false).await;
+    common::check_cluster_with(3, SF, false, &["SET gyre.skew_build_preserving = on"]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -64,10 +64,18 @@ fn matches_official(q: usize, got: &[RecordBatch]) -> Result<(), String> {
 /// Runs the 22 queries on a cluster of `workers` and compares each result with
 /// single-node DataFusion on the same data (and, if `official`, with the SF 1 answers).
 pub async fn check_cluster(workers: usize, sf: f64, official: bool) {
+    check_cluster_with(workers, sf, official, &[]).await
+}
+
+/// [`check_cluster`] after running the `settings` statements in the session.
+pub async fn check_cluster_with(workers: usize, sf: f64, official: bool, settings: &[&str]) {
     let cluster = LocalCluster::start(workers, 1, "127.0.0.1:0".parse().unwrap())
         .await
         .unwrap();
     let c = &cluster.coordinator;
+    for s in settings {
+        c.sql(s).await.unwrap();
+    }
     c.load_tpch(sf).await.unwrap();
     let reference = reference_context(c, 2).await.unwrap();
     let mut failures = vec![];

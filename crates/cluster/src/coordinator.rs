@@ -85,7 +85,8 @@ struct Settings {
     join_strategy: JoinStrategy,
     /// `gyre.skew_detection = off` (Flow-Join is on by default).
     skew_detection_off: bool,
-    /// `gyre.skew_threshold`, `gyre.skew_first`, `gyre.skew_every`, `gyre.skew_sample`.
+    /// `gyre.skew_threshold`, `gyre.skew_first`, `gyre.skew_every`, `gyre.skew_sample`,
+    /// `gyre.skew_build_preserving`.
     skew: SkewSettings,
 }
 
@@ -623,6 +624,16 @@ impl Coordinator {
                 };
                 Ok(())
             }
+            "gyre.skew_build_preserving" => {
+                s.skew.build_preserving = match value.trim().to_ascii_lowercase().as_str() {
+                    "on" | "true" | "1" => true,
+                    "off" | "false" | "0" => false,
+                    other => {
+                        return plan_err!("gyre.skew_build_preserving is on or off, not '{other}'");
+                    }
+                };
+                Ok(())
+            }
             v @ ("gyre.skew_threshold"
             | "gyre.skew_first"
             | "gyre.skew_every"
@@ -656,7 +667,7 @@ impl Coordinator {
             other => plan_err!(
                 "unknown setting '{other}' (known: gyre.compression, gyre.join_strategy, \
                  gyre.skew_detection, gyre.skew_threshold, gyre.skew_first, gyre.skew_every, \
-                 gyre.skew_sample)"
+                 gyre.skew_sample, gyre.skew_build_preserving)"
             ),
         }
     }

@@ -75,6 +75,11 @@ pub struct SkewSettings {
     pub every: f64,
     /// Count every `sample`-th row in the histogram (1 = all, as the thesis does).
     pub sample: u32,
+    /// Also wrap build-preserving joins (left/full outer, left semi/anti/mark), whose
+    /// build rows' matches are combined across workers. Off by default: tracking costs
+    /// 20-45% on uniform keys in docs/benchmarks.md ("Build-preserving joins").
+    #[serde(default)]
+    pub build_preserving: bool,
 }
 
 impl Default for SkewSettings {
@@ -85,6 +90,7 @@ impl Default for SkewSettings {
             first: d.first,
             every: d.every,
             sample: d.sample,
+            build_preserving: false,
         }
     }
 }
@@ -111,7 +117,13 @@ impl SkewSettings {
 /// outer, left semi/anti/mark) track their build rows' matches across workers
 /// ([`matches`]), which a join that stops early (a pushed-down `fetch`) cannot finish.
 pub fn flow_join_supported(join_type: JoinType, fetch: Option<usize>) -> bool {
-    BuildTracking::of(join_type).is_none() || fetch.is_none()
+    !preserves_build(join_type) || fetch.is_none()
+}
+
+/// Whether a join type emits build rows by their match state (left and full outer,
+/// left semi/anti/mark), which a Flow-Join must combine across workers.
+pub fn preserves_build(join_type: JoinType) -> bool {
+    BuildTracking::of(join_type).is_some()
 }
 
 /// What one worker found and did, shown by `EXPLAIN ANALYZE` (the display of a plan

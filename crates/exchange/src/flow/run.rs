@@ -149,6 +149,9 @@ struct Shared {
     detector_node: NodeId,
     /// Announcements applied so far (the listener counts, the router waits for round 0).
     rounds: tokio::sync::watch::Sender<u32>,
+    /// Whether the owner task broadcast any build row (only then can peers match this
+    /// worker's build rows).
+    broadcast_any: std::sync::atomic::AtomicBool,
 }
 
 impl Shared {
@@ -316,6 +319,7 @@ pub(super) fn execute(
         m: FlowMetrics::new(&exec.metrics, partition),
         send_m: SendMetrics::new(&exec.metrics, partition),
         rounds: tokio::sync::watch::channel(0).0,
+        broadcast_any: Default::default(),
     });
     let all: Vec<(u32, NodeId)> = qc
         .workers
@@ -859,6 +863,8 @@ async fn own(
                             name_heavy_hitter(&sh, h.hashes[i as usize], &h.keys, i as usize);
                         }
                         sh.m.build_rows_broadcast.add(idx.len());
+                        sh.broadcast_any
+                            .store(true, std::sync::atomic::Ordering::Relaxed);
                         let part = take_record_batch(&h.batch, &UInt32Array::from(idx))?;
                         outlet.push(ep, part, &metrics).await?;
                     }
@@ -1067,13 +1073,19 @@ async fn combine_matches(
         Ok(()) => ep.finish(),
         Err(e) => return Err(sh.fail(&ep, e)),
     }
-    while let Some(batch) = reports.next().await {
+    // Only build rows this worker broadcast can have been matched elsewhere. The owner
+    // task is done (every round was announced), so the flag is final. Without such rows
+    // nothing needs to wait for the slowest peer: dropping the receiver discards
+    // the peers' (empty) ends.
+    let waited = sh.broadcast_any.load(std::sync::atomic::Ordering::Relaxed);
+    while waited && let Some(batch) = reports.next().await {
         let batch = batch?;
         sh.m.build_matches_received.add(batch.num_rows());
         matches
             .lock()
             .merge_reported(batch.column(0).as_ref(), "a peer")?;
     }
+    drop(reports);
     let build = build_rx.await.map_err(|_| {
         internal_datafusion_err!("the build partition of a Flow-Join ended early")
     })??;
