@@ -28,7 +28,27 @@ use datafusion::common::{JoinType, Result, internal_datafusion_err};
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::joins::HashJoinExec;
 use std::collections::HashSet;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
+
+/// Row ids are distinct integers: one multiplication spreads them well enough for a
+/// set probed once per heavy output row (SipHash cost more than the join there).
+#[derive(Default)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = v.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
 
 /// Name of the build-row id column appended to the build side.
 pub(super) const ROW_ID: &str = "__gyre_build_row";
@@ -252,7 +272,7 @@ pub(super) struct Matches {
     /// This worker's own rows, one bit each.
     own: Vec<u64>,
     /// Other owners' (heavy, broadcast) rows.
-    remote: HashSet<u64>,
+    remote: HashSet<u64, BuildHasherDefault<IdHasher>>,
 }
 
 impl Matches {
@@ -260,7 +280,7 @@ impl Matches {
         Self {
             me: me as u64,
             own: Vec::new(),
-            remote: HashSet::new(),
+            remote: HashSet::default(),
         }
     }
 
@@ -279,11 +299,14 @@ impl Matches {
             .downcast_ref::<UInt64Array>()
             .ok_or_else(|| internal_datafusion_err!("build row ids are not UInt64"))?;
         let mask = (1u64 << OWNER_SHIFT) - 1;
+        // A heavy build row matches many probe rows in a row: skip the repeats.
+        let mut last = None;
         for id in ids.iter().flatten() {
             if id >> OWNER_SHIFT == self.me {
                 self.set_own(id & mask);
-            } else {
+            } else if last != Some(id) {
                 self.remote.insert(id);
+                last = Some(id);
             }
         }
         Ok(())

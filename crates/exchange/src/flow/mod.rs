@@ -77,7 +77,8 @@ pub struct SkewSettings {
     pub sample: u32,
     /// Also wrap build-preserving joins (left/full outer, left semi/anti/mark), whose
     /// build rows' matches are combined across workers. Off by default: tracking costs
-    /// 20-45% on uniform keys in docs/benchmarks.md ("Build-preserving joins").
+    /// 14-28% on uniform keys (docs/benchmarks.md, "Flow-Join in SQL: build-preserving
+    /// joins").
     #[serde(default)]
     pub build_preserving: bool,
 }
