@@ -286,27 +286,41 @@ impl Matches {
 
     fn set_own(&mut self, row: u64) {
         let word = (row / 64) as usize;
-        if word >= self.own.len() {
-            self.own.resize(word + 1, 0);
+        match self.own.get_mut(word) {
+            Some(w) => *w |= 1 << (row % 64),
+            None => {
+                self.own.resize(word + 1, 0);
+                self.own[word] |= 1 << (row % 64);
+            }
         }
-        self.own[word] |= 1 << (row % 64);
     }
 
-    /// Records the (non-null) ids of a counterpart output column.
+    fn note(&mut self, id: u64, last_remote: &mut u64) {
+        if id >> OWNER_SHIFT == self.me {
+            self.set_own(id & ((1u64 << OWNER_SHIFT) - 1));
+        } else if *last_remote != id {
+            // A heavy build row matches many probe rows in a row: skip the repeats.
+            self.remote.insert(id);
+            *last_remote = id;
+        }
+    }
+
+    /// Records the (non-null) ids of a counterpart output column. Runs once per output
+    /// row of the join, hence the loop over raw values when there are no NULLs.
     pub(super) fn record(&mut self, ids: &dyn Array) -> Result<()> {
         let ids = ids
             .as_any()
             .downcast_ref::<UInt64Array>()
             .ok_or_else(|| internal_datafusion_err!("build row ids are not UInt64"))?;
-        let mask = (1u64 << OWNER_SHIFT) - 1;
-        // A heavy build row matches many probe rows in a row: skip the repeats.
-        let mut last = None;
-        for id in ids.iter().flatten() {
-            if id >> OWNER_SHIFT == self.me {
-                self.set_own(id & mask);
-            } else if last != Some(id) {
-                self.remote.insert(id);
-                last = Some(id);
+        // No valid id has every bit set (owners are worker indices).
+        let mut last_remote = u64::MAX;
+        if ids.null_count() == 0 {
+            for &id in ids.values().iter() {
+                self.note(id, &mut last_remote);
+            }
+        } else {
+            for id in ids.iter().flatten() {
+                self.note(id, &mut last_remote);
             }
         }
         Ok(())
