@@ -77,7 +77,7 @@ pub struct SkewSettings {
     pub sample: u32,
     /// Also wrap build-preserving joins (left/full outer, left semi/anti/mark), whose
     /// build rows' matches are combined across workers. Off by default: tracking costs
-    /// 14-28% on uniform keys (docs/benchmarks.md, "Flow-Join in SQL: build-preserving
+    /// 15-50% on uniform keys (docs/benchmarks.md, "Flow-Join in SQL: build-preserving
     /// joins").
     #[serde(default)]
     pub build_preserving: bool,
