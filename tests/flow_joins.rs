@@ -74,6 +74,11 @@ const QUERIES: &[(&str, Plan)] = &[
         "SELECT count(*), count(f.id), sum(f.x), sum(d.w), count(DISTINCT d.name) FROM dim d LEFT JOIN fact f ON d.k = f.k",
         Plan::FlowTracked,
     ),
+    // No column of the join is needed (an empty projection): rows only.
+    (
+        "SELECT count(*) FROM dim d LEFT JOIN fact f ON d.k = f.k",
+        Plan::FlowTracked,
+    ),
     (
         "SELECT d.k, d.name, f.id FROM dim d LEFT JOIN fact f ON d.k = f.k AND f.x > d.w % 13 WHERE d.k % 1000 = 7 OR d.k IS NULL",
         Plan::FlowTracked,
