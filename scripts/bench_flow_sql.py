@@ -38,9 +38,10 @@ def main():
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--json")
     p.add_argument("--name", default="flowsql")
-    p.add_argument("--join", choices=["inner", "left"], default="inner",
-                   help="left: build LEFT JOIN probe, a build-preserving join whose heavy build "
-                        "rows' matches are combined across workers")
+    p.add_argument("--join", choices=["inner", "left", "semi"], default="inner",
+                   help="left: build LEFT JOIN probe; semi: build rows with a probe row (EXISTS); "
+                        "both build-preserving joins whose heavy build rows' matches are "
+                        "combined across workers")
     target = os.environ.get("CARGO_TARGET_DIR", os.path.expanduser("~/.cache/gyre-target"))
     p.add_argument("--gyre", default=os.path.join(target, "release", "gyre"))
     a = p.parse_args()
@@ -75,7 +76,7 @@ def main():
                     out = sql(f"""
                         SET gyre.join_strategy = 'shuffle';
                         SET gyre.skew_detection = '{skew}';
-                        SET gyre.skew_build_preserving = {'on' if a.join == 'left' else 'off'};
+                        SET gyre.skew_build_preserving = all;
                         EXPLAIN ANALYZE {QUERIES[a.join].format(table=table)}
                     """)
                     secs = float(re.search(r"rows in ([0-9.]+) s", out).group(1))
@@ -103,6 +104,8 @@ QUERIES = {
     "inner": "SELECT count(*), sum(b.v + p.id) FROM build b JOIN {table} p ON b.k = p.k",
     "left": "SELECT count(*), count(p.id), sum(b.v + coalesce(p.id, 0)) "
             "FROM build b LEFT JOIN {table} p ON b.k = p.k",
+    "semi": "SELECT count(*), sum(b.v) FROM build b "
+            "WHERE EXISTS (SELECT 1 FROM {table} p WHERE p.k = b.k)",
 }
 
 

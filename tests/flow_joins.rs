@@ -146,7 +146,7 @@ async fn check(workers: usize) {
     let (cluster, reference) = start(workers, SETUP).await;
     let c = &cluster.coordinator;
     c.sql("SET gyre.join_strategy = 'shuffle'").await.unwrap();
-    c.sql("SET gyre.skew_build_preserving = on").await.unwrap();
+    c.sql("SET gyre.skew_build_preserving = all").await.unwrap();
     let mut failures = vec![];
     for &(q, expected) in QUERIES {
         let plan = text(c.sql_one(&format!("EXPLAIN {q}")).await.unwrap());
@@ -211,13 +211,21 @@ async fn analyze_shows_heavy_hitters_and_the_setting_switches_it_off() {
     assert!(analyzed.contains("40000 (~"), "{analyzed}");
     assert!(!analyzed.contains("40000 (~0 rows, round 0)"), "{analyzed}");
 
-    // A build-preserving join: a plain partitioned join unless asked for. Then the
-    // heavy dim rows are matched on every worker, which report those matches to the
-    // rows' owners.
+    // Build-preserving joins: semi and anti joins are Flow-Joins by default, outer
+    // joins only with `all`, and `off` keeps both plain.
+    let semi = "SELECT count(*) FROM dim d WHERE EXISTS (SELECT 1 FROM fact f WHERE f.k = d.k)";
     let left = "SELECT count(*), count(f.id) FROM dim d LEFT JOIN fact f ON d.k = f.k";
-    let plan = text(c.sql_one(&format!("EXPLAIN {left}")).await.unwrap());
-    assert!(!plan.contains("FlowJoinExec"), "{plan}");
-    c.sql("SET gyre.skew_build_preserving = on").await.unwrap();
+    let flow = async |q: &str| {
+        let plan = text(c.sql_one(&format!("EXPLAIN {q}")).await.unwrap());
+        plan.contains("build matches combined across workers")
+    };
+    assert!(flow(semi).await && !flow(left).await);
+    c.sql("SET gyre.skew_build_preserving = off").await.unwrap();
+    assert!(!flow(semi).await && !flow(left).await);
+    c.sql("SET gyre.skew_build_preserving = all").await.unwrap();
+    assert!(flow(semi).await && flow(left).await);
+    // The heavy dim rows are matched on every worker, which report those matches to
+    // the rows' owners.
     let analyzed = text(c.sql_one(&format!("EXPLAIN ANALYZE {left}")).await.unwrap());
     assert!(
         analyzed.contains("build matches combined across workers"),

@@ -20,7 +20,7 @@ async fn tpch_two_workers() {
 /// partitioning and stay plain).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tpch_three_workers() {
-    common::check_cluster_with(3, SF, false, &["SET gyre.skew_build_preserving = on"]).await;
+    common::check_cluster_with(3, SF, false, &["SET gyre.skew_build_preserving = all"]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

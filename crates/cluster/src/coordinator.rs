@@ -31,7 +31,7 @@ use datafusion::prelude::SessionContext;
 use datafusion::sql::parser::{DFParser, Statement as DFStatement};
 use datafusion::sql::sqlparser::ast::{Expr as SqlExpr, Statement as SqlStatement};
 use datafusion::sql::sqlparser::dialect::GenericDialect;
-use gyre_exchange::{Placement, QueryContext, SkewSettings};
+use gyre_exchange::{BuildPreserving, Placement, QueryContext, SkewSettings};
 use gyre_planner::{
     DistributedPlan, GyrePlannerOptions, JoinStrategy, plan_cyclo_joins, plan_flow_joins,
     split_into_stages,
@@ -625,13 +625,7 @@ impl Coordinator {
                 Ok(())
             }
             "gyre.skew_build_preserving" => {
-                s.skew.build_preserving = match value.trim().to_ascii_lowercase().as_str() {
-                    "on" | "true" | "1" => true,
-                    "off" | "false" | "0" => false,
-                    other => {
-                        return plan_err!("gyre.skew_build_preserving is on or off, not '{other}'");
-                    }
-                };
+                s.skew.build_preserving = BuildPreserving::parse(value)?;
                 Ok(())
             }
             v @ ("gyre.skew_threshold"

@@ -26,7 +26,7 @@ mod task;
 pub use codec::{AUTO_LZ4_BELOW_BYTES_PER_SEC, BatchDecoder, BatchEncoder, Compression};
 pub use context::{ExchangeId, Placement, QueryContext};
 pub use cyclo::{CycloJoinExec, CycloJoinType, CycloKernel, CycloSide};
-pub use flow::{FlowJoinExec, SkewSettings};
+pub use flow::{BuildPreserving, FlowJoinExec, SkewSettings};
 pub use receiver::{ExchangeReceiverExec, ReceiveMode};
 pub use sender::{ExchangeSenderExec, SendMode};
 

@@ -6,7 +6,8 @@
 //! rewritten only where that is safe:
 //! - a partitioned `HashJoinExec`, not null-aware, of any type ([`flow_join_supported`]:
 //!   a build-preserving one only without a pushed-down `fetch`, and only with
-//!   `SET gyre.skew_build_preserving = on`);
+//!   as far as `gyre.skew_build_preserving` allows: semi/anti/mark by default, outer
+//!   joins with `all`);
 //! - its probe (right) input is a hash `RepartitionExec` on exactly the probe keys into
 //!   one partition per worker, over an input with one partition per worker, without
 //!   order preservation;
@@ -23,7 +24,7 @@ use datafusion::physical_plan::{
     ChildrenPropertiesMode, ExecutionPlan, ExecutionPlanProperties, Partitioning,
     ReplaceChildrenOptions,
 };
-use gyre_exchange::flow::{flow_join_supported, preserves_build};
+use gyre_exchange::flow::flow_join_supported;
 use gyre_exchange::{FlowJoinExec, SkewSettings};
 use std::sync::Arc;
 
@@ -91,7 +92,7 @@ fn flow_join(
     };
     if *hj.partition_mode() != PartitionMode::Partitioned
         || !flow_join_supported(*hj.join_type(), hj.fetch())
-        || (preserves_build(*hj.join_type()) && !settings.build_preserving)
+        || !settings.build_preserving.allows(*hj.join_type())
         || hj.null_aware
         || hj.left().output_partitioning().partition_count() != n
     {

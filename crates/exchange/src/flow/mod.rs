@@ -75,12 +75,45 @@ pub struct SkewSettings {
     pub every: f64,
     /// Count every `sample`-th row in the histogram (1 = all, as the thesis does).
     pub sample: u32,
-    /// Also wrap build-preserving joins (left/full outer, left semi/anti/mark), whose
-    /// build rows' matches are combined across workers. Off by default: tracking costs
-    /// 15-50% on uniform keys (docs/benchmarks.md, "Flow-Join in SQL: build-preserving
-    /// joins").
+    /// Which build-preserving joins to wrap (their build rows' matches are combined
+    /// across workers).
     #[serde(default)]
-    pub build_preserving: bool,
+    pub build_preserving: BuildPreserving,
+}
+
+/// `SET gyre.skew_build_preserving`: which build-preserving joins get Flow-Joins.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum BuildPreserving {
+    /// None: they stay plain partitioned joins.
+    Off,
+    /// Left semi, anti and mark joins, whose tracking costs nothing measurable (their
+    /// counterpart outputs one id per matched build row).
+    #[default]
+    Semi,
+    /// Also left and full outer joins, whose counterpart carries the id through every
+    /// output row: 15-50% slower without skew (docs/benchmarks.md, "Flow-Join in SQL:
+    /// build-preserving joins").
+    All,
+}
+
+impl BuildPreserving {
+    pub fn parse(value: &str) -> Result<Self> {
+        match value.trim().to_ascii_lowercase().as_str() {
+            "off" | "false" | "0" => Ok(Self::Off),
+            "semi" => Ok(Self::Semi),
+            "all" | "on" | "true" | "1" => Ok(Self::All),
+            other => plan_err!("gyre.skew_build_preserving is off, semi or all, not '{other}'"),
+        }
+    }
+
+    /// Whether a join of this type may become a Flow-Join under this setting.
+    pub fn allows(self, join_type: JoinType) -> bool {
+        match BuildTracking::of(join_type) {
+            None => true,
+            Some(BuildTracking::Rows) => self != Self::Off,
+            Some(BuildTracking::Outer) => self == Self::All,
+        }
+    }
 }
 
 impl Default for SkewSettings {
@@ -91,7 +124,7 @@ impl Default for SkewSettings {
             first: d.first,
             every: d.every,
             sample: d.sample,
-            build_preserving: false,
+            build_preserving: BuildPreserving::default(),
         }
     }
 }
