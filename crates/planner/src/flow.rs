@@ -5,9 +5,9 @@
 //! On by default; `SET gyre.skew_detection = off` keeps DataFusion's joins. A join is
 //! rewritten only where that is safe:
 //! - a partitioned `HashJoinExec`, not null-aware, of any type ([`flow_join_supported`]:
-//!   a build-preserving one only without a pushed-down `fetch`, and only with
-//!   as far as `gyre.skew_build_preserving` allows: semi/anti/mark by default, outer
-//!   joins with `all`);
+//!   a build-preserving one only without a pushed-down `fetch`, and only as far as
+//!   `gyre.skew_build_preserving` allows: semi/anti/mark by default, outer joins with
+//!   `all`);
 //! - its probe (right) input is a hash `RepartitionExec` on exactly the probe keys into
 //!   one partition per worker, over an input with one partition per worker, without
 //!   order preservation;

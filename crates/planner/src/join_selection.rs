@@ -26,16 +26,10 @@ pub struct DistributedJoinSelection;
 /// Whether a collect-left join of this type stays correct when each worker
 /// holds its own full copy of the left (build) input: no build row needs match
 /// state from other workers (a build row matched by no probe row of one worker may be
-/// matched on another).
+/// matched on another): exactly the types that do not preserve the build side, which
+/// a Flow-Join has to track across workers for the same reason.
 pub fn broadcast_safe(join_type: JoinType) -> bool {
-    matches!(
-        join_type,
-        JoinType::Inner
-            | JoinType::Right
-            | JoinType::RightSemi
-            | JoinType::RightAnti
-            | JoinType::RightMark
-    )
+    !gyre_exchange::flow::preserves_build(join_type)
 }
 
 pub(crate) fn estimated_bytes(plan: &Arc<dyn ExecutionPlan>) -> Option<f64> {

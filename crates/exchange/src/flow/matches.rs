@@ -51,10 +51,33 @@ impl Hasher for IdHasher {
 }
 
 /// Name of the build-row id column appended to the build side.
-pub(super) const ROW_ID: &str = "__gyre_build_row";
+const ROW_ID: &str = "__gyre_build_row";
 
 /// Bits of a row id below the owner's index.
 const OWNER_SHIFT: u32 = 48;
+
+/// A row id's owner (worker index) and row number there.
+fn split(id: u64) -> (u64, u64) {
+    (id >> OWNER_SHIFT, id & ((1u64 << OWNER_SHIFT) - 1))
+}
+
+fn row_id_field() -> Field {
+    Field::new(ROW_ID, DataType::UInt64, false)
+}
+
+/// The schema of the row ids workers report to the rows' owners.
+pub(super) fn row_id_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![row_id_field()]))
+}
+
+/// A column of row ids, as the counterpart joins and the peers' reports carry them;
+/// `what` names it in the error.
+fn as_ids<'a>(array: &'a dyn Array, what: &str) -> Result<&'a UInt64Array> {
+    array
+        .as_any()
+        .downcast_ref::<UInt64Array>()
+        .ok_or_else(|| internal_datafusion_err!("{what} are not UInt64"))
+}
 
 /// How a join type's build rows are decided when heavy build rows are joined on
 /// several workers; `None` for the probe-preserving types, which need nothing.
@@ -88,7 +111,7 @@ impl BuildTracking {
 /// The build schema with the row id appended.
 pub(super) fn with_row_id(schema: &SchemaRef) -> SchemaRef {
     let mut fields: Vec<Arc<Field>> = schema.fields().iter().cloned().collect();
-    fields.push(Arc::new(Field::new(ROW_ID, DataType::UInt64, false)));
+    fields.push(Arc::new(row_id_field()));
     Arc::new(Schema::new_with_metadata(fields, schema.metadata().clone()))
 }
 
@@ -296,8 +319,9 @@ impl Matches {
     }
 
     fn note(&mut self, id: u64, last_remote: &mut u64) {
-        if id >> OWNER_SHIFT == self.me {
-            self.set_own(id & ((1u64 << OWNER_SHIFT) - 1));
+        let (owner, row) = split(id);
+        if owner == self.me {
+            self.set_own(row);
         } else if *last_remote != id {
             // A heavy build row matches many probe rows in a row: skip the repeats.
             self.remote.insert(id);
@@ -308,10 +332,7 @@ impl Matches {
     /// Records the (non-null) ids of a counterpart output column. Runs once per output
     /// row of the join, hence the loop over raw values when there are no NULLs.
     pub(super) fn record(&mut self, ids: &dyn Array) -> Result<()> {
-        let ids = ids
-            .as_any()
-            .downcast_ref::<UInt64Array>()
-            .ok_or_else(|| internal_datafusion_err!("build row ids are not UInt64"))?;
+        let ids = as_ids(ids, "build row ids")?;
         // No valid id has every bit set (owners are worker indices).
         let mut last_remote = u64::MAX;
         if ids.null_count() == 0 {
@@ -328,19 +349,15 @@ impl Matches {
 
     /// Records ids a peer matched; they must be this worker's.
     pub(super) fn merge_reported(&mut self, ids: &dyn Array, from: &str) -> Result<()> {
-        let ids = ids.as_any().downcast_ref::<UInt64Array>().ok_or_else(|| {
-            internal_datafusion_err!("{from} sent build row ids that are not UInt64")
-        })?;
-        let mask = (1u64 << OWNER_SHIFT) - 1;
+        let ids = as_ids(ids, &format!("the build row ids {from} sent"))?;
         for id in ids.iter().flatten() {
-            if id >> OWNER_SHIFT != self.me {
+            let (owner, row) = split(id);
+            if owner != self.me {
                 return Err(internal_datafusion_err!(
-                    "{from} reported a match for build row {} of worker {}, not of this one",
-                    id & mask,
-                    id >> OWNER_SHIFT
+                    "{from} reported a match for build row {row} of worker {owner}, not of this one"
                 ));
             }
-            self.set_own(id & mask);
+            self.set_own(row);
         }
         Ok(())
     }
@@ -349,7 +366,7 @@ impl Matches {
     pub(super) fn take_remote(&mut self, workers: usize) -> Result<Vec<Vec<u64>>> {
         let mut by_owner = vec![Vec::new(); workers];
         for id in std::mem::take(&mut self.remote) {
-            let owner = (id >> OWNER_SHIFT) as usize;
+            let owner = split(id).0 as usize;
             by_owner
                 .get_mut(owner)
                 .ok_or_else(|| {

@@ -14,7 +14,7 @@
 //! broadcasts as they come, and the usual join consumes the probe shuffle as any
 //! partitioned hash join does.
 
-use super::matches::{Matches, Shape, number_rows, with_row_id};
+use super::matches::{Matches, Shape, number_rows, row_id_schema, with_row_id};
 use super::source::PreparedInputExec;
 use super::{
     DEFAULT_PROBE_ROWS_PER_WORKER, FlowJoinExec, FlowReport, HEAVY_EXCHANGES_FROM, HeavyHitter,
@@ -359,12 +359,15 @@ pub(super) fn execute(
         n,
     );
     let usual = join(build_src, probe_recv)?.execute(partition, Arc::clone(&ctx))?;
-    let matches = shape
-        .as_ref()
-        .map(|_| Arc::new(Mutex::new(Matches::new(partition))));
-    let tracked = |s: SendableRecordBatchStream| match (&shape, &matches) {
-        (Some(shape), Some(matches)) => track(s, Arc::clone(shape), Arc::clone(matches)),
-        _ => s.boxed(),
+    let tracker = shape.as_ref().map(|shape| {
+        (
+            Arc::clone(shape),
+            Arc::new(Mutex::new(Matches::new(partition))),
+        )
+    });
+    let tracked = |s: SendableRecordBatchStream| match &tracker {
+        Some((shape, matches)) => track(s, Arc::clone(shape), Arc::clone(matches)),
+        None => s.boxed(),
     };
     let mut outputs: Vec<BoxStream<'static, Result<RecordBatch>>> = vec![tracked(usual)];
 
@@ -414,7 +417,7 @@ pub(super) fn execute(
     // for the end.
     let mut combine = None;
     let mut numbered_tx = None;
-    if let (Some(shape), Some(matches)) = (&shape, &matches) {
+    if let Some((shape, matches)) = &tracker {
         let match_ex = ex + HEAVY_EXCHANGES_FROM + rounds as u32;
         let ep = shared.open_send(match_ex, qc.workers.clone())?;
         let reports = ExchangeReceiverExec::new(
@@ -1008,17 +1011,6 @@ async fn detect(
         }
         Err(e) => Err(sh.fail(&ep, e)),
     }
-}
-
-/// The schema of the row ids exchanged between build-preserving joins' workers.
-fn row_id_schema() -> SchemaRef {
-    Arc::new(arrow::datatypes::Schema::new(vec![
-        arrow::datatypes::Field::new(
-            super::matches::ROW_ID,
-            arrow::datatypes::DataType::UInt64,
-            false,
-        ),
-    ]))
 }
 
 /// A counterpart join's output: records the build rows it matched, passes on what the
