@@ -415,6 +415,9 @@ impl SendEndpoint {
     /// marker, which needs no credit).
     pub fn finish(&self) {
         let token = self.token();
+        // Held until every destination has its hold: otherwise the first marker written
+        // would release the token, and `flushed` would return while the others queue.
+        let _handing_on = token.hold();
         let mut finished = self.finished.lock();
         for (t, done) in finished.iter_mut().enumerate() {
             if *done {
@@ -434,6 +437,8 @@ impl SendEndpoint {
     /// Fails every unfinished stream: its receivers get `message` as an error.
     pub fn fail(&self, message: &str) {
         let token = self.token();
+        // As in `finish`: the token is released only after every error is handed on.
+        let _handing_on = token.hold();
         let mut finished = self.finished.lock();
         for (t, done) in finished.iter_mut().enumerate() {
             if *done {
@@ -717,6 +722,91 @@ impl Drop for ReceiveEndpoint {
             } else {
                 self.carrier.credit(src, key, n);
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pool::BufferPool;
+
+    /// A carrier that writes the first frame it gets at once (drops its hold) and keeps
+    /// the others queued until told to write them.
+    #[derive(Default)]
+    struct FirstWrittenAtOnce {
+        queued: Mutex<Vec<Held>>,
+        calls: AtomicUsize,
+    }
+
+    impl FirstWrittenAtOnce {
+        fn take(&self, held: Option<Held>) {
+            if self.calls.fetch_add(1, Ordering::SeqCst) > 0 {
+                self.queued.lock().extend(held);
+            }
+        }
+    }
+
+    impl Carrier for FirstWrittenAtOnce {
+        fn data(&self, _: NodeId, _: StreamKey, msg: Option<Held>, _: bool) {
+            self.take(msg);
+        }
+        fn error(&self, _: NodeId, _: StreamKey, _: String, token: Option<Held>) {
+            self.take(token);
+        }
+        fn credit(&self, _: NodeId, _: StreamKey, _: u32) {}
+    }
+
+    /// Whether `flushed` returns within a short wait.
+    async fn flushes(ep: &SendEndpoint) -> bool {
+        tokio::time::timeout(Duration::from_millis(100), ep.flushed())
+            .await
+            .is_ok()
+    }
+
+    // A marker written to one peer must not count as written to all: the query's
+    // release after `flushed` would drop the others, and those peers would wait forever.
+    #[tokio::test]
+    async fn flushed_waits_for_the_end_markers_and_errors_to_every_peer() {
+        for fail in [false, true] {
+            let hub = Arc::new(Hub::new(
+                1,
+                4,
+                BufferPool::new(64, 4),
+                BufferPool::new(64, 4),
+            ));
+            let carrier = Arc::new(FirstWrittenAtOnce::default());
+            let spec = SendSpec {
+                query: 1,
+                exchange: 1,
+                from: 0,
+                destinations: vec![2, 3, 4],
+                groups: vec![],
+            };
+            let ep = SendEndpoint::open(
+                Arc::clone(&hub),
+                Arc::clone(&carrier) as Arc<dyn Carrier>,
+                Duration::from_secs(1),
+                spec,
+            )
+            .unwrap();
+            if fail {
+                ep.fail("stopped");
+            } else {
+                ep.finish();
+            }
+            assert_eq!(carrier.queued.lock().len(), 2);
+            assert!(
+                !flushes(&ep).await,
+                "fail={fail}: flushed with 2 peers to go"
+            );
+            carrier.queued.lock().pop();
+            assert!(
+                !flushes(&ep).await,
+                "fail={fail}: flushed with 1 peer to go"
+            );
+            carrier.queued.lock().pop();
+            assert!(flushes(&ep).await, "fail={fail}: everything was written");
         }
     }
 }

@@ -73,15 +73,22 @@ async fn run(
             };
             let (r, s) = (r[i].clone(), s[i].clone());
             tokio::spawn(async move {
-                let res =
-                    tokio::time::timeout(Duration::from_secs(30), flow_join(&*t, &cfg, &r, &s))
+                // One bound for the join and the barrier after it: a node that hangs
+                // fails this node's task (and with it the test) instead of leaving
+                // its peers waiting at the barrier forever.
+                let body = async {
+                    let res = flow_join(&*t, &cfg, &r, &s).await;
+                    // Released once every node is done, as a query's end does.
+                    super::bench::barrier(&*t, &cfg.nodes, cfg.index, query, 2)
                         .await
-                        .expect("join did not finish in 30 s");
-                // Released once every node is done, as a query's end does.
-                let ids: Vec<NodeId> = cfg.nodes.clone();
-                super::bench::barrier(&*t, &ids, cfg.index, query, 2)
+                        .unwrap();
+                    res
+                };
+                let res = tokio::time::timeout(Duration::from_secs(30), body)
                     .await
-                    .unwrap();
+                    .unwrap_or_else(|_| {
+                        panic!("query {query} ({strategy} {join}): node {i} did not finish in 30 s")
+                    });
                 t.release_query(query);
                 res
             })
