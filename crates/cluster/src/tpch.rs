@@ -190,11 +190,9 @@ impl ExecutionPlan for TpchGenExec {
                 }
             }
         });
-        let stream =
-            futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (b, rx)) });
         Ok(Box::pin(RecordBatchStreamAdapter::new(
             self.schema(),
-            stream,
+            tokio_stream::wrappers::ReceiverStream::new(rx),
         )))
     }
 }

@@ -25,6 +25,19 @@ fn schema() -> SchemaRef {
     ]))
 }
 
+/// A batch of `keys`, each with its value string.
+fn batch(keys: Vec<i64>) -> RecordBatch {
+    let vals: Vec<String> = keys.iter().map(|k| format!("value {k:>12}")).collect();
+    RecordBatch::try_new(
+        schema(),
+        vec![
+            Arc::new(Int64Array::from(keys)),
+            Arc::new(StringArray::from(vals)),
+        ],
+    )
+    .unwrap()
+}
+
 /// `parts` partitions of `rows` rows each, in batches of 1000; keys are unique.
 fn input(parts: usize, rows: usize) -> Vec<Vec<RecordBatch>> {
     (0..parts)
@@ -32,18 +45,11 @@ fn input(parts: usize, rows: usize) -> Vec<Vec<RecordBatch>> {
             (0..rows)
                 .step_by(1000)
                 .map(|start| {
-                    let keys: Vec<i64> = (start..(start + 1000).min(rows))
-                        .map(|i| (p * rows + i) as i64)
-                        .collect();
-                    let vals: Vec<String> = keys.iter().map(|k| format!("value {k:>12}")).collect();
-                    RecordBatch::try_new(
-                        schema(),
-                        vec![
-                            Arc::new(Int64Array::from(keys)),
-                            Arc::new(StringArray::from(vals)),
-                        ],
+                    batch(
+                        (start..(start + 1000).min(rows))
+                            .map(|i| (p * rows + i) as i64)
+                            .collect(),
                     )
-                    .unwrap()
                 })
                 .collect()
         })
@@ -206,4 +212,159 @@ async fn shuffle_and_gather_free_schedule() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shuffle_and_gather_phased_schedule_lz4() {
     shuffle_then_gather(Schedule::Phased { quota: 2 }, Compression::Lz4).await;
+}
+
+/// Output keys of `rows` build rows (`k` unique, 0..rows) joined with two probe
+/// partitions of 60 000 rows each; with `skewed`, a third of the probe rows have key 7.
+/// Worker `early.0` (if any) reads `early.1` batches of its Flow-Join's output and
+/// drops the stream: a LIMIT above it stops after a batch; a hash join above it whose
+/// build side is empty never reads it. Returns each worker's output keys, sorted, or the
+/// error its stream ended with, and the probe rows kept local for heavy keys.
+async fn flow_join_outputs(
+    join_type: datafusion::common::JoinType,
+    skewed: bool,
+    early: Option<(usize, usize)>,
+) -> (Vec<std::result::Result<Vec<i64>, String>>, usize) {
+    use crate::flow::{FlowJoinExec, SkewSettings};
+    use datafusion::common::NullEquality;
+    use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
+    use datafusion::physical_plan::repartition::RepartitionExec;
+    use futures::StreamExt;
+
+    let workers: Vec<NodeId> = vec![1, 2];
+    let all = nodes(&workers, Schedule::Free).await;
+    let n = workers.len();
+    let build_rows = 20_000usize;
+    let build: Vec<RecordBatch> = (0..build_rows as i64)
+        .collect::<Vec<_>>()
+        .chunks(1000)
+        .map(|c| batch(c.to_vec()))
+        .collect();
+    // Probe keys 0..2 * build_rows: half of them find no build row.
+    let probe: Vec<Vec<RecordBatch>> = (0..n as i64)
+        .map(|p| {
+            (0..60)
+                .map(|b| {
+                    batch(
+                        (0..1000i64)
+                            .map(|i| {
+                                let r = p * 60_000 + b * 1000 + i;
+                                if skewed && r % 3 == 0 {
+                                    7
+                                } else {
+                                    (r * 7919) % (2 * build_rows as i64)
+                                }
+                            })
+                            .collect(),
+                    )
+                })
+                .collect()
+        })
+        .collect();
+    let key = col("k", &schema()).unwrap();
+    // Build partition i on worker i: the build rows of hash partition i.
+    let build = Arc::new(
+        RepartitionExec::try_new(
+            MemorySourceConfig::try_new_exec(&[build], schema(), None).unwrap(),
+            Partitioning::Hash(vec![Arc::clone(&key)], n),
+        )
+        .unwrap(),
+    );
+    let probe = MemorySourceConfig::try_new_exec(&probe, schema(), None).unwrap();
+    let join = Arc::new(
+        HashJoinExec::try_new(
+            build,
+            probe,
+            vec![(Arc::clone(&key), key)],
+            None,
+            &join_type,
+            None,
+            PartitionMode::Partitioned,
+            NullEquality::NullEqualsNothing,
+            false,
+        )
+        .unwrap(),
+    );
+    let settings = SkewSettings {
+        // Heavy above 5% of the probe rows: key 7 only.
+        threshold: 0.05,
+        ..SkewSettings::default()
+    };
+    let flow = Arc::new(FlowJoinExec::try_new(join, settings, Some(60_000), Some(1)).unwrap());
+    let mut tasks = vec![];
+    for (i, t) in all.iter().enumerate() {
+        let stream = flow
+            .execute(i, task_ctx(t, &workers, Compression::None))
+            .unwrap();
+        let reads = early.filter(|e| e.0 == i).map_or(usize::MAX, |e| e.1);
+        tasks.push(tokio::spawn(async move {
+            let mut stream = stream;
+            let mut keys = vec![];
+            let mut batches = 0;
+            while batches < reads
+                && let Some(b) = stream.next().await
+            {
+                let b = b.map_err(|e| e.to_string())?;
+                let k = b.column(0).as_any().downcast_ref::<Int64Array>().unwrap();
+                keys.extend(k.values().iter().copied());
+                batches += 1;
+            }
+            keys.sort_unstable();
+            Ok(keys)
+        }));
+    }
+    let mut out = vec![];
+    for t in tasks {
+        out.push(
+            tokio::time::timeout(Duration::from_secs(60), t)
+                .await
+                .expect("Flow-Join hung")
+                .unwrap(),
+        );
+    }
+    for t in &all {
+        t.release_query(1);
+        t.shutdown();
+    }
+    let kept_local = flow
+        .metrics()
+        .and_then(|m| m.sum_by_name("probe_rows_kept_local"))
+        .map_or(0, |v| v.as_usize());
+    (out, kept_local)
+}
+
+/// A worker whose consumer stops reading a Flow-Join early (a LIMIT above it) must not
+/// break the join on the other workers: it keeps routing, broadcasting and reporting
+/// matches until its part is done, and only then goes quiet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flow_join_left_early_by_one_worker_completes_on_the_others() {
+    use datafusion::common::JoinType;
+    // Uniform keys: routing is plain hash partitioning, so worker 1's rows are fixed;
+    // worker 0 stops after one batch. Skewed semi join: worker 1 emits its own build
+    // rows that matched anywhere, which needs worker 0's match reports; worker 0 never
+    // reads its output (a semi join's first batch comes after the reports).
+    for (join_type, skewed, reads) in [(JoinType::Inner, false, 1), (JoinType::LeftSemi, true, 0)] {
+        let (full, _) = flow_join_outputs(join_type, skewed, None).await;
+        let (early, kept_local) = flow_join_outputs(join_type, skewed, Some((0, reads))).await;
+        let want = full[1].clone().unwrap();
+        assert!(!want.is_empty());
+        match &early[1] {
+            Ok(got) => assert!(
+                *got == want,
+                "{join_type} join, skewed: {skewed}: {} rows instead of {}",
+                got.len(),
+                want.len()
+            ),
+            Err(e) => panic!("{join_type} join, skewed: {skewed}: {e}"),
+        }
+        assert_eq!(
+            skewed,
+            kept_local > 0,
+            "heavy path taken: {kept_local} rows"
+        );
+        if skewed {
+            let all: Vec<i64> = full.iter().flat_map(|r| r.clone().unwrap()).collect();
+            assert!(all.contains(&7), "the heavy key's build row is matched");
+        }
+    }
 }

@@ -23,7 +23,7 @@ use crate::codec::BatchEncoder;
 use crate::context::{Placement, QueryContext};
 use crate::receiver::{ExchangeReceiverExec, ReceiveMode};
 use crate::sender::{Outlet, SendMetrics, transport_err};
-use crate::task::AbortOnDrop;
+use crate::task::{AbortOnDrop, run_detached};
 use arrow::array::{ArrayRef, RecordBatch, UInt32Array};
 use arrow::compute::take_record_batch;
 use arrow::datatypes::SchemaRef;
@@ -50,6 +50,7 @@ use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
+use tokio_stream::wrappers::UnboundedReceiverStream;
 
 /// Hashes are already well mixed: a set of them needs no second hash.
 #[derive(Default)]
@@ -391,9 +392,7 @@ pub(super) fn execute(
         drains.push((recv, build_tx));
         let (local_tx, local_rx) = mpsc::unbounded_channel::<RecordBatch>();
         local_txs.push(local_tx);
-        let local = futures::stream::unfold(local_rx, |mut rx| async move {
-            rx.recv().await.map(|b| (Ok(b), rx))
-        });
+        let local = UnboundedReceiverStream::new(local_rx).map(Ok);
         let heavy = join(
             PreparedInputExec::new(
                 "heavy build rows",
@@ -487,12 +486,7 @@ pub(super) fn execute(
     }
     drop(err_tx);
 
-    outputs.push(
-        futures::stream::unfold(err_rx, |mut rx| async move {
-            rx.recv().await.map(|e| (Err(e), rx))
-        })
-        .boxed(),
-    );
+    outputs.push(UnboundedReceiverStream::new(err_rx).map(Err).boxed());
     let output_rows = shared.m.output_rows.clone();
     let mut merged = futures::stream::select_all(outputs).boxed();
     if let Some(combine) = combine {
@@ -510,10 +504,9 @@ pub(super) fn execute(
     let guarded = futures::stream::unfold((merged, tasks), |(mut s, tasks)| async move {
         s.next().await.map(|b| (b, (s, tasks)))
     });
-    Ok(Box::pin(RecordBatchStreamAdapter::new(
-        exec.join.schema(),
-        guarded,
-    )))
+    // The peers need this worker's routing, broadcasts and match reports even if its
+    // consumer stops reading early.
+    Ok(run_detached(exec.join.schema(), guarded.boxed()))
 }
 
 /// Routes the local probe input: rows with a heavy hash stay (into the heavy join of
