@@ -17,10 +17,12 @@ strategies, alternating, REPEAT times each:
               join would take minutes)
   theta-lt    r.x < s.y with s.y in [0, 20000), 50K x 50K: cyclo (sort-merge inequality)
               vs broadcast nested loops
-  theta-mod   (r.x + s.y) % 100000 = 0, 20K x 20K: cyclo (all-pairs nested loops) vs
+  theta-mod   (r.x + s.y) % 100000 = 0, 20K x 20K: cyclo (all pairs, a cross product) vs
               broadcast nested loops
   equi        r.x = s.y, 4M x 4M (r.x unique): cyclo (radix hash) vs shuffle (partitioned
               hash join, Flow-Join skew detection left on, the default) vs broadcast hash
+  equi-sparse the same keys times 1000003: no longer a dense range, so DataFusion's hash
+              join cannot index them directly (its ArrayMap) and hashes them instead
 
 Keys are x = u^2 mod (2^31 - 1) mod DOMAIN with u = (n * 48271 + seed) mod (2^31 - 1).
 Every plan is checked with EXPLAIN first. Times are the wall time of `gyre sql -c` (client
@@ -61,6 +63,13 @@ def keys(n, seed, domain):
 def cases(a):
     """name -> tables (name, columns, rows SQL), ON clause, [(strategy, plan regex)]."""
     nlj = ("broadcast", r"NestedLoopJoinExec: join_type=Inner.*broadcast nested-loop join")
+    equi_variants = dict(
+        variants=[("cyclo", r"CycloJoinExec: kernel=radix hash"),
+                  ("shuffle", r"FlowJoinExec: skew detection(.|\n)*HashJoinExec: mode=Partitioned"),
+                  ("broadcast", r"HashJoinExec: mode=CollectLeft.*broadcast join")],
+        # one worker: 'shuffle' and 'broadcast' both plan DataFusion's CollectLeft hash join
+        variants1=[("cyclo", r"CycloJoinExec: kernel=radix hash"),
+                   ("shuffle", r"HashJoinExec: mode=CollectLeft")])
     return {
         "band-small": dict(
             rows=(a.band_small, a.band_small),
@@ -108,13 +117,14 @@ def cases(a):
             tables=[("r_eq", "x", f"SELECT (value * 2654435761) % {a.equi}, value "
                                   f"FROM generate_series(1, {a.equi}) AS t(value)"),
                     ("s_eq", "y", keys(a.equi, 99, a.equi))],
-            on="r.x = s.y",
-            variants=[("cyclo", r"CycloJoinExec: kernel=radix hash"),
-                      ("shuffle", r"FlowJoinExec: skew detection(.|\n)*HashJoinExec: mode=Partitioned"),
-                      ("broadcast", r"HashJoinExec: mode=CollectLeft.*broadcast join")],
-            # one worker: 'shuffle' and 'broadcast' both plan DataFusion's CollectLeft hash join
-            variants1=[("cyclo", r"CycloJoinExec: kernel=radix hash"),
-                       ("shuffle", r"HashJoinExec: mode=CollectLeft")]),
+            on="r.x = s.y", **equi_variants),
+        "equi-sparse": dict(
+            rows=(a.equi, a.equi),
+            tables=[("r_es", "x", f"SELECT (value * 2654435761) % {a.equi} * 1000003, value "
+                                  f"FROM generate_series(1, {a.equi}) AS t(value)"),
+                    ("s_es", "y", f"SELECT k * 1000003, id FROM ({keys(a.equi, 99, a.equi)}) "
+                                  f"AS q(k, id)")],
+            on="r.x = s.y", **equi_variants),
     }
 
 

@@ -88,6 +88,27 @@ const QUERIES: &[(&str, &str)] = &[
         "SELECT a.k, b.k, b.flag FROM a JOIN b ON a.k <> b.k AND b.f < 2 AND a.x < 30",
         "nested loops",
     ),
+    // All pairs for semi and anti joins (a NULL condition is no match) and under a
+    // LIMIT that stops the consumer early; the small `c` rotates, and the condition
+    // is evaluated one fragment row against all stationary rows.
+    (
+        "SELECT a.k, a.s FROM a WHERE EXISTS (SELECT 1 FROM c WHERE (a.x + c.k) % 11 = 4)",
+        "nested loops",
+    ),
+    (
+        "SELECT count(*), sum(b.k) FROM b WHERE NOT EXISTS (SELECT 1 FROM c WHERE b.y * c.k % 13 = 2)",
+        "nested loops",
+    ),
+    (
+        "SELECT count(*) FROM (SELECT a.s, b.y FROM a JOIN b ON (a.x + b.y) % 7 = 3 LIMIT 11) t",
+        "nested loops",
+    ),
+    // The preserved `c` stays and the larger `a` rotates: the condition is evaluated
+    // one stationary row against a whole fragment (the other way round above).
+    (
+        "SELECT c.k, c.dd, a.s FROM c LEFT JOIN a ON (a.x + c.k) % 97 = 3 AND a.s > 'a2'",
+        "nested loops",
+    ),
     // Equi-joins, under SET gyre.join_strategy = 'cyclo'.
     (
         "SELECT a.k, a.s, b.y, b.f, b.d FROM a JOIN b ON a.k = b.k WHERE a.x < 100",
@@ -266,6 +287,10 @@ async fn strategies_are_chosen_by_setting_and_analyze_shows_ring_times() {
             || (plan.contains("on=(y, x)") && plan.contains("rotating=left input")),
         "{plan}"
     );
+    // The band's bounds (`b.y - 1`, `b.y + 1`) are computed in the filter, on candidate
+    // pairs, not as columns of the rotating input that would travel the ring.
+    assert!(plan.contains("filter=x >= y - 1 AND x <= y + 1"), "{plan}");
+    assert!(!plan.contains("join_proj_push_down"), "{plan}");
     let plan = text(c.sql_one(&format!("EXPLAIN ANALYZE {band}")).await.unwrap());
     for needle in [
         "CycloJoinExec",

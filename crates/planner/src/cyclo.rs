@@ -19,6 +19,8 @@
 //! and the other one can rotate; full outer joins with either input rotating; mark and
 //! null-aware joins never do.
 
+mod inline;
+
 use crate::join_selection::estimated_bytes;
 use arrow::datatypes::{DataType, Schema};
 use datafusion::common::config::{ConfigExtension, ConfigOptions};
@@ -110,22 +112,20 @@ pub fn prefer_cyclo(left_bytes: Option<f64>, right_bytes: Option<f64>, n: usize)
     }
 }
 
-/// Whether a non-equi join with this kernel runs on the ring: always under `'cyclo'`;
-/// under `'auto'` when [`prefer_cyclo`] and the kernel narrows the pairs (all pairs
-/// through the ring cost more per pair than DataFusion's nested-loop join, see
-/// docs/benchmarks.md "Cyclo-join in SQL").
+/// Whether a non-equi join runs on the ring: always under `'cyclo'`; under `'auto'`
+/// when [`prefer_cyclo`]. Every kernel qualifies: a band or inequality narrows the
+/// pairs, and all pairs cost the ring about what they cost DataFusion's broadcast
+/// nested-loop join (docs/benchmarks.md "Cyclo-join in SQL") without a copy of the
+/// smaller input on every worker.
 pub fn non_equi_on_ring(
     strategy: JoinStrategy,
-    kernel: CycloKernel,
     left_bytes: Option<f64>,
     right_bytes: Option<f64>,
     n: usize,
 ) -> bool {
     match strategy {
         JoinStrategy::Cyclo => true,
-        JoinStrategy::Auto => {
-            kernel != CycloKernel::AllPairs && prefer_cyclo(left_bytes, right_bytes, n)
-        }
+        JoinStrategy::Auto => prefer_cyclo(left_bytes, right_bytes, n),
         JoinStrategy::Shuffle | JoinStrategy::Broadcast => false,
     }
 }
@@ -400,21 +400,112 @@ fn cyclo_join(
     let Some(rotating) = rotating_side(&left, &right, required) else {
         return Ok(None);
     };
-    let left = on_n_partitions(left, n)?;
-    let right = on_n_partitions(right, n)?;
-    let Ok(join) = CycloJoinExec::try_new(
-        left, right, keys.0, keys.1, kernel, filter, rotating, join_type, None,
-    ) else {
-        return Ok(None);
+    let ring = |left, right, (l, r): (usize, usize), filter| {
+        CycloJoinExec::try_new(
+            on_n_partitions(left, n)?,
+            on_n_partitions(right, n)?,
+            l,
+            r,
+            kernel,
+            filter,
+            rotating,
+            join_type,
+            None,
+        )
     };
-    let join: Arc<dyn ExecutionPlan> = Arc::new(join);
-    let projected = match projection {
-        Some(projection) => project(join, projection)?,
-        None => join,
+    let inlined = inline_rotating(
+        (&left, &right),
+        keys,
+        kernel,
+        filter.as_ref(),
+        rotating,
+        join_type.join_type(rotating),
+        projection,
+    )?;
+    let projected: Arc<dyn ExecutionPlan> = match inlined {
+        // The rotating input without the filter's computed columns, their
+        // expressions in the filter, the original output rebuilt above.
+        Some(j) => {
+            let Ok(join) = ring(j.left, j.right, j.keys, Some(j.filter)) else {
+                return Ok(None);
+            };
+            Arc::new(ProjectionExec::try_new(j.output, Arc::new(join))?)
+        }
+        None => {
+            let Ok(join) = ring(left, right, keys, filter) else {
+                return Ok(None);
+            };
+            match projection {
+                Some(projection) => project(Arc::new(join), projection)?,
+                None => Arc::new(join),
+            }
+        }
     };
     Ok(Some(match fetch {
         Some(fetch) => Arc::new(LocalLimitExec::new(projected, fetch)),
         None => projected,
+    }))
+}
+
+/// A cyclo-join's inputs, keys and filter after [`inline::inline`], with the output
+/// expressions that give the original join's (projected) output.
+struct InlinedJoin {
+    left: Arc<dyn ExecutionPlan>,
+    right: Arc<dyn ExecutionPlan>,
+    keys: (usize, usize),
+    filter: JoinFilter,
+    output: inline::OutputExprs,
+}
+
+/// The join with its rotating input no longer computing the filter's expressions as
+/// columns ([`inline::inline`]); `None` if nothing is computed there.
+fn inline_rotating(
+    (left, right): (&Arc<dyn ExecutionPlan>, &Arc<dyn ExecutionPlan>),
+    keys: (usize, usize),
+    kernel: CycloKernel,
+    filter: Option<&JoinFilter>,
+    rotating: CycloSide,
+    join_type: JoinType,
+    projection: Option<&[usize]>,
+) -> Result<Option<InlinedJoin>> {
+    let Some(filter) = filter else {
+        return Ok(None);
+    };
+    let (input, side, key) = match rotating {
+        CycloSide::Left => (left, JoinSide::Left, keys.0),
+        CycloSide::Right => (right, JoinSide::Right, keys.1),
+    };
+    let Some(inlined) = inline::inline(input, side, filter, kernel.uses_keys().then_some(key))?
+    else {
+        return Ok(None);
+    };
+    let (new_left, new_right, new_keys) = match rotating {
+        CycloSide::Left => (
+            Arc::clone(&inlined.input),
+            Arc::clone(right),
+            (inlined.key(keys.0), keys.1),
+        ),
+        CycloSide::Right => (
+            Arc::clone(left),
+            Arc::clone(&inlined.input),
+            (keys.0, inlined.key(keys.1)),
+        ),
+    };
+    let Some(output) = inlined.output(
+        (&left.schema(), &right.schema()),
+        (&new_left.schema(), &new_right.schema()),
+        join_type,
+        projection,
+    )?
+    else {
+        return Ok(None);
+    };
+    Ok(Some(InlinedJoin {
+        left: new_left,
+        right: new_right,
+        keys: new_keys,
+        filter: inlined.filter,
+        output,
     }))
 }
 
@@ -476,7 +567,6 @@ pub fn plan_cyclo_joins(
                 let (kernel, l, r) = derive_kernel(filter, j.left(), j.right());
                 let wanted = non_equi_on_ring(
                     strategy,
-                    kernel,
                     estimated_bytes(j.left()),
                     estimated_bytes(j.right()),
                     n,
@@ -569,7 +659,7 @@ mod tests {
         JoinFilter::new(expr(&cols), indices, schema)
     }
 
-    fn bin(
+    pub(super) fn bin(
         l: Arc<dyn PhysicalExpr>,
         op: Operator,
         r: Arc<dyn PhysicalExpr>,
@@ -577,7 +667,7 @@ mod tests {
         Arc::new(BinaryExpr::new(l, op, r))
     }
 
-    fn lit(v: i64) -> Arc<dyn PhysicalExpr> {
+    pub(super) fn lit(v: i64) -> Arc<dyn PhysicalExpr> {
         Arc::new(Literal::new(ScalarValue::Int64(Some(v))))
     }
 
@@ -691,31 +781,11 @@ mod tests {
         assert!(!prefer_cyclo(big, Some(1e6), 3));
         assert!(!prefer_cyclo(big, big, 1));
         assert!(!prefer_cyclo(None, big, 3));
-        let band = CycloKernel::Band { lo: -1, hi: 1 };
-        assert!(non_equi_on_ring(JoinStrategy::Auto, band, big, big, 3));
-        assert!(non_equi_on_ring(
-            JoinStrategy::Auto,
-            CycloKernel::Lt,
-            big,
-            big,
-            3
-        ));
-        // All pairs stay DataFusion's nested-loop join unless asked.
-        assert!(!non_equi_on_ring(
-            JoinStrategy::Auto,
-            CycloKernel::AllPairs,
-            big,
-            big,
-            3
-        ));
-        assert!(non_equi_on_ring(
-            JoinStrategy::Cyclo,
-            CycloKernel::AllPairs,
-            None,
-            None,
-            1
-        ));
-        assert!(!non_equi_on_ring(JoinStrategy::Shuffle, band, big, big, 3));
+        assert!(non_equi_on_ring(JoinStrategy::Auto, big, big, 3));
+        assert!(!non_equi_on_ring(JoinStrategy::Auto, big, Some(1e6), 3));
+        assert!(non_equi_on_ring(JoinStrategy::Cyclo, None, None, 1));
+        assert!(!non_equi_on_ring(JoinStrategy::Shuffle, big, big, 3));
+        assert!(!non_equi_on_ring(JoinStrategy::Broadcast, big, big, 3));
     }
 
     #[test]

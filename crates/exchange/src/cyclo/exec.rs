@@ -33,7 +33,8 @@ use arrow::datatypes::{FieldRef, SchemaRef};
 use datafusion::common::cast::as_boolean_array;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{
-    DataFusionError, JoinSide, JoinType, Result, internal_datafusion_err, internal_err, plan_err,
+    DataFusionError, JoinSide, JoinType, Result, ScalarValue, internal_datafusion_err,
+    internal_err, plan_err,
 };
 use datafusion::execution::TaskContext;
 use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
@@ -52,13 +53,14 @@ use gyre_join::JoinPairs;
 use gyre_join::Keys;
 use gyre_join::cyclo::{
     CycloError, CycloOptions, FragmentView, PreparedCycloJoin, Relation, ResultSink, RingSpec,
-    Rotate, agree, scatter,
+    Rotate, agree, for_each_cross_chunk, scatter,
 };
 use gyre_transport::node_name;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::sync::Arc;
 use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
 
 /// Exchange ids one cyclo-join uses: the ring, the size agreement, abort notices, a
 /// first size agreement (`+4`, its ring id `+3` is never opened) that sizes fragments,
@@ -554,35 +556,41 @@ struct BatchSink {
 }
 
 impl BatchSink {
-    /// The output rows of one result chunk: its pairs that satisfy the join's
-    /// condition (evaluated on the condition's columns only, so that only passing
-    /// pairs are gathered in full); marks their stationary rows as matched.
-    fn pairs(
-        &mut self,
+    /// Whether nothing more needs doing for passing fragments: the consumer left and no
+    /// peer waits for this worker's matches of rotating rows.
+    fn idle(&self) -> bool {
+        self.consumer_gone && self.rotating_matched.is_none()
+    }
+
+    /// The pairs of one result chunk that satisfy the join's condition (evaluated on the
+    /// condition's columns only, so that only passing pairs are gathered in full).
+    fn keep(
+        &self,
         fragment: &FragmentView<'_>,
         fragment_rows: &[u32],
         stationary_rows: &[u32],
-    ) -> Result<Option<RecordBatch>> {
-        let row_ids = self.layout.payload_words();
-        self.layout
-            .check(fragment, usize::from(self.rotating_matched.is_some()))?;
-        let kept: Option<(Vec<u32>, Vec<u32>)> = match &self.filter {
-            None => None,
-            Some(f) => {
-                let mask = self.filter_mask(f, fragment, fragment_rows, stationary_rows)?;
-                Some(
-                    (0..fragment_rows.len())
-                        // NULL counts as false.
-                        .filter(|&i| mask.is_valid(i) && mask.value(i))
-                        .map(|i| (fragment_rows[i], stationary_rows[i]))
-                        .unzip(),
-                )
-            }
+    ) -> Result<Option<(Vec<u32>, Vec<u32>)>> {
+        let Some(f) = &self.filter else {
+            return Ok(None);
         };
-        let (f_rows, s_rows) = match &kept {
-            Some((f, s)) => (f.as_slice(), s.as_slice()),
-            None => (fragment_rows, stationary_rows),
-        };
+        let mask = self.filter_mask(f, fragment, fragment_rows, stationary_rows)?;
+        Ok(Some(
+            (0..fragment_rows.len())
+                // NULL counts as false.
+                .filter(|&i| mask.is_valid(i) && mask.value(i))
+                .map(|i| (fragment_rows[i], stationary_rows[i]))
+                .unzip(),
+        ))
+    }
+
+    /// Result pairs `(f_rows[i], s_rows[i])` that satisfy the whole condition: marks
+    /// their stationary (and rotating) rows as matched and sends their output rows.
+    fn accept(
+        &mut self,
+        fragment: &FragmentView<'_>,
+        f_rows: &[u32],
+        s_rows: &[u32],
+    ) -> Result<()> {
         if let Some(matched) = &mut self.matched {
             for &s in s_rows {
                 matched[s as usize] = true;
@@ -592,7 +600,7 @@ impl BatchSink {
             let Some(bits) = marks.get_mut(fragment.origin() as usize) else {
                 return internal_err!("a fragment from ring position {}", fragment.origin());
             };
-            let ids = fragment.payload(row_ids);
+            let ids = fragment.payload(self.layout.payload_words());
             for &f in f_rows {
                 let id = ids[f as usize] as usize;
                 if bits.len() <= id / 64 {
@@ -602,9 +610,111 @@ impl BatchSink {
             }
         }
         if f_rows.is_empty() || !self.join_type.emits_pairs() || self.consumer_gone {
-            return Ok(None);
+            return Ok(());
         }
-        self.build(fragment, f_rows, s_rows).map(Some)
+        let batch = self.build(fragment, f_rows, s_rows)?;
+        self.output_rows.add(batch.num_rows());
+        if self.tx.blocking_send(Ok(batch)).is_err() {
+            self.consumer_gone = true;
+        }
+        Ok(())
+    }
+
+    /// Checks that a fragment has the rotating layout's words.
+    fn check(&self, fragment: &FragmentView<'_>) -> Result<()> {
+        self.layout
+            .check(fragment, usize::from(self.rotating_matched.is_some()))
+    }
+
+    /// Every fragment row with every stationary row `stationary`: the condition is
+    /// evaluated one row of the smaller side against all rows of the other (that row's
+    /// values repeated), as DataFusion's nested-loop join does, instead of first listing
+    /// and gathering every pair. Returns the pairs kept.
+    fn cross(&mut self, fragment: &FragmentView<'_>, stationary: &[u32]) -> Result<u64> {
+        self.check(fragment)?;
+        let all_fragment_rows: Vec<u32> = (0..fragment.rows() as u32).collect();
+        let Some(filter) = self.filter.clone() else {
+            // No condition: every pair is a result.
+            for_each_cross_chunk(fragment.rows(), stationary, BATCH_ROWS, |pairs| {
+                self.accept(fragment, &pairs.left, &pairs.right)
+            })?;
+            return Ok((fragment.rows() * stationary.len()) as u64);
+        };
+        let rotating_side = self.rotating_side();
+        // The condition's columns over all rows of their side.
+        let stationary_idx = (stationary.len() != self.stationary.num_rows())
+            .then(|| UInt32Array::from(stationary.to_vec()));
+        let columns = filter
+            .column_indices()
+            .iter()
+            .map(|ci| match ci.side {
+                JoinSide::None => internal_err!("a join filter column of neither input"),
+                side if side == rotating_side => Ok((
+                    true,
+                    self.layout.decode(fragment, ci.index, &all_fragment_rows)?,
+                )),
+                _ => {
+                    let c = self.stationary.column(ci.index);
+                    Ok((
+                        false,
+                        match &stationary_idx {
+                            Some(idx) => take(c.as_ref(), idx, None)?,
+                            None => Arc::clone(c),
+                        },
+                    ))
+                }
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let outer_rotating = fragment.rows() <= stationary.len();
+        let (outer, inner) = match outer_rotating {
+            true => (fragment.rows(), stationary.len()),
+            false => (stationary.len(), fragment.rows()),
+        };
+        let options = RecordBatchOptions::new().with_row_count(Some(inner));
+        let (mut f_rows, mut s_rows) = (Vec::new(), Vec::new());
+        let mut kept = 0u64;
+        for o in 0..outer {
+            if self.idle() {
+                break;
+            }
+            let arrays = columns
+                .iter()
+                .map(|(rotating, a)| match *rotating == outer_rotating {
+                    true => ScalarValue::try_from_array(a, o)?.to_array_of_size(inner),
+                    false => Ok(Arc::clone(a)),
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let batch =
+                RecordBatch::try_new_with_options(Arc::clone(filter.schema()), arrays, &options)?;
+            let mask = filter.expression().evaluate(&batch)?.into_array(inner)?;
+            let mask = as_boolean_array(&mask)?;
+            let hits = match mask.null_count() {
+                0 => mask.values().clone(),
+                // NULL counts as false.
+                _ => mask.values() & mask.nulls().expect("has nulls").inner(),
+            };
+            for i in hits.set_indices() {
+                let (f, s) = if outer_rotating { (o, i) } else { (i, o) };
+                f_rows.push(f as u32);
+                s_rows.push(stationary[s]);
+            }
+            if f_rows.len() >= BATCH_ROWS {
+                kept += f_rows.len() as u64;
+                self.accept(fragment, &f_rows, &s_rows)?;
+                f_rows.clear();
+                s_rows.clear();
+            }
+        }
+        kept += f_rows.len() as u64;
+        self.accept(fragment, &f_rows, &s_rows)?;
+        Ok(kept)
+    }
+
+    fn rotating_side(&self) -> JoinSide {
+        match self.rotating {
+            CycloSide::Left => JoinSide::Left,
+            CycloSide::Right => JoinSide::Right,
+        }
     }
 
     /// Where `filter` holds on the pairs `(fragment_rows[i], stationary_rows[i])`.
@@ -615,10 +725,7 @@ impl BatchSink {
         fragment_rows: &[u32],
         stationary_rows: &[u32],
     ) -> Result<BooleanArray> {
-        let rotating = match self.rotating {
-            CycloSide::Left => JoinSide::Left,
-            CycloSide::Right => JoinSide::Right,
-        };
+        let rotating = self.rotating_side();
         let idx = UInt32Array::from(stationary_rows.to_vec());
         let columns = filter
             .column_indices()
@@ -755,26 +862,36 @@ impl ResultSink for BatchSink {
         fragment: &FragmentView<'_>,
         pairs: &JoinPairs,
     ) -> std::result::Result<(), CycloError> {
-        if self.consumer_gone && self.rotating_matched.is_none() {
+        if self.idle() {
             return Ok(());
         }
+        let sink_err = |e: DataFusionError| CycloError::Sink(e.to_string());
+        self.check(fragment).map_err(sink_err)?;
         for (f_rows, s_rows) in pairs
             .left
             .chunks(BATCH_ROWS)
             .zip(pairs.right.chunks(BATCH_ROWS))
         {
-            let Some(batch) = self
-                .pairs(fragment, f_rows, s_rows)
-                .map_err(|e| CycloError::Sink(e.to_string()))?
-            else {
-                continue;
+            let kept = self.keep(fragment, f_rows, s_rows).map_err(sink_err)?;
+            let (f, s) = match &kept {
+                Some((f, s)) => (f.as_slice(), s.as_slice()),
+                None => (f_rows, s_rows),
             };
-            self.output_rows.add(batch.num_rows());
-            if self.tx.blocking_send(Ok(batch)).is_err() {
-                self.consumer_gone = true;
-            }
+            self.accept(fragment, f, s).map_err(sink_err)?;
         }
         Ok(())
+    }
+
+    fn consume_cross(
+        &mut self,
+        fragment: &FragmentView<'_>,
+        stationary: &[u32],
+    ) -> std::result::Result<u64, CycloError> {
+        if self.idle() {
+            return Ok(0);
+        }
+        self.cross(fragment, stationary)
+            .map_err(|e| CycloError::Sink(e.to_string()))
     }
 }
 
@@ -872,11 +989,9 @@ impl ExecutionPlan for CycloJoinExec {
         // through this one. The task ends with its revolution, or when the query is
         // released (the transport then fails its endpoints).
         drop(task);
-        let stream =
-            futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (b, rx)) });
         Ok(Box::pin(RecordBatchStreamAdapter::new(
             Arc::clone(&self.schema),
-            stream,
+            ReceiverStream::new(rx),
         )))
     }
 

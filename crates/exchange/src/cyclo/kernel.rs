@@ -5,10 +5,9 @@
 //! that can satisfy it, exactly on integer key values.
 
 use gyre_join::MergePredicate;
-use gyre_join::cyclo::{CycloAlgorithm, ThetaPredicate};
+use gyre_join::cyclo::CycloAlgorithm;
 use serde::{Deserialize, Serialize};
 use std::fmt;
-use std::sync::Arc;
 
 /// A predicate on `(left key, right key)` the cyclo-join kernels evaluate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -25,8 +24,9 @@ pub enum CycloKernel {
     Le,
     Gt,
     Ge,
-    /// No key condition the kernels know: every pair is a candidate (blocked nested
-    /// loops); the join's filter alone decides. Keys are not used.
+    /// No key condition the kernels know: every pair is a candidate (nested loops over a
+    /// cross product: the join's filter, evaluated one row of one side against a block
+    /// of the other, alone decides). Keys are not used.
     AllPairs,
 }
 
@@ -44,10 +44,7 @@ impl CycloKernel {
             CycloKernel::Le => CycloAlgorithm::SortMerge(MergePredicate::Le),
             CycloKernel::Gt => CycloAlgorithm::SortMerge(MergePredicate::Gt),
             CycloKernel::Ge => CycloAlgorithm::SortMerge(MergePredicate::Ge),
-            CycloKernel::AllPairs => CycloAlgorithm::NestedLoops(ThetaPredicate::Custom {
-                name: "all pairs".into(),
-                pred: Arc::new(|_, _| true),
-            }),
+            CycloKernel::AllPairs => CycloAlgorithm::CrossProduct,
         }
     }
 

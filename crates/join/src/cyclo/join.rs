@@ -392,7 +392,44 @@ pub async fn agree(
 /// index the node's stationary input (NULL rows included).
 pub trait ResultSink: Send + 'static {
     fn consume(&mut self, fragment: &FragmentView<'_>, pairs: &JoinPairs) -> Result<()>;
+
+    /// A cross product ([`CycloAlgorithm::CrossProduct`]): every fragment row paired
+    /// with every one of the stationary rows `stationary`; the sink keeps the pairs its
+    /// own condition accepts and returns how many. The default lists the pairs in
+    /// chunks of at most [`CROSS_CHUNK_PAIRS`] and passes them all to
+    /// [`ResultSink::consume`].
+    fn consume_cross(&mut self, fragment: &FragmentView<'_>, stationary: &[u32]) -> Result<u64> {
+        for_each_cross_chunk(fragment.rows(), stationary, CROSS_CHUNK_PAIRS, |pairs| {
+            self.consume(fragment, pairs)
+        })?;
+        Ok((fragment.rows() * stationary.len()) as u64)
+    }
 }
+
+/// Every pair of the rows `0..rows` with the rows `stationary`, in chunks of at most
+/// `max_pairs` pairs (at least one row's pairs each), for `f`.
+pub fn for_each_cross_chunk<E>(
+    rows: usize,
+    stationary: &[u32],
+    max_pairs: usize,
+    mut f: impl FnMut(&JoinPairs) -> std::result::Result<(), E>,
+) -> std::result::Result<(), E> {
+    let rows_per_chunk = (max_pairs / stationary.len().max(1)).max(1);
+    for start in (0..rows).step_by(rows_per_chunk) {
+        let end = (start + rows_per_chunk).min(rows);
+        let mut pairs = JoinPairs::with_capacity((end - start) * stationary.len());
+        for r in start as u32..end as u32 {
+            for &s in stationary {
+                pairs.push(r, s);
+            }
+        }
+        f(&pairs)?;
+    }
+    Ok(())
+}
+
+/// Pairs per call of [`ResultSink::consume`] when a cross product is listed.
+pub const CROSS_CHUNK_PAIRS: usize = 1 << 16;
 
 /// Time spent in the setup phase.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -533,6 +570,12 @@ struct CycloEntity<S> {
 
 impl<S: ResultSink> JoinEntity for CycloEntity<S> {
     fn join(&mut self, fragment: &FragmentView<'_>) -> Result<()> {
+        if let Some(rows) = self.stationary.cross_rows() {
+            if !fragment.is_empty() && !rows.is_empty() {
+                self.results += self.sink.consume_cross(fragment, rows)?;
+            }
+            return Ok(());
+        }
         let pairs = self
             .stationary
             .join(fragment, self.rotating, &self.algorithm, self.threads)?;

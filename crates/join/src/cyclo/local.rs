@@ -101,6 +101,12 @@ pub enum CycloAlgorithm {
     SortMerge(MergePredicate),
     /// Blocked nested loops for any predicate.
     NestedLoops(ThetaPredicate),
+    /// Every pair of rows (with non-NULL keys) is a candidate and no kernel runs: each
+    /// fragment goes whole to the sink ([`super::ResultSink::consume_cross`]), which
+    /// applies its own condition to whole blocks of pairs. For conditions no kernel
+    /// understands, evaluating them one row against a block of the other side is far
+    /// cheaper than listing every pair as indices first.
+    CrossProduct,
 }
 
 impl CycloAlgorithm {
@@ -110,6 +116,7 @@ impl CycloAlgorithm {
             CycloAlgorithm::Hash => left == right,
             CycloAlgorithm::SortMerge(p) => p.holds(left, right),
             CycloAlgorithm::NestedLoops(t) => t.holds(left, right),
+            CycloAlgorithm::CrossProduct => true,
         }
     }
 
@@ -119,6 +126,7 @@ impl CycloAlgorithm {
             CycloAlgorithm::Hash => "hash".into(),
             CycloAlgorithm::SortMerge(p) => format!("sort-merge {p:?}"),
             CycloAlgorithm::NestedLoops(t) => format!("nested-loops {t:?}"),
+            CycloAlgorithm::CrossProduct => "cross product".into(),
         }
     }
 
@@ -168,6 +176,8 @@ enum Prepared {
         values: Vec<i128>,
         rows: Vec<u32>,
     },
+    /// The rows with non-NULL keys (cross product).
+    Rows(Vec<u32>),
 }
 
 /// A node's stationary part after its setup phase, ready to join any fragment.
@@ -208,6 +218,11 @@ impl Stationary {
                 });
                 Prepared::Values { values, rows }
             }
+            CycloAlgorithm::CrossProduct => {
+                let mut rows = Vec::with_capacity(keys.valid_count());
+                keys.for_each_valid(0..keys.len(), |row, _| rows.push(row as u32));
+                Prepared::Rows(rows)
+            }
         };
         Ok(Stationary {
             prepared,
@@ -219,6 +234,15 @@ impl Stationary {
     /// Rows of the stationary input, NULLs included.
     pub fn input_rows(&self) -> usize {
         self.rows
+    }
+
+    /// The rows a cross product pairs with every fragment row (those with non-NULL
+    /// keys, ascending); `None` if prepared for another algorithm.
+    pub fn cross_rows(&self) -> Option<&[u32]> {
+        match &self.prepared {
+            Prepared::Rows(rows) => Some(rows),
+            _ => None,
+        }
     }
 
     /// Join phase for one fragment: `(fragment row, stationary row)` pairs. `rotating`
@@ -289,6 +313,15 @@ impl Stationary {
                 };
                 for r in &mut pairs.right {
                     *r = rows[*r as usize];
+                }
+                pairs
+            }
+            (Prepared::Rows(rows), CycloAlgorithm::CrossProduct) => {
+                let mut pairs = JoinPairs::with_capacity(keys.len() * rows.len());
+                for f in 0..keys.len() as u32 {
+                    for &r in rows {
+                        pairs.push(f, r);
+                    }
                 }
                 pairs
             }

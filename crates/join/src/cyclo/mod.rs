@@ -33,7 +33,7 @@ pub use error::CycloError;
 pub use fragment::{ByteColumn, FragmentForm, FragmentView};
 pub use join::{
     CycloOptions, CycloRunFigures, PreparedCycloJoin, Relation, ResultSink, RingPlan, Rotate,
-    SetupFigures, agree, cyclo_join, scatter,
+    SetupFigures, agree, cyclo_join, for_each_cross_chunk, scatter,
 };
 pub use local::{CycloAlgorithm, FragmentLimits, Side, Stationary, ThetaPredicate};
 pub use roundabout::{

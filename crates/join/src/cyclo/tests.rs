@@ -61,6 +61,7 @@ fn reference(spec: &CycloSpec) -> (u64, u64) {
         CycloAlgorithm::Hash => range_join(&rv, &sv, window(MergePredicate::Eq)),
         CycloAlgorithm::SortMerge(p) => range_join(&rv, &sv, window(*p)),
         CycloAlgorithm::NestedLoops(t) => naive_join(&rv, &sv, |a, b| t.holds(a, b)),
+        CycloAlgorithm::CrossProduct => naive_join(&rv, &sv, |_, _| true),
     };
     let sum = pairs.iter().fold(0u64, |acc, &(r, s)| {
         acc.wrapping_add(pair_checksum(u64::from(r), u64::from(s)))
@@ -152,8 +153,11 @@ async fn equi_band_and_theta_joins_equal_the_reference_on_rings_of_one_to_four()
             1000,
             -0.9,
         ));
+        // Every pair, listed by the sink's default `consume_cross`.
+        cases.push((CycloAlgorithm::CrossProduct, 90, 70, 0.9));
         // Fewer rows than nodes: some nodes have empty parts.
         cases.push((CycloAlgorithm::Hash, 2, 3, 0.0));
+        cases.push((CycloAlgorithm::CrossProduct, 2, 3, 0.0));
         cases.push((CycloAlgorithm::SortMerge(MergePredicate::Eq), 0, 5, 0.0));
         for (algo, r_rows, s_rows, zipf) in cases {
             let mut spec = CycloSpec::new(vec![], 0, algo.clone());
