@@ -361,17 +361,8 @@ impl SendEndpoint {
         }
         buf.credits.clear(); // the credits are spent now
         let targets = std::mem::take(&mut buf.targets);
-        self.outstanding.n.fetch_add(1, Ordering::AcqRel);
-        let outstanding = Arc::clone(&self.outstanding);
         let crc = crc32fast::hash(pool_buf.as_slice());
-        let msg = pool_buf.freeze(
-            Some(crc),
-            Some(Arc::new(move || {
-                if outstanding.n.fetch_sub(1, Ordering::AcqRel) == 1 {
-                    outstanding.notify.notify_waiters();
-                }
-            })),
-        );
+        let msg = pool_buf.freeze(Some(crc), Some(self.outstanding_until_released()));
         let len = msg.len();
         // Every hold exists before the first is handed on, so the buffer cannot be
         // released while some destinations are still to come.
@@ -397,27 +388,32 @@ impl SendEndpoint {
     }
 
     /// An empty message whose holds [`SendEndpoint::flushed`] waits for: end-of-stream
-    /// markers and errors carry one, so a flushed endpoint has written them too.
-    fn token(&self) -> crate::pool::Message {
+    /// markers and errors carry one, so a flushed endpoint has written them too. It is
+    /// returned as a hold of its own, which the caller keeps until every destination has
+    /// its hold (`token.message().hold()`): otherwise the first marker written would
+    /// release the token, and `flushed` would return while the others still queue.
+    fn token(&self) -> Held {
+        PoolBuffer::unpooled(0)
+            .freeze(Some(0), Some(self.outstanding_until_released()))
+            .hold()
+    }
+
+    /// Counts one more message [`SendEndpoint::flushed`] waits for; the returned
+    /// callback (a message's `on_release`) counts it off.
+    fn outstanding_until_released(&self) -> Arc<dyn Fn() + Send + Sync> {
         self.outstanding.n.fetch_add(1, Ordering::AcqRel);
         let outstanding = Arc::clone(&self.outstanding);
-        PoolBuffer::unpooled(0).freeze(
-            Some(0),
-            Some(Arc::new(move || {
-                if outstanding.n.fetch_sub(1, Ordering::AcqRel) == 1 {
-                    outstanding.notify.notify_waiters();
-                }
-            })),
-        )
+        Arc::new(move || {
+            if outstanding.n.fetch_sub(1, Ordering::AcqRel) == 1 {
+                outstanding.notify.notify_waiters();
+            }
+        })
     }
 
     /// Ends every stream that has not sent its last message yet (a bare end-of-stream
     /// marker, which needs no credit).
     pub fn finish(&self) {
         let token = self.token();
-        // Held until every destination has its hold: otherwise the first marker written
-        // would release the token, and `flushed` would return while the others queue.
-        let _handing_on = token.hold();
         let mut finished = self.finished.lock();
         for (t, done) in finished.iter_mut().enumerate() {
             if *done {
@@ -429,7 +425,8 @@ impl SendEndpoint {
                 self.hub.deliver_local(key, Event::Last);
             } else {
                 // An empty message with the last flag is the marker on the wire.
-                self.carrier.data(dest, key, Some(token.hold()), true);
+                self.carrier
+                    .data(dest, key, Some(token.message().hold()), true);
             }
         }
     }
@@ -437,8 +434,6 @@ impl SendEndpoint {
     /// Fails every unfinished stream: its receivers get `message` as an error.
     pub fn fail(&self, message: &str) {
         let token = self.token();
-        // As in `finish`: the token is released only after every error is handed on.
-        let _handing_on = token.hold();
         let mut finished = self.finished.lock();
         for (t, done) in finished.iter_mut().enumerate() {
             if *done {
@@ -454,7 +449,7 @@ impl SendEndpoint {
                 self.hub.deliver_local(key, ev);
             } else {
                 self.carrier
-                    .error(dest, key, message.to_string(), Some(token.hold()));
+                    .error(dest, key, message.to_string(), Some(token.message().hold()));
             }
         }
     }
