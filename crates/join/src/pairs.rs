@@ -25,6 +25,18 @@ impl JoinPairs {
         self.right.push(right);
     }
 
+    /// Every row of `left` paired with every row of `right` (a cross product),
+    /// ordered by left row.
+    pub fn cross(left: std::ops::Range<u32>, right: &[u32]) -> Self {
+        let mut pairs = JoinPairs::with_capacity(left.len() * right.len());
+        for l in left {
+            for &r in right {
+                pairs.push(l, r);
+            }
+        }
+        pairs
+    }
+
     pub fn len(&self) -> usize {
         self.left.len()
     }

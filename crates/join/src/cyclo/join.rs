@@ -417,13 +417,7 @@ pub fn for_each_cross_chunk<E>(
     let rows_per_chunk = (max_pairs / stationary.len().max(1)).max(1);
     for start in (0..rows).step_by(rows_per_chunk) {
         let end = (start + rows_per_chunk).min(rows);
-        let mut pairs = JoinPairs::with_capacity((end - start) * stationary.len());
-        for r in start as u32..end as u32 {
-            for &s in stationary {
-                pairs.push(r, s);
-            }
-        }
-        f(&pairs)?;
+        f(&JoinPairs::cross(start as u32..end as u32, stationary))?;
     }
     Ok(())
 }

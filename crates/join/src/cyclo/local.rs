@@ -317,13 +317,7 @@ impl Stationary {
                 pairs
             }
             (Prepared::Rows(rows), CycloAlgorithm::CrossProduct) => {
-                let mut pairs = JoinPairs::with_capacity(keys.len() * rows.len());
-                for f in 0..keys.len() as u32 {
-                    for &r in rows {
-                        pairs.push(f, r);
-                    }
-                }
-                pairs
+                JoinPairs::cross(0..keys.len() as u32, rows)
             }
             _ => {
                 return Err(CycloError::Spec(format!(
