@@ -2,7 +2,8 @@
 //! (the last under `SET gyre.join_strategy = 'cyclo'`), inner, left/right/full outer,
 //! semi and anti,
 //! over random and skewed data with
-//! duplicate keys, NULL keys, an empty table and a table on one worker only, each result
+//! duplicate keys, NULL keys, nested columns, an empty table and a table on one worker
+//! only, each result
 //! compared with single-node DataFusion; `EXPLAIN` must show the cyclo-join (so a
 //! fallback to another join cannot pass unnoticed) and `EXPLAIN ANALYZE` its timings.
 
@@ -11,6 +12,8 @@ mod sql_reference;
 use gyre_cluster::reference::canonical_rows;
 use sql_reference::{differs, start, text};
 
+/// `n`: the smallest table, with nested columns (lists with NULLs, structs, maps and
+/// lists of structs), so they must travel the ring in Arrow's row format.
 /// `a`: strings, random `x`, skewed `k` with NULLs. `b`: smaller, only fixed-width
 /// columns: random `y` with NULLs, floats, dates, booleans. `w`: smaller than `a`, with
 /// strings (NULL, empty, multi-byte, up to 6000 bytes long) and decimals, so strings
@@ -41,6 +44,13 @@ CREATE TABLE w AS SELECT
     CASE WHEN value % 5 = 0 THEN '' ELSE 'é' || CAST(value % 3 AS VARCHAR) END AS u,
     repeat('x', CAST((value * 37) % 6000 AS INT)) AS long
   FROM generate_series(1, 1500) AS t(value);
+CREATE TABLE n AS SELECT
+    (value * 389) % 1000 AS nx,
+    CASE WHEN value % 10 = 0 THEN NULL ELSE make_array(value, NULL, value * 2) END AS xs,
+    named_struct('id', value, 'tag', CASE WHEN value % 4 = 0 THEN NULL ELSE 'n' || CAST(value AS VARCHAR) END) AS st,
+    MAP {'k': value % 3, 'z': value} AS m,
+    make_array(named_struct('p', CAST(value AS DOUBLE) / 4, 'q', 'é' || CAST(value % 7 AS VARCHAR))) AS ps
+  FROM generate_series(1, 300) AS t(value);
 CREATE TABLE e (k INT, x BIGINT);
 CREATE TABLE one (k INT, w BIGINT) PARTITION BY k;
 INSERT INTO one VALUES (20, 5);
@@ -254,6 +264,34 @@ async fn cyclo_joins_match_datafusion_on_two_workers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cyclo_joins_match_datafusion_on_three_workers() {
     check(3).await;
+}
+
+/// Nested columns travel the ring: the smallest input, `n`, rotates although it carries
+/// lists, structs and maps, and its nested values come back whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nested_columns_rotate() {
+    let (cluster, reference) = start(3, SETUP).await;
+    let c = &cluster.coordinator;
+    c.sql("SET gyre.join_strategy = 'cyclo'").await.unwrap();
+    let mut failures = vec![];
+    for q in [
+        "SELECT n.nx, n.xs, n.st, n.m, n.ps, b.y FROM n JOIN b ON n.nx BETWEEN b.y - 2 AND b.y + 2",
+        "SELECT a.s, a.x, n.st, n.xs FROM a JOIN n ON a.x < n.nx AND n.nx < 40",
+        "SELECT n.m, n.ps, a.s FROM n JOIN a ON n.nx = a.x WHERE a.g = 3",
+        "SELECT a.s, n.st, n.m FROM a LEFT JOIN n ON a.x BETWEEN n.nx AND n.nx + 1",
+    ] {
+        let plan = text(c.sql_one(&format!("EXPLAIN {q}")).await.unwrap());
+        let n_rotates = (plan.contains("on=(nx, ") && plan.contains("rotating=left input"))
+            || (plan.contains(", nx)") && plan.contains("rotating=right input"));
+        if !plan.contains("CycloJoinExec") || !n_rotates {
+            failures.push(format!("{q}\n  n does not rotate:\n{plan}"));
+            continue;
+        }
+        if let Some(d) = differs(c, &reference, q).await {
+            failures.push(d);
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,12 +8,15 @@
 //!   booleans) as `ceil(width / 8)` words per row holding the value's bytes;
 //! - variable-length values (strings, binaries, and dictionaries of either) as one of
 //!   the fragment's byte columns: a word pointing into the fragment's heap;
+//! - every other type (lists, structs, maps, unions, dictionaries of other values) also
+//!   as a byte column, each value in Arrow's row format (`arrow::row`), which encodes
+//!   one nested value per row in a self-contained byte string;
 //! - validity as one word per 64 columns.
 //!
 //! On every worker the matching fragment rows are gathered straight from the buffer
-//! into Arrow arrays, so nothing is decoded for rows that do not join. Nested types
-//! (lists, structs, maps) cannot rotate; the planner then rotates the other input or
-//! keeps DataFusion's join.
+//! into Arrow arrays, so nothing is decoded for rows that do not join. Row-format values
+//! are decoded by the same converter that encoded them on the sending worker (the row
+//! format is deterministic for a type); fragments arrive checksummed by the transport.
 
 use std::sync::Arc;
 
@@ -24,6 +27,7 @@ use arrow::array::{
 use arrow::buffer::{BooleanBuffer, MutableBuffer, NullBuffer};
 use arrow::compute::cast;
 use arrow::datatypes::{DataType, FieldRef};
+use arrow::row::{RowConverter, SortField};
 use datafusion::common::{Result, exec_err, internal_err};
 use gyre_join::cyclo::{ByteColumn, FragmentView};
 
@@ -39,6 +43,8 @@ pub enum Travel {
     Bytes {
         string: bool,
     },
+    /// A byte column holding each value in Arrow's row format (nested types).
+    Rows,
 }
 
 impl Travel {
@@ -53,13 +59,15 @@ impl Travel {
                 Some(Travel::Bytes { string: false })
             }
             DataType::FixedSizeBinary(n) if *n > 0 => Some(Travel::Fixed { width: *n as usize }),
-            DataType::Dictionary(_, v) => match Travel::of(v)? {
-                // Dictionaries travel as their values and are rebuilt on arrival.
-                b @ Travel::Bytes { .. } => Some(b),
-                _ => None,
-            },
+            // Dictionaries of strings or binaries travel as their values and are rebuilt
+            // on arrival; other dictionaries in the row format.
+            DataType::Dictionary(_, v) if matches!(Travel::of(v), Some(Travel::Bytes { .. })) => {
+                Travel::of(v)
+            }
             t if t.is_primitive() => t.primitive_width().map(|width| Travel::Fixed { width }),
-            _ => None,
+            t => {
+                RowConverter::supports_fields(&[SortField::new(t.clone())]).then_some(Travel::Rows)
+            }
         }
     }
 
@@ -68,7 +76,7 @@ impl Travel {
         match self {
             Travel::Fixed { width } => width.div_ceil(8),
             Travel::Boolean => 1,
-            Travel::Bytes { .. } => 0,
+            Travel::Bytes { .. } | Travel::Rows => 0,
         }
     }
 }
@@ -124,8 +132,10 @@ fn validity_words(columns: usize) -> usize {
 pub struct RotatingLayout {
     fields: Vec<FieldRef>,
     travel: Vec<Travel>,
-    /// Payload word column (fixed) or byte column (bytes) of each column.
+    /// Payload word column (fixed) or byte column (bytes, rows) of each column.
     place: Vec<usize>,
+    /// The row-format converter of each `Travel::Rows` column.
+    row_formats: Vec<Option<Arc<RowConverter>>>,
     fixed_words: usize,
     byte_columns: usize,
 }
@@ -135,6 +145,7 @@ impl RotatingLayout {
         let (mut fixed_words, mut byte_columns) = (0, 0);
         let mut travel = Vec::with_capacity(fields.len());
         let mut place = Vec::with_capacity(fields.len());
+        let mut row_formats = Vec::with_capacity(fields.len());
         for f in fields {
             let Some(t) = Travel::of(f.data_type()) else {
                 return exec_err!(
@@ -143,7 +154,13 @@ impl RotatingLayout {
                     f.data_type()
                 );
             };
-            if let Travel::Bytes { .. } = t {
+            row_formats.push(match t {
+                Travel::Rows => Some(Arc::new(RowConverter::new(vec![SortField::new(
+                    f.data_type().clone(),
+                )])?)),
+                _ => None,
+            });
+            if let Travel::Bytes { .. } | Travel::Rows = t {
                 place.push(byte_columns);
                 byte_columns += 1;
             } else {
@@ -156,6 +173,7 @@ impl RotatingLayout {
             fields: fields.to_vec(),
             travel,
             place,
+            row_formats,
             fixed_words,
             byte_columns,
         })
@@ -195,7 +213,7 @@ impl RotatingLayout {
         let cols = batch.num_columns();
         let mut words = Vec::with_capacity(self.payload_words());
         let mut bytes = Vec::with_capacity(self.byte_columns);
-        for (c, t) in batch.columns().iter().zip(&self.travel) {
+        for (i, (c, t)) in batch.columns().iter().zip(&self.travel).enumerate() {
             match t {
                 Travel::Boolean => {
                     let Some(b) = c.as_any().downcast_ref::<BooleanArray>() else {
@@ -206,6 +224,14 @@ impl RotatingLayout {
                 Travel::Fixed { width } => words.extend(fixed_words(c, *width)?),
                 Travel::Bytes { .. } => {
                     let large = cast(c, &DataType::LargeBinary)?;
+                    let Some(a) = large.as_any().downcast_ref::<LargeBinaryArray>() else {
+                        return internal_err!("a cast to large binary gave {}", large.data_type());
+                    };
+                    bytes.push(a.clone());
+                }
+                Travel::Rows => {
+                    let binary = self.converter(i)?.convert_columns(&[Arc::clone(c)])?;
+                    let large = cast(&binary.try_into_binary()?, &DataType::LargeBinary)?;
                     let Some(a) = large.as_any().downcast_ref::<LargeBinaryArray>() else {
                         return internal_err!("a cast to large binary gave {}", large.data_type());
                     };
@@ -312,6 +338,32 @@ impl RotatingLayout {
                     Ok(cast(&built, t)?)
                 }
             }
+            Travel::Rows => {
+                // NULLs are part of each value's row encoding; the validity word agrees.
+                let converter = self.converter(c)?;
+                let parser = converter.parser();
+                let b = self.place[c];
+                let mut decoded = converter.convert_rows(
+                    rows.iter()
+                        .map(|&r| parser.parse(fragment.byte_value(b, r as usize))),
+                )?;
+                let Some(built) = decoded.pop() else {
+                    return internal_err!("the row format gave no column for {}", field.name());
+                };
+                // Dictionaries come back as their values.
+                if built.data_type() == t {
+                    Ok(built)
+                } else {
+                    Ok(cast(&built, t)?)
+                }
+            }
+        }
+    }
+
+    fn converter(&self, c: usize) -> Result<&RowConverter> {
+        match &self.row_formats[c] {
+            Some(r) => Ok(r),
+            None => internal_err!("column {} does not travel in the row format", c),
         }
     }
 }
@@ -536,28 +588,134 @@ mod tests {
     }
 
     #[test]
-    fn nested_columns_do_not_travel() {
-        assert!(travels(&DataType::Int32));
-        assert!(travels(&DataType::Float64));
-        assert!(travels(&DataType::Boolean));
-        assert!(travels(&DataType::Utf8));
-        assert!(travels(&DataType::Decimal128(10, 2)));
-        assert!(travels(&DataType::Decimal256(50, 2)));
+    fn how_each_type_travels() {
+        assert_eq!(
+            Travel::of(&DataType::Int32),
+            Some(Travel::Fixed { width: 4 })
+        );
+        assert_eq!(
+            Travel::of(&DataType::Decimal256(50, 2)),
+            Some(Travel::Fixed { width: 32 })
+        );
+        assert_eq!(Travel::of(&DataType::Boolean), Some(Travel::Boolean));
+        assert_eq!(
+            Travel::of(&DataType::Utf8),
+            Some(Travel::Bytes { string: true })
+        );
+        let dict = |v| DataType::Dictionary(Box::new(DataType::Int32), Box::new(v));
+        assert_eq!(
+            Travel::of(&dict(DataType::Utf8)),
+            Some(Travel::Bytes { string: true })
+        );
+        assert_eq!(Travel::of(&dict(DataType::Int64)), Some(Travel::Rows));
         let item = Arc::new(Field::new("item", DataType::Int32, true));
-        assert!(!travels(&DataType::List(item)));
-        assert!(!travels(&DataType::Dictionary(
-            Box::new(DataType::Int32),
-            Box::new(DataType::Int64)
-        )));
-        let e = RotatingLayout::new(&[Arc::new(Field::new(
-            "xs",
-            DataType::List(Arc::new(Field::new("item", DataType::Int32, true))),
-            true,
-        ))])
-        .unwrap_err();
-        assert!(e.to_string().contains("column xs of type List"), "{e}");
+        assert_eq!(Travel::of(&DataType::List(item)), Some(Travel::Rows));
         assert_eq!(key_type_supported(&DataType::Date32), Some(false));
         assert_eq!(key_type_supported(&DataType::UInt64), Some(true));
         assert_eq!(key_type_supported(&DataType::Utf8), None);
+    }
+
+    /// Lists, structs, maps and dictionaries of fixed-width values travel in the row
+    /// format and come back as the same arrays, NULLs (of the value and inside it)
+    /// included, next to fixed and byte columns.
+    #[test]
+    fn nested_columns_survive_the_round_trip_through_a_fragment() {
+        use arrow::array::{Int32Builder, ListBuilder, MapBuilder, StringBuilder, StructArray};
+        let mut list = ListBuilder::new(Int32Builder::new());
+        for v in [
+            Some(vec![Some(1), None, Some(3)]),
+            None,
+            Some(vec![]),
+            Some(vec![Some(-7)]),
+            Some(vec![Some(i32::MAX), Some(0)]),
+        ] {
+            list.append_option(v);
+        }
+        let list: ArrayRef = Arc::new(list.finish());
+        let strukt: ArrayRef = Arc::new(StructArray::from(vec![
+            (
+                Arc::new(Field::new("a", DataType::Int64, true)),
+                Arc::new(Int64Array::from(vec![
+                    Some(1),
+                    None,
+                    Some(3),
+                    Some(4),
+                    Some(5),
+                ])) as ArrayRef,
+            ),
+            (
+                Arc::new(Field::new("b", DataType::Utf8, true)),
+                Arc::new(StringArray::from(vec![
+                    Some("x"),
+                    Some("héllo"),
+                    None,
+                    Some(""),
+                    Some("z"),
+                ])) as ArrayRef,
+            ),
+        ]));
+        let mut map = MapBuilder::new(None, StringBuilder::new(), Int32Builder::new());
+        for row in [
+            vec![("k1", Some(1)), ("k2", None)],
+            vec![],
+            vec![("only", Some(9))],
+            vec![("a", Some(1)), ("b", Some(2)), ("c", Some(3))],
+            vec![("z", Some(-1))],
+        ] {
+            for (k, v) in row {
+                map.keys().append_value(k);
+                map.values().append_option(v);
+            }
+            map.append(true).unwrap();
+        }
+        let map: ArrayRef = Arc::new(map.finish());
+        let dict: ArrayRef = Arc::new(
+            arrow::array::DictionaryArray::<arrow::datatypes::Int32Type>::try_new(
+                arrow::array::Int32Array::from(vec![Some(0), None, Some(1), Some(0), Some(2)]),
+                Arc::new(Int64Array::from(vec![10, 20, 30])),
+            )
+            .unwrap(),
+        );
+        let cols: Vec<ArrayRef> = vec![
+            list,
+            Arc::new(Int64Array::from(vec![1, 2, 3, 4, 5])),
+            strukt,
+            map,
+            Arc::new(StringArray::from(vec!["s1", "s2", "s3", "s4", "s5"])),
+            dict,
+        ];
+        let fields: Vec<FieldRef> = cols
+            .iter()
+            .enumerate()
+            .map(|(i, c)| Arc::new(Field::new(format!("c{i}"), c.data_type().clone(), true)))
+            .collect();
+        let batch = RecordBatch::try_new(Arc::new(Schema::new(fields.clone())), cols).unwrap();
+        let batch = batch.slice(1, 4);
+        let layout = RotatingLayout::new(&fields).unwrap();
+        assert_eq!(layout.byte_columns(), 5);
+        let enc = layout.encode(&batch).unwrap();
+        let payload: Vec<&[u64]> = enc.words.iter().map(Vec::as_slice).collect();
+        let order = [2u32, 0, 3, 1];
+        let words = encode_with_bytes(
+            FragmentForm::Raw,
+            KeyDomain::Unsigned,
+            &[0u64; 4],
+            &payload,
+            &enc.byte_columns(),
+            &order,
+            &[],
+        );
+        let fragment = FragmentView::parse(&words).unwrap();
+        layout.check(&fragment, 0).unwrap();
+        for rows in [&[3u32, 0, 0, 2, 1][..], &[][..]] {
+            for c in 0..fields.len() {
+                let got = layout.decode(&fragment, c, rows).unwrap();
+                let idx =
+                    UInt32Array::from(rows.iter().map(|&r| order[r as usize]).collect::<Vec<_>>());
+                let want = arrow::compute::take(batch.column(c).as_ref(), &idx, None).unwrap();
+                assert_eq!(got.data_type(), want.data_type(), "column {c}");
+                assert_eq!(got.as_ref(), want.as_ref(), "column {c}");
+            }
+        }
     }
 }
