@@ -31,6 +31,7 @@
 //! build broadcast per detection round, so that each round's heavy join can start as
 //! soon as its build rows are complete.
 
+mod lookup;
 mod matches;
 mod run;
 mod source;

@@ -14,6 +14,7 @@
 //! broadcasts as they come, and the usual join consumes the probe shuffle as any
 //! partitioned hash join does.
 
+use super::lookup::{HashSetU64, HeavyLookup, Modulo};
 use super::matches::{Matches, Shape, number_rows, row_id_schema, with_row_id};
 use super::source::PreparedInputExec;
 use super::{
@@ -46,31 +47,10 @@ use gyre_join::flow::detect::{Coordinator, NodeDetector, NodeReport};
 use gyre_join::flow::wire::{Control, Side};
 use gyre_transport::{NodeId, ReceiveEndpoint, ReceiveSpec, SendEndpoint, SendSpec, To, node_name};
 use parking_lot::{Mutex, RwLock};
-use std::collections::{HashMap, HashSet};
-use std::hash::{BuildHasherDefault, Hasher};
+
 use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::UnboundedReceiverStream;
-
-/// Hashes are already well mixed: a set of them needs no second hash.
-#[derive(Default)]
-struct PreHashed(u64);
-
-impl Hasher for PreHashed {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(b);
-        }
-    }
-    fn write_u64(&mut self, v: u64) {
-        self.0 = v;
-    }
-}
-
-type HashSetU64 = HashSet<u64, BuildHasherDefault<PreHashed>>;
 
 /// The heavy hashes announced so far, shared by the listener (writer) and router.
 /// Only ever appended to, so a reader knows what is new by the length it last saw.
@@ -519,12 +499,14 @@ struct Router {
     local_txs: Vec<mpsc::UnboundedSender<RecordBatch>>,
     detector: NodeDetector,
     /// Heavy hash -> detection round.
-    heavy: HashMap<u64, u32, BuildHasherDefault<PreHashed>>,
+    heavy: HeavyLookup,
     /// How many of the shared heavy hashes `heavy` holds.
     heavy_seen: usize,
     named: HashSetU64,
-    by_owner: Vec<Vec<u32>>,
-    kept: Vec<Vec<u32>>,
+    /// Row indices of a batch by destination: owners `0..n`, then the heavy join of
+    /// each detection round (`n + round`).
+    dests: Vec<Vec<u32>>,
+    owner: Modulo,
     routed: u64,
     /// Where counting resumes in the next batch (sampling spans batches).
     next_counted: usize,
@@ -557,11 +539,11 @@ impl Router {
             outlets,
             local_txs,
             detector: NodeDetector::new(config, 1, expected),
-            heavy: HashMap::default(),
+            heavy: HeavyLookup::default(),
             heavy_seen: 0,
             named: HashSetU64::default(),
-            by_owner: vec![Vec::new(); n],
-            kept: vec![Vec::new(); rounds],
+            dests: vec![Vec::new(); n + rounds],
+            owner: Modulo::new(n as u64),
             routed: 0,
             next_counted: 0,
             hold_limit: (expected / 20).max(HOLD_MIN_ROWS),
@@ -575,7 +557,9 @@ impl Router {
             if self.heavy.is_empty() {
                 self.sh.m.first_heavy_after_rows.set(self.routed as usize);
             }
-            self.heavy.extend(hashes[self.heavy_seen..].iter().copied());
+            for &(hash, round) in &hashes[self.heavy_seen..] {
+                self.heavy.insert(hash, round);
+            }
             self.heavy_seen = hashes.len();
         }
     }
@@ -687,53 +671,59 @@ impl Router {
             hashes,
         } = hashed;
         let rows = batch.num_rows();
-        let n = self.by_owner.len() as u64;
+        let n = self.sh.n();
+        let owner = self.owner;
         {
             let timer = self.sh.m.routing_time.clone();
             let _t = timer.timer();
-            self.by_owner.iter_mut().for_each(Vec::clear);
-            self.kept.iter_mut().for_each(Vec::clear);
+            self.dests.iter_mut().for_each(Vec::clear);
             if self.heavy.is_empty() {
                 for (i, &x) in hashes.iter().enumerate() {
-                    self.by_owner[(x % n) as usize].push(i as u32);
+                    self.dests[owner.of(x) as usize].push(i as u32);
                 }
             } else {
                 for (i, &x) in hashes.iter().enumerate() {
-                    match self.heavy.get(&x) {
-                        Some(&round) => self.kept[round as usize].push(i as u32),
-                        None => self.by_owner[(x % n) as usize].push(i as u32),
-                    }
+                    let d = match self.heavy.get(x) {
+                        Some(round) => n + round as usize,
+                        None => owner.of(x) as usize,
+                    };
+                    self.dests[d].push(i as u32);
                 }
             }
         }
         self.routed += rows as u64;
         self.sh.m.probe_rows.add(rows);
-        for q in 0..self.by_owner.len() {
-            let idx = &self.by_owner[q];
-            if idx.is_empty() {
+        for q in 0..n {
+            let len = self.dests[q].len();
+            if len == 0 {
                 continue;
             }
-            let part = if idx.len() == rows {
+            let part = if len == rows {
                 batch.clone()
             } else {
-                take_record_batch(batch, &UInt32Array::from(idx.clone()))?
+                // The index vector becomes the array's buffer, without a copy.
+                let idx = UInt32Array::from(std::mem::take(&mut self.dests[q]));
+                take_record_batch(batch, &idx)?
             };
             self.outlets[q]
                 .push(&self.ep, part, &self.sh.send_m)
                 .await?;
         }
-        for round in 0..self.kept.len() {
-            let idx = &self.kept[round];
+        for round in 0..self.local_txs.len() {
+            let idx = std::mem::take(&mut self.dests[n + round]);
             if idx.is_empty() {
                 continue;
             }
-            for &i in idx {
-                if self.named.insert(hashes[i as usize]) {
-                    name_heavy_hitter(&self.sh, hashes[i as usize], keys, i as usize);
+            // Until every heavy hash has a name, look for rows of the unnamed ones.
+            if self.named.len() < self.heavy.len() {
+                for &i in &idx {
+                    if self.named.insert(hashes[i as usize]) {
+                        name_heavy_hitter(&self.sh, hashes[i as usize], keys, i as usize);
+                    }
                 }
             }
             self.sh.m.probe_rows_local.add(idx.len());
-            let part = take_record_batch(batch, &UInt32Array::from(idx.clone()))?;
+            let part = take_record_batch(batch, &UInt32Array::from(idx))?;
             // The receiver is gone only when the query's output was dropped.
             let _ = self.local_txs[round].send(part);
         }
