@@ -436,6 +436,40 @@ mod tests {
     use gyre_join::cyclo::FragmentForm;
     use gyre_join::cyclo::fragment::encode_with_bytes;
 
+    /// Rows 1..5 of `cols` (a sliced batch: offsets must be honoured), with nullable
+    /// fields named c0, c1, ...
+    fn sliced_batch(cols: Vec<ArrayRef>) -> (Vec<FieldRef>, RecordBatch) {
+        let fields: Vec<FieldRef> = cols
+            .iter()
+            .enumerate()
+            .map(|(i, c)| Arc::new(Field::new(format!("c{i}"), c.data_type().clone(), true)))
+            .collect();
+        let batch = RecordBatch::try_new(Arc::new(Schema::new(fields.clone())), cols).unwrap();
+        (fields, batch.slice(1, 4))
+    }
+
+    /// The words of a raw fragment holding `batch`'s rows in `order`, as an origin
+    /// encodes it for the ring.
+    fn fragment_words(layout: &RotatingLayout, batch: &RecordBatch, order: &[u32]) -> Vec<u64> {
+        let enc = layout.encode(batch).unwrap();
+        assert_eq!(enc.words.len(), layout.payload_words());
+        let payload: Vec<&[u64]> = enc.words.iter().map(Vec::as_slice).collect();
+        encode_with_bytes(
+            FragmentForm::Raw,
+            KeyDomain::Unsigned,
+            &vec![0u64; batch.num_rows()],
+            &payload,
+            &enc.byte_columns(),
+            order,
+            &[],
+        )
+    }
+
+    /// Fragment rows `rows` as batch rows (fragment row i holds batch row `order[i]`).
+    fn batch_rows(rows: &[u32], order: &[u32]) -> UInt32Array {
+        UInt32Array::from(rows.iter().map(|&r| order[r as usize]).collect::<Vec<_>>())
+    }
+
     /// Every travelling type survives the trip through a real fragment: encoded at the
     /// origin (rows reordered as a sorted fragment would be), gathered on arrival.
     #[test]
@@ -533,31 +567,11 @@ mod tests {
             ),
             dict,
         ];
-        let fields: Vec<FieldRef> = cols
-            .iter()
-            .enumerate()
-            .map(|(i, c)| Arc::new(Field::new(format!("c{i}"), c.data_type().clone(), true)))
-            .collect();
-        let batch =
-            RecordBatch::try_new(Arc::new(Schema::new(fields.clone())), cols.clone()).unwrap();
-        // A sliced batch: offsets must be honoured.
-        let batch = batch.slice(1, 4);
+        let (fields, batch) = sliced_batch(cols);
         let layout = RotatingLayout::new(&fields).unwrap();
         assert_eq!(layout.byte_columns(), 5);
-        let enc = layout.encode(&batch).unwrap();
-        assert_eq!(enc.words.len(), layout.payload_words());
-        let payload: Vec<&[u64]> = enc.words.iter().map(Vec::as_slice).collect();
-        let keys = [0u64; 4];
         let order = [3u32, 1, 0, 2];
-        let words = encode_with_bytes(
-            FragmentForm::Raw,
-            KeyDomain::Unsigned,
-            &keys,
-            &payload,
-            &enc.byte_columns(),
-            &order,
-            &[],
-        );
+        let words = fragment_words(&layout, &batch, &order);
         let fragment = FragmentView::parse(&words).unwrap();
         layout.check(&fragment, 0).unwrap();
         assert!(layout.check(&fragment, 1).is_err());
@@ -565,8 +579,7 @@ mod tests {
         let rows = [2u32, 0, 1, 2, 3];
         for c in 0..fields.len() {
             let got = layout.decode(&fragment, c, &rows).unwrap();
-            let idx =
-                UInt32Array::from(rows.iter().map(|&r| order[r as usize]).collect::<Vec<_>>());
+            let idx = batch_rows(&rows, &order);
             let want = arrow::compute::take(batch.column(c).as_ref(), &idx, None).unwrap();
             assert_eq!(got.data_type(), want.data_type(), "column {c}");
             assert_eq!(
@@ -684,34 +697,17 @@ mod tests {
             Arc::new(StringArray::from(vec!["s1", "s2", "s3", "s4", "s5"])),
             dict,
         ];
-        let fields: Vec<FieldRef> = cols
-            .iter()
-            .enumerate()
-            .map(|(i, c)| Arc::new(Field::new(format!("c{i}"), c.data_type().clone(), true)))
-            .collect();
-        let batch = RecordBatch::try_new(Arc::new(Schema::new(fields.clone())), cols).unwrap();
-        let batch = batch.slice(1, 4);
+        let (fields, batch) = sliced_batch(cols);
         let layout = RotatingLayout::new(&fields).unwrap();
         assert_eq!(layout.byte_columns(), 5);
-        let enc = layout.encode(&batch).unwrap();
-        let payload: Vec<&[u64]> = enc.words.iter().map(Vec::as_slice).collect();
         let order = [2u32, 0, 3, 1];
-        let words = encode_with_bytes(
-            FragmentForm::Raw,
-            KeyDomain::Unsigned,
-            &[0u64; 4],
-            &payload,
-            &enc.byte_columns(),
-            &order,
-            &[],
-        );
+        let words = fragment_words(&layout, &batch, &order);
         let fragment = FragmentView::parse(&words).unwrap();
         layout.check(&fragment, 0).unwrap();
         for rows in [&[3u32, 0, 0, 2, 1][..], &[][..]] {
             for c in 0..fields.len() {
                 let got = layout.decode(&fragment, c, rows).unwrap();
-                let idx =
-                    UInt32Array::from(rows.iter().map(|&r| order[r as usize]).collect::<Vec<_>>());
+                let idx = batch_rows(rows, &order);
                 let want = arrow::compute::take(batch.column(c).as_ref(), &idx, None).unwrap();
                 assert_eq!(got.data_type(), want.data_type(), "column {c}");
                 assert_eq!(got.as_ref(), want.as_ref(), "column {c}");
