@@ -47,7 +47,6 @@ use gyre_join::flow::detect::{Coordinator, NodeDetector, NodeReport};
 use gyre_join::flow::wire::{Control, Side};
 use gyre_transport::{NodeId, ReceiveEndpoint, ReceiveSpec, SendEndpoint, SendSpec, To, node_name};
 use parking_lot::{Mutex, RwLock};
-
 use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::UnboundedReceiverStream;
