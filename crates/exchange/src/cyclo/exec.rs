@@ -632,7 +632,6 @@ impl BatchSink {
     /// and gathering every pair. Returns the pairs kept.
     fn cross(&mut self, fragment: &FragmentView<'_>, stationary: &[u32]) -> Result<u64> {
         self.check(fragment)?;
-        let all_fragment_rows: Vec<u32> = (0..fragment.rows() as u32).collect();
         let Some(filter) = self.filter.clone() else {
             // No condition: every pair is a result.
             for_each_cross_chunk(fragment.rows(), stationary, BATCH_ROWS, |pairs| {
@@ -640,6 +639,7 @@ impl BatchSink {
             })?;
             return Ok((fragment.rows() * stationary.len()) as u64);
         };
+        let all_fragment_rows: Vec<u32> = (0..fragment.rows() as u32).collect();
         let rotating_side = self.rotating_side();
         // The condition's columns over all rows of their side.
         let stationary_idx = (stationary.len() != self.stationary.num_rows())

@@ -222,20 +222,10 @@ impl RotatingLayout {
                     words.push(b.values().iter().map(u64::from).collect());
                 }
                 Travel::Fixed { width } => words.extend(fixed_words(c, *width)?),
-                Travel::Bytes { .. } => {
-                    let large = cast(c, &DataType::LargeBinary)?;
-                    let Some(a) = large.as_any().downcast_ref::<LargeBinaryArray>() else {
-                        return internal_err!("a cast to large binary gave {}", large.data_type());
-                    };
-                    bytes.push(a.clone());
-                }
+                Travel::Bytes { .. } => bytes.push(large_binary(c)?),
                 Travel::Rows => {
-                    let binary = self.converter(i)?.convert_columns(&[Arc::clone(c)])?;
-                    let large = cast(&binary.try_into_binary()?, &DataType::LargeBinary)?;
-                    let Some(a) = large.as_any().downcast_ref::<LargeBinaryArray>() else {
-                        return internal_err!("a cast to large binary gave {}", large.data_type());
-                    };
-                    bytes.push(a.clone());
+                    let rows = self.converter(i)?.convert_columns(&[Arc::clone(c)])?;
+                    bytes.push(large_binary(&rows.try_into_binary()?)?);
                 }
             }
         }
@@ -264,7 +254,8 @@ impl RotatingLayout {
         let field = &self.fields[c];
         let bit = 1u64 << (c % 64);
         let valid = fragment.payload(self.fixed_words + c / 64);
-        let nulls = if field.is_nullable() {
+        // Row-format values carry their NULLs themselves.
+        let nulls = if field.is_nullable() && self.travel[c] != Travel::Rows {
             let nb = NullBuffer::new(BooleanBuffer::from_iter(
                 rows.iter().map(|&r| valid[r as usize] & bit != 0),
             ));
@@ -332,14 +323,9 @@ impl RotatingLayout {
                     }
                     Arc::new(out.finish())
                 };
-                if built.data_type() == t {
-                    Ok(built)
-                } else {
-                    Ok(cast(&built, t)?)
-                }
+                as_type(built, t)
             }
             Travel::Rows => {
-                // NULLs are part of each value's row encoding; the validity word agrees.
                 let converter = self.converter(c)?;
                 let parser = converter.parser();
                 let b = self.place[c];
@@ -351,11 +337,7 @@ impl RotatingLayout {
                     return internal_err!("the row format gave no column for {}", field.name());
                 };
                 // Dictionaries come back as their values.
-                if built.data_type() == t {
-                    Ok(built)
-                } else {
-                    Ok(cast(&built, t)?)
-                }
+                as_type(built, t)
             }
         }
     }
@@ -385,6 +367,25 @@ impl EncodedRotating {
                 values: a.values().as_slice(),
             })
             .collect()
+    }
+}
+
+/// A byte column as the `LargeBinary` array its fragment column is written from.
+fn large_binary(a: &dyn Array) -> Result<LargeBinaryArray> {
+    let large = cast(a, &DataType::LargeBinary)?;
+    match large.as_any().downcast_ref::<LargeBinaryArray>() {
+        Some(a) => Ok(a.clone()),
+        None => internal_err!("a cast to large binary gave {}", large.data_type()),
+    }
+}
+
+/// A decoded column as the field's type `t` (strings may be views or dictionaries, row
+/// format dictionaries come back as their values).
+fn as_type(built: ArrayRef, t: &DataType) -> Result<ArrayRef> {
+    if built.data_type() == t {
+        Ok(built)
+    } else {
+        Ok(cast(&built, t)?)
     }
 }
 
