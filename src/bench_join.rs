@@ -96,6 +96,11 @@ pub struct JoinResult {
     pub sync_s: Option<f64>,
     /// Largest per-worker share of joined tuples over the mean (1 = balanced).
     pub imbalance: f64,
+    /// Partitioned joins: CPU seconds the workers' processes spent in the join, summed
+    /// over the workers (embedded workers share one process: its CPU is counted once).
+    /// Steadier than `elapsed_s` on a shared machine, so small overheads show here.
+    #[serde(default)]
+    pub cpu_s: Option<f64>,
     pub results: u64,
     pub checksum: u64,
     pub workers: Vec<JoinFigures>,
@@ -207,6 +212,7 @@ pub async fn run(args: JoinArgs) -> Result<(), BoxError> {
                 out.push(figures(
                     &run,
                     with_progress(&label(&run), client.call(&request)).await?,
+                    Processes::OnePerWorker,
                 )?);
             }
             out
@@ -236,7 +242,15 @@ fn label(run: &JoinRun) -> String {
     )
 }
 
-fn figures(run: &JoinRun, reply: Response) -> Result<JoinResult, BoxError> {
+/// Whether each worker runs in a process of its own (emulated hosts, `--connect`) or
+/// all share one (embedded workers), for summing their CPU times.
+#[derive(Clone, Copy, PartialEq)]
+enum Processes {
+    OnePerWorker,
+    Shared,
+}
+
+fn figures(run: &JoinRun, reply: Response, processes: Processes) -> Result<JoinResult, BoxError> {
     let Response::JoinResults(workers) = reply else {
         return Err(format!("unexpected reply {reply:?}").into());
     };
@@ -263,6 +277,14 @@ fn figures(run: &JoinRun, reply: Response) -> Result<JoinResult, BoxError> {
             .collect::<Option<Vec<f64>>>()
             .map(|v| v.into_iter().fold(0.0, f64::max)),
         imbalance: joined.iter().copied().fold(0.0, f64::max) / mean.max(1e-9),
+        cpu_s: workers
+            .iter()
+            .map(|w| w.process_cpu_s)
+            .collect::<Option<Vec<f64>>>()
+            .map(|v| match processes {
+                Processes::OnePerWorker => v.iter().sum(),
+                Processes::Shared => v.into_iter().fold(0.0, f64::max),
+            }),
         results: workers.iter().map(|w| w.results).sum(),
         checksum: workers.iter().fold(0u64, |a, w| a.wrapping_add(w.checksum)),
         workers,
@@ -281,7 +303,7 @@ async fn loopback(nodes: usize, runs: Vec<JoinRun>) -> Result<Vec<JoinResult>, B
                 .handle_control(Request::BenchJoin(run.clone())),
         )
         .await?;
-        out.push(figures(&run, reply)?);
+        out.push(figures(&run, reply, Processes::Shared)?);
     }
     Ok(out)
 }
@@ -371,7 +393,7 @@ fn emit(args: &JoinArgs, r: &JoinBenchReport) -> Result<(), BoxError> {
         return Ok(());
     }
     println!(
-        "{:<18} {:>5} {:>5} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8} {:>9} {:>11}",
+        "{:<18} {:>5} {:>5} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8} {:>9} {:>11} {:>7}",
         "strategy",
         "nodes",
         "zipf",
@@ -382,11 +404,12 @@ fn emit(args: &JoinArgs, r: &JoinBenchReport) -> Result<(), BoxError> {
         "join s",
         "sync s",
         "imbalance",
-        "M tuples/s"
+        "M tuples/s",
+        "CPU s"
     );
     for run in &r.runs {
         println!(
-            "{:<18} {:>5} {:>5} {:>9} {:>9} {:>8.3} {:>8.3} {:>8.3} {:>8} {:>9.2} {:>11.1}",
+            "{:<18} {:>5} {:>5} {:>9} {:>9} {:>8.3} {:>8.3} {:>8.3} {:>8} {:>9.2} {:>11.1} {:>7}",
             run.strategy,
             run.nodes,
             run.zipf,
@@ -399,7 +422,10 @@ fn emit(args: &JoinArgs, r: &JoinBenchReport) -> Result<(), BoxError> {
                 .map(|s| format!("{s:.3}"))
                 .unwrap_or_else(|| "-".into()),
             run.imbalance,
-            run.tuples_per_sec / 1e6
+            run.tuples_per_sec / 1e6,
+            run.cpu_s
+                .map(|s| format!("{s:.3}"))
+                .unwrap_or_else(|| "-".into())
         );
     }
     println!("\nper worker (tuples joined: its share of the work / results):");
@@ -417,7 +443,132 @@ fn emit(args: &JoinArgs, r: &JoinBenchReport) -> Result<(), BoxError> {
             shares.join(", ")
         );
     }
+    let rows = paired_summary(&r.runs);
+    if rows.iter().any(|row| row.runs > 1) {
+        println!(
+            "\nmedians over the repetitions; time and CPU over the first strategy's in the \
+             same repetition (median [min-max]):"
+        );
+        println!(
+            "{:<18} {:>5} {:>5} {:>4} {:>8} {:>7} {:>9} {:>20} {:>20}",
+            "strategy",
+            "nodes",
+            "zipf",
+            "runs",
+            "time s",
+            "CPU s",
+            "imbalance",
+            "time ratio",
+            "CPU ratio"
+        );
+        let ratio = |v: &[f64]| match spread(v) {
+            Some((med, lo, hi)) => format!("{med:.3} [{lo:.2}-{hi:.2}]"),
+            None => "-".into(),
+        };
+        for row in &rows {
+            println!(
+                "{:<18} {:>5} {:>5} {:>4} {:>8.3} {:>7} {:>9.2} {:>20} {:>20}",
+                row.strategy,
+                row.nodes,
+                row.zipf,
+                row.runs,
+                row.time_s,
+                row.cpu_s
+                    .map(|c| format!("{c:.3}"))
+                    .unwrap_or_else(|| "-".into()),
+                row.imbalance,
+                ratio(&row.time_ratios),
+                ratio(&row.cpu_ratios)
+            );
+        }
+    }
     Ok(())
+}
+
+/// One strategy on one cluster size and skew, over its repetitions.
+#[derive(Debug, PartialEq)]
+struct SummaryRow {
+    strategy: String,
+    nodes: usize,
+    zipf: f64,
+    runs: usize,
+    /// Medians.
+    time_s: f64,
+    cpu_s: Option<f64>,
+    imbalance: f64,
+    /// Per repetition: this strategy's time (CPU) over the first strategy's. The
+    /// strategies of one repetition run back to back, so each pair shares the
+    /// machine's conditions; on a noisy machine these ratios are much steadier than
+    /// ratios of medians.
+    time_ratios: Vec<f64>,
+    cpu_ratios: Vec<f64>,
+}
+
+fn median(v: &[f64]) -> Option<f64> {
+    spread(v).map(|s| s.0)
+}
+
+/// Median, minimum and maximum.
+fn spread(v: &[f64]) -> Option<(f64, f64, f64)> {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    let med = match n {
+        0 => return None,
+        _ if n % 2 == 1 => v[n / 2],
+        _ => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    };
+    Some((med, v[0], v[n - 1]))
+}
+
+/// Groups runs by (workers, Zipf) and strategy, in the order they ran; the k-th run of
+/// a strategy is paired with the k-th run of the group's first strategy.
+fn paired_summary(runs: &[JoinResult]) -> Vec<SummaryRow> {
+    /// A strategy's runs in one group, in the order they ran.
+    type Runs<'a> = (&'a str, Vec<&'a JoinResult>);
+    // (workers, Zipf bits) -> strategies in the order they first ran.
+    let mut groups: Vec<((usize, u64), Vec<Runs>)> = vec![];
+    for run in runs {
+        let key = (run.nodes, run.zipf.to_bits());
+        let at = match groups.iter().position(|g| g.0 == key) {
+            Some(i) => i,
+            None => {
+                groups.push((key, vec![]));
+                groups.len() - 1
+            }
+        };
+        let strategies = &mut groups[at].1;
+        match strategies.iter_mut().find(|s| s.0 == run.strategy) {
+            Some(s) => s.1.push(run),
+            None => strategies.push((&run.strategy, vec![run])),
+        }
+    }
+    let mut out = vec![];
+    for (_, strategies) in &groups {
+        let base = &strategies[0].1;
+        for (strategy, list) in strategies {
+            let pairs = || list.iter().zip(base.iter());
+            let cpus: Option<Vec<f64>> = list.iter().map(|r| r.cpu_s).collect();
+            out.push(SummaryRow {
+                strategy: strategy.to_string(),
+                nodes: list[0].nodes,
+                zipf: list[0].zipf,
+                runs: list.len(),
+                time_s: median(&list.iter().map(|r| r.elapsed_s).collect::<Vec<_>>())
+                    .unwrap_or(0.0),
+                cpu_s: cpus.as_deref().and_then(median),
+                imbalance: median(&list.iter().map(|r| r.imbalance).collect::<Vec<_>>())
+                    .unwrap_or(0.0),
+                time_ratios: pairs()
+                    .map(|(r, b)| r.elapsed_s / b.elapsed_s.max(1e-9))
+                    .collect(),
+                cpu_ratios: pairs()
+                    .filter_map(|(r, b)| Some(r.cpu_s? / b.cpu_s?.max(1e-9)))
+                    .collect(),
+            });
+        }
+    }
+    out
 }
 
 /// Time per strategy over the Zipf exponent, or over the workers when several
@@ -511,4 +662,69 @@ fn plot_svg(r: &JoinBenchReport) -> String {
         );
     }
     s + "</svg>\n"
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(strategy: &str, zipf: f64, elapsed_s: f64, cpu_s: Option<f64>) -> JoinResult {
+        JoinResult {
+            strategy: strategy.into(),
+            nodes: 4,
+            build_rows: 10,
+            probe_rows: 100,
+            zipf,
+            elapsed_s,
+            tuples_per_sec: 110.0 / elapsed_s,
+            setup_s: 0.0,
+            join_s: elapsed_s,
+            sync_s: None,
+            imbalance: 1.0,
+            cpu_s,
+            results: 100,
+            checksum: 7,
+            workers: vec![],
+        }
+    }
+
+    /// Ratios pair the runs of one repetition, so a slow repetition (the machine
+    /// busy) moves both strategies and not the ratio.
+    #[test]
+    fn ratios_pair_each_repetition_with_the_first_strategy() {
+        let runs = vec![
+            run("hash", 0.0, 1.0, Some(2.0)),
+            run("flow", 0.0, 1.1, Some(2.2)),
+            run("hash", 0.0, 2.0, Some(4.0)),
+            run("flow", 0.0, 2.2, Some(4.4)),
+            run("hash", 0.0, 1.5, None),
+            run("flow", 0.0, 1.65, Some(3.0)),
+            run("hash", 1.25, 3.0, Some(1.0)),
+            run("flow", 1.25, 1.0, Some(1.0)),
+        ];
+        let rows = paired_summary(&runs);
+        assert_eq!(rows.len(), 4);
+        let flow = &rows[1];
+        assert_eq!(
+            (flow.strategy.as_str(), flow.zipf, flow.runs),
+            ("flow", 0.0, 3)
+        );
+        assert_eq!(flow.time_s, 1.65);
+        // One run without a CPU figure: no median CPU, and only two CPU pairs.
+        assert_eq!(flow.cpu_s, Some(3.0));
+        assert_eq!(rows[0].cpu_s, None);
+        assert!(flow.time_ratios.iter().all(|r| (r - 1.1).abs() < 1e-9));
+        assert_eq!(flow.cpu_ratios.len(), 2);
+        assert_eq!(
+            spread(&flow.time_ratios).map(|s| (s.0 * 10.0).round()),
+            Some(11.0)
+        );
+        let skewed = &rows[3];
+        assert_eq!(
+            (skewed.zipf, skewed.time_ratios.clone()),
+            (1.25, vec![1.0 / 3.0])
+        );
+        assert_eq!(spread(&[3.0, 1.0, 2.0, 4.0]), Some((2.5, 1.0, 4.0)));
+        assert_eq!(spread(&[]), None);
+    }
 }

@@ -149,6 +149,10 @@ pub struct JoinFigures {
     pub checksum: u64,
     /// Strategy-specific figures (name, value).
     pub details: Vec<(String, f64)>,
+    /// Partitioned joins: CPU time of the worker's process during its part of the join
+    /// (embedded workers share one process, so each sees all of them).
+    #[serde(default)]
+    pub process_cpu_s: Option<f64>,
 }
 
 /// What one worker measured in a synthetic shuffle (seconds, bytes).

@@ -357,6 +357,7 @@ impl Worker {
                 ("buffers_high_water".into(), ring.buffers_high_water as f64),
                 ("generate_s".into(), f.generate.as_secs_f64()),
             ],
+            process_cpu_s: None,
         })
     }
 
@@ -416,6 +417,7 @@ impl Worker {
             results: f.result_rows,
             checksum: f.checksum,
             details,
+            process_cpu_s: f.process_cpu.map(|d| d.as_secs_f64()),
         })
     }
 

@@ -1,23 +1,23 @@
-//! CPU time of this process and of single threads, from Linux's `/proc`
-//! (`None` where it is not available).
+//! CPU time of this process (`getrusage`) and of single threads (Linux's `/proc`),
+//! `None` where it is not available.
 
 use std::time::Duration;
 
-/// Clock ticks per second of `/proc/*/stat` times (USER_HZ, 100 on Linux).
-const TICKS_PER_SECOND: u64 = 100;
-
 /// User plus system CPU time of every thread of this process, living or ended
-/// (10 ms resolution).
+/// (`getrusage`, microsecond resolution: a join of 0.1 CPU-seconds is measured to
+/// within a few percent, where `/proc/self/stat`'s 10 ms ticks would not do).
 pub fn process_cpu() -> Option<Duration> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-    // The command name may contain spaces; fields after it are space separated.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    // utime and stime are fields 14 and 15; `rest` starts at field 3.
-    let utime: u64 = fields.get(11)?.parse().ok()?;
-    let stime: u64 = fields.get(12)?.parse().ok()?;
-    Some(Duration::from_millis(
-        (utime + stime) * 1000 / TICKS_PER_SECOND,
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: getrusage writes a `rusage` into the pointer it is given.
+    let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr()) };
+    if rc != 0 {
+        return None;
+    }
+    // SAFETY: getrusage succeeded, so the struct is initialised.
+    let usage = unsafe { usage.assume_init() };
+    let micros = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
+    Some(Duration::from_micros(
+        micros(usage.ru_utime) + micros(usage.ru_stime),
     ))
 }
 

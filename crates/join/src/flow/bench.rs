@@ -59,6 +59,9 @@ pub struct JoinFigures {
     pub checksum: u64,
     /// Tuples routed, received, kept and broadcast; phases; heavy hitters found.
     pub counters: NodeCounters,
+    /// CPU time of this node's process over `elapsed` (all its threads; nodes embedded
+    /// in one process each see the whole process). `None` where it cannot be read.
+    pub process_cpu: Option<Duration>,
 }
 
 impl JoinFigures {
@@ -211,9 +214,13 @@ pub async fn run_join(spec: &JoinSpec, t: &dyn Transport) -> Result<JoinFigures,
         collect: false,
     };
     barrier(t, &spec.nodes, spec.index, cfg.query, 1).await?;
+    let cpu0 = gyre_transport::cpu::process_cpu();
     let start = Instant::now();
     let result = flow_join(t, &cfg, &build, &probe).await;
     let elapsed = start.elapsed();
+    let process_cpu = cpu0
+        .zip(gyre_transport::cpu::process_cpu())
+        .map(|(a, b)| b.saturating_sub(a));
     let end = barrier(t, &spec.nodes, spec.index, cfg.query, 2).await;
     t.release_query(cfg.query);
     let (out, counters) = result?;
@@ -227,5 +234,6 @@ pub async fn run_join(spec: &JoinSpec, t: &dyn Transport) -> Result<JoinFigures,
         result_rows: out.rows,
         checksum: out.checksum,
         counters,
+        process_cpu,
     })
 }
