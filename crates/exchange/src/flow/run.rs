@@ -653,7 +653,9 @@ impl Router {
 
     /// Counts a sample of the rows' hashes (sampling continues across batches).
     fn count(&mut self, hashes: &[u64]) {
-        let step = self.detector.step();
+        let Some(step) = self.detector.step() else {
+            return; // detection is over
+        };
         let mut h = self.detector.histogram(0).lock().expect("histogram lock");
         let mut i = self.next_counted.min(step - 1);
         while i < hashes.len() {

@@ -21,8 +21,9 @@
 //!
 //! - Cost control: after a quiet window, in which the candidates a node had not
 //!   reported before hold less than [`QUIET_NEW_SHARE`] of the window together, it
-//!   counts only every [`QUIET_SAMPLE`]-th tuple in the next one
-//!   ([`NodeDetector::step`]). Updating SpaceSaving for every tuple of an unskewed
+//!   counts only a sample of the next one: every [`QUIET_SAMPLE`]-th tuple, or about
+//!   [`SAMPLED_WINDOW_TUPLES`] of a longer window ([`NodeDetector::step`]). After the
+//!   last iteration nothing is counted. Updating SpaceSaving for every tuple of an unskewed
 //!   input costs more than routing it, and on a skewed one every tuple of the long
 //!   tail is an eviction; a key heavy enough to unbalance the nodes still stands out in
 //!   a sample of thousands of tuples. On a Zipf input more keys pass the threshold than
@@ -148,6 +149,13 @@ impl Schedule {
         self.points.is_empty()
     }
 
+    /// Tuples in the window that iteration `i` looks at (from the previous iteration
+    /// on), or `None` if there is no iteration `i`.
+    pub fn window(&self, i: usize) -> Option<u64> {
+        let end = *self.points.get(i)?;
+        Some(end - i.checked_sub(1).map_or(0, |p| self.points[p]))
+    }
+
     /// Iterations due once `processed` tuples were routed, from `next` on.
     pub fn due(&self, next: usize, processed: u64) -> usize {
         self.points[next.min(self.points.len())..]
@@ -157,8 +165,16 @@ impl Schedule {
     }
 }
 
-/// In a window after a quiet one, one tuple in this many is counted.
+/// In a window after a quiet one, one tuple in this many is counted at least.
 pub const QUIET_SAMPLE: usize = 16;
+
+/// A sampled window counts about this many tuples (one in `window / this`) when that
+/// is sparser than [`QUIET_SAMPLE`]: what a sample can show depends on how many tuples
+/// it counts, not on how long the window is. 4 096 counted tuples show a key with 0.1%
+/// of the window ([`MIN_SAMPLED_COUNT`] times) and 1% new skew (about 41 times). On
+/// 2M tuples per node (windows of 200 000) this counts one in 48, a third of the
+/// updates of one in 16; each is an eviction on uniform keys.
+pub const SAMPLED_WINDOW_TUPLES: u64 = 4_096;
 
 /// A window is quiet when the candidates new in it hold less than this share of it
 /// together: too little new skew to pay for counting every tuple again.
@@ -216,10 +232,14 @@ impl NodeDetector {
         }
     }
 
-    /// Count one routed tuple in this many (1, the configured `sample`, or
-    /// `sample * QUIET_SAMPLE` after a quiet window); read it at each morsel or batch.
-    pub fn step(&self) -> usize {
-        self.step.load(Ordering::Relaxed)
+    /// Count one routed tuple in this many (the configured `sample`, or a sparser
+    /// sample after a quiet window), or `None` once the last iteration ran and counting
+    /// would find nothing anyone reads; read it at each morsel or batch.
+    pub fn step(&self) -> Option<usize> {
+        match self.step.load(Ordering::Relaxed) {
+            0 => None,
+            s => Some(s),
+        }
     }
 
     pub fn iterations(&self) -> usize {
@@ -263,7 +283,7 @@ impl NodeDetector {
                 let merged = self.merge_and_clear();
                 let counted = merged.total();
                 let sample = self.config.sample.max(1) as usize;
-                let min_count = if self.step() > sample {
+                let min_count = if self.step().is_some_and(|s| s > sample) {
                     MIN_SAMPLED_COUNT
                 } else {
                     MIN_CANDIDATE_COUNT
@@ -279,7 +299,14 @@ impl NodeDetector {
                     .sum();
                 let quiet = (new_tuples as f64) < QUIET_NEW_SHARE * window as f64;
                 progress.reported.extend(candidates.iter().map(|c| c.0));
-                let step = if quiet { sample * QUIET_SAMPLE } else { sample };
+                // 0: no iteration left (see `step`).
+                let step = match self.schedule.window(progress.next) {
+                    None => 0,
+                    Some(next) if quiet => {
+                        sample * QUIET_SAMPLE.max((next / SAMPLED_WINDOW_TUPLES) as usize)
+                    }
+                    Some(_) => sample,
+                };
                 self.step.store(step, Ordering::Relaxed);
                 NodeReport {
                     iteration,
@@ -457,6 +484,9 @@ mod tests {
         assert_eq!(s.due(0, 99), 0);
         assert_eq!(s.due(0, 100), 1);
         assert_eq!(s.due(1, 2_200), 2);
+        assert_eq!(s.window(0), Some(100));
+        assert_eq!(s.window(1), Some(1_000));
+        assert_eq!(s.window(10), None);
         // An empty input still runs every iteration (at once).
         let e = Schedule::new(&c, 0);
         assert_eq!(e.due(0, 0), 0);
@@ -487,7 +517,7 @@ mod tests {
         feed(&[(1, 20_000)]);
         let r = det.advance(20_000);
         assert!(!r[0].quiet);
-        assert_eq!(det.step(), 1);
+        assert_eq!(det.step(), Some(1));
         // Window 1 (200 000 tuples, all counted): keys 2 and 3 are new with 30 and 1 900
         // tuples, over the threshold (20) but less than 1% of the window together.
         let mut window = vec![(1, 200_000 - 30 - 1_900 - 70), (2, 30), (3, 1_900)];
@@ -497,16 +527,37 @@ mod tests {
         let keys: Vec<u64> = r[0].candidates.iter().map(|c| c.0).collect();
         assert_eq!(keys, [1, 3, 2]);
         assert!(r[0].quiet, "{:?}", r[0]);
-        assert_eq!(det.step(), QUIET_SAMPLE);
-        // Window 2, sampled (12 500 of ~200 000 counted): key 4, new, sampled 500 times
+        // The next window has 200 000 tuples: one in 48 gives about 4 096.
+        assert_eq!(det.step(), Some(48));
+        // Window 2, sampled (4 166 of ~200 000 counted): key 4, new, sampled 166 times
         // (4% of the window). (A few tuples more than 200 000: the point is 21% of the
         // input, rounded up.)
-        feed(&[(1, 12_000), (4, 500)]);
+        feed(&[(1, 4_000), (4, 166)]);
         let r = det.advance(200_010);
         let keys: Vec<u64> = r[0].candidates.iter().map(|c| c.0).collect();
         assert_eq!(keys, [1, 4]);
         assert!(!r[0].quiet);
-        assert_eq!(det.step(), 1);
+        assert_eq!(det.step(), Some(1));
+    }
+
+    /// Small windows are sampled one in QUIET_SAMPLE; after the last iteration nothing
+    /// is counted any more.
+    #[test]
+    fn sampling_follows_the_next_window_and_stops_after_the_last() {
+        let c = DetectionConfig {
+            every: 0.5,
+            ..DetectionConfig::default()
+        };
+        // Iterations at 1% and 51% of 100 000 tuples.
+        let det = NodeDetector::new(&c, 1, 100_000);
+        let r = det.advance(1_000);
+        assert!(r[0].quiet);
+        // The next window has 50 000 tuples: 50 000 / 4 096 = 12 is denser than 16.
+        assert_eq!(det.step(), Some(QUIET_SAMPLE));
+        assert_eq!(det.advance(50_000).len(), 1);
+        assert_eq!(det.step(), None);
+        assert!(det.advance(49_000).is_empty());
+        assert!(det.finish().is_empty());
     }
 
     #[test]
@@ -529,7 +580,7 @@ mod tests {
         assert!(r[0].candidates.is_empty(), "{:?}", r[0].candidates);
         // Nothing new: the next window counts a sample only.
         assert!(r[0].quiet);
-        assert_eq!(det.step(), QUIET_SAMPLE);
+        assert_eq!(det.step(), Some(48));
         // A small window of unique keys (guaranteed counts 1 > 0.01% of 50) neither.
         let mut h = SpaceSaving::new(128);
         (0..50u64).for_each(|k| h.update(k));
@@ -560,7 +611,7 @@ mod tests {
         );
         // New candidates: count every tuple again.
         assert!(!r[0].quiet);
-        assert_eq!(det.step(), 1);
+        assert_eq!(det.step(), Some(1));
         // The rest of the schedule runs at the end.
         assert_eq!(det.finish().len(), 8);
         assert!(det.finish().is_empty());

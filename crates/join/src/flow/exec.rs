@@ -1034,9 +1034,12 @@ async fn route(
         }
         let mut outgoing: Vec<Outgoing> = Vec::new();
         {
-            let step = det.map_or(1, |d| d.step());
+            // No histogram once detection is over.
+            let counting = det.and_then(|d| Some((d, d.step()?)));
+            let step = counting.map_or(1, |(_, s)| s);
             sample_left = sample_left.min(step);
-            let mut hist = det.map(|d| d.histogram(thread).lock().expect("histogram lock"));
+            let mut hist =
+                counting.map(|(d, _)| d.histogram(thread).lock().expect("histogram lock"));
             for row in lo..hi {
                 let Some(key) = rows.key(row) else {
                     // NULL keys match nothing and never travel.
