@@ -14,7 +14,7 @@
 //! broadcasts as they come, and the usual join consumes the probe shuffle as any
 //! partitioned hash join does.
 
-use super::lookup::{HashSetU64, HeavyLookup, Modulo};
+use super::lookup::{HashSetU64, Modulo};
 use super::matches::{Matches, Shape, number_rows, row_id_schema, with_row_id};
 use super::source::PreparedInputExec;
 use super::{
@@ -44,6 +44,7 @@ use datafusion::physical_plan::{
 use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
 use gyre_join::flow::detect::{Coordinator, NodeDetector, NodeReport};
+use gyre_join::flow::direct_map::DirectMap;
 use gyre_join::flow::wire::{Control, Side};
 use gyre_transport::{NodeId, ReceiveEndpoint, ReceiveSpec, SendEndpoint, SendSpec, To, node_name};
 use parking_lot::{Mutex, RwLock};
@@ -498,7 +499,8 @@ struct Router {
     local_txs: Vec<mpsc::UnboundedSender<RecordBatch>>,
     detector: NodeDetector,
     /// Heavy hash -> detection round.
-    heavy: HeavyLookup,
+    /// Heavy hash -> the detection round that found it.
+    heavy: DirectMap<u32>,
     /// How many of the shared heavy hashes `heavy` holds.
     heavy_seen: usize,
     named: HashSetU64,
@@ -538,7 +540,7 @@ impl Router {
             outlets,
             local_txs,
             detector: NodeDetector::new(config, 1, expected),
-            heavy: HeavyLookup::default(),
+            heavy: DirectMap::default(),
             heavy_seen: 0,
             named: HashSetU64::default(),
             dests: vec![Vec::new(); n + rounds],
@@ -557,7 +559,10 @@ impl Router {
                 self.sh.m.first_heavy_after_rows.set(self.routed as usize);
             }
             for &(hash, round) in &hashes[self.heavy_seen..] {
-                self.heavy.insert(hash, round);
+                // A hash announced twice keeps the round that found it first.
+                if !self.heavy.contains_key(hash) {
+                    self.heavy.insert(hash, round);
+                }
             }
             self.heavy_seen = hashes.len();
         }

@@ -39,6 +39,7 @@ use gyre_transport::{NodeId, ReceiveEndpoint, ReceiveSpec, SendEndpoint, SendSpe
 use tokio::sync::watch;
 
 use super::detect::{Coordinator, DetectionConfig, NodeDetector, NodeReport};
+use super::direct_map::DirectMap;
 use super::heavy::{HeavyProbe, KeyMap, ReadyView, Segment};
 use super::result::{JoinOutput, ResultRow};
 use super::sfr::choose_grid;
@@ -145,7 +146,7 @@ struct Counters {
 /// Heavy-hitter classes by key, as routing threads see them.
 #[derive(Debug, Default)]
 struct Routes {
-    class: KeyMap<u8>,
+    class: DirectMap<u8>,
 }
 
 impl Routes {
@@ -154,7 +155,7 @@ impl Routes {
         if self.class.is_empty() {
             0
         } else {
-            self.class.get(&key).copied().unwrap_or(0)
+            self.class.get(key).unwrap_or(0)
         }
     }
 }
@@ -252,7 +253,7 @@ impl Node {
         let mut w = self.routes.write().expect("routes lock");
         let mut class = w.class.clone();
         for &k in keys {
-            *class.entry(k).or_default() |= bit;
+            class.insert(k, class.get(k).unwrap_or(0) | bit);
         }
         *w = Arc::new(Routes { class });
         self.epoch.fetch_add(1, Ordering::Release);
@@ -354,21 +355,33 @@ impl Node {
 
     /// Probes S tuples against ready broadcast/fetched R copies (single probe site).
     fn probe_view(&self, view: &ReadyView, tuples: &[Tup], out: &mut JoinOutput) {
-        let join = self.cfg.join;
         for t in tuples {
             let (seg, rows) = view.lookup(t.key).expect("offered tuples are ready");
-            for r in rows.clone() {
-                let b = &seg.tuples[r];
-                if join.emits_pairs() {
-                    out.pair(t.key, b.payload, t.payload);
-                }
-                if join.tracks_build() {
-                    seg.matched[r].store(true, Ordering::Relaxed);
-                }
+            self.probe_copies(t, seg, rows, out);
+        }
+    }
+
+    /// Probes one S tuple against the build copies of its (heavy, ready) key.
+    #[inline]
+    fn probe_copies(
+        &self,
+        t: &Tup,
+        seg: &Segment,
+        rows: std::ops::Range<usize>,
+        out: &mut JoinOutput,
+    ) {
+        let join = self.cfg.join;
+        for r in rows.clone() {
+            let b = &seg.tuples[r];
+            if join.emits_pairs() {
+                out.pair(t.key, b.payload, t.payload);
             }
-            if join.tracks_probe() {
-                self.probe_decided(Some(t.key), t.payload, !rows.is_empty(), out);
+            if join.tracks_build() {
+                seg.matched[r].store(true, Ordering::Relaxed);
             }
+        }
+        if join.tracks_probe() {
+            self.probe_decided(Some(t.key), t.payload, !rows.is_empty(), out);
         }
     }
 
@@ -840,8 +853,8 @@ pub async fn flow_join(
                 .routes()
                 .class
                 .iter()
-                .filter(|(_, c)| **c & S_HEAVY != 0)
-                .map(|(k, _)| (*k, ()))
+                .filter(|(_, c)| c & S_HEAVY != 0)
+                .map(|(k, _)| (k, ()))
                 .collect(),
             Strategy::FetchOnDemand => lock(&node.served).clone(),
         };
@@ -1040,6 +1053,11 @@ async fn route(
             sample_left = sample_left.min(step);
             let mut hist =
                 counting.map(|(d, _)| d.histogram(thread).lock().expect("histogram lock"));
+            // Heavy S tuples whose build copies are here are probed at once; the others
+            // wait in `heavy` (`offer` decides again under its lock: keys only ever
+            // become ready, so a key ready in this older view is ready for good).
+            let ready =
+                (side == Side::Probe && !routes.class.is_empty()).then(|| node.heavy.view());
             for row in lo..hi {
                 let Some(key) = rows.key(row) else {
                     // NULL keys match nothing and never travel.
@@ -1091,8 +1109,11 @@ async fn route(
                         }
                     }
                     (Side::Probe, S_HEAVY) => {
-                        heavy.push(t);
                         kept += 1;
+                        match ready.as_ref().and_then(|v| v.lookup(key)) {
+                            Some((seg, rows)) => node.probe_copies(&t, seg, rows, &mut res.out),
+                            None => heavy.push(t),
+                        }
                     }
                     (Side::Probe, _) => {
                         res.sfr.push(t);
@@ -1537,8 +1558,8 @@ async fn symmetric_fragment_replicate(
     let mut both: Vec<u64> = routes
         .class
         .iter()
-        .filter(|(_, c)| **c == R_HEAVY | S_HEAVY)
-        .map(|(k, _)| *k)
+        .filter(|&(_, c)| c == R_HEAVY | S_HEAVY)
+        .map(|(k, _)| k)
         .collect();
     both.sort_unstable();
     let est = lock(&node.estimates).clone();

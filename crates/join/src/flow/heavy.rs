@@ -14,6 +14,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use super::direct_map::DirectMap;
 use super::mix64;
 use super::wire::Tup;
 
@@ -76,7 +77,7 @@ impl Segment {
 #[derive(Debug, Default)]
 pub struct ReadyView {
     /// Key -> (segment, first position, end position): one lookup per probe.
-    keys: KeyMap<(u32, u32, u32)>,
+    keys: DirectMap<(u32, u32, u32)>,
     segments: Vec<Arc<Segment>>,
 }
 
@@ -85,12 +86,12 @@ impl ReadyView {
     #[inline]
     pub fn lookup(&self, key: u64) -> Option<(&Segment, std::ops::Range<usize>)> {
         self.keys
-            .get(&key)
-            .map(|&(s, lo, hi)| (&*self.segments[s as usize], lo as usize..hi as usize))
+            .get(key)
+            .map(|(s, lo, hi)| (&*self.segments[s as usize], lo as usize..hi as usize))
     }
 
     pub fn is_ready(&self, key: u64) -> bool {
-        self.keys.contains_key(&key)
+        self.keys.contains_key(key)
     }
 
     pub fn segments(&self) -> &[Arc<Segment>] {

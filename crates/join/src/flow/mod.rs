@@ -18,6 +18,7 @@
 
 pub mod bench;
 pub mod detect;
+pub mod direct_map;
 pub mod exec;
 pub mod heavy;
 pub mod reference;
