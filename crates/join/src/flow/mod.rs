@@ -146,6 +146,7 @@ impl JoinType {
     ];
 
     /// Whether matching pairs are part of the result.
+    #[inline]
     pub fn emits_pairs(self) -> bool {
         matches!(
             self,
@@ -154,6 +155,7 @@ impl JoinType {
     }
 
     /// Whether it must know, per R row, if it found a partner anywhere.
+    #[inline]
     pub fn tracks_build(self) -> bool {
         matches!(
             self,
@@ -162,6 +164,7 @@ impl JoinType {
     }
 
     /// Whether it must know, per S row, if it found a partner anywhere.
+    #[inline]
     pub fn tracks_probe(self) -> bool {
         matches!(
             self,
