@@ -498,7 +498,6 @@ struct Router {
     outlets: Vec<Outlet>,
     local_txs: Vec<mpsc::UnboundedSender<RecordBatch>>,
     detector: NodeDetector,
-    /// Heavy hash -> detection round.
     /// Heavy hash -> the detection round that found it.
     heavy: DirectMap<u32>,
     /// How many of the shared heavy hashes `heavy` holds.
