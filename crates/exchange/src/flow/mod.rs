@@ -74,7 +74,9 @@ pub struct SkewSettings {
     pub first: f64,
     /// Then again after every further share; 0 = once.
     pub every: f64,
-    /// Count every `sample`-th row in the histogram (1 = all, as the thesis does).
+    /// Count every `sample`-th row in the histogram (1 = all, as the thesis does); the
+    /// first detection window counts at this rate, later ones sparser
+    /// (`gyre_join::flow::detect`).
     pub sample: u32,
     /// Which build-preserving joins to wrap (their build rows' matches are combined
     /// across workers).
