@@ -253,6 +253,7 @@ async fn heavy_hitters_are_found_and_kept_local() {
     let s = probe_parts(n, 200_000, 1500, 0.0, false, true, 10);
     let (out, counters) = run(&nodes, 501, Strategy::Broadcast, JoinType::Inner, &r, &s, 2).await;
     check("late", &out, &r, &s, JoinType::Inner);
+    let mut learned_after_its_tuples = 0;
     for c in &counters {
         // Key 11 fills the last third; the window of 65-80% is the first where it is
         // heavy. (Whether the announcement still arrives before a node's input ends
@@ -263,9 +264,13 @@ async fn heavy_hitters_are_found_and_kept_local() {
             .find(|h| h.key == 11)
             .expect("late key found");
         assert!(h.iteration >= 5, "{h:?}");
-        assert!(h.after_tuples >= 200_000 * 2 / 3, "{h:?}");
+        learned_after_its_tuples += usize::from(h.after_tuples >= 200_000 * 2 / 3);
         assert!(!c.heavy.iter().any(|h| h.key != 11), "{:?}", c.heavy);
     }
+    // A majority reported that iteration (after 80% of their input) before it was
+    // announced, so they learned of key 11 after routing its first tuples; a node that
+    // fell behind may learn of it earlier in its own input.
+    assert!(learned_after_its_tuples >= n / 2 + 1, "{counters:?}");
 
     // Fetch on demand: each node decides alone, at the end of the morsel (3125 tuples
     // each) that passes its first detection point (5% = 10 000 tuples here), and keeps
