@@ -270,7 +270,7 @@ async fn heavy_hitters_are_found_and_kept_local() {
     // A majority reported that iteration (after 80% of their input) before it was
     // announced, so they learned of key 11 after routing its first tuples; a node that
     // fell behind may learn of it earlier in its own input.
-    assert!(learned_after_its_tuples >= n / 2 + 1, "{counters:?}");
+    assert!(learned_after_its_tuples > n / 2, "{counters:?}");
 
     // Fetch on demand: each node decides alone, at the end of the morsel (3125 tuples
     // each) that passes its first detection point (5% = 10 000 tuples here), and keeps
