@@ -402,6 +402,12 @@ impl Worker {
         if let Some(t) = first_heavy {
             details.push(("first_heavy_after_tuples".into(), t as f64));
         }
+        if !c.first_round_wait.is_zero() {
+            details.push((
+                "first_round_wait_s".into(),
+                c.first_round_wait.as_secs_f64(),
+            ));
+        }
         Ok(JoinFigures {
             node: f.node,
             strategy: run.strategy,
