@@ -43,7 +43,7 @@ use datafusion::physical_plan::{
 };
 use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
-use gyre_join::flow::detect::{Coordinator, NodeDetector, NodeReport};
+use gyre_join::flow::detect::{Coordinator, FIRST_ROUND_WAIT, NodeDetector, NodeReport};
 use gyre_join::flow::direct_map::DirectMap;
 use gyre_join::flow::wire::{Control, Side};
 use gyre_transport::{NodeId, ReceiveEndpoint, ReceiveSpec, SendEndpoint, SendSpec, To, node_name};
@@ -110,10 +110,6 @@ impl FlowMetrics {
         }
     }
 }
-
-/// How long a router waits, once, for the first round's heavy hitters after reporting
-/// it (see [`Router::run`]).
-const FIRST_ROUND_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// Rows a router holds back at least while waiting for round 0 (else 5% of its input).
 const HOLD_MIN_ROWS: u64 = 65_536;

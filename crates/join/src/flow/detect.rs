@@ -169,6 +169,13 @@ impl Schedule {
     }
 }
 
+/// Longest a router waits, once, for the global list's first announcement after
+/// reporting its first iteration (the library's global-list mode and the SQL operator):
+/// on hosts with a small CPU share the announcement crosses hosts that run only part of
+/// each scheduling period, and routing on by hash meanwhile sends most heavy tuples to
+/// their owners.
+pub const FIRST_ROUND_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// After the first window, one tuple in this many is counted at least: a key with
 /// 0.032% of a window is then seen [`MIN_SAMPLED_COUNT`] times.
 pub const DENSE_SAMPLE: usize = 16;

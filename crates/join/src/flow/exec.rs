@@ -38,7 +38,7 @@ use std::time::{Duration, Instant};
 use gyre_transport::{NodeId, ReceiveEndpoint, ReceiveSpec, SendEndpoint, SendSpec, To, Transport};
 use tokio::sync::watch;
 
-use super::detect::{Coordinator, DetectionConfig, NodeDetector, NodeReport};
+use super::detect::{Coordinator, DetectionConfig, FIRST_ROUND_WAIT, NodeDetector, NodeReport};
 use super::direct_map::DirectMap;
 use super::heavy::{HeavyProbe, KeyMap, ReadyView, Segment};
 use super::result::{JoinOutput, ResultRow};
@@ -47,10 +47,6 @@ use super::wire::{self, Control, Side, Tup, kind};
 use super::{FlowError, JoinType, ROW_BITS, Rows, Strategy, mix64, owner};
 use crate::keys::Keys;
 use crate::radix::{RadixConfig, RadixHashTable};
-
-/// Longest a global-list router waits for the first announcement (see
-/// `Node::wait_first_round`).
-const FIRST_ROUND_WAIT: Duration = Duration::from_millis(50);
 
 /// Exchange ids of one join (query); the benchmark's barriers use 1 and 2.
 const X_UP: u32 = 10;
