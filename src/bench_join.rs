@@ -63,6 +63,11 @@ pub struct JoinArgs {
     /// Runs of each configuration.
     #[arg(long, default_value_t = 1)]
     repeat: usize,
+    /// Unreported runs first: each strategy this many times at the first Zipf exponent.
+    /// A cluster's first joins touch fresh memory (page faults, allocator growth) and
+    /// ran up to 2x slower, which skewed the first repetition's ratios.
+    #[arg(long, default_value_t = 1)]
+    warmup: usize,
     /// Use the running cluster whose coordinator is at ADDR.
     #[arg(long)]
     connect: Option<String>,
@@ -146,8 +151,9 @@ impl JoinArgs {
         Ok(counts)
     }
 
-    /// The runs on a cluster of `nodes` workers.
-    fn runs(&self, nodes: usize) -> Result<Vec<JoinRun>, BoxError> {
+    /// The runs on a cluster of `nodes` workers: the warm-up runs (to be dropped), then
+    /// the measured ones.
+    fn runs(&self, nodes: usize) -> Result<(usize, Vec<JoinRun>), BoxError> {
         let scale = if self.per_node { nodes as u64 } else { 1 };
         let build_rows = parse_count(&self.build).map_err(|e| format!("--build: {e}"))? * scale;
         let probe_rows = parse_count(&self.probe).map_err(|e| format!("--probe: {e}"))? * scale;
@@ -182,7 +188,14 @@ impl JoinArgs {
         if runs.is_empty() {
             return Err("no strategy or Zipf exponent to run".into());
         }
-        Ok(runs)
+        let warmup: Vec<JoinRun> = runs
+            .iter()
+            .take(strategies.len())
+            .cycle()
+            .take(strategies.len() * self.warmup)
+            .cloned()
+            .collect();
+        Ok((warmup.len(), warmup.into_iter().chain(runs).collect()))
     }
 }
 
@@ -203,8 +216,8 @@ fn check_strategy(strategy: &str) -> Result<(), BoxError> {
 pub async fn run(args: JoinArgs) -> Result<(), BoxError> {
     let mut results = vec![];
     for nodes in args.node_counts()? {
-        let runs = args.runs(nodes)?;
-        results.extend(if let Some(addr) = &args.connect {
+        let (warmup, runs) = args.runs(nodes)?;
+        let measured = if let Some(addr) = &args.connect {
             let client = ControlClient::connect_lazy(addr)?;
             let mut out = vec![];
             for run in runs {
@@ -215,12 +228,14 @@ pub async fn run(args: JoinArgs) -> Result<(), BoxError> {
                     Processes::OnePerWorker,
                 )?);
             }
-            out
+            out.split_off(warmup)
         } else if args.link.eq_ignore_ascii_case("loopback") {
-            loopback(nodes, runs).await?
+            loopback(nodes, runs).await?.split_off(warmup)
         } else {
+            // The bench inside the emulated cluster drops its own warm-up runs.
             emulated(&args, nodes).await?
-        });
+        };
+        results.extend(measured);
     }
     check_agreement(&results)?;
     let report = JoinBenchReport {
@@ -334,6 +349,8 @@ async fn emulated(args: &JoinArgs, nodes: usize) -> Result<Vec<JoinResult>, BoxE
         &args.seed.to_string(),
         "--repeat",
         &args.repeat.to_string(),
+        "--warmup",
+        &args.warmup.to_string(),
     ]
     .iter()
     .map(|s| s.to_string())
@@ -726,5 +743,49 @@ mod tests {
         );
         assert_eq!(spread(&[3.0, 1.0, 2.0, 4.0]), Some((2.5, 1.0, 4.0)));
         assert_eq!(spread(&[]), None);
+    }
+
+    /// Warm-up runs come first, one round of the strategies at the first exponent per
+    /// `--warmup`, and are the ones dropped.
+    #[test]
+    fn warm_up_runs_precede_the_measured_ones() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            join: JoinArgs,
+        }
+        let args = |extra: &[&str]| {
+            let base = [
+                "bench",
+                "--strategy",
+                "hash,flow",
+                "--zipf",
+                "1.25,0",
+                "--repeat",
+                "2",
+            ];
+            <Cli as clap::Parser>::parse_from(base.iter().chain(extra)).join
+        };
+        let names = |runs: &[JoinRun]| {
+            runs.iter()
+                .map(|r| format!("{}@{}", r.strategy, r.zipf))
+                .collect::<Vec<_>>()
+        };
+        let (warmup, runs) = args(&["--warmup", "2"]).runs(4).unwrap();
+        assert_eq!(warmup, 4);
+        assert_eq!(runs.len(), 4 + 8);
+        assert_eq!(
+            names(&runs[..4]),
+            ["hash@1.25", "flow@1.25", "hash@1.25", "flow@1.25"]
+        );
+        assert_eq!(
+            names(&runs[4..]),
+            names(&args(&["--warmup", "0"]).runs(4).unwrap().1)
+        );
+        assert_eq!(
+            args(&[]).runs(4).unwrap().0,
+            2,
+            "one warm-up round by default"
+        );
     }
 }
