@@ -80,6 +80,9 @@ pub struct JoinArgs {
     /// Draw the results as an SVG plot (time over Zipf exponent, or over workers).
     #[arg(long)]
     plot: Option<PathBuf>,
+    /// Run nothing: print the tables (and write --plot) of a report saved with --json.
+    #[arg(long, value_name = "JSON")]
+    from: Option<PathBuf>,
 }
 
 /// One run's figures.
@@ -214,6 +217,16 @@ fn check_strategy(strategy: &str) -> Result<(), BoxError> {
 }
 
 pub async fn run(args: JoinArgs) -> Result<(), BoxError> {
+    if let Some(path) = &args.from {
+        let text = std::fs::read(path).map_err(|e| format!("--from {}: {e}", path.display()))?;
+        let report: JoinBenchReport = serde_json::from_slice(&text).map_err(|e| {
+            format!(
+                "--from {}: not a join benchmark report: {e}",
+                path.display()
+            )
+        })?;
+        return emit(&JoinArgs { json: None, ..args }, &report);
+    }
     let mut results = vec![];
     for nodes in args.node_counts()? {
         let (warmup, runs) = args.runs(nodes)?;
@@ -499,7 +512,102 @@ fn emit(args: &JoinArgs, r: &JoinBenchReport) -> Result<(), BoxError> {
             );
         }
     }
+    let busy = busy_summary(r);
+    if !busy.is_empty() {
+        println!(
+            "\nhow busy the hosts were over the join (median over the runs): the share of \
+             each host's CPU quota its process used, and of its link's rate in the busier \
+             direction; least busy host - busiest"
+        );
+        println!(
+            "{:<18} {:>5} {:>5} {:>13} {:>13}",
+            "strategy", "nodes", "zipf", "CPU busy", "link busy"
+        );
+        let range = |(lo, hi): (f64, f64)| format!("{:.0}-{:.0}%", lo * 100.0, hi * 100.0);
+        for b in &busy {
+            println!(
+                "{:<18} {:>5} {:>5} {:>13} {:>13}",
+                b.strategy,
+                b.nodes,
+                b.zipf,
+                b.cpu.map(range).unwrap_or_else(|| "-".into()),
+                range(b.link)
+            );
+        }
+    }
     Ok(())
+}
+
+/// How busy one strategy's hosts were, on one cluster size and skew.
+#[derive(Debug, PartialEq)]
+struct Busy {
+    strategy: String,
+    nodes: usize,
+    zipf: f64,
+    /// Medians over the runs of the least and the busiest host's share of its CPU
+    /// quota (`None` without a quota or CPU figures) and of its link rate.
+    cpu: Option<(f64, f64)>,
+    link: (f64, f64),
+}
+
+/// Busy shares on an emulated cluster (known link rate) over the whole join: the
+/// slowest host's elapsed time, so a host that finished early counts as idle for the
+/// rest. The link share takes the busier direction: bytes sent or received.
+fn busy_summary(r: &JoinBenchReport) -> Vec<Busy> {
+    let Ok(rate) = r.link.parse::<LinkRate>() else {
+        return vec![];
+    };
+    let mut groups: Vec<(&JoinResult, Vec<(Option<(f64, f64)>, (f64, f64))>)> = vec![];
+    for run in r.runs.iter().filter(|run| !run.workers.is_empty()) {
+        let seconds = run.elapsed_s.max(1e-9);
+        let lo_hi = |v: Vec<f64>| {
+            v.iter().fold((f64::INFINITY, 0.0_f64), |(lo, hi), &x| {
+                (lo.min(x), hi.max(x))
+            })
+        };
+        let cpu: Option<Vec<f64>> = r.cpus.and_then(|quota| {
+            run.workers
+                .iter()
+                .map(|w| Some(w.process_cpu_s? / (seconds * quota)))
+                .collect()
+        });
+        let link: Vec<f64> = run
+            .workers
+            .iter()
+            .map(|w| w.bytes_sent.max(w.bytes_received) as f64 / (seconds * rate.bytes_per_sec()))
+            .collect();
+        let shares = (cpu.map(lo_hi), lo_hi(link));
+        let same = |g: &JoinResult| {
+            (g.strategy.as_str(), g.nodes, g.zipf.to_bits())
+                == (run.strategy.as_str(), run.nodes, run.zipf.to_bits())
+        };
+        match groups.iter_mut().find(|g| same(g.0)) {
+            Some(g) => g.1.push(shares),
+            None => groups.push((run, vec![shares])),
+        }
+    }
+    let med = |v: Vec<f64>| median(&v).unwrap_or(0.0);
+    groups
+        .into_iter()
+        .map(|(run, shares)| {
+            let cpu: Option<Vec<(f64, f64)>> = shares.iter().map(|s| s.0).collect();
+            Busy {
+                strategy: run.strategy.clone(),
+                nodes: run.nodes,
+                zipf: run.zipf,
+                cpu: cpu.map(|c| {
+                    (
+                        med(c.iter().map(|x| x.0).collect()),
+                        med(c.iter().map(|x| x.1).collect()),
+                    )
+                }),
+                link: (
+                    med(shares.iter().map(|s| s.1.0).collect()),
+                    med(shares.iter().map(|s| s.1.1).collect()),
+                ),
+            }
+        })
+        .collect()
 }
 
 /// One strategy on one cluster size and skew, over its repetitions.
@@ -787,5 +895,56 @@ mod tests {
             2,
             "one warm-up round by default"
         );
+    }
+
+    /// Busy shares: CPU over the quota and bytes over the link rate, both over the
+    /// slowest host's time, as the least and the busiest host's median over the runs.
+    #[test]
+    fn busy_shares_are_taken_over_the_whole_join() {
+        let worker = |node: u32, cpu_s: f64, sent: u64, received: u64| JoinFigures {
+            node: node.into(),
+            strategy: "hash".into(),
+            build_rows_local: 0,
+            probe_rows_local: 0,
+            elapsed_s: 0.5,
+            setup_s: 0.0,
+            join_s: 0.5,
+            sync_s: None,
+            tuples_joined: 0,
+            bytes_sent: sent,
+            bytes_received: received,
+            results: 0,
+            checksum: 0,
+            details: vec![],
+            process_cpu_s: Some(cpu_s),
+        };
+        // 1 Gbit/s = 125 MB/s; a 0.5-CPU quota over 2 s is 1 CPU second.
+        let mut a = run("hash", 0.0, 2.0, Some(1.0));
+        a.workers = vec![
+            worker(1, 1.0, 250_000_000, 0),
+            worker(2, 0.5, 0, 125_000_000),
+        ];
+        let mut b = run("hash", 0.0, 2.0, Some(1.0));
+        b.workers = vec![worker(1, 0.8, 50_000_000, 50_000_000), worker(2, 0.2, 0, 0)];
+        let report = |link: &str, cpus| JoinBenchReport {
+            link: link.into(),
+            cpus,
+            runs: vec![a.clone(), b.clone()],
+        };
+        let busy = busy_summary(&report("1gbit", Some(0.5)));
+        assert_eq!(busy.len(), 1);
+        let (cpu, link) = (busy[0].cpu.unwrap(), busy[0].link);
+        // Least busy: 0.5 and 0.2 -> 0.35; busiest: 1.0 and 0.8 -> 0.9.
+        assert!(
+            (cpu.0 - 0.35).abs() < 1e-9 && (cpu.1 - 0.9).abs() < 1e-9,
+            "{cpu:?}"
+        );
+        // Links: run a 1.0 and 0.5 (the received side), run b 0.2 and 0.
+        assert!(
+            (link.0 - 0.25).abs() < 1e-9 && (link.1 - 0.6).abs() < 1e-9,
+            "{link:?}"
+        );
+        assert_eq!(busy_summary(&report("1gbit", None))[0].cpu, None);
+        assert!(busy_summary(&report("loopback", None)).is_empty());
     }
 }
