@@ -557,7 +557,9 @@ fn busy_summary(r: &JoinBenchReport) -> Vec<Busy> {
     let Ok(rate) = r.link.parse::<LinkRate>() else {
         return vec![];
     };
-    let mut groups: Vec<(&JoinResult, Vec<(Option<(f64, f64)>, (f64, f64))>)> = vec![];
+    /// Per run: (least, most) busy host's CPU share (if known) and link share.
+    type Shares = (Option<(f64, f64)>, (f64, f64));
+    let mut groups: Vec<(&JoinResult, Vec<Shares>)> = vec![];
     for run in r.runs.iter().filter(|run| !run.workers.is_empty()) {
         let seconds = run.elapsed_s.max(1e-9);
         let lo_hi = |v: Vec<f64>| {
@@ -902,7 +904,7 @@ mod tests {
     #[test]
     fn busy_shares_are_taken_over_the_whole_join() {
         let worker = |node: u32, cpu_s: f64, sent: u64, received: u64| JoinFigures {
-            node: node.into(),
+            node,
             strategy: "hash".into(),
             build_rows_local: 0,
             probe_rows_local: 0,
