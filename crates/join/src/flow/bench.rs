@@ -10,6 +10,7 @@
 //! which heavy key. Each node generates its slice from `(seed, index)`, before the clock
 //! starts. Nodes meet at a barrier before and after the timed join.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gyre_transport::bench::BENCH_QUERY_BASE;
@@ -201,8 +202,8 @@ pub async fn run_join(spec: &JoinSpec, t: &dyn Transport) -> Result<JoinFigures,
     if spec.build_rows >= 1 << ROW_BITS || spec.probe_rows >= 1 << ROW_BITS {
         return Err(FlowError::Input("too many rows per node".into()));
     }
-    let build = build_slice(spec);
-    let probe = probe_slice(spec);
+    let build = Arc::new(build_slice(spec));
+    let probe = Arc::new(probe_slice(spec));
     let cfg = FlowJoinConfig {
         nodes: spec.nodes.clone(),
         index: spec.index,
@@ -216,7 +217,7 @@ pub async fn run_join(spec: &JoinSpec, t: &dyn Transport) -> Result<JoinFigures,
     barrier(t, &spec.nodes, spec.index, cfg.query, 1).await?;
     let cpu0 = gyre_transport::cpu::process_cpu();
     let start = Instant::now();
-    let result = flow_join(t, &cfg, &build, &probe).await;
+    let result = flow_join(t, &cfg, build, probe).await;
     let elapsed = start.elapsed();
     let process_cpu = cpu0
         .zip(gyre_transport::cpu::process_cpu())

@@ -629,10 +629,10 @@ fn validate(t: &dyn Transport, cfg: &FlowJoinConfig, r: &Rows, s: &Rows) -> Resu
 pub async fn flow_join(
     t: &dyn Transport,
     cfg: &FlowJoinConfig,
-    build: &Rows,
-    probe: &Rows,
+    build: Arc<Rows>,
+    probe: Arc<Rows>,
 ) -> Result<(JoinOutput, NodeCounters), FlowError> {
-    validate(t, cfg, build, probe)?;
+    validate(t, cfg, &build, &probe)?;
     let start = Instant::now();
     let n = cfg.nodes.len();
     let flow = cfg.strategy != Strategy::Plain;
@@ -668,8 +668,6 @@ pub async fn flow_join(
         probe_rows: probe.len() as u64,
         c: Counters::default(),
     });
-    let build = Arc::new(build.clone());
-    let probe = Arc::new(probe.clone());
 
     // Coordinator and control tasks (global consensus on heavy hitters).
     let coordinator = match (ep.up_recv, &ep.down) {

@@ -71,13 +71,13 @@ async fn run(
                 detection: detection(),
                 collect: true,
             };
-            let (r, s) = (r[i].clone(), s[i].clone());
+            let (r, s) = (Arc::new(r[i].clone()), Arc::new(s[i].clone()));
             tokio::spawn(async move {
                 // One bound for the join and the barrier after it: a node that hangs
                 // fails this node's task (and with it the test) instead of leaving
                 // its peers waiting at the barrier forever.
                 let body = async {
-                    let res = flow_join(&*t, &cfg, &r, &s).await;
+                    let res = flow_join(&*t, &cfg, r, s).await;
                     // Released once every node is done, as a query's end does.
                     super::bench::barrier(&*t, &cfg.nodes, cfg.index, query, 2)
                         .await
@@ -386,17 +386,17 @@ async fn bad_input_is_refused_with_its_cause() {
         valid: None,
         payloads: vec![1],
     };
-    let e = flow_join(&*nodes[1], &cfg, &bad, &Rows::default())
+    let e = flow_join(&*nodes[1], &cfg, Arc::new(bad), Arc::default())
         .await
         .unwrap_err();
     assert!(e.to_string().contains("2 keys but 1 payloads"), "{e}");
-    let e = flow_join(&*nodes[0], &cfg, &Rows::default(), &Rows::default())
+    let e = flow_join(&*nodes[0], &cfg, Arc::default(), Arc::default())
         .await
         .unwrap_err();
     assert!(e.to_string().contains("position 1"), "{e}");
     let mut c = cfg.clone();
     c.detection.threshold = 2.0;
-    let e = flow_join(&*nodes[1], &c, &Rows::default(), &Rows::default())
+    let e = flow_join(&*nodes[1], &c, Arc::default(), Arc::default())
         .await
         .unwrap_err();
     assert!(e.to_string().contains("threshold"), "{e}");
