@@ -205,6 +205,32 @@ async fn analyze_shows_heavy_hitters_and_the_setting_switches_it_off() {
     assert!(kept.iter().sum::<u64>() > 100_000, "{kept:?}\n{analyzed}");
     assert!(analyzed.contains("build_rows_broadcast="), "{analyzed}");
 
+    // Unique probe keys: nothing is heavy, so no worker holds rows back waiting for the
+    // first announcement.
+    let uniform =
+        "SELECT count(*), sum(d.w) FROM (SELECT id + 1 AS j FROM fact) f JOIN dim d ON f.j = d.k";
+    let analyzed = text(
+        c.sql_one(&format!("EXPLAIN ANALYZE {uniform}"))
+            .await
+            .unwrap(),
+    );
+    assert!(analyzed.contains("FlowJoinExec"), "{analyzed}");
+    assert_eq!(metric(&analyzed, "heavy_hitters"), [0, 0, 0], "{analyzed}");
+    let waits: Vec<&str> = analyzed
+        .match_indices("first_round_wait=")
+        .map(|(at, m)| {
+            let v = &analyzed[at + m.len()..];
+            &v[..v.find([',', ']']).unwrap()]
+        })
+        .collect();
+    assert_eq!(waits.len(), 3, "{analyzed}");
+    // A timer that never ran shows 1ns; the wait for an answer takes microseconds at least.
+    assert!(
+        waits.iter().all(|w| w.ends_with("ns")),
+        "{waits:?}\n{analyzed}"
+    );
+    assert_eq!(differs(c, &reference, uniform).await, None);
+
     // A key heavy only late is found in a later round.
     let late = "SELECT count(*), count(d.name) FROM dim d RIGHT JOIN fact f ON d.k = f.k";
     let analyzed = text(c.sql_one(&format!("EXPLAIN ANALYZE {late}")).await.unwrap());

@@ -572,7 +572,7 @@ impl Router {
         Ok(())
     }
 
-    /// After round 0 was reported, rows are held back (not routed) while the input
+    /// After round 0 was reported with candidates, rows are held back (not routed) while the input
     /// keeps flowing, so that the first heavy hitters apply to nearly all rows without
     /// idling. At `hold_limit` rows, or at the end of the input, the router waits for the
     /// answer at most [`FIRST_ROUND_WAIT`]: a peer whose input depends on this worker's
@@ -615,7 +615,8 @@ impl Router {
                     self.route(&hashed).await?;
                 }
                 for r in self.detector.advance(rows as u64) {
-                    awaiting |= r.iteration == 0;
+                    // Only with candidates of its own: see `FIRST_ROUND_WAIT`.
+                    awaiting |= r.iteration == 0 && !r.candidates.is_empty();
                     self.report(&report_ep, r).await?;
                 }
             }

@@ -173,7 +173,10 @@ impl Schedule {
 /// reporting its first iteration (the library's global-list mode and the SQL operator):
 /// on hosts with a small CPU share the announcement crosses hosts that run only part of
 /// each scheduling period, and routing on by hash meanwhile sends most heavy tuples to
-/// their owners.
+/// their owners. Only a router whose own first report had candidates waits: a key over
+/// the threshold overall is over it on at least one node (the one that waits for it),
+/// and the others have too few of its tuples to matter. Without skew nobody waits
+/// (SQL, 4 hosts at 10 Gbit/s: up to 10 ms of a 0.1 s join).
 pub const FIRST_ROUND_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// After the first window, one tuple in this many is counted at least: a key with

@@ -323,8 +323,11 @@ impl Node {
     /// On hosts with a small CPU share the announcement crosses hosts that run only
     /// part of each scheduling period, and routing on meanwhile sent 0.1-2M of a
     /// node's 2M tuples to their owners before the heavy hitters were known (8
-    /// emulated hosts at 0.22 CPU, Zipf 1.25). The SQL operator holds rows back the
-    /// same way; fetch on demand decides locally and never waits.
+    /// emulated hosts at 0.22 CPU, Zipf 1.25). Only a node that found candidates
+    /// waits: a key heavy overall has at least the threshold's share on some node, which
+    /// waits for it, and each other node has too few of its tuples to matter, so
+    /// without skew nobody waits. The SQL operator holds rows back the same way; fetch
+    /// on demand decides locally and never waits.
     async fn wait_first_round(&self) {
         let started = Instant::now();
         let mut rx = self.probe_rounds.subscribe();
@@ -1153,9 +1156,11 @@ async fn route(
         }
         if let Some(det) = det {
             let reports = det.advance((hi - lo) as u64);
-            let first = reports.iter().any(|r| r.iteration == 0);
+            let found_first = reports
+                .iter()
+                .any(|r| r.iteration == 0 && !r.candidates.is_empty());
             handle_reports(node, side, reports, up, freq).await?;
-            if first && side == Side::Probe && up.is_some() && freq.is_none() {
+            if found_first && side == Side::Probe && up.is_some() && freq.is_none() {
                 node.wait_first_round().await;
             }
         }

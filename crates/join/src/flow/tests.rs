@@ -295,6 +295,22 @@ async fn heavy_hitters_are_found_and_kept_local() {
     }
 }
 
+/// Without skew no node found candidates in the first window, so none waits for the
+/// first announcement (a wait that only costs time when nothing is heavy).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn without_candidates_no_node_waits_for_the_first_announcement() {
+    let n = 3;
+    let nodes = cluster(n).await;
+    let r = build_parts(n, 500, 0, false);
+    let s = probe_parts(n, 100_000, 1500, 0.0, false, false, 12);
+    let (out, counters) = run(&nodes, 600, Strategy::Broadcast, JoinType::Inner, &r, &s, 2).await;
+    check("uniform", &out, &r, &s, JoinType::Inner);
+    for c in &counters {
+        assert!(c.heavy.is_empty(), "{:?}", c.heavy);
+        assert_eq!(c.first_round_wait, Duration::ZERO, "{c:?}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn keys_heavy_on_both_sides_use_sfr() {
     let n = 4;
