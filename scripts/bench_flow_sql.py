@@ -14,6 +14,7 @@ so key frequencies fall as k^-1.25 (a continuous stand-in for Zipf 1.25; key 0 g
 
 Usage: scripts/bench_flow_sql.py [--nodes 4] [--cpus 0.45] [--link 10gbit]
        [--build 1000000] [--probe 8000000] [--repeat 3] [--json PATH]
+       [--set gyre.skew_every=0 ...]
 """
 
 import argparse
@@ -42,12 +43,20 @@ def main():
                    help="left: build LEFT JOIN probe; semi: build rows with a probe row (EXISTS); "
                         "both build-preserving joins whose heavy build rows' matches are "
                         "combined across workers")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a session setting for every run (repeatable), e.g. gyre.skew_every=0")
     target = os.environ.get("CARGO_TARGET_DIR", os.path.expanduser("~/.cache/gyre-target"))
     p.add_argument("--gyre", default=os.path.join(target, "release", "gyre"))
     a = p.parse_args()
     if os.geteuid() != 0:
         sys.exit("bench_flow_sql.py builds an emulated cluster: run it as root")
 
+    settings = []
+    for kv in a.set:
+        key, sep, value = kv.partition("=")
+        if not sep or not re.fullmatch(r"[a-z_.]+", key.strip()):
+            sys.exit(f"--set {kv!r}: expected KEY=VALUE, e.g. gyre.skew_every=0")
+        settings.append(f"SET {key.strip()} = '{value.strip()}';")
     cluster = Cluster(a.gyre, a.name, "10.213.0.0", a.nodes, a.cpus, a.link)
     cluster.start()
     try:
@@ -77,6 +86,7 @@ def main():
                         SET gyre.join_strategy = 'shuffle';
                         SET gyre.skew_detection = '{skew}';
                         SET gyre.skew_build_preserving = all;
+                        {" ".join(settings)}
                         EXPLAIN ANALYZE {QUERIES[a.join].format(table=table)}
                     """)
                     secs = float(re.search(r"rows in ([0-9.]+) s", out).group(1))
@@ -144,7 +154,7 @@ def report(a, runs):
               f"{on['median_seconds'] / off['median_seconds']:.3f}")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"join": a.join, "nodes": a.nodes, "link": a.link, "cpus": a.cpus, "build": a.build,
+            json.dump({"join": a.join, "settings": a.set, "nodes": a.nodes, "link": a.link, "cpus": a.cpus, "build": a.build,
                        "probe": a.probe, "runs": runs, "summary": summary}, f, indent=2)
 
 
