@@ -448,8 +448,8 @@ pub(super) fn execute(
         owner_rx,
     )));
     spawn(Box::pin(listen(Arc::clone(&shared), announce_rx, owner_tx)));
-    for (recv, tx) in drains {
-        spawn(Box::pin(drain(Arc::clone(&shared), recv, tx)));
+    for (round, (recv, tx)) in drains.into_iter().enumerate() {
+        spawn(Box::pin(drain(Arc::clone(&shared), round as u32, recv, tx)));
     }
     if let Some((reports, announce_ep)) = detector_eps {
         spawn(Box::pin(detect(
@@ -915,25 +915,67 @@ async fn listen(
     Ok(())
 }
 
-/// Collects the heavy build rows every owner broadcasts.
+/// Collects the heavy build rows every owner broadcasts for `round`. A round announced
+/// without heavy hitters has none, so its join gets its (empty) build side at the
+/// announcement, not after every owner's end of stream; the stream is still read to
+/// its end, and a row on it is an error.
 async fn drain(
     sh: Arc<Shared>,
-    input: SendableRecordBatchStream,
+    round: u32,
+    mut input: SendableRecordBatchStream,
     tx: oneshot::Sender<Result<Vec<RecordBatch>>>,
 ) -> Result<()> {
-    match input.try_collect::<Vec<RecordBatch>>().await {
-        Ok(batches) => {
-            let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
-            sh.m.heavy_build_rows_received.add(rows);
+    let mut tx = Some(tx);
+    let mut batches = Vec::new();
+    let quiet = announced_empty(&sh.rounds, &sh.heavy, round);
+    tokio::pin!(quiet);
+    let mut waiting = true;
+    loop {
+        tokio::select! {
+            next = input.next() => match next {
+                Some(Ok(b)) => batches.push(b),
+                Some(Err(e)) => {
+                    let text = e.to_string();
+                    if let Some(tx) = tx.take() {
+                        let _ = tx.send(Err(e));
+                    }
+                    return Err(DataFusionError::Execution(text));
+                }
+                None => break,
+            },
+            () = &mut quiet, if waiting => {
+                waiting = false;
+                if let Some(tx) = tx.take() {
+                    let _ = tx.send(Ok(Vec::new()));
+                }
+            }
+        }
+    }
+    let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
+    sh.m.heavy_build_rows_received.add(rows);
+    match tx {
+        Some(tx) => {
             let _ = tx.send(Ok(batches));
             Ok(())
         }
-        Err(e) => {
-            let text = e.to_string();
-            let _ = tx.send(Err(e));
-            Err(DataFusionError::Execution(text))
-        }
+        None if rows > 0 => Err(internal_datafusion_err!(
+            "{rows} heavy build rows arrived for detection round {round}, announced without heavy hitters"
+        )),
+        None => Ok(()),
     }
+}
+
+/// Resolves once round `round` was announced without heavy hitters (never otherwise).
+/// `applied` counts the announcements applied, in order, each after its hashes joined
+/// `heavy`.
+async fn announced_empty(applied: &tokio::sync::watch::Sender<u32>, heavy: &HeavySet, round: u32) {
+    let mut applied = applied.subscribe();
+    if applied.wait_for(|n| *n > round).await.is_ok()
+        && !heavy.hashes.read().iter().any(|&(_, r)| r == round)
+    {
+        return;
+    }
+    std::future::pending::<()>().await
 }
 
 /// Worker 0: forms the global heavy-hitter list of each detection round.
@@ -1076,4 +1118,35 @@ async fn combine_matches(
         first += b.num_rows() as u64;
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// A drain learns that a round is empty from the announcements alone.
+    #[tokio::test]
+    async fn only_a_round_announced_without_heavy_hitters_counts_as_empty() {
+        let applied = tokio::sync::watch::channel(0u32).0;
+        let heavy = HeavySet::default();
+        let resolves = |round: u32| {
+            let (applied, heavy) = (&applied, &heavy);
+            async move {
+                tokio::time::timeout(
+                    Duration::from_millis(20),
+                    announced_empty(applied, heavy, round),
+                )
+                .await
+                .is_ok()
+            }
+        };
+        assert!(!resolves(0).await, "not announced yet");
+        heavy.extend(&[42], 0);
+        applied.send_replace(1);
+        assert!(!resolves(0).await, "round 0 found a heavy hitter");
+        assert!(!resolves(1).await, "round 1 not announced yet");
+        applied.send_replace(2);
+        assert!(resolves(1).await, "round 1 was announced empty");
+    }
 }
