@@ -564,41 +564,37 @@ fn busy_summary(r: &JoinBenchReport) -> Vec<Busy> {
     let Ok(rate) = r.link.parse::<LinkRate>() else {
         return vec![];
     };
-    /// Per run: (least, most) busy host's CPU share (if known) and link share.
-    type Shares = (Option<(f64, f64)>, (f64, f64));
-    let mut groups: Vec<(&JoinResult, Vec<Shares>)> = vec![];
-    for run in r.runs.iter().filter(|run| !run.workers.is_empty()) {
-        let seconds = run.elapsed_s.max(1e-9);
-        let lo_hi = |v: Vec<f64>| {
-            v.iter().fold((f64::INFINITY, 0.0_f64), |(lo, hi), &x| {
-                (lo.min(x), hi.max(x))
-            })
-        };
+    let seconds = |run: &JoinResult| run.elapsed_s.max(1e-9);
+    let lo_hi = |v: Vec<f64>| {
+        v.iter().fold((f64::INFINITY, 0.0_f64), |(lo, hi), &x| {
+            (lo.min(x), hi.max(x))
+        })
+    };
+    // Per run: (least, most) busy host's CPU share (if known) and link share.
+    let shares = |run: &JoinResult| {
         let cpu: Option<Vec<f64>> = r.cpus.and_then(|quota| {
             run.workers
                 .iter()
-                .map(|w| Some(w.process_cpu_s? / (seconds * quota)))
+                .map(|w| Some(w.process_cpu_s? / (seconds(run) * quota)))
                 .collect()
         });
         let link: Vec<f64> = run
             .workers
             .iter()
-            .map(|w| w.bytes_sent.max(w.bytes_received) as f64 / (seconds * rate.bytes_per_sec()))
+            .map(|w| {
+                w.bytes_sent.max(w.bytes_received) as f64 / (seconds(run) * rate.bytes_per_sec())
+            })
             .collect();
-        let shares = (cpu.map(lo_hi), lo_hi(link));
-        let same = |g: &JoinResult| {
-            (g.strategy.as_str(), g.nodes, g.zipf.to_bits())
-                == (run.strategy.as_str(), run.nodes, run.zipf.to_bits())
-        };
-        match groups.iter_mut().find(|g| same(g.0)) {
-            Some(g) => g.1.push(shares),
-            None => groups.push((run, vec![shares])),
-        }
-    }
+        (cpu.map(lo_hi), lo_hi(link))
+    };
+    let groups = by_configuration(r.runs.iter().filter(|run| !run.workers.is_empty()));
     let med = |v: Vec<f64>| median(&v).unwrap_or(0.0);
     groups
         .into_iter()
-        .map(|(run, shares)| {
+        .flat_map(|(_, strategies)| strategies)
+        .map(|(_, runs)| {
+            let run = runs[0];
+            let shares: Vec<_> = runs.into_iter().map(&shares).collect();
             let cpu: Option<Vec<(f64, f64)>> = shares.iter().map(|s| s.0).collect();
             Busy {
                 strategy: run.strategy.clone(),
@@ -681,13 +677,15 @@ fn median_interval(v: &[f64]) -> Option<(f64, f64)> {
     ))
 }
 
-/// Groups runs by (workers, Zipf) and strategy, in the order they ran; the k-th run of
-/// a strategy is paired with the k-th run of the group's first strategy.
-fn paired_summary(runs: &[JoinResult]) -> Vec<SummaryRow> {
-    /// A strategy's runs in one group, in the order they ran.
-    type Runs<'a> = (&'a str, Vec<&'a JoinResult>);
-    // (workers, Zipf bits) -> strategies in the order they first ran.
-    let mut groups: Vec<((usize, u64), Vec<Runs>)> = vec![];
+/// A strategy's runs on one configuration, in the order they ran.
+type StrategyRuns<'a> = (&'a str, Vec<&'a JoinResult>);
+
+/// Runs grouped by configuration (workers, Zipf bits), then by strategy, each in the
+/// order it first ran.
+fn by_configuration<'a>(
+    runs: impl Iterator<Item = &'a JoinResult>,
+) -> Vec<((usize, u64), Vec<StrategyRuns<'a>>)> {
+    let mut groups: Vec<((usize, u64), Vec<StrategyRuns>)> = vec![];
     for run in runs {
         let key = (run.nodes, run.zipf.to_bits());
         let at = match groups.iter().position(|g| g.0 == key) {
@@ -703,6 +701,13 @@ fn paired_summary(runs: &[JoinResult]) -> Vec<SummaryRow> {
             None => strategies.push((&run.strategy, vec![run])),
         }
     }
+    groups
+}
+
+/// Groups runs by (workers, Zipf) and strategy, in the order they ran; the k-th run of
+/// a strategy is paired with the k-th run of the group's first strategy.
+fn paired_summary(runs: &[JoinResult]) -> Vec<SummaryRow> {
+    let groups = by_configuration(runs.iter());
     let mut out = vec![];
     for (_, strategies) in &groups {
         let base = &strategies[0].1;

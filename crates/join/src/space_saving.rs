@@ -12,8 +12,8 @@
 //! deletion: with linear probing both walk a cluster, long and unpredictable at load
 //! 1/2. Uniform 64-bit keys, one thread: 27 M updates/s at load 1/2, 45 M at 1/4,
 //! 59-66 M at 1/8, 66-79 M at 1/16; Zipf 1.25: 58, 82, 92, 98 M
-//! (`cargo run --release -p gyre-join --example flow_join`). One private histogram per thread, no locks,
-//! merged with [`SpaceSaving::merge`].
+//! (`cargo run --release -p gyre-join --example flow_join`). One private histogram per
+//! thread, no locks, merged with [`SpaceSaving::merge`].
 //!
 //! Increment with a sorted array: the counter at position `p` with count `c` swaps with
 //! the *first* position holding count `c` and then becomes `c + 1`; the array stays

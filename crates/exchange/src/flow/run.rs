@@ -572,9 +572,9 @@ impl Router {
         Ok(())
     }
 
-    /// After round 0 was reported with candidates, rows are held back (not routed) while the input
-    /// keeps flowing, so that the first heavy hitters apply to nearly all rows without
-    /// idling. At `hold_limit` rows, or at the end of the input, the router waits for the
+    /// After round 0 was reported with candidates, rows are held back (not routed)
+    /// while the input keeps flowing, so that the first heavy hitters apply to nearly
+    /// all rows without idling. At `hold_limit` rows, or at the end of the input, the router waits for the
     /// answer at most [`FIRST_ROUND_WAIT`]: a peer whose input depends on this worker's
     /// progress (through an upstream exchange) may not report until this one goes on.
     async fn run(
@@ -929,7 +929,6 @@ async fn drain(
     let mut batches = Vec::new();
     let quiet = announced_empty(&sh.rounds, &sh.heavy, round);
     tokio::pin!(quiet);
-    let mut waiting = true;
     loop {
         tokio::select! {
             next = input.next() => match next {
@@ -943,8 +942,8 @@ async fn drain(
                 }
                 None => break,
             },
-            () = &mut quiet, if waiting => {
-                waiting = false;
+            // Once `tx` is used, the round's answer is given.
+            () = &mut quiet, if tx.is_some() => {
                 if let Some(tx) = tx.take() {
                     let _ = tx.send(Ok(Vec::new()));
                 }
