@@ -1,7 +1,9 @@
 //! Flow-Join in SQL (issue 4): partitioned hash joins with skew detection, on 1 to 4
 //! workers, each result compared with single-node DataFusion. The probe table has keys
-//! heavy from the start (7, 11), keys heavy only in the last third (40000 with build
-//! rows, 123456789 without), NULL keys, and a uniform rest.
+//! heavy from the start (7, 11, 13), keys heavy only in the last third (40000 with build
+//! rows, 123456789 without), NULL keys, and a uniform rest. A second build table has
+//! keys heavy on the build side: 5 (30%, rare in the probe table), 13 (2%, heavy on
+//! both sides), 20001 (only in its last 30%), and NULL.
 
 mod sql_reference;
 
@@ -18,9 +20,18 @@ INSERT INTO fact SELECT value,
          WHEN value % 10 = 3 THEN 11
          WHEN value > 400000 AND value % 10 = 4 THEN 123456789
          WHEN value > 400000 AND value % 10 = 5 THEN 40000
+         WHEN value % 100 = 6 THEN 13
          ELSE value % 60000 END,
     CAST(value % 13 AS INT)
   FROM generate_series(1, 600000) AS t(value);
+CREATE TABLE many (k BIGINT, v INT) PARTITION BY v;
+INSERT INTO many SELECT CASE WHEN value % 211 = 0 THEN NULL
+         WHEN value % 10 < 3 THEN 5
+         WHEN value % 50 = 3 THEN 13
+         WHEN value > 14000 AND value % 10 = 4 THEN 20001
+         ELSE value END,
+    CAST(value % 17 AS INT)
+  FROM generate_series(1, 20000) AS t(value);
 ";
 
 /// What a query's plan must contain with more than one worker.
@@ -30,6 +41,10 @@ enum Plan {
     Flow,
     /// A Flow-Join of a build-preserving join, combining build matches across workers.
     FlowTracked,
+    /// A Flow-Join that also routes its build input, detecting skew there.
+    FlowBuild,
+    /// Both of the above.
+    FlowTrackedBuild,
     /// No Flow-Join (the plain partitioned join is kept).
     Plain,
 }
@@ -123,6 +138,46 @@ const QUERIES: &[(&str, Plan)] = &[
         "SELECT count(*), sum(d.w) FROM dim d WHERE NOT EXISTS (SELECT 1 FROM fact f WHERE f.k = d.k AND f.id - d.w IN (599982, 599983))",
         Plan::FlowTracked,
     ),
+    // Skew on the build side (`many`): build rows of keys 5, 13, 20001 and NULL stay
+    // where they are, and the probe rows of those keys go to every worker. Inner and
+    // build-preserving joins decide those build rows locally.
+    (
+        "SELECT count(*), sum(f.x), sum(m.v), count(DISTINCT m.k) FROM fact f JOIN many m ON f.k = m.k",
+        Plan::FlowBuild,
+    ),
+    (
+        "SELECT m.k, m.v, f.id FROM many m JOIN fact f ON m.k = f.k WHERE f.id % 20000 = 6 OR (m.k = 5 AND f.id % 7 = 0) OR m.k = 20001",
+        Plan::FlowBuild,
+    ),
+    (
+        "SELECT count(*), sum(f.x) FROM fact f JOIN many m ON f.k = m.k AND f.x < m.v",
+        Plan::FlowBuild,
+    ),
+    (
+        "SELECT count(*), count(f.id), sum(m.v), sum(f.x) FROM many m LEFT JOIN fact f ON m.k = f.k AND f.x > 10",
+        Plan::FlowTrackedBuild,
+    ),
+    (
+        "SELECT count(*), sum(m.v) FROM many m WHERE EXISTS (SELECT 1 FROM fact f WHERE f.k = m.k AND f.x > 3)",
+        Plan::FlowTrackedBuild,
+    ),
+    (
+        "SELECT count(*), sum(m.v), count(m.k) FROM many m WHERE NOT EXISTS (SELECT 1 FROM fact f WHERE f.k = m.k AND f.x > 3)",
+        Plan::FlowTrackedBuild,
+    ),
+    (
+        "SELECT count(*), sum(m.v) FROM many m WHERE m.v = 5 OR EXISTS (SELECT 1 FROM fact f WHERE f.k = m.k AND f.x = 12)",
+        Plan::FlowTrackedBuild,
+    ),
+    // Probe-preserving and full joins handle probe-side skew only (still correct).
+    (
+        "SELECT count(*), count(m.k), sum(f.x) FROM many m RIGHT JOIN fact f ON m.k = f.k",
+        Plan::Flow,
+    ),
+    (
+        "SELECT count(*), count(m.k), count(f.k) FROM many m FULL JOIN fact f ON m.k = f.k AND f.x = m.v",
+        Plan::FlowTracked,
+    ),
     // A LIMIT pushed into a build-preserving join keeps it plain (a worker that stops
     // early could not report its matches); a LIMIT above a filter lets workers stop
     // reading a Flow-Join early, and the others must still finish.
@@ -152,9 +207,12 @@ async fn check(workers: usize) {
         let plan = text(c.sql_one(&format!("EXPLAIN {q}")).await.unwrap());
         let flow = plan.contains("FlowJoinExec");
         let tracked = plan.contains("build matches combined across workers");
+        let build = plan.contains("skew detection on build and probe hashes");
         let planned = match expected {
             Plan::Flow => flow,
             Plan::FlowTracked => flow && tracked,
+            Plan::FlowBuild => flow && build,
+            Plan::FlowTrackedBuild => flow && tracked && build,
             Plan::Plain => !flow,
         };
         if workers > 1 && !planned {
@@ -266,6 +324,38 @@ async fn analyze_shows_heavy_hitters_and_the_setting_switches_it_off() {
         "{analyzed}"
     );
 
+    // Skew on the build side: key 5 is in 30% of `many`'s rows. Those build rows stay
+    // where they are (all but the few routed before round 0's answer), and the probe
+    // rows of key 5 (and of the other build-heavy keys) go to every worker.
+    let build = "SELECT count(*), sum(m.v), sum(f.x) FROM fact f JOIN many m ON f.k = m.k";
+    let analyzed = text(
+        c.sql_one(&format!("EXPLAIN ANALYZE {build}"))
+            .await
+            .unwrap(),
+    );
+    assert!(
+        analyzed.contains("skew detection on build and probe hashes"),
+        "{analyzed}"
+    );
+    assert!(analyzed.contains("build_heavy_hitters="), "{analyzed}");
+    assert!(analyzed.contains("[5 (~"), "{analyzed}");
+    let kept = metric(&analyzed, "build_rows_kept_local");
+    assert_eq!(kept.len(), 3, "{analyzed}");
+    assert!(kept.iter().sum::<u64>() > 3_000, "{kept:?}\n{analyzed}");
+    assert!(
+        metric(&analyzed, "probe_rows_broadcast")
+            .iter()
+            .sum::<u64>()
+            > 0,
+        "{analyzed}"
+    );
+    assert_eq!(differs(c, &reference, build).await, None);
+    c.sql("SET gyre.skew_build_side = off").await.unwrap();
+    let plan = text(c.sql_one(&format!("EXPLAIN {build}")).await.unwrap());
+    assert!(plan.contains("skew detection on probe hashes"), "{plan}");
+    assert_eq!(differs(c, &reference, build).await, None);
+    c.sql("SET gyre.skew_build_side = on").await.unwrap();
+
     // Stricter threshold and sampling are accepted and shown; bad values are refused.
     c.sql("SET gyre.skew_threshold = '0.5%'").await.unwrap();
     c.sql("SET gyre.skew_sample = 4").await.unwrap();
@@ -282,6 +372,7 @@ async fn analyze_shows_heavy_hitters_and_the_setting_switches_it_off() {
         ("SET gyre.skew_sample = 0", "sample"),
         ("SET gyre.skew_build_preserving = sometimes", "sometimes"),
         ("SET gyre.skew_first = 1.5", "first"),
+        ("SET gyre.skew_build_side = sometimes", "sometimes"),
     ] {
         let err = c.sql(bad).await.unwrap_err().to_string();
         assert!(err.contains(named), "{bad}: {err}");
@@ -296,12 +387,20 @@ async fn analyze_shows_heavy_hitters_and_the_setting_switches_it_off() {
     assert!(plan.contains("FlowJoinExec"), "{plan}");
 }
 
-/// The per-worker values of metric `name` in an `EXPLAIN ANALYZE` text.
+/// The per-worker values of metric `name` in an `EXPLAIN ANALYZE` text (in the
+/// `metrics=[..]` lists, as a whole name: `heavy_hitters` is not `build_heavy_hitters`).
 fn metric(analyzed: &str, name: &str) -> Vec<u64> {
+    let pattern = format!("{name}=");
     analyzed
-        .match_indices(&format!("{name}="))
-        .map(|(at, m)| {
-            let v = &analyzed[at + m.len()..];
+        .lines()
+        .filter_map(|l| l.split_once("metrics=[").map(|(_, m)| m))
+        .flat_map(|m| {
+            m.match_indices(pattern.as_str())
+                .filter(move |(at, _)| *at == 0 || m[..*at].ends_with(' '))
+                .map(move |(at, _)| &m[at..])
+        })
+        .map(|v| {
+            let v = &v[name.len() + 1..];
             let v = &v[..v.find([',', ']']).unwrap()];
             let (num, scale) = match v.strip_suffix(" K") {
                 Some(n) => (n, 1000.0),

@@ -18,7 +18,7 @@ use datafusion_proto::physical_plan::{
 use datafusion_proto::protobuf;
 use gyre_exchange::{
     CycloJoinExec, CycloJoinType, CycloKernel, CycloSide, ExchangeReceiverExec, ExchangeSenderExec,
-    FlowJoinExec, Placement, ReceiveMode, SendMode, SkewSettings,
+    FlowJoinExec, Placement, ReceiveMode, SendMode, SkewSettings, flow::FlowInputs,
 };
 use prost::Message;
 use serde::{Deserialize, Serialize};
@@ -60,7 +60,7 @@ enum NodeProto {
     },
     Flow {
         settings: SkewSettings,
-        probe_rows_per_worker: Option<u64>,
+        inputs: FlowInputs,
         exchange: Option<u32>,
     },
     Cyclo {
@@ -316,7 +316,7 @@ impl PhysicalExtensionCodec for GyreCodec {
             }
             NodeProto::Flow {
                 settings,
-                probe_rows_per_worker,
+                inputs: flow_inputs,
                 exchange,
             } => {
                 let [join] = inputs else {
@@ -325,7 +325,7 @@ impl PhysicalExtensionCodec for GyreCodec {
                 Arc::new(FlowJoinExec::try_new(
                     Arc::clone(join),
                     settings,
-                    probe_rows_per_worker,
+                    flow_inputs,
                     exchange,
                 )?)
             }
@@ -428,7 +428,7 @@ impl PhysicalExtensionCodec for GyreCodec {
         } else if let Some(f) = node.downcast_ref::<FlowJoinExec>() {
             NodeProto::Flow {
                 settings: f.settings().clone(),
-                probe_rows_per_worker: f.probe_rows_per_worker(),
+                inputs: f.inputs(),
                 exchange: f.exchange(),
             }
         } else if let Some(c) = node.downcast_ref::<CycloJoinExec>() {

@@ -86,7 +86,7 @@ struct Settings {
     /// `gyre.skew_detection = off` (Flow-Join is on by default).
     skew_detection_off: bool,
     /// `gyre.skew_threshold`, `gyre.skew_first`, `gyre.skew_every`, `gyre.skew_sample`,
-    /// `gyre.skew_build_preserving`.
+    /// `gyre.skew_build_preserving`, `gyre.skew_build_side`.
     skew: SkewSettings,
 }
 
@@ -154,6 +154,15 @@ fn count_result(rows: u64) -> Result<StatementResult> {
 
 /// How often the coordinator checks its workers' heartbeats.
 const MEMBER_CHECK_INTERVAL: Duration = Duration::from_millis(200);
+
+/// An on/off session setting's value.
+fn parse_on_off(name: &str, value: &str) -> Result<bool> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "on" | "true" | "1" => Ok(true),
+        "off" | "false" | "0" => Ok(false),
+        other => plan_err!("{name} is on or off, not '{other}'"),
+    }
+}
 
 fn is_worker_leaf(plan: &dyn ExecutionPlan) -> bool {
     plan.is::<GyreScanExec>() || plan.is::<TpchGenExec>()
@@ -617,11 +626,11 @@ impl Coordinator {
                 Ok(())
             }
             "gyre.skew_detection" => {
-                s.skew_detection_off = match value.trim().to_ascii_lowercase().as_str() {
-                    "on" | "true" | "1" => false,
-                    "off" | "false" | "0" => true,
-                    other => return plan_err!("gyre.skew_detection is on or off, not '{other}'"),
-                };
+                s.skew_detection_off = !parse_on_off("gyre.skew_detection", value)?;
+                Ok(())
+            }
+            "gyre.skew_build_side" => {
+                s.skew.build_side = parse_on_off("gyre.skew_build_side", value)?;
                 Ok(())
             }
             "gyre.skew_build_preserving" => {
@@ -661,7 +670,7 @@ impl Coordinator {
             other => plan_err!(
                 "unknown setting '{other}' (known: gyre.compression, gyre.join_strategy, \
                  gyre.skew_detection, gyre.skew_threshold, gyre.skew_first, gyre.skew_every, \
-                 gyre.skew_sample, gyre.skew_build_preserving)"
+                 gyre.skew_sample, gyre.skew_build_preserving, gyre.skew_build_side)"
             ),
         }
     }

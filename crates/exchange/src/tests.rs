@@ -290,7 +290,18 @@ async fn flow_join_outputs(
         threshold: 0.05,
         ..SkewSettings::default()
     };
-    let flow = Arc::new(FlowJoinExec::try_new(join, settings, Some(60_000), Some(1)).unwrap());
+    let flow = Arc::new(
+        FlowJoinExec::try_new(
+            join,
+            settings,
+            crate::flow::FlowInputs {
+                probe_rows_per_worker: Some(60_000),
+                ..Default::default()
+            },
+            Some(1),
+        )
+        .unwrap(),
+    );
     let mut tasks = vec![];
     for (i, t) in all.iter().enumerate() {
         let stream = flow

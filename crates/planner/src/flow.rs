@@ -11,6 +11,10 @@
 //! - its probe (right) input is a hash `RepartitionExec` on exactly the probe keys into
 //!   one partition per worker, over an input with one partition per worker, without
 //!   order preservation;
+//! - if its build (left) input is such a shuffle too and its type allows
+//!   ([`build_skew_supported`]: inner, left outer, left semi/anti/mark), the Flow-Join
+//!   routes the build input as well and detects skew on it (`gyre.skew_build_side`,
+//!   on by default);
 //! - nothing above relies on the join's output being hash-partitioned or ordered (heavy
 //!   keys are joined on every worker): no ancestor requires a hash distribution or an
 //!   order that reaches the join through operators passing partitioning through.
@@ -18,13 +22,14 @@
 use crate::join_selection::estimated_rows;
 use datafusion::common::Result;
 use datafusion::physical_expr::Distribution;
+use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
 use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::{
     ChildrenPropertiesMode, ExecutionPlan, ExecutionPlanProperties, Partitioning,
     ReplaceChildrenOptions,
 };
-use gyre_exchange::flow::flow_join_supported;
+use gyre_exchange::flow::{FlowInputs, build_skew_supported, flow_join_supported};
 use gyre_exchange::{FlowJoinExec, SkewSettings};
 use std::sync::Arc;
 
@@ -98,29 +103,48 @@ fn flow_join(
     {
         return Ok(None);
     }
-    let Some(rep) = hj.right().downcast_ref::<RepartitionExec>() else {
-        return Ok(None);
-    };
-    let Partitioning::Hash(exprs, count) = rep.partitioning() else {
-        return Ok(None);
-    };
     let probe_keys: Vec<_> = hj.on().iter().map(|(_, r)| Arc::clone(r)).collect();
-    if *count != n
-        || rep.preserve_order()
-        || rep.input().output_partitioning().partition_count() != n
-        || exprs.len() != probe_keys.len()
-        || !exprs.iter().zip(&probe_keys).all(|(a, b)| a.eq(b))
-    {
+    let Some(probe) = unshuffled(hj.right(), &probe_keys, n) else {
         return Ok(None);
-    }
-    let probe = Arc::clone(rep.input());
-    let rows = estimated_rows(&probe).map(|r| (r / n as u64).max(1));
-    let join =
-        Arc::clone(node).replace_children(vec![Arc::clone(hj.left()), probe], recompute())?;
+    };
+    let per_worker = |p: &Arc<dyn ExecutionPlan>| estimated_rows(p).map(|r| (r / n as u64).max(1));
+    let mut inputs = FlowInputs {
+        probe_rows_per_worker: per_worker(&probe),
+        ..FlowInputs::default()
+    };
+    let build_keys: Vec<_> = hj.on().iter().map(|(l, _)| Arc::clone(l)).collect();
+    let build = match unshuffled(hj.left(), &build_keys, n) {
+        Some(input) if settings.build_side && build_skew_supported(*hj.join_type()) => {
+            inputs.routes_build = true;
+            inputs.build_rows_per_worker = per_worker(&input);
+            input
+        }
+        _ => Arc::clone(hj.left()),
+    };
+    let join = Arc::clone(node).replace_children(vec![build, probe], recompute())?;
     Ok(Some(Arc::new(FlowJoinExec::try_new(
         join,
         settings.clone(),
-        rows,
+        inputs,
         None,
     )?)))
+}
+
+/// The input of `plan` if `plan` is a hash shuffle on exactly `keys` into `n`
+/// partitions, of an input with `n` partitions, without order preservation.
+fn unshuffled(
+    plan: &Arc<dyn ExecutionPlan>,
+    keys: &[Arc<dyn PhysicalExpr>],
+    n: usize,
+) -> Option<Arc<dyn ExecutionPlan>> {
+    let rep = plan.downcast_ref::<RepartitionExec>()?;
+    let Partitioning::Hash(exprs, count) = rep.partitioning() else {
+        return None;
+    };
+    (*count == n
+        && !rep.preserve_order()
+        && rep.input().output_partitioning().partition_count() == n
+        && exprs.len() == keys.len()
+        && exprs.iter().zip(keys).all(|(a, b)| a.eq(b)))
+    .then(|| Arc::clone(rep.input()))
 }

@@ -82,6 +82,14 @@ pub struct SkewSettings {
     /// across workers).
     #[serde(default)]
     pub build_preserving: BuildPreserving,
+    /// Whether joins that can (see [`build_skew_supported`]) also route their build
+    /// input and detect skew on it (`SET gyre.skew_build_side`).
+    #[serde(default = "on")]
+    pub build_side: bool,
+}
+
+fn on() -> bool {
+    true
 }
 
 /// `SET gyre.skew_build_preserving`: which build-preserving joins get Flow-Joins.
@@ -128,6 +136,7 @@ impl Default for SkewSettings {
             every: d.every,
             sample: d.sample,
             build_preserving: BuildPreserving::default(),
+            build_side: true,
         }
     }
 }
@@ -157,6 +166,36 @@ pub fn flow_join_supported(join_type: JoinType, fetch: Option<usize>) -> bool {
     !preserves_build(join_type) || fetch.is_none()
 }
 
+/// Whether a Flow-Join of this type can route its build input too and keep build rows
+/// of keys heavy on the build side where they are, broadcasting the probe rows of those
+/// keys: each such build row then meets every probe row of its key on its own worker,
+/// so inner and build-preserving joins decide it there. The probe-preserving types
+/// (right outer, right semi/anti/mark) and full outer would have to combine each
+/// broadcast probe row's matches across workers, which is not built: their Flow-Joins
+/// handle probe-side skew only.
+pub fn build_skew_supported(join_type: JoinType) -> bool {
+    matches!(
+        join_type,
+        JoinType::Inner
+            | JoinType::Left
+            | JoinType::LeftSemi
+            | JoinType::LeftAnti
+            | JoinType::LeftMark
+    )
+}
+
+/// What the planner knows of a Flow-Join's inputs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FlowInputs {
+    /// Probe rows the planner expects per worker (schedules probe-side detection).
+    pub probe_rows_per_worker: Option<u64>,
+    /// Whether the join's build child is the build input before its shuffle, which
+    /// the Flow-Join then routes itself, detecting skew on it.
+    pub routes_build: bool,
+    /// Build rows the planner expects per worker (schedules build-side detection).
+    pub build_rows_per_worker: Option<u64>,
+}
+
 /// Whether a join type emits build rows by their match state (left and full outer,
 /// left semi/anti/mark), which a Flow-Join must combine across workers.
 pub fn preserves_build(join_type: JoinType) -> bool {
@@ -167,15 +206,49 @@ pub fn preserves_build(join_type: JoinType) -> bool {
 /// runs on the worker that executed it).
 #[derive(Debug, Default)]
 struct FlowReport {
-    /// Heavy hash -> (detection iteration, estimated probe rows, a key value seen).
+    /// Probe-heavy hash -> (detection iteration, estimated probe rows, a key value seen).
     heavy: BTreeMap<u64, HeavyHitter>,
+    /// The same for hashes heavy on the build side (estimated build rows).
+    build_heavy: BTreeMap<u64, HeavyHitter>,
+}
+
+/// `name=N [key (~rows, round r), ...]`, the largest first (at most 8 shown).
+fn fmt_heavy(
+    f: &mut fmt::Formatter,
+    name: &str,
+    heavy: &BTreeMap<u64, HeavyHitter>,
+) -> fmt::Result {
+    if heavy.is_empty() {
+        return Ok(());
+    }
+    let mut hh: Vec<&HeavyHitter> = heavy.values().collect();
+    hh.sort_by_key(|h| std::cmp::Reverse(h.estimate));
+    let shown: Vec<String> = hh
+        .iter()
+        .take(8)
+        .map(|h| {
+            format!(
+                "{} (~{} rows, round {})",
+                h.key.as_deref().unwrap_or("(key not seen here)"),
+                h.estimate,
+                h.iteration
+            )
+        })
+        .collect();
+    write!(
+        f,
+        ", {name}={} [{}{}]",
+        hh.len(),
+        shown.join(", "),
+        if hh.len() > shown.len() { ", ..." } else { "" }
+    )
 }
 
 #[derive(Debug, Clone)]
 struct HeavyHitter {
     iteration: u32,
     estimate: u64,
-    /// The key of the first probe row kept local or build row broadcast for this hash.
+    /// The key of the first row kept local or broadcast for this hash.
     key: Option<String>,
 }
 
@@ -186,8 +259,7 @@ pub struct FlowJoinExec {
     /// worker `i`), right = the probe input before its shuffle.
     join: Arc<dyn ExecutionPlan>,
     settings: SkewSettings,
-    /// Probe rows the planner expects per worker (schedules detection).
-    probe_rows_per_worker: Option<u64>,
+    inputs: FlowInputs,
     /// First of the [`FlowJoinExec::exchanges`] exchange ids (set by the stage splitter).
     exchange: Option<ExchangeId>,
     props: Arc<PlanProperties>,
@@ -199,7 +271,7 @@ impl FlowJoinExec {
     pub fn try_new(
         join: Arc<dyn ExecutionPlan>,
         settings: SkewSettings,
-        probe_rows_per_worker: Option<u64>,
+        inputs: FlowInputs,
         exchange: Option<ExchangeId>,
     ) -> Result<Self> {
         let Some(hj) = join.downcast_ref::<HashJoinExec>() else {
@@ -213,6 +285,12 @@ impl FlowJoinExec {
                 "Flow-Join does not handle {} joins that stop after {:?} rows",
                 hj.join_type(),
                 hj.fetch()
+            );
+        }
+        if inputs.routes_build && !build_skew_supported(*hj.join_type()) {
+            return plan_err!(
+                "a Flow-Join of a {} join cannot route its build input",
+                hj.join_type()
             );
         }
         settings.detection()?;
@@ -232,7 +310,7 @@ impl FlowJoinExec {
         Ok(Self {
             join,
             settings,
-            probe_rows_per_worker,
+            inputs,
             exchange,
             props,
             metrics: ExecutionPlanMetricsSet::new(),
@@ -245,7 +323,7 @@ impl FlowJoinExec {
         Self::try_new(
             Arc::clone(&self.join),
             self.settings.clone(),
-            self.probe_rows_per_worker,
+            self.inputs,
             Some(exchange),
         )
     }
@@ -256,8 +334,8 @@ impl FlowJoinExec {
     pub fn settings(&self) -> &SkewSettings {
         &self.settings
     }
-    pub fn probe_rows_per_worker(&self) -> Option<u64> {
-        self.probe_rows_per_worker
+    pub fn inputs(&self) -> FlowInputs {
+        self.inputs
     }
     pub fn exchange(&self) -> Option<ExchangeId> {
         self.exchange
@@ -269,7 +347,16 @@ impl FlowJoinExec {
             .settings
             .detection()
             .map_or(1, |c| c.iterations() as u32);
-        HEAVY_EXCHANGES_FROM + rounds + u32::from(self.tracking().is_some())
+        HEAVY_EXCHANGES_FROM
+            + rounds
+            + u32::from(self.tracking().is_some())
+            + 2 * u32::from(self.inputs.routes_build)
+    }
+
+    /// Offset of the build shuffle and then the broadcast of probe rows of build-heavy
+    /// keys among the exchange ids (joins that route their build input).
+    fn build_exchanges_from(&self) -> u32 {
+        self.exchanges() - 2
     }
 
     /// How build rows' matches are combined across workers (build-preserving joins).
@@ -288,7 +375,12 @@ impl DisplayAs for FlowJoinExec {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
         write!(
             f,
-            "FlowJoinExec: skew detection on probe hashes, threshold={}%, first at {}%, every {}%",
+            "FlowJoinExec: skew detection on {} hashes, threshold={}%, first at {}%, every {}%",
+            if self.inputs.routes_build {
+                "build and probe"
+            } else {
+                "probe"
+            },
             self.settings.threshold * 100.0,
             self.settings.first * 100.0,
             self.settings.every * 100.0
@@ -303,30 +395,8 @@ impl DisplayAs for FlowJoinExec {
             write!(f, ", exchanges={}..{}", e, e + self.exchanges() - 1)?;
         }
         let report = self.report.lock();
-        if !report.heavy.is_empty() {
-            let mut hh: Vec<&HeavyHitter> = report.heavy.values().collect();
-            hh.sort_by_key(|h| std::cmp::Reverse(h.estimate));
-            let shown: Vec<String> = hh
-                .iter()
-                .take(8)
-                .map(|h| {
-                    format!(
-                        "{} (~{} rows, round {})",
-                        h.key.as_deref().unwrap_or("(key not seen here)"),
-                        h.estimate,
-                        h.iteration
-                    )
-                })
-                .collect();
-            write!(
-                f,
-                ", heavy_hitters={} [{}{}]",
-                hh.len(),
-                shown.join(", "),
-                if hh.len() > shown.len() { ", ..." } else { "" }
-            )?;
-        }
-        Ok(())
+        fmt_heavy(f, "build_heavy_hitters", &report.build_heavy)?;
+        fmt_heavy(f, "heavy_hitters", &report.heavy)
     }
 }
 
@@ -360,7 +430,7 @@ impl ExecutionPlan for FlowJoinExec {
         Ok(Arc::new(Self::try_new(
             join,
             self.settings.clone(),
-            self.probe_rows_per_worker,
+            self.inputs,
             self.exchange,
         )?))
     }

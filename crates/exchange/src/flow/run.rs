@@ -88,6 +88,15 @@ struct FlowMetrics {
     /// them), and own build rows peers reported matched.
     build_matches_sent: Count,
     build_matches_received: Count,
+    /// Joins that route their build input: build rows routed, those kept on this worker
+    /// (their key heavy on the build side), the build-side heavy hitters, the probe
+    /// rows broadcast because their key is one, and the time the probe router waited
+    /// for the final build-side list.
+    build_rows: Count,
+    build_rows_local: Count,
+    build_heavy_hitters: Count,
+    probe_rows_broadcast: Count,
+    build_list_wait: Time,
 }
 
 impl FlowMetrics {
@@ -107,6 +116,11 @@ impl FlowMetrics {
             first_round_wait: m().subset_time("first_round_wait", partition),
             build_matches_sent: m().counter("build_matches_sent", partition),
             build_matches_received: m().counter("build_matches_received", partition),
+            build_rows: m().counter("build_rows", partition),
+            build_rows_local: m().counter("build_rows_kept_local", partition),
+            build_heavy_hitters: m().counter("build_heavy_hitters", partition),
+            probe_rows_broadcast: m().counter("probe_rows_broadcast", partition),
+            build_list_wait: m().subset_time("build_list_wait", partition),
         }
     }
 }
@@ -126,6 +140,11 @@ struct Shared {
     detector_node: NodeId,
     /// Announcements applied so far (the listener counts, the router waits for round 0).
     rounds: tokio::sync::watch::Sender<u32>,
+    /// The same for the build side, whose list is final after `build_iterations`
+    /// announcements (0 when the join does not route its build input).
+    build_heavy: HeavySet,
+    build_rounds: tokio::sync::watch::Sender<u32>,
+    build_iterations: u32,
     /// Whether the owner task broadcast any build row (only then can peers match this
     /// worker's build rows).
     broadcast_any: std::sync::atomic::AtomicBool,
@@ -134,6 +153,31 @@ struct Shared {
 impl Shared {
     fn n(&self) -> usize {
         self.qc.workers.len()
+    }
+
+    fn heavy(&self, side: Side) -> &HeavySet {
+        match side {
+            Side::Build => &self.build_heavy,
+            Side::Probe => &self.heavy,
+        }
+    }
+
+    /// Announcements applied so far for `side`.
+    fn rounds(&self, side: Side) -> &tokio::sync::watch::Sender<u32> {
+        match side {
+            Side::Build => &self.build_rounds,
+            Side::Probe => &self.rounds,
+        }
+    }
+
+    /// Waits until the build-side heavy hitters are final (every round announced).
+    async fn build_list_final(&self) {
+        let mut rounds = self.build_rounds.subscribe();
+        let _ = rounds.wait_for(|r| *r >= self.build_iterations).await;
+    }
+
+    fn build_list_is_final(&self) -> bool {
+        *self.build_rounds.borrow() >= self.build_iterations
     }
 
     fn open_send(&self, exchange: u32, destinations: Vec<NodeId>) -> Result<SendEndpoint> {
@@ -242,6 +286,19 @@ fn delivered(
     Box::pin(RecordBatchStreamAdapter::new(schema, s))
 }
 
+/// A receiver of an exchange every worker sends to, as the Flow-Join's own joins read it.
+fn shuffle_receiver(exchange: u32, schema: SchemaRef, n: usize) -> ExchangeReceiverExec {
+    ExchangeReceiverExec::new(
+        exchange,
+        schema,
+        Placement::Workers,
+        n,
+        ReceiveMode::Shuffle,
+        Partitioning::UnknownPartitioning(n),
+        None,
+    )
+}
+
 fn recompute() -> ReplaceChildrenOptions {
     ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute)
 }
@@ -267,9 +324,11 @@ pub(super) fn execute(
     }
     let config = exec.settings.detection()?;
     let rounds = config.iterations();
-    let expected = exec
+    let inputs = exec.inputs;
+    let expected = inputs
         .probe_rows_per_worker
         .unwrap_or(DEFAULT_PROBE_ROWS_PER_WORKER);
+    let routes_build = inputs.routes_build;
     let (build_keys, probe_keys): (Vec<PhysicalExprRef>, Vec<PhysicalExprRef>) =
         hj.on().iter().cloned().unzip();
     // Build-preserving joins number their build rows and run a counterpart join that
@@ -286,6 +345,7 @@ pub(super) fn execute(
     let probe_schema = hj.right().schema();
     let build_input = hj.left().execute(partition, Arc::clone(&ctx))?;
     let probe_input = hj.right().execute(partition, Arc::clone(&ctx))?;
+    let build_ex = ex + exec.build_exchanges_from();
 
     let shared = Arc::new(Shared {
         detector_node: qc.workers[0],
@@ -296,6 +356,9 @@ pub(super) fn execute(
         m: FlowMetrics::new(&exec.metrics, partition),
         send_m: SendMetrics::new(&exec.metrics, partition),
         rounds: tokio::sync::watch::channel(0).0,
+        build_heavy: HeavySet::default(),
+        build_rounds: tokio::sync::watch::channel(0).0,
+        build_iterations: if routes_build { rounds as u32 } else { 0 },
         broadcast_any: Default::default(),
     });
     let all: Vec<(u32, NodeId)> = qc
@@ -318,18 +381,22 @@ pub(super) fn execute(
     let bcast_eps = (0..rounds as u32)
         .map(|r| shared.open_send(ex + HEAVY_EXCHANGES_FROM + r, qc.workers.clone()))
         .collect::<Result<Vec<_>>>()?;
+    // Joins that route their build input: the build shuffle, whose rows this worker
+    // owns make its build partition, and the broadcast of probe rows whose key is heavy
+    // on the build side.
+    let (build_input, build_router) = if routes_build {
+        let shuffle_ep = shared.open_send(build_ex, qc.workers.clone())?;
+        let received = shuffle_receiver(build_ex, hj.left().schema(), n)
+            .execute(partition, Arc::clone(&ctx))?;
+        (received, Some((build_input, shuffle_ep)))
+    } else {
+        (build_input, None)
+    };
 
     // The usual join: this worker's build partition with the probe rows routed here.
     let (build_tx, build_rx) = oneshot::channel();
-    let probe_recv: Arc<dyn ExecutionPlan> = Arc::new(ExchangeReceiverExec::new(
-        ex,
-        Arc::clone(&probe_schema),
-        Placement::Workers,
-        n,
-        ReceiveMode::Shuffle,
-        Partitioning::UnknownPartitioning(n),
-        None,
-    ));
+    let probe_recv: Arc<dyn ExecutionPlan> =
+        Arc::new(shuffle_receiver(ex, Arc::clone(&probe_schema), n));
     let build_src = PreparedInputExec::new(
         "build partition",
         delivered(Arc::clone(&build_schema), build_rx, "build partition"),
@@ -354,16 +421,8 @@ pub(super) fn execute(
     let mut local_txs = Vec::with_capacity(rounds);
     let mut drains = Vec::with_capacity(rounds);
     for r in 0..rounds as u32 {
-        let recv = ExchangeReceiverExec::new(
-            ex + HEAVY_EXCHANGES_FROM + r,
-            Arc::clone(&build_schema),
-            Placement::Workers,
-            n,
-            ReceiveMode::Shuffle,
-            Partitioning::UnknownPartitioning(n),
-            None,
-        )
-        .execute(partition, Arc::clone(&ctx))?;
+        let recv = shuffle_receiver(ex + HEAVY_EXCHANGES_FROM + r, Arc::clone(&build_schema), n)
+            .execute(partition, Arc::clone(&ctx))?;
         let (build_tx, build_rx) = oneshot::channel();
         drains.push((recv, build_tx));
         let (local_tx, local_rx) = mpsc::unbounded_channel::<RecordBatch>();
@@ -388,6 +447,47 @@ pub(super) fn execute(
         outputs.push(tracked(heavy));
     }
 
+    // Joins that route their build input: the join of the build rows of build-heavy
+    // keys on this worker (kept here by the build router, or received before the key
+    // was found heavy and split off by the owner task) with the probe rows of those keys
+    // every worker broadcasts. Each such build row is on one worker and meets every
+    // probe row of its key there, so the original join type decides it.
+    let mut kept_txs = None;
+    let mut probe_bcast_ep = None;
+    if routes_build {
+        let (kept_tx, kept_rx) = mpsc::unbounded_channel::<RecordBatch>();
+        kept_txs = Some(kept_tx);
+        probe_bcast_ep = Some(shared.open_send(build_ex + 1, qc.workers.clone())?);
+        let recv = shuffle_receiver(build_ex + 1, Arc::clone(&probe_schema), n)
+            .execute(partition, Arc::clone(&ctx))?;
+        let (sh, join, ctx) = (
+            Arc::clone(&shared),
+            Arc::clone(&exec.join),
+            Arc::clone(&ctx),
+        );
+        let build_schema = hj.left().schema();
+        let heavy = futures::stream::once(async move {
+            sh.build_list_final().await;
+            if sh.build_heavy.hashes.read().is_empty() {
+                // Nothing is kept or broadcast: the peers' ends need not be awaited.
+                return Ok::<_, DataFusionError>(futures::stream::empty().boxed());
+            }
+            let kept = UnboundedReceiverStream::new(kept_rx).map(Ok);
+            let build = PreparedInputExec::new(
+                "build rows of build-heavy keys",
+                Box::pin(RecordBatchStreamAdapter::new(build_schema, kept)),
+                n,
+            );
+            let probe = PreparedInputExec::new("probe rows broadcast", recv, n);
+            let s = join
+                .replace_children(vec![build, probe], recompute())?
+                .execute(partition, ctx)?;
+            Ok(s.boxed())
+        })
+        .try_flatten();
+        outputs.push(heavy.boxed());
+    }
+
     // Build-preserving joins: the exchange of matches, and this worker's build rows
     // for the end.
     let mut combine = None;
@@ -395,16 +495,8 @@ pub(super) fn execute(
     if let Some((shape, matches)) = &tracker {
         let match_ex = ex + HEAVY_EXCHANGES_FROM + rounds as u32;
         let ep = shared.open_send(match_ex, qc.workers.clone())?;
-        let reports = ExchangeReceiverExec::new(
-            match_ex,
-            row_id_schema(),
-            Placement::Workers,
-            n,
-            ReceiveMode::Shuffle,
-            Partitioning::UnknownPartitioning(n),
-            None,
-        )
-        .execute(partition, Arc::clone(&ctx))?;
+        let reports =
+            shuffle_receiver(match_ex, row_id_schema(), n).execute(partition, Arc::clone(&ctx))?;
         let (tx, rx) = oneshot::channel();
         numbered_tx = Some(tx);
         combine = Some(combine_matches(
@@ -428,22 +520,45 @@ pub(super) fn execute(
             }
         })));
     };
+    let reports = Arc::new(Reports {
+        ep: report_ep,
+        users: std::sync::atomic::AtomicUsize::new(1 + usize::from(build_router.is_some())),
+    });
     let router = Router::new(
         &shared,
+        Side::Probe,
         &probe_schema,
         probe_keys,
         probe_ep,
         local_txs,
+        probe_bcast_ep,
         &config,
         expected,
     )?;
-    spawn(Box::pin(router.run(probe_input, report_ep)));
+    spawn(Box::pin(router.run(probe_input, Arc::clone(&reports))));
+    if let Some((input, ep)) = build_router {
+        let router = Router::new(
+            &shared,
+            Side::Build,
+            &input.schema(),
+            build_keys.clone(),
+            ep,
+            kept_txs.iter().cloned().collect(),
+            None,
+            &config,
+            inputs
+                .build_rows_per_worker
+                .unwrap_or(DEFAULT_PROBE_ROWS_PER_WORKER),
+        )?;
+        spawn(Box::pin(router.run(input, reports)));
+    }
     spawn(Box::pin(own(
         Arc::clone(&shared),
         build_input,
         build_keys,
         build_tx,
         numbered_tx.map(|tx| (Arc::clone(&build_schema), tx)),
+        kept_txs,
         bcast_eps,
         owner_rx,
     )));
@@ -485,22 +600,45 @@ pub(super) fn execute(
     Ok(run_detached(exec.join.schema(), guarded.boxed()))
 }
 
-/// Routes the local probe input: rows with a heavy hash stay (into the heavy join of
-/// the round that found the hash), the rest go to their owners.
+/// The detection reports' endpoint, which the build and probe routers share: finished
+/// when the last of them is done.
+struct Reports {
+    ep: SendEndpoint,
+    users: std::sync::atomic::AtomicUsize,
+}
+
+impl Reports {
+    fn done(&self) {
+        if self.users.fetch_sub(1, std::sync::atomic::Ordering::AcqRel) == 1 {
+            self.ep.finish();
+        }
+    }
+}
+
+/// Routes one side's local input. Probe rows with a heavy hash stay (into the heavy
+/// join of the round that found the hash), probe rows whose key is heavy on the build
+/// side go to every worker, build rows whose key is heavy on the build side stay (into
+/// the join of those keys); the rest go to their owners.
 struct Router {
     sh: Arc<Shared>,
+    side: Side,
     keys: Vec<PhysicalExprRef>,
     ep: SendEndpoint,
     outlets: Vec<Outlet>,
+    /// Local slots: the probe side's heavy join per detection round, or the build
+    /// side's join of build-heavy keys.
     local_txs: Vec<mpsc::UnboundedSender<RecordBatch>>,
+    /// Probe side of a join that routes its build input: the broadcast of probe rows
+    /// whose key is heavy on the build side.
+    bcast: Option<(SendEndpoint, Outlet)>,
     detector: NodeDetector,
-    /// Heavy hash -> the detection round that found it.
+    /// Heavy hash -> its destination index in `dests`.
     heavy: DirectMap<u32>,
     /// How many of the shared heavy hashes `heavy` holds.
     heavy_seen: usize,
     named: HashSetU64,
-    /// Row indices of a batch by destination: owners `0..n`, then the heavy join of
-    /// each detection round (`n + round`).
+    /// Row indices of a batch by destination: owners `0..n`, then the local slots
+    /// (`n + slot`), then the broadcast.
     dests: Vec<Vec<u32>>,
     owner: Modulo,
     routed: u64,
@@ -511,12 +649,15 @@ struct Router {
 }
 
 impl Router {
+    #[allow(clippy::too_many_arguments)]
     fn new(
         sh: &Arc<Shared>,
+        side: Side,
         schema: &SchemaRef,
         keys: Vec<PhysicalExprRef>,
         ep: SendEndpoint,
         local_txs: Vec<mpsc::UnboundedSender<RecordBatch>>,
+        bcast_ep: Option<SendEndpoint>,
         config: &gyre_join::flow::DetectionConfig,
         expected: u64,
     ) -> Result<Self> {
@@ -527,18 +668,27 @@ impl Router {
             .iter()
             .map(|w| sh.outlet(To::Node(*w), schema, &ep))
             .collect::<Result<Vec<_>>>()?;
-        let rounds = local_txs.len();
+        let bcast = match bcast_ep {
+            Some(ep) => {
+                let outlet = sh.outlet(To::All, schema, &ep)?;
+                Some((ep, outlet))
+            }
+            None => None,
+        };
+        let slots = local_txs.len();
         Ok(Self {
             sh: Arc::clone(sh),
+            side,
             keys,
             ep,
             outlets,
             local_txs,
+            bcast,
             detector: NodeDetector::new(config, 1, expected),
             heavy: DirectMap::default(),
             heavy_seen: 0,
             named: HashSetU64::default(),
-            dests: vec![Vec::new(); n + rounds],
+            dests: vec![Vec::new(); n + slots + 1],
             owner: Modulo::new(n as u64),
             routed: 0,
             next_counted: 0,
@@ -548,22 +698,37 @@ impl Router {
 
     /// Takes in the heavy hashes announced since the last look.
     fn refresh(&mut self) {
-        let hashes = self.sh.heavy.hashes.read();
+        let n = self.sh.n() as u32;
+        let hashes = self.sh.heavy(self.side).hashes.read();
         if hashes.len() > self.heavy_seen {
-            if self.heavy.is_empty() {
+            if self.heavy.is_empty() && self.side == Side::Probe {
                 self.sh.m.first_heavy_after_rows.set(self.routed as usize);
             }
             for &(hash, round) in &hashes[self.heavy_seen..] {
-                // A hash announced twice keeps the round that found it first.
+                // A hash announced twice keeps the round that found it first, and a
+                // probe row whose key is heavy on the build side is broadcast.
                 if !self.heavy.contains_key(hash) {
-                    self.heavy.insert(hash, round);
+                    let slot = match self.side {
+                        Side::Probe => round,
+                        Side::Build => 0,
+                    };
+                    self.heavy.insert(hash, n + slot);
                 }
             }
             self.heavy_seen = hashes.len();
         }
     }
 
-    /// Routes the rows held back while waiting for round 0, with what is known now.
+    /// Probe side: takes in the final build-side heavy hashes, before any row is routed.
+    fn take_build_list(&mut self) {
+        let n = self.sh.n() as u32;
+        let broadcast = n + self.local_txs.len() as u32;
+        for &(hash, _) in self.sh.build_heavy.hashes.read().iter() {
+            self.heavy.insert(hash, broadcast);
+        }
+    }
+
+    /// Routes the rows held back, with what is known now.
     async fn release(&mut self, held: &mut Vec<Hashed>) -> Result<()> {
         self.refresh();
         for h in std::mem::take(held) {
@@ -572,18 +737,24 @@ impl Router {
         Ok(())
     }
 
-    /// After round 0 was reported with candidates, rows are held back (not routed)
-    /// while the input keeps flowing, so that the first heavy hitters apply to nearly
-    /// all rows without idling. At `hold_limit` rows, or at the end of the input, the router waits for the
-    /// answer at most [`FIRST_ROUND_WAIT`]: a peer whose input depends on this worker's
-    /// progress (through an upstream exchange) may not report until this one goes on.
+    /// Rows are held back (not routed) while the input keeps flowing:
+    /// - after round 0 was reported with candidates, so that the first heavy hitters
+    ///   apply to nearly all rows without idling. At `hold_limit` rows, or at the end
+    ///   of the input, the router waits for the answer at most [`FIRST_ROUND_WAIT`]: a
+    ///   peer whose input depends on this worker's progress (through an upstream
+    ///   exchange) may not report until this one goes on;
+    /// - on the probe side of a join that routes its build input, until the build
+    ///   side's heavy hitters are final: a probe row of such a key must reach every
+    ///   worker. That wait has no limit; the join could not probe before its build side
+    ///   is complete anyway.
     async fn run(
         mut self,
         mut input: SendableRecordBatchStream,
-        report_ep: SendEndpoint,
+        reports: Arc<Reports>,
     ) -> Result<()> {
         let result = async {
             let mut awaiting = false;
+            let mut build_pending = self.bcast.is_some();
             let mut held: Vec<Hashed> = Vec::new();
             let mut held_rows = 0u64;
             while let Some(batch) = input.next().await {
@@ -599,15 +770,26 @@ impl Router {
                     self.count(&hashed.hashes);
                     hashed
                 };
-                if awaiting {
+                if build_pending && self.sh.build_list_is_final() {
+                    self.take_build_list();
+                    build_pending = false;
+                }
+                if awaiting || build_pending {
                     held_rows += rows as u64;
                     held.push(hashed);
-                    let answered = *self.sh.rounds.borrow() > 0;
-                    if answered || held_rows >= self.hold_limit {
-                        if !answered {
-                            self.wait_first_round().await;
+                    awaiting &= *self.sh.rounds(self.side).borrow() == 0;
+                    if held_rows >= self.hold_limit {
+                        if build_pending {
+                            self.wait_build_list().await;
+                            build_pending = false;
                         }
-                        awaiting = false;
+                        if awaiting {
+                            self.wait_first_round().await;
+                            awaiting = false;
+                        }
+                    }
+                    if !awaiting && !build_pending {
+                        held_rows = 0;
                         self.release(&mut held).await?;
                     }
                 } else {
@@ -617,39 +799,63 @@ impl Router {
                 for r in self.detector.advance(rows as u64) {
                     // Only with candidates of its own: see `FIRST_ROUND_WAIT`.
                     awaiting |= r.iteration == 0 && !r.candidates.is_empty();
-                    self.report(&report_ep, r).await?;
+                    self.report(&reports.ep, r).await?;
                 }
+            }
+            for r in self.detector.finish() {
+                self.report(&reports.ep, r).await?;
+            }
+            if build_pending {
+                self.wait_build_list().await;
             }
             if awaiting {
                 self.wait_first_round().await;
-                self.release(&mut held).await?;
             }
-            for r in self.detector.finish() {
-                self.report(&report_ep, r).await?;
-            }
+            self.release(&mut held).await?;
             for o in &mut self.outlets {
                 o.flush(&self.ep, &self.sh.send_m).await?;
+            }
+            if let Some((ep, outlet)) = &mut self.bcast {
+                outlet.flush(ep, &self.sh.send_m).await?;
             }
             Ok(())
         }
         .await;
+        let bcast_ep = self.bcast.as_ref().map(|(ep, _)| ep);
         match result {
             Ok(()) => {
                 self.ep.finish();
-                report_ep.finish();
+                if let Some(ep) = bcast_ep {
+                    ep.finish();
+                }
+                reports.done();
                 Ok(())
             }
             Err(e) => {
                 let e = self.sh.fail(&self.ep, e);
-                Err(self.sh.fail(&report_ep, e))
+                let e = match bcast_ep {
+                    Some(ep) => self.sh.fail(ep, e),
+                    None => e,
+                };
+                Err(self.sh.fail(&reports.ep, e))
             }
         }
     }
 
     async fn wait_first_round(&self) {
         let _t = self.sh.m.first_round_wait.timer();
-        let mut rounds = self.sh.rounds.subscribe();
+        let mut rounds = self.sh.rounds(self.side).subscribe();
         let _ = tokio::time::timeout(FIRST_ROUND_WAIT, rounds.wait_for(|r| *r > 0)).await;
+    }
+
+    /// Probe side of a join that routes its build input: waits for the final build-side
+    /// heavy hitters and takes them in.
+    async fn wait_build_list(&mut self) {
+        {
+            let _t = self.sh.m.build_list_wait.timer();
+            self.sh.build_list_final().await;
+        }
+        self.take_build_list();
     }
 
     /// Counts a sample of the rows' hashes (sampling continues across batches).
@@ -686,7 +892,7 @@ impl Router {
             } else {
                 for (i, &x) in hashes.iter().enumerate() {
                     let d = match self.heavy.get(x) {
-                        Some(round) => n + round as usize,
+                        Some(d) => d as usize,
                         None => owner.of(x) as usize,
                     };
                     self.dests[d].push(i as u32);
@@ -694,7 +900,10 @@ impl Router {
             }
         }
         self.routed += rows as u64;
-        self.sh.m.probe_rows.add(rows);
+        match self.side {
+            Side::Probe => self.sh.m.probe_rows.add(rows),
+            Side::Build => self.sh.m.build_rows.add(rows),
+        }
         for q in 0..n {
             let len = self.dests[q].len();
             if len == 0 {
@@ -711,32 +920,50 @@ impl Router {
                 .push(&self.ep, part, &self.sh.send_m)
                 .await?;
         }
-        for round in 0..self.local_txs.len() {
-            let idx = std::mem::take(&mut self.dests[n + round]);
+        for slot in 0..self.local_txs.len() {
+            let idx = std::mem::take(&mut self.dests[n + slot]);
             if idx.is_empty() {
                 continue;
             }
-            // Until every heavy hash has a name, look for rows of the unnamed ones.
-            if self.named.len() < self.heavy.len() {
-                for &i in &idx {
-                    if self.named.insert(hashes[i as usize]) {
-                        name_heavy_hitter(&self.sh, hashes[i as usize], keys, i as usize);
-                    }
-                }
+            self.name(hashes, keys, &idx);
+            match self.side {
+                Side::Probe => self.sh.m.probe_rows_local.add(idx.len()),
+                Side::Build => self.sh.m.build_rows_local.add(idx.len()),
             }
-            self.sh.m.probe_rows_local.add(idx.len());
             let part = take_record_batch(batch, &UInt32Array::from(idx))?;
             // The receiver is gone only when the query's output was dropped.
-            let _ = self.local_txs[round].send(part);
+            let _ = self.local_txs[slot].send(part);
+        }
+        let broadcast = std::mem::take(&mut self.dests[n + self.local_txs.len()]);
+        if !broadcast.is_empty() {
+            let Some((ep, outlet)) = &mut self.bcast else {
+                return Err(internal_datafusion_err!(
+                    "a Flow-Join router without a broadcast has rows to broadcast"
+                ));
+            };
+            self.sh.m.probe_rows_broadcast.add(broadcast.len());
+            let part = take_record_batch(batch, &UInt32Array::from(broadcast))?;
+            outlet.push(ep, part, &self.sh.send_m).await?;
         }
         Ok(())
     }
 
+    /// Until every heavy hash has a name, looks for rows of the unnamed ones.
+    fn name(&mut self, hashes: &[u64], keys: &[ArrayRef], idx: &[u32]) {
+        if self.named.len() >= self.heavy.len() {
+            return;
+        }
+        for &i in idx {
+            if self.named.insert(hashes[i as usize]) {
+                name_heavy_hitter(&self.sh, self.side, hashes[i as usize], keys, i as usize);
+            }
+        }
+    }
     async fn report(&mut self, ep: &SendEndpoint, r: NodeReport) -> Result<()> {
         self.sh.m.quiet_windows.add(usize::from(r.quiet));
         self.sh.m.detection_rounds.add(1);
         let msg = Control::Report {
-            side: Side::Probe,
+            side: self.side,
             iteration: r.iteration,
             window: r.window,
             total: r.processed,
@@ -747,9 +974,13 @@ impl Router {
 }
 
 /// Remembers the key value of a heavy hash (for `EXPLAIN ANALYZE`).
-fn name_heavy_hitter(sh: &Shared, hash: u64, arrays: &[ArrayRef], row: usize) {
+fn name_heavy_hitter(sh: &Shared, side: Side, hash: u64, arrays: &[ArrayRef], row: usize) {
     let mut report = sh.report.lock();
-    let Some(h) = report.heavy.get_mut(&hash) else {
+    let heavy = match side {
+        Side::Build => &mut report.build_heavy,
+        Side::Probe => &mut report.heavy,
+    };
+    let Some(h) = heavy.get_mut(&hash) else {
         return;
     };
     if h.key.is_some() {
@@ -774,12 +1005,16 @@ fn name_heavy_hitter(sh: &Shared, hash: u64, arrays: &[ArrayRef], row: usize) {
 /// detection round, the rows of the hashes announced in it (and ends that round's
 /// broadcast, also when it names none). With `numbered` (build-preserving joins), the
 /// rows get their ids first, and the numbered partition also goes to the end phase.
+/// With `kept` (joins that route their build input), the rows of build-heavy keys go
+/// there instead, once the build side's heavy hitters are final.
+#[allow(clippy::too_many_arguments)]
 async fn own(
     sh: Arc<Shared>,
     input: SendableRecordBatchStream,
     keys: Vec<PhysicalExprRef>,
     build_tx: oneshot::Sender<Result<Vec<RecordBatch>>>,
     numbered: Option<(SchemaRef, oneshot::Sender<Result<Vec<RecordBatch>>>)>,
+    kept: Option<mpsc::UnboundedSender<RecordBatch>>,
     eps: Vec<SendEndpoint>,
     mut heavy_rx: mpsc::UnboundedReceiver<(u32, Vec<u64>)>,
 ) -> Result<()> {
@@ -791,13 +1026,18 @@ async fn own(
         e
     };
     let mut schema = input.schema();
-    let collected = input
-        .try_collect::<Vec<RecordBatch>>()
-        .await
-        .and_then(|b| match &numbered {
+    let collected = async {
+        let b = input.try_collect::<Vec<RecordBatch>>().await?;
+        let b = match kept {
+            Some(kept) => split_build_heavy(&sh, &keys, b, kept).await?,
+            None => b,
+        };
+        match &numbered {
             Some((numbered_schema, _)) => number_rows(sh.partition, &b, numbered_schema),
             None => Ok(b),
-        });
+        }
+    }
+    .await;
     let batches = match collected {
         Ok(b) => b,
         Err(e) => {
@@ -848,7 +1088,13 @@ async fn own(
                         .collect();
                     if !idx.is_empty() {
                         for &i in &idx {
-                            name_heavy_hitter(&sh, h.hashes[i as usize], &h.keys, i as usize);
+                            name_heavy_hitter(
+                                &sh,
+                                Side::Probe,
+                                h.hashes[i as usize],
+                                &h.keys,
+                                i as usize,
+                            );
                         }
                         sh.m.build_rows_broadcast.add(idx.len());
                         sh.broadcast_any
@@ -873,6 +1119,38 @@ async fn own(
     result.map_err(fail_all)
 }
 
+/// The owner's part in a join that routes its build input: once the build side's heavy
+/// hitters are final, moves the received rows of those keys (sent before a key was
+/// found heavy) to the join of build-heavy keys, and returns the rest.
+async fn split_build_heavy(
+    sh: &Shared,
+    keys: &[PhysicalExprRef],
+    batches: Vec<RecordBatch>,
+    kept: mpsc::UnboundedSender<RecordBatch>,
+) -> Result<Vec<RecordBatch>> {
+    sh.build_list_final().await;
+    let heavy: HashSetU64 = sh.build_heavy.hashes.read().iter().map(|h| h.0).collect();
+    if heavy.is_empty() {
+        return Ok(batches);
+    }
+    let mut rest = Vec::with_capacity(batches.len());
+    for b in batches {
+        let h = Hashed::new(keys, b)?;
+        let (go, stay): (Vec<u32>, Vec<u32>) =
+            (0..h.hashes.len() as u32).partition(|&i| heavy.contains(&h.hashes[i as usize]));
+        if go.is_empty() {
+            rest.push(h.batch);
+            continue;
+        }
+        // The receiver is gone only when the query's output was dropped.
+        let _ = kept.send(take_record_batch(&h.batch, &UInt32Array::from(go))?);
+        if !stay.is_empty() {
+            rest.push(take_record_batch(&h.batch, &UInt32Array::from(stay))?);
+        }
+    }
+    Ok(rest)
+}
+
 /// Applies worker 0's announcements in order.
 async fn listen(
     sh: Arc<Shared>,
@@ -887,30 +1165,48 @@ async fn listen(
         let control = control_of(&msg)?;
         ep.release(msg);
         let Control::Announce {
-            iteration, keys, ..
+            side,
+            iteration,
+            keys,
         } = control
         else {
             return Err(internal_datafusion_err!(
                 "Flow-Join expected a heavy-hitter announcement, got {control:?}"
             ));
         };
-        // An empty round still counts: the owner ends that round's broadcast, and a
-        // router waiting for round 0 goes on.
         {
             let mut report = sh.report.lock();
+            let heavy = match side {
+                Side::Build => &mut report.build_heavy,
+                Side::Probe => &mut report.heavy,
+            };
             for &(hash, estimate) in &keys {
-                report.heavy.entry(hash).or_insert(HeavyHitter {
+                heavy.entry(hash).or_insert(HeavyHitter {
                     iteration,
                     estimate,
                     key: None,
                 });
             }
         }
-        sh.m.heavy_hitters.add(keys.len());
         let hashes: Vec<u64> = keys.iter().map(|k| k.0).collect();
-        sh.heavy.extend(&hashes, iteration);
-        let _ = owner_tx.send((iteration, hashes));
-        sh.rounds.send_modify(|r| *r += 1);
+        sh.heavy(side).extend(&hashes, iteration);
+        match side {
+            Side::Build => {
+                if sh.build_iterations == 0 {
+                    return Err(internal_datafusion_err!(
+                        "build-side heavy hitters announced to a Flow-Join that does not route its build input"
+                    ));
+                }
+                sh.m.build_heavy_hitters.add(keys.len());
+            }
+            Side::Probe => {
+                sh.m.heavy_hitters.add(keys.len());
+                // An empty round still counts: the owner ends that round's broadcast.
+                let _ = owner_tx.send((iteration, hashes));
+            }
+        }
+        // A router waiting for round 0, or for the final build-side list, goes on.
+        sh.rounds(side).send_modify(|r| *r += 1);
     }
     Ok(())
 }
@@ -987,6 +1283,7 @@ async fn detect(
 ) -> Result<()> {
     let result = async {
         let mut coordinator = Coordinator::new(sh.n(), iterations, threshold);
+        let mut build = Coordinator::new(sh.n(), sh.build_iterations as usize, threshold);
         while let Some(msg) = reports.get().await.map_err(transport_err)? {
             if msg.data().is_empty() {
                 reports.release(msg);
@@ -996,11 +1293,11 @@ async fn detect(
             let from = msg.node;
             reports.release(msg);
             let Control::Report {
+                side,
                 iteration,
                 window,
                 total,
                 candidates,
-                ..
             } = control
             else {
                 return Err(internal_datafusion_err!(
@@ -1008,21 +1305,22 @@ async fn detect(
                     node_name(from)
                 ));
             };
-            let announcements = coordinator
-                .add(iteration, window, total, &candidates)
-                .map_err(|e| {
-                    internal_datafusion_err!("{} sent a bad report: {e}", node_name(from))
-                })?;
+            let announcements = match side {
+                Side::Probe => &mut coordinator,
+                Side::Build => &mut build,
+            }
+            .add(iteration, window, total, &candidates)
+            .map_err(|e| internal_datafusion_err!("{} sent a bad report: {e}", node_name(from)))?;
             for (iteration, keys) in announcements {
                 let msg = Control::Announce {
-                    side: Side::Probe,
+                    side,
                     iteration,
                     keys,
                 };
                 send_control(&ep, To::All, &msg).await?;
             }
         }
-        if !coordinator.complete() {
+        if !coordinator.complete() || !build.complete() {
             return Err(internal_datafusion_err!(
                 "Flow-Join detection ended before every worker reported every round"
             ));
