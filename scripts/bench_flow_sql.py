@@ -12,9 +12,15 @@ Skewed keys: floor(u^-4) - 1 for uniform u in (0, 1] has P(key >= k) ~ (k+1)^(-1
 so key frequencies fall as k^-1.25 (a continuous stand-in for Zipf 1.25; key 0 gets
 ~16% of the rows); keys beyond the build domain wrap around (modulo).
 
+With `--build-side shuffled` the build table is placed by another column, so the
+join shuffles it and the Flow-Join routes it too (build-side detection); with
+`--build-side skewed` its keys follow the same power law (key 0 in ~16% of the build
+rows), and only the uniform probe table is joined (a key heavy on both sides would
+make a cross product of 10^11 rows).
+
 Usage: scripts/bench_flow_sql.py [--nodes 4] [--cpus 0.45] [--link 10gbit]
        [--build 1000000] [--probe 8000000] [--repeat 3] [--json PATH]
-       [--set gyre.skew_every=0 ...]
+       [--build-side colocated|shuffled|skewed] [--set gyre.skew_every=0 ...]
 """
 
 import argparse
@@ -43,6 +49,10 @@ def main():
                    help="left: build LEFT JOIN probe; semi: build rows with a probe row (EXISTS); "
                         "both build-preserving joins whose heavy build rows' matches are "
                         "combined across workers")
+    p.add_argument("--build-side", choices=["colocated", "shuffled", "skewed"],
+                   default="colocated",
+                   help="colocated: build placed by its unique key (no build shuffle); "
+                        "shuffled: placed by another column; skewed: that, with power-law keys")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="a session setting for every run (repeatable), e.g. gyre.skew_every=0")
     target = os.environ.get("CARGO_TARGET_DIR", os.path.expanduser("~/.cache/gyre-target"))
@@ -66,9 +76,15 @@ def main():
 
         t0 = time.time()
         print(f"loading {a.build} build rows and 2 x {a.probe} probe rows...", file=sys.stderr)
+        build_key = {
+            "colocated": "value",
+            "shuffled": "value",
+            "skewed": f"(CAST(floor(LEAST(power(1.0 - random(), -4.0), 1e15)) AS BIGINT) - 1) % {a.build}",
+        }[a.build_side]
+        placed_by = "k" if a.build_side == "colocated" else "v"
         sql(f"""
-            CREATE TABLE build (k BIGINT, v BIGINT) PARTITION BY k;
-            INSERT INTO build SELECT value, value * 3 FROM generate_series(0, {a.build - 1}) AS t(value);
+            CREATE TABLE build (k BIGINT, v BIGINT) PARTITION BY {placed_by};
+            INSERT INTO build SELECT {build_key}, value * 3 FROM generate_series(0, {a.build - 1}) AS t(value);
             CREATE TABLE probe_skewed (id BIGINT, k BIGINT) PARTITION BY id;
             INSERT INTO probe_skewed SELECT value,
                 (CAST(floor(LEAST(power(1.0 - random(), -4.0), 1e15)) AS BIGINT) - 1) % {a.build}
@@ -80,7 +96,7 @@ def main():
         print(f"  loaded in {time.time() - t0:.1f} s", file=sys.stderr)
         runs = []
         for i in range(a.repeat):
-            for table in ["probe_skewed", "probe_uniform"]:
+            for table in tables(a):
                 for skew in ["off", "on"]:
                     out = sql(f"""
                         SET gyre.join_strategy = 'shuffle';
@@ -92,15 +108,20 @@ def main():
                     secs = float(re.search(r"rows in ([0-9.]+) s", out).group(1))
                     rows = [parse_count(m) for m in re.findall(
                         r"HashJoinExec: mode=Partitioned.*?[, \[]input_rows=([0-9.]+ ?[KMB]?)", out)]
-                    heavy = re.search(r"heavy_hitters=(\d+)", out)
+                    heavy = re.search(r"(?<![a-z_])heavy_hitters=(\d+)", out)
+                    build_heavy = re.search(r"build_heavy_hitters=(\d+)", out)
+                    build_rows = [parse_count(m) for m in re.findall(
+                        r"HashJoinExec: mode=Partitioned.*?build_input_rows=([0-9.]+ ?[KMB]?)", out)]
                     waits = [parse_time(v, u) for v, u in
                              re.findall(r"first_round_wait=([0-9.]+)(ns|µs|ms|s)", out)]
                     runs.append({"table": table, "skew_detection": skew, "seconds": secs,
                                  "probe_rows_per_worker": rows,
                                  "heavy_hitters": int(heavy.group(1)) if heavy else 0,
+                                 "build_rows_per_worker": build_rows,
+                                 "build_heavy_hitters": int(build_heavy.group(1)) if build_heavy else 0,
                                  "first_round_wait_max_s": max(waits) if waits else 0.0})
                     print(f"  {table:14} skew_detection={skew:3}: {secs:.3f} s, probe rows per "
-                          f"worker {[human(r) for r in rows]}"
+                          f"worker {[human(r) for r in rows]}, build rows {[human(r) for r in build_rows]}"
                           + (f", first-round wait up to {max(waits) * 1e3:.1f} ms" if waits else ""),
                           file=sys.stderr)
         report(a, runs)
@@ -130,13 +151,18 @@ def human(n):
     return f"{n / 1e6:.2f}M" if n >= 1e6 else f"{n / 1e3:.0f}K"
 
 
+def tables(a):
+    return ["probe_uniform"] if a.build_side == "skewed" else ["probe_skewed", "probe_uniform"]
+
+
 def report(a, runs):
-    print(f"\n{a.join} join, {a.nodes} hosts, {a.link}, {a.cpus} CPU each; build {a.build}, probe {a.probe}; "
-          f"median of {a.repeat}")
-    print("| probe keys | skew detection | time (s) | probe rows per worker | largest / mean | heavy hitters |")
-    print("|---|---|---|---|---|---|")
+    print(f"\n{a.join} join, {a.nodes} hosts, {a.link}, {a.cpus} CPU each; build {a.build} "
+          f"({a.build_side}), probe {a.probe}; median of {a.repeat}")
+    print("| probe keys | skew detection | time (s) | probe rows per worker | largest / mean | "
+          "build rows per worker | heavy hitters (build-side) |")
+    print("|---|---|---|---|---|---|---|")
     summary = []
-    for table in ["probe_skewed", "probe_uniform"]:
+    for table in tables(a):
         for skew in ["off", "on"]:
             sel = [r for r in runs if r["table"] == table and r["skew_detection"] == skew]
             med = statistics.median(r["seconds"] for r in sel)
@@ -144,17 +170,21 @@ def report(a, runs):
             imb = max(rows) / (sum(rows) / len(rows)) if rows and sum(rows) else float("nan")
             summary.append({"table": table, "skew_detection": skew, "median_seconds": med,
                             "imbalance": imb, "probe_rows_per_worker": rows,
-                            "heavy_hitters": sel[0]["heavy_hitters"]})
+                            "heavy_hitters": sel[0]["heavy_hitters"],
+                            "build_rows_per_worker": sel[0]["build_rows_per_worker"],
+                            "build_heavy_hitters": sel[0]["build_heavy_hitters"]})
             print(f"| {table.removeprefix('probe_')} | {skew} | {med:.3f} | "
-                  f"{' / '.join(human(r) for r in rows)} | {imb:.2f} | {sel[0]['heavy_hitters']} |")
-    for table in ["probe_skewed", "probe_uniform"]:
+                  f"{' / '.join(human(r) for r in rows)} | {imb:.2f} | "
+                  f"{' / '.join(human(r) for r in sel[0]['build_rows_per_worker'])} | "
+                  f"{sel[0]['heavy_hitters']} ({sel[0]['build_heavy_hitters']}) |")
+    for table in tables(a):
         off = next(s for s in summary if s["table"] == table and s["skew_detection"] == "off")
         on = next(s for s in summary if s["table"] == table and s["skew_detection"] == "on")
         print(f"{table.removeprefix('probe_')}: Flow-Join / plain = "
               f"{on['median_seconds'] / off['median_seconds']:.3f}")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"join": a.join, "settings": a.set, "nodes": a.nodes, "link": a.link, "cpus": a.cpus, "build": a.build,
+            json.dump({"join": a.join, "build_side": a.build_side, "settings": a.set, "nodes": a.nodes, "link": a.link, "cpus": a.cpus, "build": a.build,
                        "probe": a.probe, "runs": runs, "summary": summary}, f, indent=2)
 
 
