@@ -14,17 +14,22 @@ so key frequencies fall as k^-1.25 (a continuous stand-in for Zipf 1.25; key 0 g
 
 With `--build-side shuffled` the build table is placed by another column, so the
 join shuffles it and the Flow-Join routes it too (build-side detection); with
-`--build-side skewed` its keys follow the same power law (key 0 in ~16% of the build
-rows), and only the uniform probe table is joined (a key heavy on both sides would
-make a cross product of 10^11 rows).
+`--build-side skewed` its keys follow a power law too: floor(u^-a) - 1 with a chosen
+so that key 0 holds `--build-key0-share` of the build rows (0.16 gives a = 4, the probe
+table's law; 0.4 gives a = 1.36), and only the uniform probe table is joined (a key
+heavy on both sides would make a cross product of 10^11 rows). When the build side
+is shuffled, a third configuration runs between the two: skew detection on with
+`gyre.skew_build_side = off` (probe-side detection only).
 
 Usage: scripts/bench_flow_sql.py [--nodes 4] [--cpus 0.45] [--link 10gbit]
        [--build 1000000] [--probe 8000000] [--repeat 3] [--json PATH]
-       [--build-side colocated|shuffled|skewed] [--set gyre.skew_every=0 ...]
+       [--build-side colocated|shuffled|skewed] [--build-key0-share 0.16]
+       [--set gyre.skew_every=0 ...]
 """
 
 import argparse
 import json
+import math
 import os
 import re
 import statistics
@@ -53,6 +58,8 @@ def main():
                    default="colocated",
                    help="colocated: build placed by its unique key (no build shuffle); "
                         "shuffled: placed by another column; skewed: that, with power-law keys")
+    p.add_argument("--build-key0-share", type=float, default=0.16,
+                   help="with --build-side skewed: the share of build rows with key 0")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="a session setting for every run (repeatable), e.g. gyre.skew_every=0")
     target = os.environ.get("CARGO_TARGET_DIR", os.path.expanduser("~/.cache/gyre-target"))
@@ -79,7 +86,8 @@ def main():
         build_key = {
             "colocated": "value",
             "shuffled": "value",
-            "skewed": f"(CAST(floor(LEAST(power(1.0 - random(), -4.0), 1e15)) AS BIGINT) - 1) % {a.build}",
+            "skewed": f"(CAST(floor(LEAST(power(1.0 - random(), {-build_exponent(a):.4f}), 1e15)) "
+                      f"AS BIGINT) - 1) % {a.build}",
         }[a.build_side]
         placed_by = "k" if a.build_side == "colocated" else "v"
         sql(f"""
@@ -97,10 +105,11 @@ def main():
         runs = []
         for i in range(a.repeat):
             for table in tables(a):
-                for skew in ["off", "on"]:
+                for skew in configurations(a):
                     out = sql(f"""
                         SET gyre.join_strategy = 'shuffle';
-                        SET gyre.skew_detection = '{skew}';
+                        SET gyre.skew_detection = '{"off" if skew == "off" else "on"}';
+                        SET gyre.skew_build_side = '{"off" if skew == "probe-only" else "on"}';
                         SET gyre.skew_build_preserving = all;
                         {" ".join(settings)}
                         EXPLAIN ANALYZE {QUERIES[a.join].format(table=table)}
@@ -108,6 +117,8 @@ def main():
                     secs = float(re.search(r"rows in ([0-9.]+) s", out).group(1))
                     rows = [parse_count(m) for m in re.findall(
                         r"HashJoinExec: mode=Partitioned.*?[, \[]input_rows=([0-9.]+ ?[KMB]?)", out)]
+                    output = [parse_count(m) for m in re.findall(
+                        r"HashJoinExec: mode=Partitioned.*?metrics=\[output_rows=([0-9.]+ ?[KMB]?)", out)]
                     heavy = re.search(r"(?<![a-z_])heavy_hitters=(\d+)", out)
                     build_heavy = re.search(r"build_heavy_hitters=(\d+)", out)
                     build_rows = [parse_count(m) for m in re.findall(
@@ -118,9 +129,10 @@ def main():
                                  "probe_rows_per_worker": rows,
                                  "heavy_hitters": int(heavy.group(1)) if heavy else 0,
                                  "build_rows_per_worker": build_rows,
+                                 "output_rows_per_worker": output,
                                  "build_heavy_hitters": int(build_heavy.group(1)) if build_heavy else 0,
                                  "first_round_wait_max_s": max(waits) if waits else 0.0})
-                    print(f"  {table:14} skew_detection={skew:3}: {secs:.3f} s, probe rows per "
+                    print(f"  {table:14} skew_detection={skew:10}: {secs:.3f} s, probe rows per "
                           f"worker {[human(r) for r in rows]}, build rows {[human(r) for r in build_rows]}"
                           + (f", first-round wait up to {max(waits) * 1e3:.1f} ms" if waits else ""),
                           file=sys.stderr)
@@ -155,15 +167,28 @@ def tables(a):
     return ["probe_uniform"] if a.build_side == "skewed" else ["probe_skewed", "probe_uniform"]
 
 
+def build_exponent(a):
+    """The exponent a of floor(u^-a) - 1 that gives key 0 the share s: P(u^-a < 2) = s."""
+    if not 0 < a.build_key0_share < 1:
+        sys.exit(f"--build-key0-share {a.build_key0_share}: expected a share in (0, 1)")
+    return math.log(2) / -math.log(1 - a.build_key0_share)
+
+
+def configurations(a):
+    """Skew detection off and on; probe-side only in between when the build side is routed."""
+    return ["off", "on"] if a.build_side == "colocated" else ["off", "probe-only", "on"]
+
+
 def report(a, runs):
     print(f"\n{a.join} join, {a.nodes} hosts, {a.link}, {a.cpus} CPU each; build {a.build} "
-          f"({a.build_side}), probe {a.probe}; median of {a.repeat}")
+          f"({a.build_side}" + (f", key 0 in {a.build_key0_share:.0%}" if a.build_side == "skewed" else "")
+          + f"), probe {a.probe}; median of {a.repeat}")
     print("| probe keys | skew detection | time (s) | probe rows per worker | largest / mean | "
-          "build rows per worker | heavy hitters (build-side) |")
-    print("|---|---|---|---|---|---|---|")
+          "build rows per worker | join output rows per worker | heavy hitters (build-side) |")
+    print("|---|---|---|---|---|---|---|---|")
     summary = []
     for table in tables(a):
-        for skew in ["off", "on"]:
+        for skew in configurations(a):
             sel = [r for r in runs if r["table"] == table and r["skew_detection"] == skew]
             med = statistics.median(r["seconds"] for r in sel)
             rows = sel[0]["probe_rows_per_worker"]
@@ -172,19 +197,27 @@ def report(a, runs):
                             "imbalance": imb, "probe_rows_per_worker": rows,
                             "heavy_hitters": sel[0]["heavy_hitters"],
                             "build_rows_per_worker": sel[0]["build_rows_per_worker"],
+                            "output_rows_per_worker": sel[0]["output_rows_per_worker"],
                             "build_heavy_hitters": sel[0]["build_heavy_hitters"]})
             print(f"| {table.removeprefix('probe_')} | {skew} | {med:.3f} | "
                   f"{' / '.join(human(r) for r in rows)} | {imb:.2f} | "
                   f"{' / '.join(human(r) for r in sel[0]['build_rows_per_worker'])} | "
+                  f"{' / '.join(human(r) for r in sel[0]['output_rows_per_worker'])} | "
                   f"{sel[0]['heavy_hitters']} ({sel[0]['build_heavy_hitters']}) |")
     for table in tables(a):
         off = next(s for s in summary if s["table"] == table and s["skew_detection"] == "off")
         on = next(s for s in summary if s["table"] == table and s["skew_detection"] == "on")
         print(f"{table.removeprefix('probe_')}: Flow-Join / plain = "
               f"{on['median_seconds'] / off['median_seconds']:.3f}")
+        probe_only = [s for s in summary if s["table"] == table and s["skew_detection"] == "probe-only"]
+        if probe_only:
+            print(f"{table.removeprefix('probe_')}: probe-side detection only / plain = "
+                  f"{probe_only[0]['median_seconds'] / off['median_seconds']:.3f}")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"join": a.join, "build_side": a.build_side, "settings": a.set, "nodes": a.nodes, "link": a.link, "cpus": a.cpus, "build": a.build,
+            json.dump({"join": a.join, "build_side": a.build_side,
+                       "build_key0_share": a.build_key0_share if a.build_side == "skewed" else None,
+                       "settings": a.set, "nodes": a.nodes, "link": a.link, "cpus": a.cpus, "build": a.build,
                        "probe": a.probe, "runs": runs, "summary": summary}, f, indent=2)
 
 
