@@ -50,10 +50,11 @@ def main():
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--json")
     p.add_argument("--name", default="flowsql")
-    p.add_argument("--join", choices=["inner", "left", "semi"], default="inner",
+    p.add_argument("--join", choices=["inner", "left", "right", "semi"], default="inner",
                    help="left: build LEFT JOIN probe; semi: build rows with a probe row (EXISTS); "
                         "both build-preserving joins whose heavy build rows' matches are "
-                        "combined across workers")
+                        "combined across workers; right: build RIGHT JOIN probe, whose probe "
+                        "rows broadcast for build-heavy keys are combined the same way")
     p.add_argument("--build-side", choices=["colocated", "shuffled", "skewed"],
                    default="colocated",
                    help="colocated: build placed by its unique key (no build shuffle); "
@@ -147,6 +148,8 @@ QUERIES = {
     "inner": "SELECT count(*), sum(b.v + p.id) FROM build b JOIN {table} p ON b.k = p.k",
     "left": "SELECT count(*), count(p.id), sum(b.v + coalesce(p.id, 0)) "
             "FROM build b LEFT JOIN {table} p ON b.k = p.k",
+    "right": "SELECT count(*), count(b.v), sum(coalesce(b.v, 0) + p.id) "
+             "FROM build b RIGHT JOIN {table} p ON b.k = p.k",
     "semi": "SELECT count(*), sum(b.v) FROM build b "
             "WHERE EXISTS (SELECT 1 FROM {table} p WHERE p.k = b.k)",
 }

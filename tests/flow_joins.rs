@@ -3,7 +3,7 @@
 //! heavy from the start (7, 11, 13), keys heavy only in the last third (40000 with build
 //! rows, 123456789 without), NULL keys, and a uniform rest. A second build table has
 //! keys heavy on the build side: 5 (30%, rare in the probe table), 13 (2%, heavy on
-//! both sides), 20001 (only in its last 30%), and NULL.
+//! both sides), 20001 (only in its last 30%), and NULL, joined with every join type.
 
 mod sql_reference;
 
@@ -45,6 +45,11 @@ enum Plan {
     FlowBuild,
     /// Both of the above.
     FlowTrackedBuild,
+    /// A Flow-Join of a probe-preserving join that routes its build input, combining
+    /// the matches of the probe rows it broadcasts for build-heavy keys.
+    FlowBuildProbeTracked,
+    /// A full join doing all of the above.
+    FlowBothTracked,
     /// No Flow-Join (the plain partitioned join is kept).
     Plain,
 }
@@ -169,14 +174,36 @@ const QUERIES: &[(&str, Plan)] = &[
         "SELECT count(*), sum(m.v) FROM many m WHERE m.v = 5 OR EXISTS (SELECT 1 FROM fact f WHERE f.k = m.k AND f.x = 12)",
         Plan::FlowTrackedBuild,
     ),
-    // Probe-preserving and full joins handle probe-side skew only (still correct).
+    // Probe-preserving and full joins: a probe row of a build-heavy key is joined on
+    // every worker, and its origin decides it by all workers' matches (NULL keys are
+    // heavy in `many` too, so their probe rows take that path as well).
     (
         "SELECT count(*), count(m.k), sum(f.x) FROM many m RIGHT JOIN fact f ON m.k = f.k",
-        Plan::Flow,
+        Plan::FlowBuildProbeTracked,
+    ),
+    (
+        "SELECT f.id, f.k, m.v FROM many m RIGHT JOIN fact f ON m.k = f.k AND m.v < f.x WHERE f.id % 3001 = 5 OR f.k IS NULL OR f.k = 5",
+        Plan::FlowBuildProbeTracked,
+    ),
+    (
+        "SELECT count(*), sum(f.x) FROM fact f WHERE EXISTS (SELECT 1 FROM many m WHERE m.k = f.k AND m.v > 3)",
+        Plan::FlowBuildProbeTracked,
+    ),
+    (
+        "SELECT count(*), sum(f.x), count(f.k) FROM fact f WHERE NOT EXISTS (SELECT 1 FROM many m WHERE m.k = f.k AND m.v > 3)",
+        Plan::FlowBuildProbeTracked,
+    ),
+    (
+        "SELECT count(*), sum(f.x) FROM fact f WHERE f.x = 4 OR EXISTS (SELECT 1 FROM many m WHERE m.k = f.k AND m.v = 12)",
+        Plan::FlowBuildProbeTracked,
     ),
     (
         "SELECT count(*), count(m.k), count(f.k) FROM many m FULL JOIN fact f ON m.k = f.k AND f.x = m.v",
-        Plan::FlowTracked,
+        Plan::FlowBothTracked,
+    ),
+    (
+        "SELECT count(*), count(m.k), count(f.k), sum(m.v), sum(f.x) FROM many m FULL JOIN fact f ON m.k = f.k AND f.x = m.v % 13",
+        Plan::FlowBothTracked,
     ),
     // A LIMIT pushed into a build-preserving join keeps it plain (a worker that stops
     // early could not report its matches); a LIMIT above a filter lets workers stop
@@ -208,11 +235,14 @@ async fn check(workers: usize) {
         let flow = plan.contains("FlowJoinExec");
         let tracked = plan.contains("build matches combined across workers");
         let build = plan.contains("skew detection on build and probe hashes");
+        let probe_tracked = plan.contains("probe matches combined across workers");
         let planned = match expected {
             Plan::Flow => flow,
             Plan::FlowTracked => flow && tracked,
             Plan::FlowBuild => flow && build,
             Plan::FlowTrackedBuild => flow && tracked && build,
+            Plan::FlowBuildProbeTracked => flow && build && probe_tracked && !tracked,
+            Plan::FlowBothTracked => flow && build && probe_tracked && tracked,
             Plan::Plain => !flow,
         };
         if workers > 1 && !planned {
@@ -350,6 +380,23 @@ async fn analyze_shows_heavy_hitters_and_the_setting_switches_it_off() {
         "{analyzed}"
     );
     assert_eq!(differs(c, &reference, build).await, None);
+    // A right join: the probe rows of build-heavy keys are broadcast, and the workers
+    // that matched them report to their origins, which emit the unmatched ones.
+    let right = "SELECT count(*), count(m.k), sum(f.x) FROM many m RIGHT JOIN fact f ON m.k = f.k";
+    let analyzed = text(
+        c.sql_one(&format!("EXPLAIN ANALYZE {right}"))
+            .await
+            .unwrap(),
+    );
+    assert!(
+        analyzed.contains("probe matches combined across workers"),
+        "{analyzed}"
+    );
+    let sent: u64 = metric(&analyzed, "probe_matches_sent").iter().sum();
+    let received: u64 = metric(&analyzed, "probe_matches_received").iter().sum();
+    // Equal, up to the display's rounding to three digits ("4.43 K").
+    assert!(sent > 1000 && sent.abs_diff(received) < 40, "{analyzed}");
+    assert_eq!(differs(c, &reference, right).await, None);
     c.sql("SET gyre.skew_build_side = off").await.unwrap();
     let plan = text(c.sql_one(&format!("EXPLAIN {build}")).await.unwrap());
     assert!(plan.contains("skew detection on probe hashes"), "{plan}");

@@ -11,10 +11,8 @@
 //! - its probe (right) input is a hash `RepartitionExec` on exactly the probe keys into
 //!   one partition per worker, over an input with one partition per worker, without
 //!   order preservation;
-//! - if its build (left) input is such a shuffle too and its type allows
-//!   ([`build_skew_supported`]: inner, left outer, left semi/anti/mark), the Flow-Join
-//!   routes the build input as well and detects skew on it (`gyre.skew_build_side`,
-//!   on by default);
+//! - if its build (left) input is such a shuffle too, the Flow-Join routes the build
+//!   input as well and detects skew on it (`gyre.skew_build_side`, on by default);
 //! - nothing above relies on the join's output being hash-partitioned or ordered (heavy
 //!   keys are joined on every worker): no ancestor requires a hash distribution or an
 //!   order that reaches the join through operators passing partitioning through.
@@ -29,7 +27,7 @@ use datafusion::physical_plan::{
     ChildrenPropertiesMode, ExecutionPlan, ExecutionPlanProperties, Partitioning,
     ReplaceChildrenOptions,
 };
-use gyre_exchange::flow::{FlowInputs, build_skew_supported, flow_join_supported};
+use gyre_exchange::flow::{FlowInputs, flow_join_supported};
 use gyre_exchange::{FlowJoinExec, SkewSettings};
 use std::sync::Arc;
 
@@ -114,7 +112,7 @@ fn flow_join(
     };
     let build_keys: Vec<_> = hj.on().iter().map(|(l, _)| Arc::clone(l)).collect();
     let build = match unshuffled(hj.left(), &build_keys, n) {
-        Some(input) if settings.build_side && build_skew_supported(*hj.join_type()) => {
+        Some(input) if settings.build_side => {
             inputs.routes_build = true;
             inputs.build_rows_per_worker = per_worker(&input);
             input

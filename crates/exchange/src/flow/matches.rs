@@ -1,22 +1,28 @@
-//! Build-preserving joins under Flow-Join: left and full outer, left semi, anti and mark.
+//! Joins whose preserved side's rows can be joined on several workers under Flow-Join.
 //!
-//! A heavy build row is broadcast and joined on every worker, so whether it matched is
-//! known only by combining all workers' joins (thesis §4.3: unmatched and semi results
-//! must be redistributed). Every build row therefore carries an id (its owner and its
-//! row number there), and the joins run as a counterpart that reports matches instead
+//! A heavy build row (probe-side skew) is broadcast and joined on every worker, and so
+//! is a probe row whose key is heavy on the build side (build-side skew): whether such
+//! a row matched is known only by combining all workers' joins (thesis §4.3: unmatched
+//! and semi results must be redistributed). The side whose rows are preserved
+//! therefore numbers its rows (an id: the owner or origin, and its row number there),
+//! and the joins that see those rows run as a counterpart that reports matches instead
 //! of deciding alone:
 //!
-//! - left outer runs as inner and full outer as right outer: matched pairs (and, for
-//!   full, unmatched probe rows, which each worker sees exactly once) stream out as
-//!   they are found, with the id dropped;
-//! - left semi, anti and mark run as left semi projected to the id: only which build
-//!   rows matched is needed.
+//! - build side tracked (left and full outer, left semi/anti/mark; every build row is
+//!   numbered): left outer runs as inner and full outer as right outer, left semi,
+//!   anti and mark as left semi projected to the id;
+//! - probe side tracked (right and full outer, right semi/anti/mark; only the probe
+//!   rows broadcast for build-heavy keys are numbered, and only the join of those keys
+//!   runs as a counterpart): right outer runs as inner and full outer as left outer
+//!   (the build rows there are decided locally), right semi, anti and mark as right
+//!   semi projected to the id.
 //!
-//! Each worker records the ids its joins matched: its own rows in a bitmap, other
-//! owners' heavy rows in a set it sends to their owners once its joins are done. Each
-//! owner then emits its build rows by their combined state: unmatched ones padded with
-//! NULLs (outer), matched ones (semi), unmatched ones (anti), or all with the match as
-//! the mark (mark).
+//! Outer joins' matched pairs (and the rows the counterpart decides itself) stream out
+//! as they are found, with the id dropped. Each worker records the ids its joins
+//! matched: its own rows in a bitmap, other workers' rows in a set it sends to them
+//! once its joins are done. Each worker then emits its own tracked rows by their
+//! combined state: unmatched ones padded with NULLs (outer), matched ones (semi),
+//! unmatched ones (anti), or all with the match as the mark (mark).
 
 use arrow::array::{
     Array, ArrayRef, BooleanArray, RecordBatch, RecordBatchOptions, UInt32Array, UInt64Array,
@@ -50,8 +56,8 @@ impl Hasher for IdHasher {
     }
 }
 
-/// Name of the build-row id column appended to the build side.
-const ROW_ID: &str = "__gyre_build_row";
+/// Name of the row id column appended to the tracked side.
+const ROW_ID: &str = "__gyre_row_id";
 
 /// Bits of a row id below the owner's index.
 const OWNER_SHIFT: u32 = 48;
@@ -79,18 +85,26 @@ fn as_ids<'a>(array: &'a dyn Array, what: &str) -> Result<&'a UInt64Array> {
         .ok_or_else(|| internal_datafusion_err!("{what} are not UInt64"))
 }
 
-/// How a join type's build rows are decided when heavy build rows are joined on
-/// several workers; `None` for the probe-preserving types, which need nothing.
+/// The join input whose rows carry ids.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum BuildTracking {
-    /// Left and full outer: pairs stream out, unmatched build rows come at the end.
+pub(crate) enum Tracked {
+    Build,
+    Probe,
+}
+
+/// How a join type's rows of one side are decided when some of them are joined on
+/// several workers; `None` when the join type does not preserve that side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Tracking {
+    /// Outer joins: pairs stream out, unmatched rows come at the end.
     Outer,
-    /// Left semi, anti and mark: build rows come at the end by their match state.
+    /// Semi, anti and mark joins: rows come at the end by their match state.
     Rows,
 }
 
-impl BuildTracking {
-    pub(crate) fn of(join_type: JoinType) -> Option<Self> {
+impl Tracking {
+    /// Build-preserving join types: left and full outer, left semi/anti/mark.
+    pub(crate) fn of_build(join_type: JoinType) -> Option<Self> {
         match join_type {
             JoinType::Left | JoinType::Full => Some(Self::Outer),
             JoinType::LeftSemi | JoinType::LeftAnti | JoinType::LeftMark => Some(Self::Rows),
@@ -98,21 +112,64 @@ impl BuildTracking {
         }
     }
 
-    /// The join each worker runs instead: its output shows which build rows matched.
-    fn counterpart(self, join_type: JoinType) -> JoinType {
-        match (self, join_type) {
-            (Self::Outer, JoinType::Full) => JoinType::Right,
-            (Self::Outer, _) => JoinType::Inner,
-            (Self::Rows, _) => JoinType::LeftSemi,
+    /// Probe-preserving join types: right and full outer, right semi/anti/mark.
+    pub(crate) fn of_probe(join_type: JoinType) -> Option<Self> {
+        match join_type {
+            JoinType::Right | JoinType::Full => Some(Self::Outer),
+            JoinType::RightSemi | JoinType::RightAnti | JoinType::RightMark => Some(Self::Rows),
+            _ => None,
+        }
+    }
+
+    /// The join each worker runs instead: its output shows which tracked rows matched.
+    /// The other side's rows in it are decided there (a full join's counterpart keeps
+    /// them outer).
+    fn counterpart(self, side: Tracked, join_type: JoinType) -> JoinType {
+        match (self, side, join_type) {
+            (Self::Outer, Tracked::Build, JoinType::Full) => JoinType::Right,
+            (Self::Outer, Tracked::Probe, JoinType::Full) => JoinType::Left,
+            (Self::Outer, _, _) => JoinType::Inner,
+            (Self::Rows, Tracked::Build, _) => JoinType::LeftSemi,
+            (Self::Rows, Tracked::Probe, _) => JoinType::RightSemi,
         }
     }
 }
 
-/// The build schema with the row id appended.
+/// A schema with the row id appended.
 pub(super) fn with_row_id(schema: &SchemaRef) -> SchemaRef {
     let mut fields: Vec<Arc<Field>> = schema.fields().iter().cloned().collect();
     fields.push(Arc::new(row_id_field()));
     Arc::new(Schema::new_with_metadata(fields, schema.metadata().clone()))
+}
+
+/// Numbers one worker's tracked rows from 0, in the order its batches come.
+#[derive(Debug)]
+pub(super) struct RowIds {
+    base: u64,
+    next: u64,
+    /// The schema with the row id.
+    schema: SchemaRef,
+}
+
+impl RowIds {
+    pub(super) fn new(worker: usize, schema: SchemaRef) -> Self {
+        Self {
+            base: (worker as u64) << OWNER_SHIFT,
+            next: 0,
+            schema,
+        }
+    }
+
+    /// `batch` with the next row ids appended.
+    pub(super) fn number(&mut self, batch: &RecordBatch) -> Result<RecordBatch> {
+        let rows = batch.num_rows() as u64;
+        let (base, next) = (self.base, self.next);
+        let ids = UInt64Array::from_iter_values((next..next + rows).map(|r| base | r));
+        self.next += rows;
+        let mut columns = batch.columns().to_vec();
+        columns.push(Arc::new(ids));
+        Ok(RecordBatch::try_new(Arc::clone(&self.schema), columns)?)
+    }
 }
 
 /// Appends the row ids of `owner`'s build partition to its batches, numbering rows
@@ -122,55 +179,52 @@ pub(super) fn number_rows(
     batches: &[RecordBatch],
     schema: &SchemaRef,
 ) -> Result<Vec<RecordBatch>> {
-    let base = (owner as u64) << OWNER_SHIFT;
-    let mut next = 0u64;
-    batches
-        .iter()
-        .map(|b| {
-            let rows = b.num_rows() as u64;
-            let ids = UInt64Array::from_iter_values((next..next + rows).map(|r| base | r));
-            next += rows;
-            let mut columns = b.columns().to_vec();
-            columns.push(Arc::new(ids));
-            Ok(RecordBatch::try_new(Arc::clone(schema), columns)?)
-        })
-        .collect()
+    let mut ids = RowIds::new(owner, Arc::clone(schema));
+    batches.iter().map(|b| ids.number(b)).collect()
 }
 
 /// What the original join's output looks like, to shape the counterpart's rows and the
-/// build rows emitted at the end.
+/// tracked rows emitted at the end.
 #[derive(Debug)]
 pub(super) struct Shape {
-    tracking: BuildTracking,
+    side: Tracked,
+    tracking: Tracking,
     join_type: JoinType,
-    /// Build columns (without the row id).
-    build_columns: usize,
+    build_types: Vec<DataType>,
     probe_types: Vec<DataType>,
     projection: Option<Arc<[usize]>>,
     /// The original join's output schema.
     schema: SchemaRef,
 }
 
+fn types(schema: &SchemaRef) -> Vec<DataType> {
+    schema
+        .fields()
+        .iter()
+        .map(|f| f.data_type().clone())
+        .collect()
+}
+
 impl Shape {
-    pub(super) fn new(hj: &HashJoinExec, tracking: BuildTracking) -> Self {
-        Self {
+    /// The shape of `hj` with `side` tracked; `None` if the join does not preserve it.
+    pub(super) fn of(hj: &HashJoinExec, side: Tracked) -> Option<Self> {
+        let tracking = match side {
+            Tracked::Build => Tracking::of_build(*hj.join_type()),
+            Tracked::Probe => Tracking::of_probe(*hj.join_type()),
+        }?;
+        Some(Self {
+            side,
             tracking,
             join_type: *hj.join_type(),
-            build_columns: hj.left().schema().fields().len(),
-            probe_types: hj
-                .right()
-                .schema()
-                .fields()
-                .iter()
-                .map(|f| f.data_type().clone())
-                .collect(),
+            build_types: types(&hj.left().schema()),
+            probe_types: types(&hj.right().schema()),
             projection: hj.projection.clone(),
             schema: hj.schema(),
-        }
+        })
     }
 
-    /// The counterpart join over `build` (with row ids) and `probe`. It shares the
-    /// original's metrics, so `EXPLAIN ANALYZE` shows its inputs there.
+    /// The counterpart join over `build` and `probe`, the tracked one with row ids. It
+    /// shares the original's metrics, so `EXPLAIN ANALYZE` shows its inputs there.
     pub(super) fn join(
         &self,
         hj: &HashJoinExec,
@@ -178,29 +232,37 @@ impl Shape {
         probe: Arc<dyn ExecutionPlan>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         hj.builder()
-            .with_type(self.tracking.counterpart(self.join_type))
+            .with_type(self.tracking.counterpart(self.side, self.join_type))
             .with_projection(Some(self.counterpart_projection()))
             .with_fetch(None)
             .with_new_children(vec![build, probe])?
             .build_exec()
     }
 
-    /// The counterpart's output columns (over build-with-id ++ probe): for an outer
-    /// join, the original's output columns in order and then the row id, so that
-    /// dropping the id leaves the original's rows; for the others the row id alone.
+    /// The counterpart's output columns: for an outer join, the original's output
+    /// columns in order and then the row id, so that dropping the id leaves the
+    /// original's rows; for the others the row id alone (a semi join outputs only the
+    /// tracked side's columns).
     fn counterpart_projection(&self) -> Vec<usize> {
-        let nl = self.build_columns;
-        match self.tracking {
-            BuildTracking::Rows => vec![nl],
-            BuildTracking::Outer => {
-                let unprojected = nl + self.probe_types.len();
+        let (nl, nr) = (self.build_types.len(), self.probe_types.len());
+        match (self.tracking, self.side) {
+            (Tracking::Rows, Tracked::Build) => vec![nl],
+            (Tracking::Rows, Tracked::Probe) => vec![nr],
+            (Tracking::Outer, side) => {
                 let mut p: Vec<usize> = match &self.projection {
                     Some(p) => p.to_vec(),
-                    None => (0..unprojected).collect(),
+                    None => (0..nl + nr).collect(),
                 };
-                // Probe columns sit one further right, behind the row id.
-                p.iter_mut().filter(|i| **i >= nl).for_each(|i| *i += 1);
-                p.push(nl);
+                let id = match side {
+                    // Probe columns sit one further right, behind the build row id.
+                    Tracked::Build => {
+                        p.iter_mut().filter(|i| **i >= nl).for_each(|i| *i += 1);
+                        nl
+                    }
+                    // The probe row id comes last.
+                    Tracked::Probe => nl + nr,
+                };
+                p.push(id);
                 p
             }
         }
@@ -209,18 +271,18 @@ impl Shape {
     /// Index of the row id in the counterpart join's output.
     pub(super) fn row_id_column(&self) -> usize {
         match self.tracking {
-            BuildTracking::Outer => self
+            Tracking::Outer => self
                 .projection
                 .as_ref()
-                .map_or(self.build_columns + self.probe_types.len(), |p| p.len()),
-            BuildTracking::Rows => 0,
+                .map_or(self.build_types.len() + self.probe_types.len(), |p| p.len()),
+            Tracking::Rows => 0,
         }
     }
 
     /// The rows of a counterpart output batch that the original join emits now: the
     /// pairs of an outer join without the row id; nothing for the others.
     pub(super) fn streamed(&self, batch: &RecordBatch) -> Result<Option<RecordBatch>> {
-        if self.tracking == BuildTracking::Rows || batch.num_rows() == 0 {
+        if self.tracking == Tracking::Rows || batch.num_rows() == 0 {
             return Ok(None);
         }
         let mut columns = batch.columns().to_vec();
@@ -232,14 +294,39 @@ impl Shape {
         )?))
     }
 
-    /// The build rows (a batch with row ids) the original join emits at the end, given
-    /// whether each was matched anywhere.
+    /// The tracked rows (a batch with row ids) the original join emits at the end,
+    /// given whether each was matched anywhere.
     pub(super) fn finished(
         &self,
-        build: &RecordBatch,
+        tracked: &RecordBatch,
         matched: impl Fn(usize) -> bool,
     ) -> Result<Option<RecordBatch>> {
-        let rows = build.num_rows();
+        let rows = tracked.num_rows();
+        let own_columns = match self.side {
+            Tracked::Build => self.build_types.len(),
+            Tracked::Probe => self.probe_types.len(),
+        };
+        // The unprojected output row of tracked rows without a match: for outer joins
+        // the other side's columns are NULL.
+        let padded = |rows: &RecordBatch| -> Vec<ArrayRef> {
+            let own = rows.columns()[..own_columns].to_vec();
+            if self.tracking == Tracking::Rows {
+                return own;
+            }
+            let n = rows.num_rows();
+            match self.side {
+                Tracked::Build => own
+                    .into_iter()
+                    .chain(self.probe_types.iter().map(|t| new_null_array(t, n)))
+                    .collect(),
+                Tracked::Probe => self
+                    .build_types
+                    .iter()
+                    .map(|t| new_null_array(t, n))
+                    .chain(own)
+                    .collect(),
+            }
+        };
         let keep = |want: bool| -> Result<Option<RecordBatch>> {
             let idx: Vec<u32> = (0..rows)
                 .filter(|&r| matched(r) == want)
@@ -248,29 +335,26 @@ impl Shape {
             if idx.is_empty() {
                 return Ok(None);
             }
-            let taken = take_record_batch(build, &UInt32Array::from(idx))?;
-            let mut columns = taken.columns()[..self.build_columns].to_vec();
-            if self.tracking == BuildTracking::Outer {
-                let n = taken.num_rows();
-                columns.extend(self.probe_types.iter().map(|t| new_null_array(t, n)));
-            }
-            self.output(columns, taken.num_rows()).map(Some)
+            let taken = take_record_batch(tracked, &UInt32Array::from(idx))?;
+            self.output(padded(&taken), taken.num_rows()).map(Some)
         };
         match self.join_type {
-            JoinType::Left | JoinType::Full | JoinType::LeftAnti => keep(false),
-            JoinType::LeftSemi => keep(true),
-            JoinType::LeftMark => {
+            JoinType::Left
+            | JoinType::Right
+            | JoinType::Full
+            | JoinType::LeftAnti
+            | JoinType::RightAnti => keep(false),
+            JoinType::LeftSemi | JoinType::RightSemi => keep(true),
+            JoinType::LeftMark | JoinType::RightMark => {
                 if rows == 0 {
                     return Ok(None);
                 }
-                let mut columns = build.columns()[..self.build_columns].to_vec();
+                let mut columns = tracked.columns()[..own_columns].to_vec();
                 let mark: BooleanArray = (0..rows).map(|r| Some(matched(r))).collect();
                 columns.push(Arc::new(mark));
                 self.output(columns, rows).map(Some)
             }
-            other => Err(internal_datafusion_err!(
-                "{other} joins do not track build rows"
-            )),
+            JoinType::Inner => Err(internal_datafusion_err!("inner joins do not track rows")),
         }
     }
 
@@ -288,13 +372,13 @@ impl Shape {
     }
 }
 
-/// The build rows one worker's joins matched.
+/// The tracked rows one worker's joins matched.
 #[derive(Debug)]
 pub(super) struct Matches {
     me: u64,
     /// This worker's own rows, one bit each.
     own: Vec<u64>,
-    /// Other owners' (heavy, broadcast) rows.
+    /// Other workers' (broadcast) rows.
     remote: HashSet<u64, BuildHasherDefault<IdHasher>>,
 }
 
@@ -332,7 +416,7 @@ impl Matches {
     /// Records the (non-null) ids of a counterpart output column. Runs once per output
     /// row of the join, hence the loop over raw values when there are no NULLs.
     pub(super) fn record(&mut self, ids: &dyn Array) -> Result<()> {
-        let ids = as_ids(ids, "build row ids")?;
+        let ids = as_ids(ids, "row ids")?;
         // No valid id has every bit set (owners are worker indices).
         let mut last_remote = u64::MAX;
         if ids.null_count() == 0 {
@@ -349,12 +433,12 @@ impl Matches {
 
     /// Records ids a peer matched; they must be this worker's.
     pub(super) fn merge_reported(&mut self, ids: &dyn Array, from: &str) -> Result<()> {
-        let ids = as_ids(ids, &format!("the build row ids {from} sent"))?;
+        let ids = as_ids(ids, &format!("the row ids {from} sent"))?;
         for id in ids.iter().flatten() {
             let (owner, row) = split(id);
             if owner != self.me {
                 return Err(internal_datafusion_err!(
-                    "{from} reported a match for build row {row} of worker {owner}, not of this one"
+                    "{from} reported a match for row {row} of worker {owner}, not of this one"
                 ));
             }
             self.set_own(row);
@@ -369,9 +453,7 @@ impl Matches {
             let owner = split(id).0 as usize;
             by_owner
                 .get_mut(owner)
-                .ok_or_else(|| {
-                    internal_datafusion_err!("build row id of worker {owner} of {workers}")
-                })?
+                .ok_or_else(|| internal_datafusion_err!("row id of worker {owner} of {workers}"))?
                 .push(id);
         }
         for ids in &mut by_owner {
@@ -500,32 +582,30 @@ mod tests {
             a.iter().collect()
         };
         // Left outer: the unmatched row, padded with NULL probe columns.
-        let left = Shape::new(&hash_join(JoinType::Left, None), BuildTracking::Outer);
+        let left = Shape::of(&hash_join(JoinType::Left, None), Tracked::Build).unwrap();
         let out = left.finished(b, matched).unwrap().unwrap();
         assert_eq!(out.num_columns(), 4);
         assert_eq!(keys(&out, 0), vec![None]);
         assert_eq!(out.column(2).null_count(), 1);
         // Projection of the original join (probe x, build s).
-        let projected = Shape::new(
-            &hash_join(JoinType::Full, Some(vec![3, 1])),
-            BuildTracking::Outer,
-        );
+        let projected =
+            Shape::of(&hash_join(JoinType::Full, Some(vec![3, 1])), Tracked::Build).unwrap();
         let out = projected.finished(b, matched).unwrap().unwrap();
         assert_eq!(out.schema().field(0).name(), "x");
         assert_eq!(out.column(0).null_count(), 1);
         // Semi, anti, mark.
-        let semi = Shape::new(&hash_join(JoinType::LeftSemi, None), BuildTracking::Rows);
+        let semi = Shape::of(&hash_join(JoinType::LeftSemi, None), Tracked::Build).unwrap();
         assert_eq!(
             keys(&semi.finished(b, matched).unwrap().unwrap(), 0),
             vec![Some(1)]
         );
-        let anti = Shape::new(&hash_join(JoinType::LeftAnti, None), BuildTracking::Rows);
+        let anti = Shape::of(&hash_join(JoinType::LeftAnti, None), Tracked::Build).unwrap();
         assert_eq!(
             keys(&anti.finished(b, matched).unwrap().unwrap(), 0),
             vec![None]
         );
         assert!(anti.finished(b, |_| true).unwrap().is_none());
-        let mark = Shape::new(&hash_join(JoinType::LeftMark, None), BuildTracking::Rows);
+        let mark = Shape::of(&hash_join(JoinType::LeftMark, None), Tracked::Build).unwrap();
         let out = mark.finished(b, matched).unwrap().unwrap();
         let flags = out
             .column(2)
@@ -539,7 +619,7 @@ mod tests {
         // The counterpart of a projected outer join outputs the original's columns,
         // then the row id; streamed batches lose the id, the others stream nothing.
         let hj = hash_join(JoinType::Left, Some(vec![3, 1]));
-        let projected_left = Shape::new(&hj, BuildTracking::Outer);
+        let projected_left = Shape::of(&hj, Tracked::Build).unwrap();
         let counterpart = projected_left
             .join(
                 &hj,
@@ -568,5 +648,105 @@ mod tests {
         assert_eq!(out.schema(), hj.schema());
         assert_eq!(left.row_id_column(), 4);
         assert!(semi.streamed(&pairs).unwrap().is_none());
+    }
+
+    /// Probe rows broadcast for build-heavy keys, numbered at their origin.
+    fn numbered_probe(hj: &HashJoinExec) -> RecordBatch {
+        let probe = RecordBatch::try_new(
+            hj.right().schema(),
+            vec![
+                Arc::new(Int64Array::from(vec![4, 6])),
+                Arc::new(Int64Array::from(vec![40, 60])),
+            ],
+        )
+        .unwrap();
+        let mut ids = RowIds::new(1, with_row_id(&hj.right().schema()));
+        ids.number(&probe).unwrap();
+        ids.number(&probe).unwrap()
+    }
+
+    #[test]
+    fn probe_rows_at_the_end_follow_the_join_type() {
+        let ints = |batch: &RecordBatch, col: usize| -> Vec<Option<i64>> {
+            let a = batch.column(col).as_any().downcast_ref::<Int64Array>();
+            a.unwrap().iter().collect()
+        };
+        let matched = |r: usize| r == 1; // key 6
+        // Numbering goes on across batches.
+        let hj = hash_join(JoinType::Right, None);
+        let b = numbered_probe(&hj);
+        let ids = b.column(2).as_any().downcast_ref::<UInt64Array>().unwrap();
+        let base = 1u64 << OWNER_SHIFT;
+        assert_eq!(ids.values().to_vec(), vec![base + 2, base + 3]);
+        // Build-preserving joins track nothing on the probe side, and vice versa.
+        assert!(Shape::of(&hash_join(JoinType::Left, None), Tracked::Probe).is_none());
+        assert!(Shape::of(&hj, Tracked::Build).is_none());
+        // Right outer: the unmatched probe row after NULL build columns.
+        let right = Shape::of(&hj, Tracked::Probe).unwrap();
+        let out = right.finished(&b, matched).unwrap().unwrap();
+        assert_eq!(out.schema(), hj.schema());
+        assert_eq!(out.column(0).null_count(), 1);
+        assert_eq!(ints(&out, 2), vec![Some(4)]);
+        // Full outer, projected (probe x, build s).
+        let full = hash_join(JoinType::Full, Some(vec![3, 1]));
+        let out = Shape::of(&full, Tracked::Probe)
+            .unwrap()
+            .finished(&numbered_probe(&full), matched)
+            .unwrap()
+            .unwrap();
+        assert_eq!(ints(&out, 0), vec![Some(40)]);
+        assert_eq!(out.column(1).null_count(), 1);
+        // Semi, anti, mark: probe columns only.
+        let semi = hash_join(JoinType::RightSemi, None);
+        let shape = Shape::of(&semi, Tracked::Probe).unwrap();
+        let out = shape.finished(&b, matched).unwrap().unwrap();
+        assert_eq!((out.num_columns(), ints(&out, 0)), (2, vec![Some(6)]));
+        assert_eq!(shape.row_id_column(), 0);
+        let anti = Shape::of(&hash_join(JoinType::RightAnti, None), Tracked::Probe).unwrap();
+        assert_eq!(
+            ints(&anti.finished(&b, matched).unwrap().unwrap(), 0),
+            vec![Some(4)]
+        );
+        let mark = Shape::of(&hash_join(JoinType::RightMark, None), Tracked::Probe).unwrap();
+        let out = mark.finished(&b, matched).unwrap().unwrap();
+        let flags = out.column(2).as_any().downcast_ref::<BooleanArray>();
+        assert_eq!(
+            flags.unwrap().iter().collect::<Vec<_>>(),
+            vec![Some(false), Some(true)]
+        );
+        // The counterparts: right outer runs as inner with the original's columns and
+        // the probe row id, full outer as left outer, right semi as right semi over
+        // the id alone.
+        let counterpart = |hj: &HashJoinExec| {
+            let plan = Shape::of(hj, Tracked::Probe)
+                .unwrap()
+                .join(
+                    hj,
+                    Arc::new(EmptyExec::new(hj.left().schema())),
+                    Arc::new(EmptyExec::new(with_row_id(&hj.right().schema()))),
+                )
+                .unwrap();
+            let names: Vec<String> = plan
+                .schema()
+                .fields()
+                .iter()
+                .map(|f| f.name().clone())
+                .collect();
+            (
+                *plan.downcast_ref::<HashJoinExec>().unwrap().join_type(),
+                names,
+            )
+        };
+        let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            counterpart(&hj),
+            (JoinType::Inner, names(&["k", "s", "k", "x", ROW_ID]))
+        );
+        assert_eq!(right.row_id_column(), 4);
+        assert_eq!(
+            counterpart(&full),
+            (JoinType::Left, names(&["x", "s", ROW_ID]))
+        );
+        assert_eq!(counterpart(&semi), (JoinType::RightSemi, names(&[ROW_ID])));
     }
 }

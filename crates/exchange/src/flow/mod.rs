@@ -23,20 +23,29 @@
 //! build row, though, is joined on every worker: the build-preserving joins (left and
 //! full outer, left semi/anti/mark) combine its matches across workers before deciding
 //! its fate ([`matches`]), with one more exchange.
+//!
+//! A join whose build input is shuffled can route that too ([`FlowInputs::routes_build`]):
+//! build rows of keys heavy on the build side stay where they are and the probe rows of
+//! those keys go to every worker, into one more join. There the roles swap: a build row
+//! meets all probe rows of its key on its own worker, while a broadcast probe row is
+//! joined on every worker, so the probe-preserving joins (right and full outer, right
+//! semi/anti/mark) combine those probe rows' matches the same way.
 //! Heavy hitters are detected on hashes, not key values: a collision only makes a key
 //! take the heavy path too, which stays correct.
 //!
 //! The join uses [`FlowJoinExec::exchanges`] consecutive exchange ids: the probe
 //! shuffle, detection reports (to worker 0), announcements (from it), and one heavy
 //! build broadcast per detection round, so that each round's heavy join can start as
-//! soon as its build rows are complete.
+//! soon as its build rows are complete; then, as the join needs them, the exchange of
+//! build matches, the build shuffle, the broadcast of probe rows of build-heavy keys
+//! and the exchange of probe matches.
 
 mod lookup;
 mod matches;
 mod run;
 mod source;
 
-use matches::BuildTracking;
+use matches::Tracking;
 
 use crate::context::ExchangeId;
 use datafusion::common::tree_node::TreeNodeRecursion;
@@ -82,8 +91,8 @@ pub struct SkewSettings {
     /// across workers).
     #[serde(default)]
     pub build_preserving: BuildPreserving,
-    /// Whether joins that can (see [`build_skew_supported`]) also route their build
-    /// input and detect skew on it (`SET gyre.skew_build_side`).
+    /// Whether joins whose build input is shuffled also route it and detect skew on it
+    /// (`SET gyre.skew_build_side`).
     #[serde(default = "on")]
     pub build_side: bool,
 }
@@ -119,10 +128,10 @@ impl BuildPreserving {
 
     /// Whether a join of this type may become a Flow-Join under this setting.
     pub fn allows(self, join_type: JoinType) -> bool {
-        match BuildTracking::of(join_type) {
+        match Tracking::of_build(join_type) {
             None => true,
-            Some(BuildTracking::Rows) => self != Self::Off,
-            Some(BuildTracking::Outer) => self == Self::All,
+            Some(Tracking::Rows) => self != Self::Off,
+            Some(Tracking::Outer) => self == Self::All,
         }
     }
 }
@@ -166,24 +175,6 @@ pub fn flow_join_supported(join_type: JoinType, fetch: Option<usize>) -> bool {
     !preserves_build(join_type) || fetch.is_none()
 }
 
-/// Whether a Flow-Join of this type can route its build input too and keep build rows
-/// of keys heavy on the build side where they are, broadcasting the probe rows of those
-/// keys: each such build row then meets every probe row of its key on its own worker,
-/// so inner and build-preserving joins decide it there. The probe-preserving types
-/// (right outer, right semi/anti/mark) and full outer would have to combine each
-/// broadcast probe row's matches across workers, which is not built: their Flow-Joins
-/// handle probe-side skew only.
-pub fn build_skew_supported(join_type: JoinType) -> bool {
-    matches!(
-        join_type,
-        JoinType::Inner
-            | JoinType::Left
-            | JoinType::LeftSemi
-            | JoinType::LeftAnti
-            | JoinType::LeftMark
-    )
-}
-
 /// What the planner knows of a Flow-Join's inputs.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FlowInputs {
@@ -199,7 +190,7 @@ pub struct FlowInputs {
 /// Whether a join type emits build rows by their match state (left and full outer,
 /// left semi/anti/mark), which a Flow-Join must combine across workers.
 pub fn preserves_build(join_type: JoinType) -> bool {
-    BuildTracking::of(join_type).is_some()
+    Tracking::of_build(join_type).is_some()
 }
 
 /// What one worker found and did, shown by `EXPLAIN ANALYZE` (the display of a plan
@@ -287,12 +278,6 @@ impl FlowJoinExec {
                 hj.fetch()
             );
         }
-        if inputs.routes_build && !build_skew_supported(*hj.join_type()) {
-            return plan_err!(
-                "a Flow-Join of a {} join cannot route its build input",
-                hj.join_type()
-            );
-        }
         settings.detection()?;
         let n = hj.left().output_partitioning().partition_count();
         let m = hj.right().output_partitioning().partition_count();
@@ -343,25 +328,36 @@ impl FlowJoinExec {
 
     /// How many consecutive exchange ids the join uses.
     pub fn exchanges(&self) -> u32 {
+        self.build_exchanges_from()
+            + 2 * u32::from(self.inputs.routes_build)
+            + u32::from(self.probe_tracking().is_some())
+    }
+
+    /// Offset of the build shuffle, then the broadcast of probe rows of build-heavy
+    /// keys, then (probe-preserving joins) the exchange of those rows' matches, among
+    /// the exchange ids (joins that route their build input). Before them: the heavy
+    /// build broadcasts of every round and (build-preserving joins) the exchange of
+    /// build rows' matches.
+    fn build_exchanges_from(&self) -> u32 {
         let rounds = self
             .settings
             .detection()
             .map_or(1, |c| c.iterations() as u32);
-        HEAVY_EXCHANGES_FROM
-            + rounds
-            + u32::from(self.tracking().is_some())
-            + 2 * u32::from(self.inputs.routes_build)
-    }
-
-    /// Offset of the build shuffle and then the broadcast of probe rows of build-heavy
-    /// keys among the exchange ids (joins that route their build input).
-    fn build_exchanges_from(&self) -> u32 {
-        self.exchanges() - 2
+        HEAVY_EXCHANGES_FROM + rounds + u32::from(self.tracking().is_some())
     }
 
     /// How build rows' matches are combined across workers (build-preserving joins).
-    fn tracking(&self) -> Option<BuildTracking> {
-        BuildTracking::of(*self.hash_join().join_type())
+    fn tracking(&self) -> Option<Tracking> {
+        Tracking::of_build(*self.hash_join().join_type())
+    }
+
+    /// How the matches of probe rows broadcast for build-heavy keys are combined across
+    /// workers (probe-preserving joins that route their build input).
+    fn probe_tracking(&self) -> Option<Tracking> {
+        if !self.inputs.routes_build {
+            return None;
+        }
+        Tracking::of_probe(*self.hash_join().join_type())
     }
 
     fn hash_join(&self) -> &HashJoinExec {
@@ -390,6 +386,9 @@ impl DisplayAs for FlowJoinExec {
         }
         if self.tracking().is_some() {
             write!(f, ", build matches combined across workers")?;
+        }
+        if self.probe_tracking().is_some() {
+            write!(f, ", probe matches combined across workers")?;
         }
         if let Some(e) = self.exchange {
             write!(f, ", exchanges={}..{}", e, e + self.exchanges() - 1)?;

@@ -15,7 +15,7 @@
 //! partitioned hash join does.
 
 use super::lookup::{HashSetU64, Modulo};
-use super::matches::{Matches, Shape, number_rows, row_id_schema, with_row_id};
+use super::matches::{Matches, RowIds, Shape, Tracked, number_rows, row_id_schema, with_row_id};
 use super::source::PreparedInputExec;
 use super::{
     DEFAULT_PROBE_ROWS_PER_WORKER, FlowJoinExec, FlowReport, HEAVY_EXCHANGES_FROM, HeavyHitter,
@@ -32,6 +32,7 @@ use datafusion::common::hash_utils::create_hashes;
 use datafusion::common::{DataFusionError, Result, ScalarValue, internal_datafusion_err};
 use datafusion::execution::TaskContext;
 use datafusion::physical_expr::PhysicalExprRef;
+use datafusion::physical_plan::joins::HashJoinExec;
 use datafusion::physical_plan::metrics::{
     Count, ExecutionPlanMetricsSet, Gauge, MetricBuilder, Time,
 };
@@ -41,6 +42,7 @@ use datafusion::physical_plan::{
     ChildrenPropertiesMode, ExecutionPlan, ExecutionPlanProperties, Partitioning,
     ReplaceChildrenOptions, SendableRecordBatchStream,
 };
+use futures::future::BoxFuture;
 use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
 use gyre_join::flow::detect::{Coordinator, FIRST_ROUND_WAIT, NodeDetector, NodeReport};
@@ -88,6 +90,10 @@ struct FlowMetrics {
     /// them), and own build rows peers reported matched.
     build_matches_sent: Count,
     build_matches_received: Count,
+    /// Probe-preserving joins that route their build input: the same for the probe
+    /// rows broadcast for build-heavy keys.
+    probe_matches_sent: Count,
+    probe_matches_received: Count,
     /// Joins that route their build input: build rows routed, those kept on this worker
     /// (their key heavy on the build side), the build-side heavy hitters, the probe
     /// rows broadcast because their key is one, and the time the probe router waited
@@ -116,6 +122,8 @@ impl FlowMetrics {
             first_round_wait: m().subset_time("first_round_wait", partition),
             build_matches_sent: m().counter("build_matches_sent", partition),
             build_matches_received: m().counter("build_matches_received", partition),
+            probe_matches_sent: m().counter("probe_matches_sent", partition),
+            probe_matches_received: m().counter("probe_matches_received", partition),
             build_rows: m().counter("build_rows", partition),
             build_rows_local: m().counter("build_rows_kept_local", partition),
             build_heavy_hitters: m().counter("build_heavy_hitters", partition),
@@ -332,8 +340,18 @@ pub(super) fn execute(
     let (build_keys, probe_keys): (Vec<PhysicalExprRef>, Vec<PhysicalExprRef>) =
         hj.on().iter().cloned().unzip();
     // Build-preserving joins number their build rows and run a counterpart join that
-    // reports matches (see `super::matches`).
-    let shape = exec.tracking().map(|t| Arc::new(Shape::new(hj, t)));
+    // reports matches (see `super::matches`); probe-preserving joins that route their
+    // build input do the same with the probe rows they broadcast for build-heavy keys.
+    let shape = Shape::of(hj, Tracked::Build).map(Arc::new);
+    let probe_tracker = match exec.probe_tracking() {
+        Some(_) => Shape::of(hj, Tracked::Probe).map(|shape| {
+            (
+                Arc::new(shape),
+                Arc::new(Mutex::new(Matches::new(partition))),
+            )
+        }),
+        None => None,
+    };
     let build_schema = match shape {
         Some(_) => with_row_id(&hj.left().schema()),
         None => hj.left().schema(),
@@ -343,6 +361,10 @@ pub(super) fn execute(
         None => Arc::clone(&exec.join).replace_children(vec![build, probe], recompute()),
     };
     let probe_schema = hj.right().schema();
+    let bcast_schema = match probe_tracker {
+        Some(_) => with_row_id(&probe_schema),
+        None => Arc::clone(&probe_schema),
+    };
     let build_input = hj.left().execute(partition, Arc::clone(&ctx))?;
     let probe_input = hj.right().execute(partition, Arc::clone(&ctx))?;
     let build_ex = ex + exec.build_exchanges_from();
@@ -452,18 +474,35 @@ pub(super) fn execute(
     // was found heavy and split off by the owner task) with the probe rows of those keys
     // every worker broadcasts. Each such build row is on one worker and meets every
     // probe row of its key there, so the original join type decides it.
+    // A probe-preserving join runs it as a counterpart, and the origin of each
+    // broadcast probe row keeps it for the end.
     let mut kept_txs = None;
-    let mut probe_bcast_ep = None;
+    let mut probe_bcast = None;
+    let mut retained_rx = None;
     if routes_build {
         let (kept_tx, kept_rx) = mpsc::unbounded_channel::<RecordBatch>();
         kept_txs = Some(kept_tx);
-        probe_bcast_ep = Some(shared.open_send(build_ex + 1, qc.workers.clone())?);
-        let recv = shuffle_receiver(build_ex + 1, Arc::clone(&probe_schema), n)
+        let ep = shared.open_send(build_ex + 1, qc.workers.clone())?;
+        let retained = match &probe_tracker {
+            Some(_) => {
+                let (tx, rx) = mpsc::unbounded_channel::<RecordBatch>();
+                retained_rx = Some(rx);
+                Some((RowIds::new(partition, Arc::clone(&bcast_schema)), tx))
+            }
+            None => None,
+        };
+        probe_bcast = Some(ProbeBroadcast {
+            outlet: shared.outlet(To::All, &bcast_schema, &ep)?,
+            ep,
+            retained,
+        });
+        let recv = shuffle_receiver(build_ex + 1, Arc::clone(&bcast_schema), n)
             .execute(partition, Arc::clone(&ctx))?;
-        let (sh, join, ctx) = (
+        let (sh, join, ctx, tracker) = (
             Arc::clone(&shared),
             Arc::clone(&exec.join),
             Arc::clone(&ctx),
+            probe_tracker.clone(),
         );
         let build_schema = hj.left().schema();
         let heavy = futures::stream::once(async move {
@@ -479,34 +518,65 @@ pub(super) fn execute(
                 n,
             );
             let probe = PreparedInputExec::new("probe rows broadcast", recv, n);
-            let s = join
-                .replace_children(vec![build, probe], recompute())?
-                .execute(partition, ctx)?;
-            Ok(s.boxed())
+            let Some((shape, matches)) = tracker else {
+                let s = join
+                    .replace_children(vec![build, probe], recompute())?
+                    .execute(partition, ctx)?;
+                return Ok(s.boxed());
+            };
+            let hj = join
+                .downcast_ref::<HashJoinExec>()
+                .ok_or_else(|| internal_datafusion_err!("a Flow-Join without a hash join"))?;
+            let s = shape.join(hj, build, probe)?.execute(partition, ctx)?;
+            Ok(track(s, shape, matches))
         })
         .try_flatten();
         outputs.push(heavy.boxed());
     }
 
     // Build-preserving joins: the exchange of matches, and this worker's build rows
-    // for the end.
-    let mut combine = None;
+    // for the end; probe-preserving joins that route their build input: the same for
+    // the probe rows this worker broadcast.
+    let mut combines: Vec<BoxFuture<'static, Result<Vec<RecordBatch>>>> = Vec::new();
     let mut numbered_tx = None;
     if let Some((shape, matches)) = &tracker {
         let match_ex = ex + HEAVY_EXCHANGES_FROM + rounds as u32;
         let ep = shared.open_send(match_ex, qc.workers.clone())?;
         let reports =
             shuffle_receiver(match_ex, row_id_schema(), n).execute(partition, Arc::clone(&ctx))?;
-        let (tx, rx) = oneshot::channel();
+        let (tx, rx) = oneshot::channel::<Result<Vec<RecordBatch>>>();
         numbered_tx = Some(tx);
-        combine = Some(combine_matches(
+        let rows = async move {
+            rx.await.map_err(|_| {
+                internal_datafusion_err!("the build partition of a Flow-Join ended early")
+            })?
+        };
+        combines.push(Box::pin(combine_matches(
             Arc::clone(&shared),
+            Side::Build,
             Arc::clone(shape),
             Arc::clone(matches),
             ep,
             reports,
-            rx,
-        ));
+            Box::pin(rows),
+        )));
+    }
+    if let (Some((shape, matches)), Some(rx)) = (&probe_tracker, retained_rx) {
+        let match_ex = build_ex + 2;
+        let ep = shared.open_send(match_ex, qc.workers.clone())?;
+        let reports =
+            shuffle_receiver(match_ex, row_id_schema(), n).execute(partition, Arc::clone(&ctx))?;
+        // Complete when the probe router is done.
+        let rows = UnboundedReceiverStream::new(rx).map(Ok).try_collect();
+        combines.push(Box::pin(combine_matches(
+            Arc::clone(&shared),
+            Side::Probe,
+            Arc::clone(shape),
+            Arc::clone(matches),
+            ep,
+            reports,
+            Box::pin(rows),
+        )));
     }
 
     let (err_tx, err_rx) = mpsc::unbounded_channel::<DataFusionError>();
@@ -531,7 +601,7 @@ pub(super) fn execute(
         probe_keys,
         probe_ep,
         local_txs,
-        probe_bcast_ep,
+        probe_bcast,
         &config,
         expected,
     )?;
@@ -580,8 +650,8 @@ pub(super) fn execute(
     outputs.push(UnboundedReceiverStream::new(err_rx).map(Err).boxed());
     let output_rows = shared.m.output_rows.clone();
     let mut merged = futures::stream::select_all(outputs).boxed();
-    if let Some(combine) = combine {
-        // Once every join here is done: exchange matches, then emit the build rows.
+    for combine in combines {
+        // Once every join here is done: exchange matches, then emit the tracked rows.
         let tail = futures::stream::once(combine)
             .map_ok(|batches| futures::stream::iter(batches.into_iter().map(Ok)))
             .try_flatten();
@@ -615,6 +685,16 @@ impl Reports {
     }
 }
 
+/// Probe side of a join that routes its build input: where the probe rows of keys heavy
+/// on the build side go (every worker).
+struct ProbeBroadcast {
+    ep: SendEndpoint,
+    outlet: Outlet,
+    /// Probe-preserving joins: numbers those rows (`super::matches`) and keeps them
+    /// for the end, when this worker emits them by their combined matches.
+    retained: Option<(RowIds, mpsc::UnboundedSender<RecordBatch>)>,
+}
+
 /// Routes one side's local input. Probe rows with a heavy hash stay (into the heavy
 /// join of the round that found the hash), probe rows whose key is heavy on the build
 /// side go to every worker, build rows whose key is heavy on the build side stay (into
@@ -630,7 +710,7 @@ struct Router {
     local_txs: Vec<mpsc::UnboundedSender<RecordBatch>>,
     /// Probe side of a join that routes its build input: the broadcast of probe rows
     /// whose key is heavy on the build side.
-    bcast: Option<(SendEndpoint, Outlet)>,
+    bcast: Option<ProbeBroadcast>,
     detector: NodeDetector,
     /// Heavy hash -> its destination index in `dests`.
     heavy: DirectMap<u32>,
@@ -657,7 +737,7 @@ impl Router {
         keys: Vec<PhysicalExprRef>,
         ep: SendEndpoint,
         local_txs: Vec<mpsc::UnboundedSender<RecordBatch>>,
-        bcast_ep: Option<SendEndpoint>,
+        bcast: Option<ProbeBroadcast>,
         config: &gyre_join::flow::DetectionConfig,
         expected: u64,
     ) -> Result<Self> {
@@ -668,13 +748,6 @@ impl Router {
             .iter()
             .map(|w| sh.outlet(To::Node(*w), schema, &ep))
             .collect::<Result<Vec<_>>>()?;
-        let bcast = match bcast_ep {
-            Some(ep) => {
-                let outlet = sh.outlet(To::All, schema, &ep)?;
-                Some((ep, outlet))
-            }
-            None => None,
-        };
         let slots = local_txs.len();
         Ok(Self {
             sh: Arc::clone(sh),
@@ -815,13 +888,13 @@ impl Router {
             for o in &mut self.outlets {
                 o.flush(&self.ep, &self.sh.send_m).await?;
             }
-            if let Some((ep, outlet)) = &mut self.bcast {
-                outlet.flush(ep, &self.sh.send_m).await?;
+            if let Some(b) = &mut self.bcast {
+                b.outlet.flush(&b.ep, &self.sh.send_m).await?;
             }
             Ok(())
         }
         .await;
-        let bcast_ep = self.bcast.as_ref().map(|(ep, _)| ep);
+        let bcast_ep = self.bcast.as_ref().map(|b| &b.ep);
         match result {
             Ok(()) => {
                 self.ep.finish();
@@ -936,14 +1009,19 @@ impl Router {
         }
         let broadcast = std::mem::take(&mut self.dests[n + self.local_txs.len()]);
         if !broadcast.is_empty() {
-            let Some((ep, outlet)) = &mut self.bcast else {
+            let Some(b) = &mut self.bcast else {
                 return Err(internal_datafusion_err!(
                     "a Flow-Join router without a broadcast has rows to broadcast"
                 ));
             };
             self.sh.m.probe_rows_broadcast.add(broadcast.len());
-            let part = take_record_batch(batch, &UInt32Array::from(broadcast))?;
-            outlet.push(ep, part, &self.sh.send_m).await?;
+            let mut part = take_record_batch(batch, &UInt32Array::from(broadcast))?;
+            if let Some((ids, retained)) = &mut b.retained {
+                part = ids.number(&part)?;
+                // The receiver is gone only when the query's output was dropped.
+                let _ = retained.send(part.clone());
+            }
+            b.outlet.push(&b.ep, part, &self.sh.send_m).await?;
         }
         Ok(())
     }
@@ -1355,17 +1433,24 @@ fn track(
     .boxed()
 }
 
-/// The end of a build-preserving join on one worker, once its joins are done: sends
-/// the other owners' matched build rows to them, takes in the matches peers report for
-/// this worker's rows, and returns the build rows the original join emits at the end.
+/// The end of a join that tracks one side's rows (`super::matches`) on one worker, once
+/// its joins are done: sends the other workers' matched rows to them, takes in the
+/// matches peers report for this worker's rows, and returns the rows the original join
+/// emits at the end. `rows` are this worker's tracked rows in id order: its build
+/// partition, or the probe rows it broadcast (complete when its router is done).
 async fn combine_matches(
     sh: Arc<Shared>,
+    side: Side,
     shape: Arc<Shape>,
     matches: Arc<Mutex<Matches>>,
     ep: SendEndpoint,
     mut reports: SendableRecordBatchStream,
-    build_rx: oneshot::Receiver<Result<Vec<RecordBatch>>>,
+    rows: BoxFuture<'static, Result<Vec<RecordBatch>>>,
 ) -> Result<Vec<RecordBatch>> {
+    let (sent_metric, received_metric) = match side {
+        Side::Build => (&sh.m.build_matches_sent, &sh.m.build_matches_received),
+        Side::Probe => (&sh.m.probe_matches_sent, &sh.m.probe_matches_received),
+    };
     let schema = reports.schema();
     let sent = async {
         let by_owner = matches.lock().take_remote(sh.n())?;
@@ -1373,7 +1458,7 @@ async fn combine_matches(
             if ids.is_empty() {
                 continue;
             }
-            sh.m.build_matches_sent.add(ids.len());
+            sent_metric.add(ids.len());
             let batch = RecordBatch::try_new(
                 Arc::clone(&schema),
                 vec![Arc::new(arrow::array::UInt64Array::from(ids))],
@@ -1389,26 +1474,27 @@ async fn combine_matches(
         Ok(()) => ep.finish(),
         Err(e) => return Err(sh.fail(&ep, e)),
     }
-    // Only build rows this worker broadcast can have been matched elsewhere. The owner
-    // task is done (every round was announced), so the flag is final. Without such rows
-    // nothing needs to wait for the slowest peer: dropping the receiver discards
-    // the peers' (empty) ends.
-    let waited = sh.broadcast_any.load(std::sync::atomic::Ordering::Relaxed);
+    let rows = rows.await?;
+    // Only rows this worker broadcast can have been matched elsewhere. Build side: the
+    // owner task is done (every round was announced), so the flag is final. Without
+    // such rows nothing needs to wait for the slowest peer: dropping the receiver
+    // discards the peers' (empty) ends.
+    let waited = match side {
+        Side::Build => sh.broadcast_any.load(std::sync::atomic::Ordering::Relaxed),
+        Side::Probe => !rows.is_empty(),
+    };
     while waited && let Some(batch) = reports.next().await {
         let batch = batch?;
-        sh.m.build_matches_received.add(batch.num_rows());
+        received_metric.add(batch.num_rows());
         matches
             .lock()
             .merge_reported(batch.column(0).as_ref(), "a peer")?;
     }
     drop(reports);
-    let build = build_rx.await.map_err(|_| {
-        internal_datafusion_err!("the build partition of a Flow-Join ended early")
-    })??;
     let matches = matches.lock();
     let mut out = Vec::new();
     let mut first = 0u64;
-    for b in &build {
+    for b in &rows {
         if let Some(rows) = shape.finished(b, |r| matches.is_matched(first + r as u64))? {
             out.push(rows);
         }
