@@ -538,12 +538,26 @@ pub(super) fn execute(
     // for the end; probe-preserving joins that route their build input: the same for
     // the probe rows this worker broadcast.
     let mut combines: Vec<BoxFuture<'static, Result<Vec<RecordBatch>>>> = Vec::new();
-    let mut numbered_tx = None;
-    if let Some((shape, matches)) = &tracker {
-        let match_ex = ex + HEAVY_EXCHANGES_FROM + rounds as u32;
+    let combine = |side: Side,
+                   match_ex: u32,
+                   (shape, matches): &(Arc<Shape>, Arc<Mutex<Matches>>),
+                   rows: BoxFuture<'static, Result<Vec<RecordBatch>>>|
+     -> Result<BoxFuture<'static, Result<Vec<RecordBatch>>>> {
         let ep = shared.open_send(match_ex, qc.workers.clone())?;
         let reports =
             shuffle_receiver(match_ex, row_id_schema(), n).execute(partition, Arc::clone(&ctx))?;
+        Ok(Box::pin(combine_matches(
+            Arc::clone(&shared),
+            side,
+            Arc::clone(shape),
+            Arc::clone(matches),
+            ep,
+            reports,
+            rows,
+        )))
+    };
+    let mut numbered_tx = None;
+    if let Some(tracker) = &tracker {
         let (tx, rx) = oneshot::channel::<Result<Vec<RecordBatch>>>();
         numbered_tx = Some(tx);
         let rows = async move {
@@ -551,32 +565,13 @@ pub(super) fn execute(
                 internal_datafusion_err!("the build partition of a Flow-Join ended early")
             })?
         };
-        combines.push(Box::pin(combine_matches(
-            Arc::clone(&shared),
-            Side::Build,
-            Arc::clone(shape),
-            Arc::clone(matches),
-            ep,
-            reports,
-            Box::pin(rows),
-        )));
+        let match_ex = ex + HEAVY_EXCHANGES_FROM + rounds as u32;
+        combines.push(combine(Side::Build, match_ex, tracker, Box::pin(rows))?);
     }
-    if let (Some((shape, matches)), Some(rx)) = (&probe_tracker, retained_rx) {
-        let match_ex = build_ex + 2;
-        let ep = shared.open_send(match_ex, qc.workers.clone())?;
-        let reports =
-            shuffle_receiver(match_ex, row_id_schema(), n).execute(partition, Arc::clone(&ctx))?;
+    if let (Some(tracker), Some(rx)) = (&probe_tracker, retained_rx) {
         // Complete when the probe router is done.
         let rows = UnboundedReceiverStream::new(rx).map(Ok).try_collect();
-        combines.push(Box::pin(combine_matches(
-            Arc::clone(&shared),
-            Side::Probe,
-            Arc::clone(shape),
-            Arc::clone(matches),
-            ep,
-            reports,
-            Box::pin(rows),
-        )));
+        combines.push(combine(Side::Probe, build_ex + 2, tracker, Box::pin(rows))?);
     }
 
     let (err_tx, err_rx) = mpsc::unbounded_channel::<DataFusionError>();
