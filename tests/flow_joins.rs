@@ -4,6 +4,8 @@
 //! rows, 123456789 without), NULL keys, and a uniform rest. A second build table has
 //! keys heavy on the build side: 5 (30%, rare in the probe table), 13 (2%, heavy on
 //! both sides), 20001 (only in its last 30%), and NULL, joined with every join type.
+//! Two small tables share a key about equally heavy in both (1: 600 rows each), which
+//! Symmetric Fragment Replicate joins on a grid.
 
 mod sql_reference;
 
@@ -32,6 +34,13 @@ INSERT INTO many SELECT CASE WHEN value % 211 = 0 THEN NULL
          ELSE value END,
     CAST(value % 17 AS INT)
   FROM generate_series(1, 20000) AS t(value);
+CREATE TABLE sl (k BIGINT, v BIGINT) PARTITION BY v;
+INSERT INTO sl SELECT CASE WHEN value % 5 = 0 THEN 1 WHEN value % 101 = 0 THEN NULL ELSE value END, value
+  FROM generate_series(1, 3000) AS t(value);
+CREATE TABLE sr (id BIGINT, k BIGINT, x INT) PARTITION BY id;
+INSERT INTO sr SELECT value, CASE WHEN value % 10 = 0 THEN 1 WHEN value % 103 = 0 THEN NULL ELSE value % 3000 END,
+    CAST(value % 7 AS INT)
+  FROM generate_series(1, 6000) AS t(value);
 ";
 
 /// What a query's plan must contain with more than one worker.
@@ -50,6 +59,9 @@ enum Plan {
     FlowBuildProbeTracked,
     /// A full join doing all of the above.
     FlowBothTracked,
+    /// A Flow-Join that routes its build input and joins keys heavy on both sides by
+    /// Symmetric Fragment Replicate.
+    FlowSfr,
     /// No Flow-Join (the plain partitioned join is kept).
     Plain,
 }
@@ -205,6 +217,32 @@ const QUERIES: &[(&str, Plan)] = &[
         "SELECT count(*), count(m.k), count(f.k), sum(m.v), sum(f.x) FROM many m FULL JOIN fact f ON m.k = f.k AND f.x = m.v % 13",
         Plan::FlowBothTracked,
     ),
+    // Key 1 (and NULL) heavy in both `sl` and `sr`: SFR where the build side is not
+    // preserved; the full join broadcasts the probe rows instead.
+    (
+        "SELECT count(*), sum(l.v), sum(r.x) FROM sl l JOIN sr r ON l.k = r.k",
+        Plan::FlowSfr,
+    ),
+    (
+        "SELECT count(*), count(l.v), sum(r.x) FROM sl l RIGHT JOIN sr r ON l.k = r.k AND l.v % 7 = r.x",
+        Plan::FlowSfr,
+    ),
+    (
+        "SELECT count(*), sum(r.x) FROM sr r WHERE EXISTS (SELECT 1 FROM sl l WHERE l.k = r.k AND l.v % 7 = r.x)",
+        Plan::FlowSfr,
+    ),
+    (
+        "SELECT count(*), sum(r.x), count(r.k) FROM sr r WHERE NOT EXISTS (SELECT 1 FROM sl l WHERE l.k = r.k AND l.v % 7 = r.x)",
+        Plan::FlowSfr,
+    ),
+    (
+        "SELECT count(*), sum(r.x) FROM sr r WHERE r.x = 3 OR EXISTS (SELECT 1 FROM sl l WHERE l.k = r.k AND l.v % 11 = r.x)",
+        Plan::FlowSfr,
+    ),
+    (
+        "SELECT count(*), count(l.v), count(r.x) FROM sl l FULL JOIN sr r ON l.k = r.k AND l.v % 7 = r.x",
+        Plan::FlowBothTracked,
+    ),
     // A LIMIT pushed into a build-preserving join keeps it plain (a worker that stops
     // early could not report its matches); a LIMIT above a filter lets workers stop
     // reading a Flow-Join early, and the others must still finish.
@@ -236,13 +274,15 @@ async fn check(workers: usize) {
         let tracked = plan.contains("build matches combined across workers");
         let build = plan.contains("skew detection on build and probe hashes");
         let probe_tracked = plan.contains("probe matches combined across workers");
+        let sfr = plan.contains("SFR for keys heavy on both sides");
         let planned = match expected {
             Plan::Flow => flow,
             Plan::FlowTracked => flow && tracked,
             Plan::FlowBuild => flow && build,
             Plan::FlowTrackedBuild => flow && tracked && build,
             Plan::FlowBuildProbeTracked => flow && build && probe_tracked && !tracked,
-            Plan::FlowBothTracked => flow && build && probe_tracked && tracked,
+            Plan::FlowBothTracked => flow && build && probe_tracked && tracked && !sfr,
+            Plan::FlowSfr => flow && build && sfr,
             Plan::Plain => !flow,
         };
         if workers > 1 && !planned {
@@ -380,8 +420,10 @@ async fn analyze_shows_heavy_hitters_and_the_setting_switches_it_off() {
         "{analyzed}"
     );
     assert_eq!(differs(c, &reference, build).await, None);
-    // A right join: the probe rows of build-heavy keys are broadcast, and the workers
-    // that matched them report to their origins, which emit the unmatched ones.
+    // A right join: the probe rows of build-heavy keys are broadcast (keys heavy on both
+    // sides too, without SFR), and the workers that matched them report to their
+    // origins, which emit the unmatched ones.
+    c.sql("SET gyre.skew_sfr = off").await.unwrap();
     let right = "SELECT count(*), count(m.k), sum(f.x) FROM many m RIGHT JOIN fact f ON m.k = f.k";
     let analyzed = text(
         c.sql_one(&format!("EXPLAIN ANALYZE {right}"))
@@ -397,6 +439,7 @@ async fn analyze_shows_heavy_hitters_and_the_setting_switches_it_off() {
     // Equal, up to the display's rounding to three digits ("4.43 K").
     assert!(sent > 1000 && sent.abs_diff(received) < 40, "{analyzed}");
     assert_eq!(differs(c, &reference, right).await, None);
+    c.sql("SET gyre.skew_sfr = on").await.unwrap();
     c.sql("SET gyre.skew_build_side = off").await.unwrap();
     let plan = text(c.sql_one(&format!("EXPLAIN {build}")).await.unwrap());
     assert!(plan.contains("skew detection on probe hashes"), "{plan}");
@@ -432,6 +475,38 @@ async fn analyze_shows_heavy_hitters_and_the_setting_switches_it_off() {
     c.sql("SET gyre.skew_detection = on").await.unwrap();
     let plan = text(c.sql_one(&format!("EXPLAIN {q}")).await.unwrap());
     assert!(plan.contains("FlowJoinExec"), "{plan}");
+}
+
+/// Keys heavy on both sides: on 4 workers key 1 (600 rows in each table) gets the 2 x 2
+/// grid, each worker's build rows of it go to the 2 workers of its column and its probe
+/// rows to the 2 of its row; `gyre.skew_sfr = off` broadcasts the probe rows instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sfr_joins_keys_heavy_on_both_sides_on_a_grid() {
+    let (cluster, reference) = start(4, SETUP).await;
+    let c = &cluster.coordinator;
+    c.sql("SET gyre.join_strategy = 'shuffle'").await.unwrap();
+    let q = "SELECT count(*), count(l.v), sum(r.x) FROM sl l RIGHT JOIN sr r ON l.k = r.k";
+    let analyzed = text(c.sql_one(&format!("EXPLAIN ANALYZE {q}")).await.unwrap());
+    assert!(
+        analyzed.contains("SFR for keys heavy on both sides"),
+        "{analyzed}"
+    );
+    assert!(analyzed.contains("sfr=2 ["), "{analyzed}");
+    assert!(analyzed.contains("1 2x2"), "{analyzed}");
+    // ~600 build rows of key 1 (and 24 with NULL keys), each sent to 2 workers; ~600
+    // probe rows (and 53 with NULL keys), each to 2.
+    let build: u64 = metric(&analyzed, "sfr_build_rows_sent").iter().sum();
+    let probe: u64 = metric(&analyzed, "sfr_probe_rows_sent").iter().sum();
+    // Up to the display's rounding to three digits ("1.20 K").
+    assert!(build.abs_diff(2 * 625) <= 10, "{build}\n{analyzed}");
+    assert!(probe.abs_diff(2 * 655) <= 10, "{probe}\n{analyzed}");
+    assert_eq!(differs(c, &reference, q).await, None);
+    c.sql("SET gyre.skew_sfr = off").await.unwrap();
+    let plan = text(c.sql_one(&format!("EXPLAIN {q}")).await.unwrap());
+    assert!(!plan.contains("SFR"), "{plan}");
+    assert_eq!(differs(c, &reference, q).await, None);
+    let err = c.sql("SET gyre.skew_sfr = sometimes").await.unwrap_err();
+    assert!(err.to_string().contains("sometimes"), "{err}");
 }
 
 /// The per-worker values of metric `name` in an `EXPLAIN ANALYZE` text (in the

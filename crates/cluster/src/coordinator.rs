@@ -86,7 +86,7 @@ struct Settings {
     /// `gyre.skew_detection = off` (Flow-Join is on by default).
     skew_detection_off: bool,
     /// `gyre.skew_threshold`, `gyre.skew_first`, `gyre.skew_every`, `gyre.skew_sample`,
-    /// `gyre.skew_build_preserving`, `gyre.skew_build_side`.
+    /// `gyre.skew_build_preserving`, `gyre.skew_build_side`, `gyre.skew_sfr`.
     skew: SkewSettings,
 }
 
@@ -633,6 +633,10 @@ impl Coordinator {
                 s.skew.build_side = parse_on_off("gyre.skew_build_side", value)?;
                 Ok(())
             }
+            "gyre.skew_sfr" => {
+                s.skew.sfr = parse_on_off("gyre.skew_sfr", value)?;
+                Ok(())
+            }
             "gyre.skew_build_preserving" => {
                 s.skew.build_preserving = BuildPreserving::parse(value)?;
                 Ok(())
@@ -670,7 +674,8 @@ impl Coordinator {
             other => plan_err!(
                 "unknown setting '{other}' (known: gyre.compression, gyre.join_strategy, \
                  gyre.skew_detection, gyre.skew_threshold, gyre.skew_first, gyre.skew_every, \
-                 gyre.skew_sample, gyre.skew_build_preserving, gyre.skew_build_side)"
+                 gyre.skew_sample, gyre.skew_build_preserving, gyre.skew_build_side, \
+                 gyre.skew_sfr)"
             ),
         }
     }

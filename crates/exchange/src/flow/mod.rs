@@ -29,7 +29,9 @@
 //! those keys go to every worker, into one more join. There the roles swap: a build row
 //! meets all probe rows of its key on its own worker, while a broadcast probe row is
 //! joined on every worker, so the probe-preserving joins (right and full outer, right
-//! semi/anti/mark) combine those probe rows' matches the same way.
+//! semi/anti/mark) combine those probe rows' matches the same way. Keys heavy on both
+//! sides are joined by Symmetric Fragment Replicate on a grid chosen per key where the
+//! build side is not preserved ([`sfr_supported`]), by that broadcast elsewhere.
 //! Heavy hitters are detected on hashes, not key values: a collision only makes a key
 //! take the heavy path too, which stays correct.
 //!
@@ -95,6 +97,11 @@ pub struct SkewSettings {
     /// (`SET gyre.skew_build_side`).
     #[serde(default = "on")]
     pub build_side: bool,
+    /// Whether keys heavy on both sides are joined by Symmetric Fragment Replicate
+    /// where the join type allows ([`sfr_supported`]; `SET gyre.skew_sfr`), rather
+    /// than by broadcasting their probe rows.
+    #[serde(default = "on")]
+    pub sfr: bool,
 }
 
 fn on() -> bool {
@@ -146,6 +153,7 @@ impl Default for SkewSettings {
             sample: d.sample,
             build_preserving: BuildPreserving::default(),
             build_side: true,
+            sfr: true,
         }
     }
 }
@@ -175,6 +183,21 @@ pub fn flow_join_supported(join_type: JoinType, fetch: Option<usize>) -> bool {
     !preserves_build(join_type) || fetch.is_none()
 }
 
+/// Whether a Flow-Join of this type that routes its build input can join keys heavy on
+/// both sides by Symmetric Fragment Replicate: their build rows are replicated to
+/// several workers there, so the build side must not be preserved (inner, right outer,
+/// right semi/anti/mark; the probe rows' matches are combined as for the broadcast).
+pub fn sfr_supported(join_type: JoinType) -> bool {
+    matches!(
+        join_type,
+        JoinType::Inner
+            | JoinType::Right
+            | JoinType::RightSemi
+            | JoinType::RightAnti
+            | JoinType::RightMark
+    )
+}
+
 /// What the planner knows of a Flow-Join's inputs.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FlowInputs {
@@ -201,6 +224,38 @@ struct FlowReport {
     heavy: BTreeMap<u64, HeavyHitter>,
     /// The same for hashes heavy on the build side (estimated build rows).
     build_heavy: BTreeMap<u64, HeavyHitter>,
+    /// Hashes heavy on both sides joined by SFR -> their grid (rows, columns).
+    sfr: BTreeMap<u64, (usize, usize)>,
+}
+
+/// `sfr=N [key rows x cols, ...]` (at most 8 shown).
+fn fmt_sfr(f: &mut fmt::Formatter, report: &FlowReport) -> fmt::Result {
+    if report.sfr.is_empty() {
+        return Ok(());
+    }
+    let shown: Vec<String> = report
+        .sfr
+        .iter()
+        .take(8)
+        .map(|(hash, (rows, cols))| {
+            let key = [&report.build_heavy, &report.heavy]
+                .iter()
+                .find_map(|m| m.get(hash).and_then(|h| h.key.as_deref()))
+                .unwrap_or("(key not seen here)");
+            format!("{key} {rows}x{cols}")
+        })
+        .collect();
+    write!(
+        f,
+        ", sfr={} [{}{}]",
+        report.sfr.len(),
+        shown.join(", "),
+        if report.sfr.len() > shown.len() {
+            ", ..."
+        } else {
+            ""
+        }
+    )
 }
 
 /// `name=N [key (~rows, round r), ...]`, the largest first (at most 8 shown).
@@ -331,10 +386,20 @@ impl FlowJoinExec {
         self.build_exchanges_from()
             + 2 * u32::from(self.inputs.routes_build)
             + u32::from(self.probe_tracking().is_some())
+            + 2 * u32::from(self.sfr())
+    }
+
+    /// Whether keys heavy on both sides take Symmetric Fragment Replicate, on two more
+    /// exchanges (build and probe rows), the last ones.
+    fn sfr(&self) -> bool {
+        self.inputs.routes_build
+            && self.settings.sfr
+            && sfr_supported(*self.hash_join().join_type())
     }
 
     /// Offset of the build shuffle, then the broadcast of probe rows of build-heavy
-    /// keys, then (probe-preserving joins) the exchange of those rows' matches, among
+    /// keys, then (probe-preserving joins) the exchange of those rows' matches, then
+    /// (with SFR) its build and probe rows, among
     /// the exchange ids (joins that route their build input). Before them: the heavy
     /// build broadcasts of every round and (build-preserving joins) the exchange of
     /// build rows' matches.
@@ -390,12 +455,16 @@ impl DisplayAs for FlowJoinExec {
         if self.probe_tracking().is_some() {
             write!(f, ", probe matches combined across workers")?;
         }
+        if self.sfr() {
+            write!(f, ", SFR for keys heavy on both sides")?;
+        }
         if let Some(e) = self.exchange {
             write!(f, ", exchanges={}..{}", e, e + self.exchanges() - 1)?;
         }
         let report = self.report.lock();
         fmt_heavy(f, "build_heavy_hitters", &report.build_heavy)?;
-        fmt_heavy(f, "heavy_hitters", &report.heavy)
+        fmt_heavy(f, "heavy_hitters", &report.heavy)?;
+        fmt_sfr(f, &report)
     }
 }
 

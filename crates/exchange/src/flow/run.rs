@@ -47,6 +47,7 @@ use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
 use gyre_join::flow::detect::{Coordinator, FIRST_ROUND_WAIT, NodeDetector, NodeReport};
 use gyre_join::flow::direct_map::DirectMap;
+use gyre_join::flow::sfr::{Grid, choose_grid};
 use gyre_join::flow::wire::{Control, Side};
 use gyre_transport::{NodeId, ReceiveEndpoint, ReceiveSpec, SendEndpoint, SendSpec, To, node_name};
 use parking_lot::{Mutex, RwLock};
@@ -103,6 +104,10 @@ struct FlowMetrics {
     build_heavy_hitters: Count,
     probe_rows_broadcast: Count,
     build_list_wait: Time,
+    /// Keys heavy on both sides (SFR): build and probe rows this worker sent to the
+    /// nodes of its grid column and row (itself included).
+    sfr_build_rows_sent: Count,
+    sfr_probe_rows_sent: Count,
 }
 
 impl FlowMetrics {
@@ -129,6 +134,8 @@ impl FlowMetrics {
             build_heavy_hitters: m().counter("build_heavy_hitters", partition),
             probe_rows_broadcast: m().counter("probe_rows_broadcast", partition),
             build_list_wait: m().subset_time("build_list_wait", partition),
+            sfr_build_rows_sent: m().counter("sfr_build_rows_sent", partition),
+            sfr_probe_rows_sent: m().counter("sfr_probe_rows_sent", partition),
         }
     }
 }
@@ -153,6 +160,8 @@ struct Shared {
     build_heavy: HeavySet,
     build_rounds: tokio::sync::watch::Sender<u32>,
     build_iterations: u32,
+    /// Probe-side detection rounds: the probe list is final after as many announcements.
+    probe_iterations: u32,
     /// Whether the owner task broadcast any build row (only then can peers match this
     /// worker's build rows).
     broadcast_any: std::sync::atomic::AtomicBool,
@@ -381,6 +390,7 @@ pub(super) fn execute(
         build_heavy: HeavySet::default(),
         build_rounds: tokio::sync::watch::channel(0).0,
         build_iterations: if routes_build { rounds as u32 } else { 0 },
+        probe_iterations: rounds as u32,
         broadcast_any: Default::default(),
     });
     let all: Vec<(u32, NodeId)> = qc
@@ -476,9 +486,15 @@ pub(super) fn execute(
     // probe row of its key there, so the original join type decides it.
     // A probe-preserving join runs it as a counterpart, and the origin of each
     // broadcast probe row keeps it for the end.
+    //
+    // With SFR (`FlowJoinExec::sfr`), probe rows of keys heavy on both sides are set
+    // aside instead of broadcast; once every list is final, each worker sends them to
+    // the nodes of its row in the key's grid, and its kept build rows of those keys to
+    // the nodes of its column, into one more join (`replicate_sfr`).
     let mut kept_txs = None;
     let mut probe_bcast = None;
     let mut retained_rx = None;
+    let mut sfr_task = None;
     if routes_build {
         let (kept_tx, kept_rx) = mpsc::unbounded_channel::<RecordBatch>();
         kept_txs = Some(kept_tx);
@@ -491,10 +507,42 @@ pub(super) fn execute(
             }
             None => None,
         };
+        let (kept_copy_tx, kept_copy_rx) = oneshot::channel::<Vec<RecordBatch>>();
+        let mut set_aside = None;
+        if exec.sfr() {
+            let sfr_ex = build_ex + 2 + u32::from(probe_tracker.is_some());
+            let (tx, rx) = mpsc::unbounded_channel::<RecordBatch>();
+            set_aside = Some(tx);
+            sfr_task = Some(replicate_sfr(
+                Arc::clone(&shared),
+                build_keys.clone(),
+                probe_keys.clone(),
+                kept_copy_rx,
+                rx,
+                [
+                    shared.open_send(sfr_ex, qc.workers.clone())?,
+                    shared.open_send(sfr_ex + 1, qc.workers.clone())?,
+                ],
+                [hj.left().schema(), Arc::clone(&bcast_schema)],
+            ));
+            let build = shuffle_receiver(sfr_ex, hj.left().schema(), n)
+                .execute(partition, Arc::clone(&ctx))?;
+            let probe = shuffle_receiver(sfr_ex + 1, Arc::clone(&bcast_schema), n)
+                .execute(partition, Arc::clone(&ctx))?;
+            outputs.push(probe_tracked_join(
+                &exec.join,
+                probe_tracker.as_ref(),
+                PreparedInputExec::new("build rows replicated by SFR", build, n),
+                PreparedInputExec::new("probe rows replicated by SFR", probe, n),
+                partition,
+                Arc::clone(&ctx),
+            )?);
+        }
         probe_bcast = Some(ProbeBroadcast {
             outlet: shared.outlet(To::All, &bcast_schema, &ep)?,
             ep,
             retained,
+            set_aside,
         });
         let recv = shuffle_receiver(build_ex + 1, Arc::clone(&bcast_schema), n)
             .execute(partition, Arc::clone(&ctx))?;
@@ -511,24 +559,18 @@ pub(super) fn execute(
                 // Nothing is kept or broadcast: the peers' ends need not be awaited.
                 return Ok::<_, DataFusionError>(futures::stream::empty().boxed());
             }
-            let kept = UnboundedReceiverStream::new(kept_rx).map(Ok);
+            // Collected first (the join's hash table needs all of them anyway), so
+            // that SFR can replicate those of keys heavy on both sides as well.
+            let kept: Vec<RecordBatch> = UnboundedReceiverStream::new(kept_rx).collect().await;
+            let _ = kept_copy_tx.send(kept.clone());
+            let kept = futures::stream::iter(kept.into_iter().map(Ok));
             let build = PreparedInputExec::new(
                 "build rows of build-heavy keys",
                 Box::pin(RecordBatchStreamAdapter::new(build_schema, kept)),
                 n,
             );
             let probe = PreparedInputExec::new("probe rows broadcast", recv, n);
-            let Some((shape, matches)) = tracker else {
-                let s = join
-                    .replace_children(vec![build, probe], recompute())?
-                    .execute(partition, ctx)?;
-                return Ok(s.boxed());
-            };
-            let hj = join
-                .downcast_ref::<HashJoinExec>()
-                .ok_or_else(|| internal_datafusion_err!("a Flow-Join without a hash join"))?;
-            let s = shape.join(hj, build, probe)?.execute(partition, ctx)?;
-            Ok(track(s, shape, matches))
+            probe_tracked_join(&join, tracker.as_ref(), build, probe, partition, ctx)
         })
         .try_flatten();
         outputs.push(heavy.boxed());
@@ -628,6 +670,9 @@ pub(super) fn execute(
         owner_rx,
     )));
     spawn(Box::pin(listen(Arc::clone(&shared), announce_rx, owner_tx)));
+    if let Some(task) = sfr_task {
+        spawn(Box::pin(task));
+    }
     for (round, (recv, tx)) in drains.into_iter().enumerate() {
         spawn(Box::pin(drain(Arc::clone(&shared), round as u32, recv, tx)));
     }
@@ -688,6 +733,8 @@ struct ProbeBroadcast {
     /// Probe-preserving joins: numbers those rows (`super::matches`) and keeps them
     /// for the end, when this worker emits them by their combined matches.
     retained: Option<(RowIds, mpsc::UnboundedSender<RecordBatch>)>,
+    /// With SFR: where probe rows of keys heavy on both sides are set aside.
+    set_aside: Option<mpsc::UnboundedSender<RecordBatch>>,
 }
 
 /// Routes one side's local input. Probe rows with a heavy hash stay (into the heavy
@@ -713,7 +760,7 @@ struct Router {
     heavy_seen: usize,
     named: HashSetU64,
     /// Row indices of a batch by destination: owners `0..n`, then the local slots
-    /// (`n + slot`), then the broadcast.
+    /// (`n + slot`), then the broadcast, then the rows set aside for SFR.
     dests: Vec<Vec<u32>>,
     owner: Modulo,
     routed: u64,
@@ -756,7 +803,7 @@ impl Router {
             heavy: DirectMap::default(),
             heavy_seen: 0,
             named: HashSetU64::default(),
-            dests: vec![Vec::new(); n + slots + 1],
+            dests: vec![Vec::new(); n + slots + 2],
             owner: Modulo::new(n as u64),
             routed: 0,
             next_counted: 0,
@@ -772,15 +819,22 @@ impl Router {
             if self.heavy.is_empty() && self.side == Side::Probe {
                 self.sh.m.first_heavy_after_rows.set(self.routed as usize);
             }
+            let broadcast = n + self.local_txs.len() as u32;
+            let sfr = self.bcast.as_ref().is_some_and(|b| b.set_aside.is_some());
             for &(hash, round) in &hashes[self.heavy_seen..] {
                 // A hash announced twice keeps the round that found it first, and a
-                // probe row whose key is heavy on the build side is broadcast.
-                if !self.heavy.contains_key(hash) {
-                    let slot = match self.side {
-                        Side::Probe => round,
-                        Side::Build => 0,
-                    };
-                    self.heavy.insert(hash, n + slot);
+                // probe row whose key is heavy on the build side is broadcast, or with
+                // SFR set aside once the key is heavy on the probe side too.
+                match self.heavy.get(hash) {
+                    None => {
+                        let slot = match self.side {
+                            Side::Probe => round,
+                            Side::Build => 0,
+                        };
+                        self.heavy.insert(hash, n + slot);
+                    }
+                    Some(d) if d == broadcast && sfr => self.heavy.insert(hash, broadcast + 1),
+                    Some(_) => {}
                 }
             }
             self.heavy_seen = hashes.len();
@@ -794,6 +848,9 @@ impl Router {
         for &(hash, _) in self.sh.build_heavy.hashes.read().iter() {
             self.heavy.insert(hash, broadcast);
         }
+        // Probe-side heavy hashes taken in before (none routed yet) are looked at
+        // again: with SFR, those heavy on both sides are set aside.
+        self.heavy_seen = 0;
     }
 
     /// Routes the rows held back, with what is known now.
@@ -1017,6 +1074,26 @@ impl Router {
                 let _ = retained.send(part.clone());
             }
             b.outlet.push(&b.ep, part, &self.sh.send_m).await?;
+        }
+        let set_aside = std::mem::take(&mut self.dests[n + self.local_txs.len() + 1]);
+        if !set_aside.is_empty() {
+            let Some(ProbeBroadcast {
+                retained,
+                set_aside: Some(tx),
+                ..
+            }) = &mut self.bcast
+            else {
+                return Err(internal_datafusion_err!(
+                    "a Flow-Join router without SFR has rows to set aside for it"
+                ));
+            };
+            let mut part = take_record_batch(batch, &UInt32Array::from(set_aside))?;
+            if let Some((ids, retained)) = retained {
+                part = ids.number(&part)?;
+                let _ = retained.send(part.clone());
+            }
+            // The receiver is gone only when the query failed.
+            let _ = tx.send(part);
         }
         Ok(())
     }
@@ -1426,6 +1503,154 @@ fn track(
         futures::future::ready(out.transpose())
     })
     .boxed()
+}
+
+/// `join` over `build` and `probe`: the original join, or (probe-preserving joins that
+/// route their build input) its counterpart, recording the probe rows' matches.
+fn probe_tracked_join(
+    join: &Arc<dyn ExecutionPlan>,
+    tracker: Option<&(Arc<Shape>, Arc<Mutex<Matches>>)>,
+    build: Arc<dyn ExecutionPlan>,
+    probe: Arc<dyn ExecutionPlan>,
+    partition: usize,
+    ctx: Arc<TaskContext>,
+) -> Result<BoxStream<'static, Result<RecordBatch>>> {
+    let Some((shape, matches)) = tracker else {
+        let s = Arc::clone(join)
+            .replace_children(vec![build, probe], recompute())?
+            .execute(partition, ctx)?;
+        return Ok(s.boxed());
+    };
+    let hj = join
+        .downcast_ref::<HashJoinExec>()
+        .ok_or_else(|| internal_datafusion_err!("a Flow-Join without a hash join"))?;
+    let s = shape.join(hj, build, probe)?.execute(partition, ctx)?;
+    Ok(track(s, Arc::clone(shape), Arc::clone(matches)))
+}
+
+/// Symmetric Fragment Replicate (thesis 4.4.2) for the keys heavy on both sides, once
+/// every list is final: each such key gets the grid of least cost for its estimated
+/// build and probe rows (`gyre_join::flow::sfr::choose_grid`, the same announced
+/// estimates on every worker). This worker, at (row `me / cols`, column
+/// `me % cols`), sends its kept build rows of the key to every node of its column and
+/// the probe rows it set aside to every node of its row, so each build-probe pair
+/// meets exactly once, on one more join per worker. Build rows take part in the
+/// broadcast join too, which holds the probe rows routed before their key was heavy
+/// on both sides. `eps` and `schemas`: build, then probe.
+async fn replicate_sfr(
+    sh: Arc<Shared>,
+    build_keys: Vec<PhysicalExprRef>,
+    probe_keys: Vec<PhysicalExprRef>,
+    kept: oneshot::Receiver<Vec<RecordBatch>>,
+    set_aside: mpsc::UnboundedReceiver<RecordBatch>,
+    eps: [SendEndpoint; 2],
+    schemas: [SchemaRef; 2],
+) -> Result<()> {
+    let result = async {
+        // Complete when the probe router is done.
+        let probe: Vec<RecordBatch> = UnboundedReceiverStream::new(set_aside).collect().await;
+        let mut rounds = sh.rounds.subscribe();
+        let _ = rounds.wait_for(|r| *r >= sh.probe_iterations).await;
+        sh.build_list_final().await;
+        let (n, me) = (sh.n(), sh.partition);
+        let grids: std::collections::HashMap<u64, Grid> = {
+            let mut report = sh.report.lock();
+            let grids: std::collections::HashMap<u64, Grid> = report
+                .build_heavy
+                .iter()
+                .filter_map(|(hash, b)| {
+                    let p = report.heavy.get(hash)?;
+                    let grid = choose_grid(n, b.estimate.max(1) as f64, p.estimate.max(1) as f64);
+                    Some((*hash, grid))
+                })
+                .collect();
+            report.sfr = grids.iter().map(|(h, g)| (*h, (g.rows, g.cols))).collect();
+            grids
+        };
+        // Without such keys the peers' joins get only this worker's ends.
+        let kept = match grids.is_empty() {
+            true => Vec::new(),
+            // None when the build side had no heavy hitters at all.
+            false => kept.await.unwrap_or_default(),
+        };
+        let sides = [
+            (
+                &eps[0],
+                &schemas[0],
+                &build_keys,
+                kept,
+                &sh.m.sfr_build_rows_sent,
+                true,
+            ),
+            (
+                &eps[1],
+                &schemas[1],
+                &probe_keys,
+                probe,
+                &sh.m.sfr_probe_rows_sent,
+                false,
+            ),
+        ];
+        for (ep, schema, keys, batches, sent, is_build) in sides {
+            let mut outlets = sh
+                .qc
+                .workers
+                .iter()
+                .map(|w| sh.outlet(To::Node(*w), schema, ep))
+                .collect::<Result<Vec<_>>>()?;
+            let mut by_node: Vec<Vec<u32>> = vec![Vec::new(); n];
+            let mut named = HashSetU64::default();
+            let side = if is_build { Side::Build } else { Side::Probe };
+            for batch in batches {
+                let h = Hashed::new(keys, batch)?;
+                for (i, hash) in h.hashes.iter().enumerate() {
+                    let Some(g) = grids.get(hash) else {
+                        if is_build {
+                            continue; // heavy on the build side only
+                        }
+                        return Err(internal_datafusion_err!(
+                            "a probe row set aside for SFR whose key is not heavy on both sides"
+                        ));
+                    };
+                    if named.insert(*hash) {
+                        name_heavy_hitter(&sh, side, *hash, &h.keys, i);
+                    }
+                    let (cols, i) = (g.cols, i as u32);
+                    if is_build {
+                        // This worker's column: one node in every row.
+                        (0..g.rows).for_each(|r| by_node[r * cols + me % cols].push(i));
+                    } else {
+                        // This worker's row: every node in it.
+                        (0..cols).for_each(|c| by_node[(me / cols) * cols + c].push(i));
+                    }
+                }
+                for (node, idx) in by_node.iter_mut().enumerate() {
+                    if idx.is_empty() {
+                        continue;
+                    }
+                    sent.add(idx.len());
+                    let part =
+                        take_record_batch(&h.batch, &UInt32Array::from(std::mem::take(idx)))?;
+                    outlets[node].push(ep, part, &sh.send_m).await?;
+                }
+            }
+            for o in &mut outlets {
+                o.flush(ep, &sh.send_m).await?;
+            }
+        }
+        Ok(())
+    }
+    .await;
+    match result {
+        Ok(()) => {
+            eps.iter().for_each(SendEndpoint::finish);
+            Ok(())
+        }
+        Err(e) => {
+            let e = sh.fail(&eps[0], e);
+            Err(sh.fail(&eps[1], e))
+        }
+    }
 }
 
 /// The end of a join that tracks one side's rows (`super::matches`) on one worker, once
