@@ -21,9 +21,15 @@ heavy on both sides would make a cross product of 10^11 rows). When the build si
 is shuffled, a third configuration runs between the two: skew detection on with
 `gyre.skew_build_side = off` (probe-side detection only).
 
+With `--build-side both`, key 0 is in 1% of the build rows and 1% of the probe rows
+of a third probe table (the rest unique and uniform): heavy on both sides, joined
+by SFR on a grid; the configuration in between is then `gyre.skew_sfr = off`, which
+broadcasts the probe rows of such keys. Key 0 alone makes build/100 x probe/100
+output rows, so keep the inputs small (e.g. --build 50000 --probe 4000000).
+
 Usage: scripts/bench_flow_sql.py [--nodes 4] [--cpus 0.45] [--link 10gbit]
        [--build 1000000] [--probe 8000000] [--repeat 3] [--json PATH]
-       [--build-side colocated|shuffled|skewed] [--build-key0-share 0.16]
+       [--build-side colocated|shuffled|skewed|both] [--build-key0-share 0.16]
        [--set gyre.skew_every=0 ...]
 """
 
@@ -55,10 +61,11 @@ def main():
                         "both build-preserving joins whose heavy build rows' matches are "
                         "combined across workers; right: build RIGHT JOIN probe, whose probe "
                         "rows broadcast for build-heavy keys are combined the same way")
-    p.add_argument("--build-side", choices=["colocated", "shuffled", "skewed"],
+    p.add_argument("--build-side", choices=["colocated", "shuffled", "skewed", "both"],
                    default="colocated",
                    help="colocated: build placed by its unique key (no build shuffle); "
-                        "shuffled: placed by another column; skewed: that, with power-law keys")
+                        "shuffled: placed by another column; skewed: that, with power-law keys; "
+                        "both: key 0 heavy in build and probe (SFR)")
     p.add_argument("--build-key0-share", type=float, default=0.16,
                    help="with --build-side skewed: the share of build rows with key 0")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -89,8 +96,16 @@ def main():
             "shuffled": "value",
             "skewed": f"(CAST(floor(LEAST(power(1.0 - random(), {-build_exponent(a):.4f}), 1e15)) "
                       f"AS BIGINT) - 1) % {a.build}",
+            "both": "CASE WHEN value % 100 = 0 THEN 0 ELSE value END",
         }[a.build_side]
         placed_by = "k" if a.build_side == "colocated" else "v"
+        if a.build_side == "both":
+            sql(f"""
+                CREATE TABLE probe_both (id BIGINT, k BIGINT) PARTITION BY id;
+                INSERT INTO probe_both SELECT value, CASE WHEN value % 100 = 0 THEN 0
+                    ELSE CAST(random() * {a.build} AS BIGINT) % {a.build} END
+                  FROM generate_series(1, {a.probe}) AS t(value);
+            """)
         sql(f"""
             CREATE TABLE build (k BIGINT, v BIGINT) PARTITION BY {placed_by};
             INSERT INTO build SELECT {build_key}, value * 3 FROM generate_series(0, {a.build - 1}) AS t(value);
@@ -111,6 +126,7 @@ def main():
                         SET gyre.join_strategy = 'shuffle';
                         SET gyre.skew_detection = '{"off" if skew == "off" else "on"}';
                         SET gyre.skew_build_side = '{"off" if skew == "probe-only" else "on"}';
+                        SET gyre.skew_sfr = '{"off" if skew == "no-sfr" else "on"}';
                         SET gyre.skew_build_preserving = all;
                         {" ".join(settings)}
                         EXPLAIN ANALYZE {QUERIES[a.join].format(table=table)}
@@ -122,6 +138,7 @@ def main():
                         r"HashJoinExec: mode=Partitioned.*?metrics=\[output_rows=([0-9.]+ ?[KMB]?)", out)]
                     heavy = re.search(r"(?<![a-z_])heavy_hitters=(\d+)", out)
                     build_heavy = re.search(r"build_heavy_hitters=(\d+)", out)
+                    sfr = re.search(r"sfr=\d+ \[([^\]]*)\]", out)
                     build_rows = [parse_count(m) for m in re.findall(
                         r"HashJoinExec: mode=Partitioned.*?build_input_rows=([0-9.]+ ?[KMB]?)", out)]
                     waits = [parse_time(v, u) for v, u in
@@ -131,11 +148,13 @@ def main():
                                  "heavy_hitters": int(heavy.group(1)) if heavy else 0,
                                  "build_rows_per_worker": build_rows,
                                  "output_rows_per_worker": output,
+                                 "sfr_grids": sfr.group(1) if sfr else None,
                                  "build_heavy_hitters": int(build_heavy.group(1)) if build_heavy else 0,
                                  "first_round_wait_max_s": max(waits) if waits else 0.0})
                     print(f"  {table:14} skew_detection={skew:10}: {secs:.3f} s, probe rows per "
                           f"worker {[human(r) for r in rows]}, build rows {[human(r) for r in build_rows]}"
-                          + (f", first-round wait up to {max(waits) * 1e3:.1f} ms" if waits else ""),
+                          + (f", first-round wait up to {max(waits) * 1e3:.1f} ms" if waits else "")
+                          + (f", SFR grids [{sfr.group(1)}]" if sfr else ""),
                           file=sys.stderr)
         report(a, runs)
     except Failure as e:
@@ -167,7 +186,8 @@ def human(n):
 
 
 def tables(a):
-    return ["probe_uniform"] if a.build_side == "skewed" else ["probe_skewed", "probe_uniform"]
+    return {"skewed": ["probe_uniform"], "both": ["probe_both"]}.get(
+        a.build_side, ["probe_skewed", "probe_uniform"])
 
 
 def build_exponent(a):
@@ -179,7 +199,8 @@ def build_exponent(a):
 
 def configurations(a):
     """Skew detection off and on; probe-side only in between when the build side is routed."""
-    return ["off", "on"] if a.build_side == "colocated" else ["off", "probe-only", "on"]
+    return {"colocated": ["off", "on"], "both": ["off", "no-sfr", "on"]}.get(
+        a.build_side, ["off", "probe-only", "on"])
 
 
 def report(a, runs):
@@ -212,10 +233,10 @@ def report(a, runs):
         on = next(s for s in summary if s["table"] == table and s["skew_detection"] == "on")
         print(f"{table.removeprefix('probe_')}: Flow-Join / plain = "
               f"{on['median_seconds'] / off['median_seconds']:.3f}")
-        probe_only = [s for s in summary if s["table"] == table and s["skew_detection"] == "probe-only"]
-        if probe_only:
-            print(f"{table.removeprefix('probe_')}: probe-side detection only / plain = "
-                  f"{probe_only[0]['median_seconds'] / off['median_seconds']:.3f}")
+        for middle in configurations(a)[1:-1]:
+            m = next(s for s in summary if s["table"] == table and s["skew_detection"] == middle)
+            print(f"{table.removeprefix('probe_')}: {middle} / plain = "
+                  f"{m['median_seconds'] / off['median_seconds']:.3f}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"join": a.join, "build_side": a.build_side,
