@@ -895,6 +895,14 @@ impl Router {
                     self.count(&hashed.hashes);
                     hashed
                 };
+                // Reported before this batch is routed, so that a batch that reaches
+                // round 0 (with the first batches, often the whole input of a small
+                // table) is held for its answer too.
+                for r in self.detector.advance(rows as u64) {
+                    // Only with candidates of its own: see `FIRST_ROUND_WAIT`.
+                    awaiting |= r.iteration == 0 && !r.candidates.is_empty();
+                    self.report(&reports.ep, r).await?;
+                }
                 if build_pending && self.sh.build_list_is_final() {
                     self.take_build_list();
                     build_pending = false;
@@ -920,11 +928,6 @@ impl Router {
                 } else {
                     self.refresh();
                     self.route(&hashed).await?;
-                }
-                for r in self.detector.advance(rows as u64) {
-                    // Only with candidates of its own: see `FIRST_ROUND_WAIT`.
-                    awaiting |= r.iteration == 0 && !r.candidates.is_empty();
-                    self.report(&reports.ep, r).await?;
                 }
             }
             for r in self.detector.finish() {
