@@ -9,7 +9,9 @@
 
 mod sql_reference;
 
+use gyre_cluster::coordinator::Coordinator;
 use sql_reference::{differs, start, text};
+use std::sync::Arc;
 
 const SETUP: &str = "
 CREATE TABLE dim (k BIGINT, name VARCHAR, w INT) PARTITION BY k;
@@ -321,7 +323,7 @@ async fn analyze_shows_heavy_hitters_and_the_setting_switches_it_off() {
     let c = &cluster.coordinator;
     c.sql("SET gyre.join_strategy = 'shuffle'").await.unwrap();
     let q = QUERIES[0].0;
-    let analyzed = text(c.sql_one(&format!("EXPLAIN ANALYZE {q}")).await.unwrap());
+    let analyzed = analyze(c, q).await;
     assert!(analyzed.contains("FlowJoinExec"), "{analyzed}");
     // Keys 7 and 11 are heavy from the start: found in round 0, named, kept local.
     assert!(analyzed.contains("7 (~"), "{analyzed}");
@@ -337,11 +339,7 @@ async fn analyze_shows_heavy_hitters_and_the_setting_switches_it_off() {
     // first announcement.
     let uniform =
         "SELECT count(*), sum(d.w) FROM (SELECT id + 1 AS j FROM fact) f JOIN dim d ON f.j = d.k";
-    let analyzed = text(
-        c.sql_one(&format!("EXPLAIN ANALYZE {uniform}"))
-            .await
-            .unwrap(),
-    );
+    let analyzed = analyze(c, uniform).await;
     assert!(analyzed.contains("FlowJoinExec"), "{analyzed}");
     assert_eq!(metric(&analyzed, "heavy_hitters"), [0, 0, 0], "{analyzed}");
     let waits: Vec<&str> = analyzed
@@ -361,7 +359,7 @@ async fn analyze_shows_heavy_hitters_and_the_setting_switches_it_off() {
 
     // A key heavy only late is found in a later round.
     let late = "SELECT count(*), count(d.name) FROM dim d RIGHT JOIN fact f ON d.k = f.k";
-    let analyzed = text(c.sql_one(&format!("EXPLAIN ANALYZE {late}")).await.unwrap());
+    let analyzed = analyze(c, late).await;
     assert!(analyzed.contains("40000 (~"), "{analyzed}");
     assert!(!analyzed.contains("40000 (~0 rows, round 0)"), "{analyzed}");
 
@@ -380,7 +378,7 @@ async fn analyze_shows_heavy_hitters_and_the_setting_switches_it_off() {
     assert!(flow(semi).await && flow(left).await);
     // The heavy dim rows are matched on every worker, which report those matches to
     // the rows' owners.
-    let analyzed = text(c.sql_one(&format!("EXPLAIN ANALYZE {left}")).await.unwrap());
+    let analyzed = analyze(c, left).await;
     assert!(
         analyzed.contains("build matches combined across workers"),
         "{analyzed}"
@@ -398,11 +396,7 @@ async fn analyze_shows_heavy_hitters_and_the_setting_switches_it_off() {
     // where they are (all but the few routed before round 0's answer), and the probe
     // rows of key 5 (and of the other build-heavy keys) go to every worker.
     let build = "SELECT count(*), sum(m.v), sum(f.x) FROM fact f JOIN many m ON f.k = m.k";
-    let analyzed = text(
-        c.sql_one(&format!("EXPLAIN ANALYZE {build}"))
-            .await
-            .unwrap(),
-    );
+    let analyzed = analyze(c, build).await;
     assert!(
         analyzed.contains("skew detection on build and probe hashes"),
         "{analyzed}"
@@ -425,11 +419,7 @@ async fn analyze_shows_heavy_hitters_and_the_setting_switches_it_off() {
     // origins, which emit the unmatched ones.
     c.sql("SET gyre.skew_sfr = off").await.unwrap();
     let right = "SELECT count(*), count(m.k), sum(f.x) FROM many m RIGHT JOIN fact f ON m.k = f.k";
-    let analyzed = text(
-        c.sql_one(&format!("EXPLAIN ANALYZE {right}"))
-            .await
-            .unwrap(),
-    );
+    let analyzed = analyze(c, right).await;
     assert!(
         analyzed.contains("probe matches combined across workers"),
         "{analyzed}"
@@ -486,7 +476,7 @@ async fn sfr_joins_keys_heavy_on_both_sides_on_a_grid() {
     let c = &cluster.coordinator;
     c.sql("SET gyre.join_strategy = 'shuffle'").await.unwrap();
     let q = "SELECT count(*), count(l.v), sum(r.x) FROM sl l RIGHT JOIN sr r ON l.k = r.k";
-    let analyzed = text(c.sql_one(&format!("EXPLAIN ANALYZE {q}")).await.unwrap());
+    let analyzed = analyze(c, q).await;
     assert!(
         analyzed.contains("SFR for keys heavy on both sides"),
         "{analyzed}"
@@ -514,6 +504,11 @@ async fn sfr_joins_keys_heavy_on_both_sides_on_a_grid() {
     assert_eq!(differs(c, &reference, q).await, None);
     let err = c.sql("SET gyre.skew_sfr = sometimes").await.unwrap_err();
     assert!(err.to_string().contains("sometimes"), "{err}");
+}
+
+/// The `EXPLAIN ANALYZE` text of `q`.
+async fn analyze(c: &Arc<Coordinator>, q: &str) -> String {
+    text(c.sql_one(&format!("EXPLAIN ANALYZE {q}")).await.unwrap())
 }
 
 /// The per-worker values of metric `name` in an `EXPLAIN ANALYZE` text (in the

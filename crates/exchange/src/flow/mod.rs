@@ -61,6 +61,7 @@ use datafusion::physical_plan::{
     Partitioning, PlanProperties, ReplaceChildrenOptions, SendableRecordBatchStream,
 };
 use gyre_join::flow::DetectionConfig;
+use gyre_join::flow::wire::Side;
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -228,6 +229,16 @@ struct FlowReport {
     sfr: BTreeMap<u64, (usize, usize)>,
 }
 
+impl FlowReport {
+    /// The heavy hitters found on `side`.
+    fn heavy_of(&mut self, side: Side) -> &mut BTreeMap<u64, HeavyHitter> {
+        match side {
+            Side::Build => &mut self.build_heavy,
+            Side::Probe => &mut self.heavy,
+        }
+    }
+}
+
 /// `sfr=N [key rows x cols, ...]` (at most 8 shown).
 fn fmt_sfr(f: &mut fmt::Formatter, report: &FlowReport) -> fmt::Result {
     if report.sfr.is_empty() {
@@ -383,10 +394,20 @@ impl FlowJoinExec {
 
     /// How many consecutive exchange ids the join uses.
     pub fn exchanges(&self) -> u32 {
+        self.sfr_exchanges_from() + 2 * u32::from(self.sfr())
+    }
+
+    /// Offset of the exchange of matches of probe rows broadcast for build-heavy keys
+    /// (probe-preserving joins that route their build input).
+    fn probe_matches_exchange(&self) -> u32 {
+        self.build_exchanges_from() + 2
+    }
+
+    /// Offset of SFR's build and then probe rows (the last exchanges).
+    fn sfr_exchanges_from(&self) -> u32 {
         self.build_exchanges_from()
             + 2 * u32::from(self.inputs.routes_build)
             + u32::from(self.probe_tracking().is_some())
-            + 2 * u32::from(self.sfr())
     }
 
     /// Whether keys heavy on both sides take Symmetric Fragment Replicate, on two more

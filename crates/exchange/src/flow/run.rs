@@ -352,15 +352,15 @@ pub(super) fn execute(
     // reports matches (see `super::matches`); probe-preserving joins that route their
     // build input do the same with the probe rows they broadcast for build-heavy keys.
     let shape = Shape::of(hj, Tracked::Build).map(Arc::new);
-    let probe_tracker = match exec.probe_tracking() {
-        Some(_) => Shape::of(hj, Tracked::Probe).map(|shape| {
+    let probe_tracker = exec
+        .probe_tracking()
+        .and_then(|_| Shape::of(hj, Tracked::Probe))
+        .map(|shape| {
             (
                 Arc::new(shape),
                 Arc::new(Mutex::new(Matches::new(partition))),
             )
-        }),
-        None => None,
-    };
+        });
     let build_schema = match shape {
         Some(_) => with_row_id(&hj.left().schema()),
         None => hj.left().schema(),
@@ -507,10 +507,12 @@ pub(super) fn execute(
             }
             None => None,
         };
-        let (kept_copy_tx, kept_copy_rx) = oneshot::channel::<Vec<RecordBatch>>();
+        let mut kept_copy = None;
         let mut set_aside = None;
         if exec.sfr() {
-            let sfr_ex = build_ex + 2 + u32::from(probe_tracker.is_some());
+            let (kept_copy_tx, kept_copy_rx) = oneshot::channel::<Vec<RecordBatch>>();
+            kept_copy = Some(kept_copy_tx);
+            let sfr_ex = ex + exec.sfr_exchanges_from();
             let (tx, rx) = mpsc::unbounded_channel::<RecordBatch>();
             set_aside = Some(tx);
             sfr_task = Some(replicate_sfr(
@@ -562,7 +564,9 @@ pub(super) fn execute(
             // Collected first (the join's hash table needs all of them anyway), so
             // that SFR can replicate those of keys heavy on both sides as well.
             let kept: Vec<RecordBatch> = UnboundedReceiverStream::new(kept_rx).collect().await;
-            let _ = kept_copy_tx.send(kept.clone());
+            if let Some(tx) = kept_copy {
+                let _ = tx.send(kept.clone());
+            }
             let kept = futures::stream::iter(kept.into_iter().map(Ok));
             let build = PreparedInputExec::new(
                 "build rows of build-heavy keys",
@@ -613,7 +617,8 @@ pub(super) fn execute(
     if let (Some(tracker), Some(rx)) = (&probe_tracker, retained_rx) {
         // Complete when the probe router is done.
         let rows = UnboundedReceiverStream::new(rx).map(Ok).try_collect();
-        combines.push(combine(Side::Probe, build_ex + 2, tracker, Box::pin(rows))?);
+        let match_ex = ex + exec.probe_matches_exchange();
+        combines.push(combine(Side::Probe, match_ex, tracker, Box::pin(rows))?);
     }
 
     let (err_tx, err_rx) = mpsc::unbounded_channel::<DataFusionError>();
@@ -735,6 +740,20 @@ struct ProbeBroadcast {
     retained: Option<(RowIds, mpsc::UnboundedSender<RecordBatch>)>,
     /// With SFR: where probe rows of keys heavy on both sides are set aside.
     set_aside: Option<mpsc::UnboundedSender<RecordBatch>>,
+}
+
+impl ProbeBroadcast {
+    /// `part` as it leaves this worker: numbered and kept for the end when the probe
+    /// side is tracked (broadcast and set-aside rows share one numbering).
+    fn leaving(&mut self, part: RecordBatch) -> Result<RecordBatch> {
+        let Some((ids, retained)) = &mut self.retained else {
+            return Ok(part);
+        };
+        let part = ids.number(&part)?;
+        // The receiver is gone only when the query's output was dropped.
+        let _ = retained.send(part.clone());
+        Ok(part)
+    }
 }
 
 /// Routes one side's local input. Probe rows with a heavy hash stay (into the heavy
@@ -1070,33 +1089,21 @@ impl Router {
                 ));
             };
             self.sh.m.probe_rows_broadcast.add(broadcast.len());
-            let mut part = take_record_batch(batch, &UInt32Array::from(broadcast))?;
-            if let Some((ids, retained)) = &mut b.retained {
-                part = ids.number(&part)?;
-                // The receiver is gone only when the query's output was dropped.
-                let _ = retained.send(part.clone());
-            }
+            let part = b.leaving(take_record_batch(batch, &UInt32Array::from(broadcast))?)?;
             b.outlet.push(&b.ep, part, &self.sh.send_m).await?;
         }
         let set_aside = std::mem::take(&mut self.dests[n + self.local_txs.len() + 1]);
         if !set_aside.is_empty() {
-            let Some(ProbeBroadcast {
-                retained,
-                set_aside: Some(tx),
-                ..
-            }) = &mut self.bcast
-            else {
+            let Some(b) = self.bcast.as_mut().filter(|b| b.set_aside.is_some()) else {
                 return Err(internal_datafusion_err!(
                     "a Flow-Join router without SFR has rows to set aside for it"
                 ));
             };
-            let mut part = take_record_batch(batch, &UInt32Array::from(set_aside))?;
-            if let Some((ids, retained)) = retained {
-                part = ids.number(&part)?;
-                let _ = retained.send(part.clone());
+            let part = b.leaving(take_record_batch(batch, &UInt32Array::from(set_aside))?)?;
+            if let Some(tx) = &b.set_aside {
+                // The receiver is gone only when the query failed.
+                let _ = tx.send(part);
             }
-            // The receiver is gone only when the query failed.
-            let _ = tx.send(part);
         }
         Ok(())
     }
@@ -1129,11 +1136,7 @@ impl Router {
 /// Remembers the key value of a heavy hash (for `EXPLAIN ANALYZE`).
 fn name_heavy_hitter(sh: &Shared, side: Side, hash: u64, arrays: &[ArrayRef], row: usize) {
     let mut report = sh.report.lock();
-    let heavy = match side {
-        Side::Build => &mut report.build_heavy,
-        Side::Probe => &mut report.heavy,
-    };
-    let Some(h) = heavy.get_mut(&hash) else {
+    let Some(h) = report.heavy_of(side).get_mut(&hash) else {
         return;
     };
     if h.key.is_some() {
@@ -1329,10 +1332,7 @@ async fn listen(
         };
         {
             let mut report = sh.report.lock();
-            let heavy = match side {
-                Side::Build => &mut report.build_heavy,
-                Side::Probe => &mut report.heavy,
-            };
+            let heavy = report.heavy_of(side);
             for &(hash, estimate) in &keys {
                 heavy.entry(hash).or_insert(HeavyHitter {
                     iteration,
