@@ -54,16 +54,16 @@ enum Plan {
     FlowTracked,
     /// A Flow-Join that also routes its build input, detecting skew there.
     FlowBuild,
-    /// Both of the above.
-    FlowTrackedBuild,
     /// A Flow-Join of a probe-preserving join that routes its build input, combining
     /// the matches of the probe rows it broadcasts for build-heavy keys.
     FlowBuildProbeTracked,
-    /// A full join doing all of the above.
+    /// A full join doing all of the above, with SFR.
     FlowBothTracked,
     /// A Flow-Join that routes its build input and joins keys heavy on both sides by
     /// Symmetric Fragment Replicate.
     FlowSfr,
+    /// The same for a build-preserving join, combining build matches across workers.
+    FlowTrackedSfr,
     /// No Flow-Join (the plain partitioned join is kept).
     Plain,
 }
@@ -158,8 +158,9 @@ const QUERIES: &[(&str, Plan)] = &[
         Plan::FlowTracked,
     ),
     // Skew on the build side (`many`): build rows of keys 5, 13, 20001 and NULL stay
-    // where they are, and the probe rows of those keys go to every worker. Inner and
-    // build-preserving joins decide those build rows locally.
+    // where they are, and the probe rows of those keys go to every worker. Inner joins
+    // decide those build rows locally; build-preserving ones, which join key 13 (heavy
+    // on both sides) by SFR, number them and decide them at the end.
     (
         "SELECT count(*), sum(f.x), sum(m.v), count(DISTINCT m.k) FROM fact f JOIN many m ON f.k = m.k",
         Plan::FlowBuild,
@@ -174,19 +175,19 @@ const QUERIES: &[(&str, Plan)] = &[
     ),
     (
         "SELECT count(*), count(f.id), sum(m.v), sum(f.x) FROM many m LEFT JOIN fact f ON m.k = f.k AND f.x > 10",
-        Plan::FlowTrackedBuild,
+        Plan::FlowTrackedSfr,
     ),
     (
         "SELECT count(*), sum(m.v) FROM many m WHERE EXISTS (SELECT 1 FROM fact f WHERE f.k = m.k AND f.x > 3)",
-        Plan::FlowTrackedBuild,
+        Plan::FlowTrackedSfr,
     ),
     (
         "SELECT count(*), sum(m.v), count(m.k) FROM many m WHERE NOT EXISTS (SELECT 1 FROM fact f WHERE f.k = m.k AND f.x > 3)",
-        Plan::FlowTrackedBuild,
+        Plan::FlowTrackedSfr,
     ),
     (
         "SELECT count(*), sum(m.v) FROM many m WHERE m.v = 5 OR EXISTS (SELECT 1 FROM fact f WHERE f.k = m.k AND f.x = 12)",
-        Plan::FlowTrackedBuild,
+        Plan::FlowTrackedSfr,
     ),
     // Probe-preserving and full joins: a probe row of a build-heavy key is joined on
     // every worker, and its origin decides it by all workers' matches (NULL keys are
@@ -219,8 +220,11 @@ const QUERIES: &[(&str, Plan)] = &[
         "SELECT count(*), count(m.k), count(f.k), sum(m.v), sum(f.x) FROM many m FULL JOIN fact f ON m.k = f.k AND f.x = m.v % 13",
         Plan::FlowBothTracked,
     ),
-    // Key 1 (and NULL) heavy in both `sl` and `sr`: SFR where the build side is not
-    // preserved; the full join broadcasts the probe rows instead.
+    // Key 1 (and NULL) heavy in both `sl` and `sr`: SFR. A build-preserving join's
+    // build rows of key 1 are joined on several workers (SFR's grid column, and on
+    // their own worker with the probe rows broadcast before key 1 was heavy on the
+    // probe side too), and their owner decides them by every copy's matches; the same
+    // for the probe rows in probe-preserving joins, and for both in full joins.
     (
         "SELECT count(*), sum(l.v), sum(r.x) FROM sl l JOIN sr r ON l.k = r.k",
         Plan::FlowSfr,
@@ -244,6 +248,34 @@ const QUERIES: &[(&str, Plan)] = &[
     (
         "SELECT count(*), count(l.v), count(r.x) FROM sl l FULL JOIN sr r ON l.k = r.k AND l.v % 7 = r.x",
         Plan::FlowBothTracked,
+    ),
+    (
+        "SELECT l.v, r.id FROM sl l FULL JOIN sr r ON l.k = r.k AND r.id - l.v IN (2995, 3000) WHERE l.k = 1 OR r.k = 1 OR l.k IS NULL OR r.k IS NULL OR r.id % 1000 = 3",
+        Plan::FlowBothTracked,
+    ),
+    (
+        "SELECT count(*), count(l.v), count(r.x), sum(l.v), sum(r.x) FROM sl l FULL JOIN sr r ON l.k = r.k AND l.v % 7 < r.x - 3",
+        Plan::FlowBothTracked,
+    ),
+    (
+        "SELECT count(*), count(r.x), sum(l.v), sum(r.x) FROM sl l LEFT JOIN sr r ON l.k = r.k AND l.v % 7 = r.x",
+        Plan::FlowTrackedSfr,
+    ),
+    (
+        "SELECT l.k, l.v, r.id FROM sl l LEFT JOIN sr r ON l.k = r.k AND r.id - l.v IN (2995, 3000) WHERE l.k = 1 OR l.k IS NULL OR l.v % 500 = 7",
+        Plan::FlowTrackedSfr,
+    ),
+    (
+        "SELECT count(*), sum(l.v) FROM sl l WHERE EXISTS (SELECT 1 FROM sr r WHERE r.k = l.k AND l.v % 7 = r.x)",
+        Plan::FlowTrackedSfr,
+    ),
+    (
+        "SELECT count(*), sum(l.v), count(l.k) FROM sl l WHERE NOT EXISTS (SELECT 1 FROM sr r WHERE r.k = l.k AND r.id - l.v IN (2995, 3000))",
+        Plan::FlowTrackedSfr,
+    ),
+    (
+        "SELECT count(*), sum(l.v) FROM sl l WHERE l.v % 3 = 0 OR EXISTS (SELECT 1 FROM sr r WHERE r.k = l.k AND r.id - l.v IN (2995, 3000))",
+        Plan::FlowTrackedSfr,
     ),
     // A LIMIT pushed into a build-preserving join keeps it plain (a worker that stops
     // early could not report its matches); a LIMIT above a filter lets workers stop
@@ -281,10 +313,10 @@ async fn check(workers: usize) {
             Plan::Flow => flow,
             Plan::FlowTracked => flow && tracked,
             Plan::FlowBuild => flow && build,
-            Plan::FlowTrackedBuild => flow && tracked && build,
             Plan::FlowBuildProbeTracked => flow && build && probe_tracked && !tracked,
-            Plan::FlowBothTracked => flow && build && probe_tracked && tracked && !sfr,
-            Plan::FlowSfr => flow && build && sfr,
+            Plan::FlowBothTracked => flow && build && probe_tracked && tracked && sfr,
+            Plan::FlowSfr => flow && build && sfr && !tracked,
+            Plan::FlowTrackedSfr => flow && build && sfr && tracked,
             Plan::Plain => !flow,
         };
         if workers > 1 && !planned {
@@ -469,7 +501,8 @@ async fn analyze_shows_heavy_hitters_and_the_setting_switches_it_off() {
 
 /// Keys heavy on both sides: on 4 workers key 1 (600 rows in each table) gets the 2 x 2
 /// grid, each worker's build rows of it go to the 2 workers of its column and its probe
-/// rows to the 2 of its row; `gyre.skew_sfr = off` broadcasts the probe rows instead.
+/// rows to the 2 of its row, in probe-preserving, build-preserving and full joins;
+/// `gyre.skew_sfr = off` broadcasts the probe rows instead.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sfr_joins_keys_heavy_on_both_sides_on_a_grid() {
     let (cluster, reference) = start(4, SETUP).await;
@@ -498,10 +531,43 @@ async fn sfr_joins_keys_heavy_on_both_sides_on_a_grid() {
         "{probe}\n{analyzed}"
     );
     assert_eq!(differs(c, &reference, q).await, None);
+    // Build-preserving and full joins: the same grid, and a build row of key 1 is
+    // matched on the 2 workers of its column (and on its own, with probe rows broadcast
+    // before key 1 was heavy on the probe side too), which report to its owner.
+    c.sql("SET gyre.skew_build_preserving = all").await.unwrap();
+    let left = "SELECT count(*), count(r.x), sum(l.v) FROM sl l LEFT JOIN sr r ON l.k = r.k AND l.v % 7 < r.x - 3";
+    let anti = "SELECT count(*), sum(l.v) FROM sl l WHERE NOT EXISTS (SELECT 1 FROM sr r WHERE r.k = l.k AND r.id - l.v IN (2995, 3000))";
+    let full = "SELECT count(*), count(l.v), count(r.x) FROM sl l FULL JOIN sr r ON l.k = r.k AND l.v % 7 < r.x - 3";
+    for bp in [left, anti, full] {
+        let analyzed = analyze(c, bp).await;
+        assert!(
+            analyzed.contains("SFR for keys heavy on both sides")
+                && analyzed.contains("build matches combined across workers")
+                && analyzed.contains("1 2x2"),
+            "{analyzed}"
+        );
+        let build: u64 = metric(&analyzed, "sfr_build_rows_sent").iter().sum();
+        assert!(
+            within(build, 1202 + 24, 1202 + 4 * 24),
+            "{build}\n{analyzed}"
+        );
+        let sent: u64 = metric(&analyzed, "build_matches_sent").iter().sum();
+        let received: u64 = metric(&analyzed, "build_matches_received").iter().sum();
+        assert!(sent > 0 && sent.abs_diff(received) < 10, "{analyzed}");
+        if bp == full {
+            // And the probe rows of key 1, on the 2 workers of their row.
+            let sent: u64 = metric(&analyzed, "probe_matches_sent").iter().sum();
+            assert!(sent > 0, "{analyzed}");
+        }
+        assert_eq!(differs(c, &reference, bp).await, None);
+    }
     c.sql("SET gyre.skew_sfr = off").await.unwrap();
     let plan = text(c.sql_one(&format!("EXPLAIN {q}")).await.unwrap());
     assert!(!plan.contains("SFR"), "{plan}");
     assert_eq!(differs(c, &reference, q).await, None);
+    for bp in [left, anti, full] {
+        assert_eq!(differs(c, &reference, bp).await, None);
+    }
     let err = c.sql("SET gyre.skew_sfr = sometimes").await.unwrap_err();
     assert!(err.to_string().contains("sometimes"), "{err}");
 }

@@ -62,6 +62,11 @@ const ROW_ID: &str = "__gyre_row_id";
 /// Bits of a row id below the owner's index.
 const OWNER_SHIFT: u32 = 48;
 
+/// Bit of a row number marking a build row its worker kept for being heavy on the
+/// build side: those are numbered apart from the worker's build partition, since SFR
+/// replicates them to other workers ([`RowIds::kept`]).
+const KEPT_ROW: u64 = 1 << (OWNER_SHIFT - 1);
+
 /// A row id's owner (worker index) and row number there.
 fn split(id: u64) -> (u64, u64) {
     (id >> OWNER_SHIFT, id & ((1u64 << OWNER_SHIFT) - 1))
@@ -160,6 +165,16 @@ impl RowIds {
         }
     }
 
+    /// Numbers the build rows `worker` kept for being heavy on the build side, in an id
+    /// range of their own.
+    pub(super) fn kept(worker: usize, schema: SchemaRef) -> Self {
+        Self {
+            base: ((worker as u64) << OWNER_SHIFT) | KEPT_ROW,
+            next: 0,
+            schema,
+        }
+    }
+
     /// `batch` with the next row ids appended.
     pub(super) fn number(&mut self, batch: &RecordBatch) -> Result<RecordBatch> {
         let rows = batch.num_rows() as u64;
@@ -239,6 +254,43 @@ impl Shape {
             .build_exec()
     }
 
+    /// A full join's counterpart where rows of both sides can be joined on several
+    /// workers (SFR): an inner join over inputs that both carry row ids, whose output is
+    /// the original's columns, then the build row id (at [`Self::row_id_column`]), then
+    /// the probe row id. Called on the build side's shape.
+    pub(super) fn join_both_tracked(
+        &self,
+        hj: &HashJoinExec,
+        build: Arc<dyn ExecutionPlan>,
+        probe: Arc<dyn ExecutionPlan>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        if (self.side, self.join_type) != (Tracked::Build, JoinType::Full) {
+            return Err(internal_datafusion_err!(
+                "both sides are tracked only in full joins, not {}",
+                self.join_type
+            ));
+        }
+        let (nl, nr) = (self.build_types.len(), self.probe_types.len());
+        let mut p = self.original_columns();
+        // Probe columns sit one further right, behind the build row id.
+        p.iter_mut().filter(|i| **i >= nl).for_each(|i| *i += 1);
+        p.extend([nl, nl + 1 + nr]);
+        hj.builder()
+            .with_type(JoinType::Inner)
+            .with_projection(Some(p))
+            .with_fetch(None)
+            .with_new_children(vec![build, probe])?
+            .build_exec()
+    }
+
+    /// The original join's output columns among its unprojected ones.
+    fn original_columns(&self) -> Vec<usize> {
+        match &self.projection {
+            Some(p) => p.to_vec(),
+            None => (0..self.build_types.len() + self.probe_types.len()).collect(),
+        }
+    }
+
     /// The counterpart's output columns: for an outer join, the original's output
     /// columns in order and then the row id, so that dropping the id leaves the
     /// original's rows; for the others the row id alone (a semi join outputs only the
@@ -249,10 +301,7 @@ impl Shape {
             (Tracking::Rows, Tracked::Build) => vec![nl],
             (Tracking::Rows, Tracked::Probe) => vec![nr],
             (Tracking::Outer, side) => {
-                let mut p: Vec<usize> = match &self.projection {
-                    Some(p) => p.to_vec(),
-                    None => (0..nl + nr).collect(),
-                };
+                let mut p = self.original_columns();
                 let id = match side {
                     // Probe columns sit one further right, behind the build row id.
                     Tracked::Build => {
@@ -378,6 +427,8 @@ pub(super) struct Matches {
     me: u64,
     /// This worker's own rows, one bit each.
     own: Vec<u64>,
+    /// This worker's kept build rows ([`RowIds::kept`]), one bit each.
+    kept: Vec<u64>,
     /// Other workers' (broadcast) rows.
     remote: HashSet<u64, BuildHasherDefault<IdHasher>>,
 }
@@ -387,19 +438,29 @@ impl Matches {
         Self {
             me: me as u64,
             own: Vec::new(),
+            kept: Vec::new(),
             remote: HashSet::default(),
         }
     }
 
-    fn set_own(&mut self, row: u64) {
-        let word = (row / 64) as usize;
-        match self.own.get_mut(word) {
-            Some(w) => *w |= 1 << (row % 64),
-            None => {
-                self.own.resize(word + 1, 0);
-                self.own[word] |= 1 << (row % 64);
-            }
+    /// The bitmap of own row `row` and its index there.
+    fn bitmap(&self, row: u64) -> (&Vec<u64>, u64) {
+        match row & KEPT_ROW {
+            0 => (&self.own, row),
+            _ => (&self.kept, row & !KEPT_ROW),
         }
+    }
+
+    fn set_own(&mut self, row: u64) {
+        let (bits, row) = match row & KEPT_ROW {
+            0 => (&mut self.own, row),
+            _ => (&mut self.kept, row & !KEPT_ROW),
+        };
+        let word = (row / 64) as usize;
+        if word >= bits.len() {
+            bits.resize(word + 1, 0);
+        }
+        bits[word] |= 1 << (row % 64);
     }
 
     fn note(&mut self, id: u64, last_remote: &mut u64) {
@@ -462,11 +523,33 @@ impl Matches {
         Ok(by_owner)
     }
 
-    /// Whether own row `row` (numbered from 0 over the partition) matched.
+    /// Whether own row `row` (its row id without the owner) matched.
     pub(super) fn is_matched(&self, row: u64) -> bool {
-        self.own
-            .get((row / 64) as usize)
+        let (bits, row) = self.bitmap(row);
+        bits.get((row / 64) as usize)
             .is_some_and(|w| w & (1 << (row % 64)) != 0)
+    }
+
+    /// Whether each row of `tracked` (this worker's rows, their ids in the last
+    /// column) matched.
+    pub(super) fn of_rows(&self, tracked: &RecordBatch) -> Result<Vec<bool>> {
+        let ids = as_ids(
+            tracked.column(tracked.num_columns() - 1).as_ref(),
+            "tracked rows' ids",
+        )?;
+        ids.iter()
+            .map(|id| {
+                let (owner, row) =
+                    split(id.ok_or_else(|| internal_datafusion_err!("a NULL row id"))?);
+                if owner != self.me {
+                    return Err(internal_datafusion_err!(
+                        "worker {} holds row {row} of worker {owner} at the end",
+                        self.me
+                    ));
+                }
+                Ok(self.is_matched(row))
+            })
+            .collect()
     }
 }
 
@@ -567,6 +650,31 @@ mod tests {
         m.record(&UInt64Array::from(vec![7u64 << OWNER_SHIFT]))
             .unwrap();
         assert!(m.take_remote(4).is_err());
+    }
+
+    /// Kept build rows are numbered in a range of their own: matches of a kept row and
+    /// of the partition row with the same number do not mix, and `of_rows` reads the
+    /// ids a batch carries.
+    #[test]
+    fn kept_rows_are_numbered_apart_from_the_partition() {
+        let hj = hash_join(JoinType::Left, None);
+        let schema = with_row_id(&hj.left().schema());
+        let plain = &numbered(1)[0];
+        let columns = plain.columns()[..2].to_vec();
+        let batch = RecordBatch::try_new(hj.left().schema(), columns).unwrap();
+        let kept = RowIds::kept(1, Arc::clone(&schema)).number(&batch).unwrap();
+        let mut m = Matches::new(1);
+        let kept_ids = as_ids(kept.column(2).as_ref(), "ids").unwrap().clone();
+        assert!(kept_ids.values().iter().all(|id| split(*id).0 == 1));
+        // A peer reports kept row 1; this worker matched partition row 0.
+        m.merge_reported(&UInt64Array::from(vec![kept_ids.value(1)]), "worker 2")
+            .unwrap();
+        m.record(&UInt64Array::from(vec![1u64 << OWNER_SHIFT]))
+            .unwrap();
+        assert_eq!(m.of_rows(plain).unwrap(), vec![true, false]);
+        assert_eq!(m.of_rows(&kept).unwrap(), vec![false, true]);
+        // Rows of another worker are not this one's to decide.
+        assert!(m.of_rows(&numbered(3)[0]).is_err());
     }
 
     #[test]

@@ -30,8 +30,9 @@
 //! meets all probe rows of its key on its own worker, while a broadcast probe row is
 //! joined on every worker, so the probe-preserving joins (right and full outer, right
 //! semi/anti/mark) combine those probe rows' matches the same way. Keys heavy on both
-//! sides are joined by Symmetric Fragment Replicate on a grid chosen per key where the
-//! build side is not preserved ([`sfr_supported`]), by that broadcast elsewhere.
+//! sides are joined by Symmetric Fragment Replicate on a grid chosen per key; the rows
+//! it replicates have their matches combined the same way, on whichever side the join
+//! preserves (both in a full join).
 //! Heavy hitters are detected on hashes, not key values: a collision only makes a key
 //! take the heavy path too, which stays correct.
 //!
@@ -99,8 +100,7 @@ pub struct SkewSettings {
     #[serde(default = "on")]
     pub build_side: bool,
     /// Whether keys heavy on both sides are joined by Symmetric Fragment Replicate
-    /// where the join type allows ([`sfr_supported`]; `SET gyre.skew_sfr`), rather
-    /// than by broadcasting their probe rows.
+    /// (`SET gyre.skew_sfr`), rather than by broadcasting their probe rows.
     #[serde(default = "on")]
     pub sfr: bool,
 }
@@ -182,21 +182,6 @@ impl SkewSettings {
 /// ([`matches`]), which a join that stops early (a pushed-down `fetch`) cannot finish.
 pub fn flow_join_supported(join_type: JoinType, fetch: Option<usize>) -> bool {
     !preserves_build(join_type) || fetch.is_none()
-}
-
-/// Whether a Flow-Join of this type that routes its build input can join keys heavy on
-/// both sides by Symmetric Fragment Replicate: their build rows are replicated to
-/// several workers there, so the build side must not be preserved (inner, right outer,
-/// right semi/anti/mark; the probe rows' matches are combined as for the broadcast).
-pub fn sfr_supported(join_type: JoinType) -> bool {
-    matches!(
-        join_type,
-        JoinType::Inner
-            | JoinType::Right
-            | JoinType::RightSemi
-            | JoinType::RightAnti
-            | JoinType::RightMark
-    )
 }
 
 /// What the planner knows of a Flow-Join's inputs.
@@ -413,9 +398,7 @@ impl FlowJoinExec {
     /// Whether keys heavy on both sides take Symmetric Fragment Replicate, on two more
     /// exchanges (build and probe rows), the last ones.
     fn sfr(&self) -> bool {
-        self.inputs.routes_build
-            && self.settings.sfr
-            && sfr_supported(*self.hash_join().join_type())
+        self.inputs.routes_build && self.settings.sfr
     }
 
     /// Offset of the build shuffle, then the broadcast of probe rows of build-heavy

@@ -162,9 +162,9 @@ struct Shared {
     build_iterations: u32,
     /// Probe-side detection rounds: the probe list is final after as many announcements.
     probe_iterations: u32,
-    /// Whether the owner task broadcast any build row (only then can peers match this
-    /// worker's build rows).
-    broadcast_any: std::sync::atomic::AtomicBool,
+    /// Whether this worker sent any of its build rows to other workers (the owner
+    /// task's heavy broadcasts, SFR's replicas): only then can peers match them.
+    build_rows_shared: std::sync::atomic::AtomicBool,
 }
 
 impl Shared {
@@ -391,7 +391,7 @@ pub(super) fn execute(
         build_rounds: tokio::sync::watch::channel(0).0,
         build_iterations: if routes_build { rounds as u32 } else { 0 },
         probe_iterations: rounds as u32,
-        broadcast_any: Default::default(),
+        build_rows_shared: Default::default(),
     });
     let all: Vec<(u32, NodeId)> = qc
         .workers
@@ -490,11 +490,23 @@ pub(super) fn execute(
     // With SFR (`FlowJoinExec::sfr`), probe rows of keys heavy on both sides are set
     // aside instead of broadcast; once every list is final, each worker sends them to
     // the nodes of its row in the key's grid, and its kept build rows of those keys to
-    // the nodes of its column, into one more join (`replicate_sfr`).
+    // the nodes of its column, into one more join (`replicate_sfr`). A build-preserving
+    // join then numbers its kept build rows too (`RowIds::kept`), since their matches
+    // come from several workers, and both joins run as its counterpart; the kept rows
+    // are decided at the end with the build partition's.
     let mut kept_txs = None;
     let mut probe_bcast = None;
     let mut retained_rx = None;
     let mut sfr_task = None;
+    let kept_tracker = tracker.clone().filter(|_| exec.sfr());
+    let kept_schema = match kept_tracker {
+        Some(_) => Arc::clone(&build_schema),
+        None => hj.left().schema(),
+    };
+    // The trackers of the joins of build-heavy keys: build, probe (both in full joins
+    // with SFR).
+    let heavy_trackers = (kept_tracker.clone(), probe_tracker.clone());
+    let mut kept_rows_rx = None;
     if routes_build {
         let (kept_tx, kept_rx) = mpsc::unbounded_channel::<RecordBatch>();
         kept_txs = Some(kept_tx);
@@ -525,15 +537,15 @@ pub(super) fn execute(
                     shared.open_send(sfr_ex, qc.workers.clone())?,
                     shared.open_send(sfr_ex + 1, qc.workers.clone())?,
                 ],
-                [hj.left().schema(), Arc::clone(&bcast_schema)],
+                [Arc::clone(&kept_schema), Arc::clone(&bcast_schema)],
             ));
-            let build = shuffle_receiver(sfr_ex, hj.left().schema(), n)
+            let build = shuffle_receiver(sfr_ex, Arc::clone(&kept_schema), n)
                 .execute(partition, Arc::clone(&ctx))?;
             let probe = shuffle_receiver(sfr_ex + 1, Arc::clone(&bcast_schema), n)
                 .execute(partition, Arc::clone(&ctx))?;
-            outputs.push(probe_tracked_join(
+            outputs.push(tracked_join(
                 &exec.join,
-                probe_tracker.as_ref(),
+                (heavy_trackers.0.as_ref(), heavy_trackers.1.as_ref()),
                 PreparedInputExec::new("build rows replicated by SFR", build, n),
                 PreparedInputExec::new("probe rows replicated by SFR", probe, n),
                 partition,
@@ -548,13 +560,22 @@ pub(super) fn execute(
         });
         let recv = shuffle_receiver(build_ex + 1, Arc::clone(&bcast_schema), n)
             .execute(partition, Arc::clone(&ctx))?;
-        let (sh, join, ctx, tracker) = (
+        let (sh, join, ctx, trackers) = (
             Arc::clone(&shared),
             Arc::clone(&exec.join),
             Arc::clone(&ctx),
-            probe_tracker.clone(),
+            heavy_trackers.clone(),
         );
-        let build_schema = hj.left().schema();
+        // Kept build rows numbered for the end (build-preserving joins with SFR).
+        let mut kept_ids = kept_tracker
+            .as_ref()
+            .map(|_| RowIds::kept(partition, Arc::clone(&kept_schema)));
+        let kept_rows_tx = kept_ids.as_ref().map(|_| {
+            let (tx, rx) = oneshot::channel::<Vec<RecordBatch>>();
+            kept_rows_rx = Some(rx);
+            tx
+        });
+        let build_schema = Arc::clone(&kept_schema);
         let heavy = futures::stream::once(async move {
             sh.build_list_final().await;
             if sh.build_heavy.hashes.read().is_empty() {
@@ -564,6 +585,13 @@ pub(super) fn execute(
             // Collected first (the join's hash table needs all of them anyway), so
             // that SFR can replicate those of keys heavy on both sides as well.
             let kept: Vec<RecordBatch> = UnboundedReceiverStream::new(kept_rx).collect().await;
+            let kept = match &mut kept_ids {
+                Some(ids) => kept.iter().map(|b| ids.number(b)).collect::<Result<_>>()?,
+                None => kept,
+            };
+            if let Some(tx) = kept_rows_tx {
+                let _ = tx.send(kept.clone());
+            }
             if let Some(tx) = kept_copy {
                 let _ = tx.send(kept.clone());
             }
@@ -574,7 +602,8 @@ pub(super) fn execute(
                 n,
             );
             let probe = PreparedInputExec::new("probe rows broadcast", recv, n);
-            probe_tracked_join(&join, tracker.as_ref(), build, probe, partition, ctx)
+            let trackers = (trackers.0.as_ref(), trackers.1.as_ref());
+            tracked_join(&join, trackers, build, probe, partition, ctx)
         })
         .try_flatten();
         outputs.push(heavy.boxed());
@@ -606,10 +635,16 @@ pub(super) fn execute(
     if let Some(tracker) = &tracker {
         let (tx, rx) = oneshot::channel::<Result<Vec<RecordBatch>>>();
         numbered_tx = Some(tx);
+        let kept = kept_rows_rx.take();
         let rows = async move {
-            rx.await.map_err(|_| {
+            let mut rows = rx.await.map_err(|_| {
                 internal_datafusion_err!("the build partition of a Flow-Join ended early")
-            })?
+            })??;
+            // None sent: the build side had no heavy hitters, so nothing was kept.
+            if let Some(kept) = kept {
+                rows.extend(kept.await.unwrap_or_default());
+            }
+            Ok(rows)
         };
         let match_ex = ex + HEAVY_EXCHANGES_FROM + rounds as u32;
         combines.push(combine(Side::Build, match_ex, tracker, Box::pin(rows))?);
@@ -1253,7 +1288,7 @@ async fn own(
                             );
                         }
                         sh.m.build_rows_broadcast.add(idx.len());
-                        sh.broadcast_any
+                        sh.build_rows_shared
                             .store(true, std::sync::atomic::Ordering::Relaxed);
                         let part = take_record_batch(&h.batch, &UInt32Array::from(idx))?;
                         outlet.push(ep, part, &metrics).await?;
@@ -1508,27 +1543,58 @@ fn track(
     .boxed()
 }
 
-/// `join` over `build` and `probe`: the original join, or (probe-preserving joins that
-/// route their build input) its counterpart, recording the probe rows' matches.
-fn probe_tracked_join(
+/// A tracked side's shape and the matches this worker's joins found for it.
+type Tracker = (Arc<Shape>, Arc<Mutex<Matches>>);
+
+/// `join` over `build` and `probe`: the original join, or, with trackers (build,
+/// probe), its counterpart recording the tracked sides' matches. These are the joins of
+/// build-heavy keys: probe-preserving joins track the probe rows broadcast or
+/// replicated there, build-preserving joins with SFR their kept build rows, full joins
+/// with SFR both.
+fn tracked_join(
     join: &Arc<dyn ExecutionPlan>,
-    tracker: Option<&(Arc<Shape>, Arc<Mutex<Matches>>)>,
+    trackers: (Option<&Tracker>, Option<&Tracker>),
     build: Arc<dyn ExecutionPlan>,
     probe: Arc<dyn ExecutionPlan>,
     partition: usize,
     ctx: Arc<TaskContext>,
 ) -> Result<BoxStream<'static, Result<RecordBatch>>> {
-    let Some((shape, matches)) = tracker else {
+    if let (None, None) = trackers {
         let s = Arc::clone(join)
             .replace_children(vec![build, probe], recompute())?
             .execute(partition, ctx)?;
         return Ok(s.boxed());
-    };
+    }
     let hj = join
         .downcast_ref::<HashJoinExec>()
         .ok_or_else(|| internal_datafusion_err!("a Flow-Join without a hash join"))?;
-    let s = shape.join(hj, build, probe)?.execute(partition, ctx)?;
-    Ok(track(s, Arc::clone(shape), Arc::clone(matches)))
+    Ok(match trackers {
+        (Some((shape, matches)), None) | (None, Some((shape, matches))) => {
+            let s = shape.join(hj, build, probe)?.execute(partition, ctx)?;
+            track(s, Arc::clone(shape), Arc::clone(matches))
+        }
+        (Some((shape, build_matches)), Some((_, probe_matches))) => {
+            let s = shape
+                .join_both_tracked(hj, build, probe)?
+                .execute(partition, ctx)?;
+            let (shape, build_matches, probe_matches) = (
+                Arc::clone(shape),
+                Arc::clone(build_matches),
+                Arc::clone(probe_matches),
+            );
+            let column = shape.row_id_column();
+            s.filter_map(move |b| {
+                let out = b.and_then(|b| {
+                    build_matches.lock().record(b.column(column).as_ref())?;
+                    probe_matches.lock().record(b.column(column + 1).as_ref())?;
+                    shape.streamed(&b)
+                });
+                futures::future::ready(out.transpose())
+            })
+            .boxed()
+        }
+        (None, None) => unreachable!("handled above"),
+    })
 }
 
 /// Symmetric Fragment Replicate (thesis 4.4.2) for the keys heavy on both sides, once
@@ -1539,7 +1605,9 @@ fn probe_tracked_join(
 /// the probe rows it set aside to every node of its row, so each build-probe pair
 /// meets exactly once, on one more join per worker. Build rows take part in the
 /// broadcast join too, which holds the probe rows routed before their key was heavy
-/// on both sides. `eps` and `schemas`: build, then probe.
+/// on both sides. A build-preserving join's kept build rows carry their ids here, so
+/// that their owner can combine the matches of every copy. `eps` and `schemas`: build,
+/// then probe.
 async fn replicate_sfr(
     sh: Arc<Shared>,
     build_keys: Vec<PhysicalExprRef>,
@@ -1632,6 +1700,11 @@ async fn replicate_sfr(
                         continue;
                     }
                     sent.add(idx.len());
+                    if is_build && node != me {
+                        // Its matches there come back to this worker at the end.
+                        sh.build_rows_shared
+                            .store(true, std::sync::atomic::Ordering::Relaxed);
+                    }
                     let part =
                         take_record_batch(&h.batch, &UInt32Array::from(std::mem::take(idx)))?;
                     outlets[node].push(ep, part, &sh.send_m).await?;
@@ -1659,8 +1732,9 @@ async fn replicate_sfr(
 /// The end of a join that tracks one side's rows (`super::matches`) on one worker, once
 /// its joins are done: sends the other workers' matched rows to them, takes in the
 /// matches peers report for this worker's rows, and returns the rows the original join
-/// emits at the end. `rows` are this worker's tracked rows in id order: its build
-/// partition, or the probe rows it broadcast (complete when its router is done).
+/// emits at the end. `rows` are this worker's tracked rows with their ids: its build
+/// partition (and with SFR its kept build rows), or the probe rows it broadcast
+/// (complete when its router is done).
 async fn combine_matches(
     sh: Arc<Shared>,
     side: Side,
@@ -1703,7 +1777,9 @@ async fn combine_matches(
     // such rows nothing needs to wait for the slowest peer: dropping the receiver
     // discards the peers' (empty) ends.
     let waited = match side {
-        Side::Build => sh.broadcast_any.load(std::sync::atomic::Ordering::Relaxed),
+        Side::Build => sh
+            .build_rows_shared
+            .load(std::sync::atomic::Ordering::Relaxed),
         Side::Probe => !rows.is_empty(),
     };
     while waited && let Some(batch) = reports.next().await {
@@ -1716,12 +1792,11 @@ async fn combine_matches(
     drop(reports);
     let matches = matches.lock();
     let mut out = Vec::new();
-    let mut first = 0u64;
     for b in &rows {
-        if let Some(rows) = shape.finished(b, |r| matches.is_matched(first + r as u64))? {
+        let matched = matches.of_rows(b)?;
+        if let Some(rows) = shape.finished(b, |r| matched[r])? {
             out.push(rows);
         }
-        first += b.num_rows() as u64;
     }
     Ok(out)
 }
