@@ -56,11 +56,12 @@ def main():
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--json")
     p.add_argument("--name", default="flowsql")
-    p.add_argument("--join", choices=["inner", "left", "right", "semi"], default="inner",
+    p.add_argument("--join", choices=["inner", "left", "right", "semi", "full"], default="inner",
                    help="left: build LEFT JOIN probe; semi: build rows with a probe row (EXISTS); "
                         "both build-preserving joins whose heavy build rows' matches are "
                         "combined across workers; right: build RIGHT JOIN probe, whose probe "
-                        "rows broadcast for build-heavy keys are combined the same way")
+                        "rows broadcast for build-heavy keys are combined the same way; full: "
+                        "build FULL JOIN probe, both")
     p.add_argument("--build-side", choices=["colocated", "shuffled", "skewed", "both"],
                    default="colocated",
                    help="colocated: build placed by its unique key (no build shuffle); "
@@ -171,6 +172,8 @@ QUERIES = {
              "FROM build b RIGHT JOIN {table} p ON b.k = p.k",
     "semi": "SELECT count(*), sum(b.v) FROM build b "
             "WHERE EXISTS (SELECT 1 FROM {table} p WHERE p.k = b.k)",
+    "full": "SELECT count(*), count(b.v), count(p.id), sum(coalesce(b.v, 0) + coalesce(p.id, 0)) "
+            "FROM build b FULL JOIN {table} p ON b.k = p.k",
 }
 
 

@@ -442,7 +442,7 @@ pub(super) fn execute(
         )
     });
     let tracked = |s: SendableRecordBatchStream| match &tracker {
-        Some((shape, matches)) => track(s, Arc::clone(shape), Arc::clone(matches)),
+        Some((shape, matches)) => track(s, Arc::clone(shape), Arc::clone(matches), None),
         None => s.boxed(),
     };
     let mut outputs: Vec<BoxStream<'static, Result<RecordBatch>>> = vec![tracked(usual)];
@@ -1525,17 +1525,22 @@ async fn detect(
     }
 }
 
-/// A counterpart join's output: records the build rows it matched, passes on what the
+/// A counterpart join's output: records the tracked rows it matched (ids in the shape's
+/// row id column, and with `also` the other side's in the next), passes on what the
 /// original join emits now.
 fn track(
     s: SendableRecordBatchStream,
     shape: Arc<Shape>,
     matches: Arc<Mutex<Matches>>,
+    also: Option<Arc<Mutex<Matches>>>,
 ) -> BoxStream<'static, Result<RecordBatch>> {
     let column = shape.row_id_column();
     s.filter_map(move |b| {
         let out = b.and_then(|b| {
             matches.lock().record(b.column(column).as_ref())?;
+            if let Some(also) = &also {
+                also.lock().record(b.column(column + 1).as_ref())?;
+            }
             shape.streamed(&b)
         });
         futures::future::ready(out.transpose())
@@ -1559,41 +1564,26 @@ fn tracked_join(
     partition: usize,
     ctx: Arc<TaskContext>,
 ) -> Result<BoxStream<'static, Result<RecordBatch>>> {
-    if let (None, None) = trackers {
-        let s = Arc::clone(join)
-            .replace_children(vec![build, probe], recompute())?
-            .execute(partition, ctx)?;
-        return Ok(s.boxed());
-    }
-    let hj = join
-        .downcast_ref::<HashJoinExec>()
-        .ok_or_else(|| internal_datafusion_err!("a Flow-Join without a hash join"))?;
+    let hj = || {
+        join.downcast_ref::<HashJoinExec>()
+            .ok_or_else(|| internal_datafusion_err!("a Flow-Join without a hash join"))
+    };
     Ok(match trackers {
+        (None, None) => Arc::clone(join)
+            .replace_children(vec![build, probe], recompute())?
+            .execute(partition, ctx)?
+            .boxed(),
         (Some((shape, matches)), None) | (None, Some((shape, matches))) => {
-            let s = shape.join(hj, build, probe)?.execute(partition, ctx)?;
-            track(s, Arc::clone(shape), Arc::clone(matches))
+            let s = shape.join(hj()?, build, probe)?.execute(partition, ctx)?;
+            track(s, Arc::clone(shape), Arc::clone(matches), None)
         }
         (Some((shape, build_matches)), Some((_, probe_matches))) => {
             let s = shape
-                .join_both_tracked(hj, build, probe)?
+                .join_both_tracked(hj()?, build, probe)?
                 .execute(partition, ctx)?;
-            let (shape, build_matches, probe_matches) = (
-                Arc::clone(shape),
-                Arc::clone(build_matches),
-                Arc::clone(probe_matches),
-            );
-            let column = shape.row_id_column();
-            s.filter_map(move |b| {
-                let out = b.and_then(|b| {
-                    build_matches.lock().record(b.column(column).as_ref())?;
-                    probe_matches.lock().record(b.column(column + 1).as_ref())?;
-                    shape.streamed(&b)
-                });
-                futures::future::ready(out.transpose())
-            })
-            .boxed()
+            let also = Some(Arc::clone(probe_matches));
+            track(s, Arc::clone(shape), Arc::clone(build_matches), also)
         }
-        (None, None) => unreachable!("handled above"),
     })
 }
 
