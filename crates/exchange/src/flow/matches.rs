@@ -1,26 +1,30 @@
 //! Joins whose preserved side's rows can be joined on several workers under Flow-Join.
 //!
 //! A heavy build row (probe-side skew) is broadcast and joined on every worker, and so
-//! is a probe row whose key is heavy on the build side (build-side skew): whether such
-//! a row matched is known only by combining all workers' joins (thesis §4.3: unmatched
-//! and semi results must be redistributed). The side whose rows are preserved
-//! therefore numbers its rows (an id: the owner or origin, and its row number there),
-//! and the joins that see those rows run as a counterpart that reports matches instead
-//! of deciding alone:
+//! is a probe row whose key is heavy on the build side (build-side skew); Symmetric
+//! Fragment Replicate sends the build and probe rows of keys heavy on both sides to
+//! several workers. Whether such a row matched is known only by combining all
+//! workers' joins (thesis §4.3: unmatched and semi results must be redistributed).
+//! The side whose rows are preserved therefore numbers its rows (an id: the owner or
+//! origin, and its row number there), and the joins that see those rows run as a
+//! counterpart that reports matches instead of deciding alone:
 //!
 //! - build side tracked (left and full outer, left semi/anti/mark; every build row is
-//!   numbered): left outer runs as inner and full outer as right outer, left semi,
-//!   anti and mark as left semi projected to the id;
+//!   numbered, with SFR the kept rows of build-heavy keys too, in a range of their
+//!   own): left outer runs as inner and full outer as right outer, left semi, anti
+//!   and mark as left semi projected to the id;
 //! - probe side tracked (right and full outer, right semi/anti/mark; only the probe
-//!   rows broadcast for build-heavy keys are numbered, and only the join of those keys
-//!   runs as a counterpart): right outer runs as inner and full outer as left outer
-//!   (the build rows there are decided locally), right semi, anti and mark as right
-//!   semi projected to the id.
+//!   rows broadcast for build-heavy keys or set aside for SFR are numbered, and only
+//!   the joins of those keys run as a counterpart): right outer runs as inner and full
+//!   outer as left outer (the build rows there are decided locally), right semi, anti
+//!   and mark as right semi projected to the id;
+//! - both (full joins with SFR, in the joins of build-heavy keys): inner, carrying
+//!   both ids ([`Shape::join_both_tracked`]).
 //!
 //! Outer joins' matched pairs (and the rows the counterpart decides itself) stream out
 //! as they are found, with the id dropped. Each worker records the ids its joins
-//! matched: its own rows in a bitmap, other workers' rows in a set it sends to them
-//! once its joins are done. Each worker then emits its own tracked rows by their
+//! matched in one bitmap per owner, and sends the other owners theirs once its joins
+//! are done. Each worker then emits its own tracked rows by their
 //! combined state: unmatched ones padded with NULLs (outer), matched ones (semi),
 //! unmatched ones (anti), or all with the match as the mark (mark).
 
@@ -33,28 +37,7 @@ use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::common::{JoinType, Result, internal_datafusion_err};
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::joins::HashJoinExec;
-use std::collections::HashSet;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
-
-/// Row ids are distinct integers: one multiplication spreads them well enough for a
-/// set probed once per heavy output row (SipHash cost more than the join there).
-#[derive(Default)]
-struct IdHasher(u64);
-
-impl Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        }
-    }
-    fn write_u64(&mut self, v: u64) {
-        self.0 = v.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
-}
 
 /// Name of the row id column appended to the tracked side.
 const ROW_ID: &str = "__gyre_row_id";
@@ -421,75 +404,109 @@ impl Shape {
     }
 }
 
-/// The tracked rows one worker's joins matched.
-#[derive(Debug)]
-pub(super) struct Matches {
-    me: u64,
-    /// This worker's own rows, one bit each.
-    own: Vec<u64>,
-    /// This worker's kept build rows ([`RowIds::kept`]), one bit each.
+/// One owner's matched rows, one bit each: its numbered rows, and apart from them its
+/// kept build rows ([`RowIds::kept`]).
+#[derive(Debug, Default)]
+struct RowBits {
+    rows: Vec<u64>,
     kept: Vec<u64>,
-    /// Other workers' (broadcast) rows.
-    remote: HashSet<u64, BuildHasherDefault<IdHasher>>,
 }
 
-impl Matches {
-    pub(super) fn new(me: usize) -> Self {
-        Self {
-            me: me as u64,
-            own: Vec::new(),
-            kept: Vec::new(),
-            remote: HashSet::default(),
-        }
-    }
-
-    /// The bitmap of own row `row` and its index there.
-    fn bitmap(&self, row: u64) -> (&Vec<u64>, u64) {
-        match row & KEPT_ROW {
-            0 => (&self.own, row),
-            _ => (&self.kept, row & !KEPT_ROW),
-        }
-    }
-
-    fn set_own(&mut self, row: u64) {
+impl RowBits {
+    #[inline(always)]
+    fn set(&mut self, row: u64) {
         let (bits, row) = match row & KEPT_ROW {
-            0 => (&mut self.own, row),
+            0 => (&mut self.rows, row),
             _ => (&mut self.kept, row & !KEPT_ROW),
         };
         let word = (row / 64) as usize;
-        if word >= bits.len() {
-            bits.resize(word + 1, 0);
+        match bits.get_mut(word) {
+            Some(w) => *w |= 1 << (row % 64),
+            None => grow_and_set(bits, word, row),
         }
-        bits[word] |= 1 << (row % 64);
     }
 
-    fn note(&mut self, id: u64, last_remote: &mut u64) {
-        let (owner, row) = split(id);
-        if owner == self.me {
-            self.set_own(row);
-        } else if *last_remote != id {
-            // A heavy build row matches many probe rows in a row: skip the repeats.
-            self.remote.insert(id);
-            *last_remote = id;
+    fn get(&self, row: u64) -> bool {
+        let (bits, row) = match row & KEPT_ROW {
+            0 => (&self.rows, row),
+            _ => (&self.kept, row & !KEPT_ROW),
+        };
+        bits.get((row / 64) as usize)
+            .is_some_and(|w| w & (1 << (row % 64)) != 0)
+    }
+
+    /// The row numbers set, in order, and clears them.
+    fn take(&mut self) -> Vec<u64> {
+        let ones = |bits: Vec<u64>, tag: u64| {
+            bits.into_iter().enumerate().flat_map(move |(w, mut word)| {
+                std::iter::from_fn(move || {
+                    (word != 0).then(|| {
+                        let bit = word.trailing_zeros() as u64;
+                        word &= word - 1;
+                        tag | (w as u64 * 64 + bit)
+                    })
+                })
+            })
+        };
+        let rows = std::mem::take(&mut self.rows);
+        let kept = std::mem::take(&mut self.kept);
+        ones(rows, 0).chain(ones(kept, KEPT_ROW)).collect()
+    }
+}
+
+#[cold]
+fn grow_and_set(bits: &mut Vec<u64>, word: usize, row: u64) {
+    bits.resize(word + 1, 0);
+    bits[word] |= 1 << (row % 64);
+}
+
+/// The tracked rows one worker's joins matched, by owner: its own rows (this worker
+/// decides them) and other workers' broadcast or replicated rows (reported to them).
+/// Bitmaps, since a join records an id for every output row.
+#[derive(Debug)]
+pub(super) struct Matches {
+    me: usize,
+    by_owner: Vec<RowBits>,
+}
+
+impl Matches {
+    pub(super) fn new(me: usize, workers: usize) -> Self {
+        Self {
+            me,
+            by_owner: (0..workers).map(|_| RowBits::default()).collect(),
         }
     }
 
     /// Records the (non-null) ids of a counterpart output column. Runs once per output
-    /// row of the join, hence the loop over raw values when there are no NULLs.
+    /// row of the join, hence the plain loop over raw values when there are no NULLs.
     pub(super) fn record(&mut self, ids: &dyn Array) -> Result<()> {
         let ids = as_ids(ids, "row ids")?;
-        // No valid id has every bit set (owners are worker indices).
-        let mut last_remote = u64::MAX;
-        if ids.null_count() == 0 {
-            for &id in ids.values().iter() {
-                self.note(id, &mut last_remote);
-            }
+        let stray = if ids.null_count() == 0 {
+            ids.values().iter().copied().find(|&id| !self.note(id))
         } else {
-            for id in ids.iter().flatten() {
-                self.note(id, &mut last_remote);
-            }
+            ids.iter().flatten().find(|&id| !self.note(id))
+        };
+        match stray {
+            None => Ok(()),
+            Some(id) => Err(internal_datafusion_err!(
+                "row id of worker {} of {}",
+                split(id).0,
+                self.by_owner.len()
+            )),
         }
-        Ok(())
+    }
+
+    /// Records one id; false if its owner is not a worker of the query.
+    #[inline(always)]
+    fn note(&mut self, id: u64) -> bool {
+        let (owner, row) = split(id);
+        match self.by_owner.get_mut(owner as usize) {
+            Some(bits) => {
+                bits.set(row);
+                true
+            }
+            None => false,
+        }
     }
 
     /// Records ids a peer matched; they must be this worker's.
@@ -497,37 +514,35 @@ impl Matches {
         let ids = as_ids(ids, &format!("the row ids {from} sent"))?;
         for id in ids.iter().flatten() {
             let (owner, row) = split(id);
-            if owner != self.me {
+            if owner != self.me as u64 {
                 return Err(internal_datafusion_err!(
                     "{from} reported a match for row {row} of worker {owner}, not of this one"
                 ));
             }
-            self.set_own(row);
+            self.by_owner[self.me].set(row);
         }
         Ok(())
     }
 
-    /// The other owners' matched ids, by owner index.
-    pub(super) fn take_remote(&mut self, workers: usize) -> Result<Vec<Vec<u64>>> {
-        let mut by_owner = vec![Vec::new(); workers];
-        for id in std::mem::take(&mut self.remote) {
-            let owner = split(id).0 as usize;
-            by_owner
-                .get_mut(owner)
-                .ok_or_else(|| internal_datafusion_err!("row id of worker {owner} of {workers}"))?
-                .push(id);
-        }
-        for ids in &mut by_owner {
-            ids.sort_unstable();
-        }
-        Ok(by_owner)
+    /// The other owners' matched ids, by owner index (in order; none for this worker).
+    pub(super) fn take_remote(&mut self) -> Vec<Vec<u64>> {
+        let me = self.me;
+        self.by_owner
+            .iter_mut()
+            .enumerate()
+            .map(|(owner, bits)| match owner == me {
+                true => Vec::new(),
+                false => {
+                    let base = (owner as u64) << OWNER_SHIFT;
+                    bits.take().into_iter().map(|row| base | row).collect()
+                }
+            })
+            .collect()
     }
 
     /// Whether own row `row` (its row id without the owner) matched.
     pub(super) fn is_matched(&self, row: u64) -> bool {
-        let (bits, row) = self.bitmap(row);
-        bits.get((row / 64) as usize)
-            .is_some_and(|w| w & (1 << (row % 64)) != 0)
+        self.by_owner[self.me].get(row)
     }
 
     /// Whether each row of `tracked` (this worker's rows, their ids in the last
@@ -541,7 +556,7 @@ impl Matches {
             .map(|id| {
                 let (owner, row) =
                     split(id.ok_or_else(|| internal_datafusion_err!("a NULL row id"))?);
-                if owner != self.me {
+                if owner != self.me as u64 {
                     return Err(internal_datafusion_err!(
                         "worker {} holds row {row} of worker {owner} at the end",
                         self.me
@@ -625,15 +640,15 @@ mod tests {
 
     #[test]
     fn matches_keep_own_rows_and_send_the_others() {
-        let mut m = Matches::new(1);
+        let mut m = Matches::new(1, 4);
         let own = 1u64 << OWNER_SHIFT;
         let other = 3u64 << OWNER_SHIFT;
         let ids = UInt64Array::from(vec![Some(own + 70), None, Some(other + 5), Some(other + 5)]);
         m.record(&ids).unwrap();
         assert!(m.is_matched(70) && !m.is_matched(69) && !m.is_matched(1000));
-        let remote = m.take_remote(4).unwrap();
+        let remote = m.take_remote();
         assert_eq!(remote, vec![vec![], vec![], vec![], vec![other + 5]]);
-        assert!(m.take_remote(4).unwrap().iter().all(Vec::is_empty));
+        assert!(m.take_remote().iter().all(Vec::is_empty));
         // What peers report must be this worker's rows.
         m.merge_reported(&UInt64Array::from(vec![own + 2]), "worker 9")
             .unwrap();
@@ -647,9 +662,11 @@ mod tests {
             "{err}"
         );
         // An owner beyond the cluster is refused, not indexed.
-        m.record(&UInt64Array::from(vec![7u64 << OWNER_SHIFT]))
-            .unwrap();
-        assert!(m.take_remote(4).is_err());
+        let err = m
+            .record(&UInt64Array::from(vec![7u64 << OWNER_SHIFT]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("worker 7 of 4"), "{err}");
     }
 
     /// Kept build rows are numbered in a range of their own: matches of a kept row and
@@ -663,7 +680,7 @@ mod tests {
         let columns = plain.columns()[..2].to_vec();
         let batch = RecordBatch::try_new(hj.left().schema(), columns).unwrap();
         let kept = RowIds::kept(1, Arc::clone(&schema)).number(&batch).unwrap();
-        let mut m = Matches::new(1);
+        let mut m = Matches::new(1, 4);
         let kept_ids = as_ids(kept.column(2).as_ref(), "ids").unwrap().clone();
         assert!(kept_ids.values().iter().all(|id| split(*id).0 == 1));
         // A peer reports kept row 1; this worker matched partition row 0.

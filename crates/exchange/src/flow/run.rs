@@ -358,7 +358,7 @@ pub(super) fn execute(
         .map(|shape| {
             (
                 Arc::new(shape),
-                Arc::new(Mutex::new(Matches::new(partition))),
+                Arc::new(Mutex::new(Matches::new(partition, n))),
             )
         });
     let build_schema = match shape {
@@ -438,7 +438,7 @@ pub(super) fn execute(
     let tracker = shape.as_ref().map(|shape| {
         (
             Arc::clone(shape),
-            Arc::new(Mutex::new(Matches::new(partition))),
+            Arc::new(Mutex::new(Matches::new(partition, n))),
         )
     });
     let tracked = |s: SendableRecordBatchStream| match &tracker {
@@ -1740,7 +1740,7 @@ async fn combine_matches(
     };
     let schema = reports.schema();
     let sent = async {
-        let by_owner = matches.lock().take_remote(sh.n())?;
+        let by_owner = matches.lock().take_remote();
         for (owner, ids) in by_owner.into_iter().enumerate() {
             if ids.is_empty() {
                 continue;
