@@ -543,14 +543,30 @@ pub(super) fn execute(
                 .execute(partition, Arc::clone(&ctx))?;
             let probe = shuffle_receiver(sfr_ex + 1, Arc::clone(&bcast_schema), n)
                 .execute(partition, Arc::clone(&ctx))?;
-            outputs.push(tracked_join(
-                &exec.join,
-                (heavy_trackers.0.as_ref(), heavy_trackers.1.as_ref()),
-                PreparedInputExec::new("build rows replicated by SFR", build, n),
-                PreparedInputExec::new("probe rows replicated by SFR", probe, n),
-                partition,
+            let (sh, join, ctx, trackers) = (
+                Arc::clone(&shared),
+                Arc::clone(&exec.join),
                 Arc::clone(&ctx),
-            )?);
+                heavy_trackers.clone(),
+            );
+            let sfr = futures::stream::once(async move {
+                sh.build_list_final().await;
+                if sh.build_heavy.hashes.read().is_empty() {
+                    // No key is heavy on both sides: nothing is replicated, and the
+                    // peers' ends need not be awaited (they come after their routing).
+                    return Ok::<_, DataFusionError>(futures::stream::empty().boxed());
+                }
+                tracked_join(
+                    &join,
+                    (trackers.0.as_ref(), trackers.1.as_ref()),
+                    PreparedInputExec::new("build rows replicated by SFR", build, n),
+                    PreparedInputExec::new("probe rows replicated by SFR", probe, n),
+                    partition,
+                    ctx,
+                )
+            })
+            .try_flatten();
+            outputs.push(sfr.boxed());
         }
         probe_bcast = Some(ProbeBroadcast {
             outlet: shared.outlet(To::All, &bcast_schema, &ep)?,
@@ -1608,11 +1624,15 @@ async fn replicate_sfr(
     schemas: [SchemaRef; 2],
 ) -> Result<()> {
     let result = async {
+        sh.build_list_final().await;
+        if sh.build_heavy.hashes.read().is_empty() {
+            // Nothing is set aside or replicated, as every worker knows.
+            return Ok(());
+        }
         // Complete when the probe router is done.
         let probe: Vec<RecordBatch> = UnboundedReceiverStream::new(set_aside).collect().await;
         let mut rounds = sh.rounds.subscribe();
         let _ = rounds.wait_for(|r| *r >= sh.probe_iterations).await;
-        sh.build_list_final().await;
         let (n, me) = (sh.n(), sh.partition);
         let grids: std::collections::HashMap<u64, Grid> = {
             let mut report = sh.report.lock();
