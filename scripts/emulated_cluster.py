@@ -1,9 +1,12 @@
 """An emulated cluster for the SQL benchmark scripts (needs root): `gyre cluster up`
 on its own subnet, SQL through the client namespace, `gyre cluster down`."""
 
+import os
 import subprocess
 import sys
 import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class Failure(Exception):
@@ -18,6 +21,7 @@ class Cluster:
                    "--cpus", cpus, "--subnet", subnet + "/24"]
 
     def start(self):
+        warn_if_stale(self.gyre)
         print("+", " ".join(self.up), file=sys.stderr)
         subprocess.run(self.up, check=True)
 
@@ -38,6 +42,23 @@ class Cluster:
         if out.returncode != 0:
             raise Failure(f"{self.name}: exit {out.returncode} for:\n{text}\nstderr:\n{out.stderr}")
         return out.stdout, secs
+
+
+def warn_if_stale(gyre):
+    """Warns when `gyre` is older than a source file of this checkout: the default
+    binary comes from CARGO_TARGET_DIR (else ~/.cache/gyre-target, where
+    scripts/test.sh builds), which may hold another build than the one measured."""
+    built = os.path.getmtime(gyre)
+    newer = [
+        os.path.join(root, f)
+        for top in ("crates", "src")
+        for root, _, files in os.walk(os.path.join(REPO, top))
+        for f in files
+        if f.endswith(".rs") and os.path.getmtime(os.path.join(root, f)) > built
+    ]
+    if newer:
+        print(f"warning: {gyre} is older than {len(newer)} source file(s), e.g. "
+              f"{os.path.relpath(newer[0], REPO)}: rebuild it or pass --gyre", file=sys.stderr)
 
 
 def parse_time(value, unit):
