@@ -195,6 +195,23 @@ pub(super) struct Shape {
     schema: SchemaRef,
 }
 
+/// `hj` as `join_type` with `projection` over `build` and `probe`, without a fetch limit
+/// (a counterpart must see every match).
+fn rebuilt(
+    hj: &HashJoinExec,
+    join_type: JoinType,
+    projection: Vec<usize>,
+    build: Arc<dyn ExecutionPlan>,
+    probe: Arc<dyn ExecutionPlan>,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    hj.builder()
+        .with_type(join_type)
+        .with_projection(Some(projection))
+        .with_fetch(None)
+        .with_new_children(vec![build, probe])?
+        .build_exec()
+}
+
 fn types(schema: &SchemaRef) -> Vec<DataType> {
     schema
         .fields()
@@ -229,12 +246,8 @@ impl Shape {
         build: Arc<dyn ExecutionPlan>,
         probe: Arc<dyn ExecutionPlan>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        hj.builder()
-            .with_type(self.tracking.counterpart(self.side, self.join_type))
-            .with_projection(Some(self.counterpart_projection()))
-            .with_fetch(None)
-            .with_new_children(vec![build, probe])?
-            .build_exec()
+        let join_type = self.tracking.counterpart(self.side, self.join_type);
+        rebuilt(hj, join_type, self.counterpart_projection(), build, probe)
     }
 
     /// A full join's counterpart where rows of both sides can be joined on several
@@ -258,12 +271,7 @@ impl Shape {
         // Probe columns sit one further right, behind the build row id.
         p.iter_mut().filter(|i| **i >= nl).for_each(|i| *i += 1);
         p.extend([nl, nl + 1 + nr]);
-        hj.builder()
-            .with_type(JoinType::Inner)
-            .with_projection(Some(p))
-            .with_fetch(None)
-            .with_new_children(vec![build, probe])?
-            .build_exec()
+        rebuilt(hj, JoinType::Inner, p, build, probe)
     }
 
     /// The original join's output columns among its unprojected ones.

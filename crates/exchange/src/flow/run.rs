@@ -193,6 +193,15 @@ impl Shared {
         let _ = rounds.wait_for(|r| *r >= self.build_iterations).await;
     }
 
+    /// Waits until the build-side heavy hitters are final, then says whether there are
+    /// any. Without them no build row is kept, no probe row is broadcast or set aside
+    /// for SFR, and every worker knows it: the joins of those rows need not wait for
+    /// the peers' ends (which come only after their routing).
+    async fn any_build_heavy(&self) -> bool {
+        self.build_list_final().await;
+        !self.build_heavy.hashes.read().is_empty()
+    }
+
     fn build_list_is_final(&self) -> bool {
         *self.build_rounds.borrow() >= self.build_iterations
     }
@@ -550,10 +559,7 @@ pub(super) fn execute(
                 heavy_trackers.clone(),
             );
             let sfr = futures::stream::once(async move {
-                sh.build_list_final().await;
-                if sh.build_heavy.hashes.read().is_empty() {
-                    // No key is heavy on both sides: nothing is replicated, and the
-                    // peers' ends need not be awaited (they come after their routing).
+                if !sh.any_build_heavy().await {
                     return Ok::<_, DataFusionError>(futures::stream::empty().boxed());
                 }
                 tracked_join(
@@ -593,9 +599,7 @@ pub(super) fn execute(
         });
         let build_schema = Arc::clone(&kept_schema);
         let heavy = futures::stream::once(async move {
-            sh.build_list_final().await;
-            if sh.build_heavy.hashes.read().is_empty() {
-                // Nothing is kept or broadcast: the peers' ends need not be awaited.
+            if !sh.any_build_heavy().await {
                 return Ok::<_, DataFusionError>(futures::stream::empty().boxed());
             }
             // Collected first (the join's hash table needs all of them anyway), so
@@ -1624,9 +1628,7 @@ async fn replicate_sfr(
     schemas: [SchemaRef; 2],
 ) -> Result<()> {
     let result = async {
-        sh.build_list_final().await;
-        if sh.build_heavy.hashes.read().is_empty() {
-            // Nothing is set aside or replicated, as every worker knows.
+        if !sh.any_build_heavy().await {
             return Ok(());
         }
         // Complete when the probe router is done.
@@ -1651,7 +1653,8 @@ async fn replicate_sfr(
         // Without such keys the peers' joins get only this worker's ends.
         let kept = match grids.is_empty() {
             true => Vec::new(),
-            // None when the build side had no heavy hitters at all.
+            // The join of build-heavy keys sends them; it is gone only when the query's
+            // output was dropped.
             false => kept.await.unwrap_or_default(),
         };
         let sides = [
