@@ -13,7 +13,7 @@
 //!    Detection iterations run at fixed shares of each node's input; the coordinator
 //!    announces new heavy hitters; the owners of their R tuples then broadcast those
 //!    R tuples (kept apart from the partitioned table, which already holds them) and
-//!    an end marker per iteration. S tuples sent to the owner before the announcement
+//!    an end marker per iteration that named any key. S tuples sent to the owner before the announcement
 //!    were probed there against the partitioned table, those kept after it only against
 //!    the copies: no pair is produced twice or lost. In fetch-on-demand mode nodes decide
 //!    on their own S heavy hitters and request the R tuples from the owners instead.
