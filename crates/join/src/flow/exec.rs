@@ -13,10 +13,11 @@
 //!    Detection iterations run at fixed shares of each node's input; the coordinator
 //!    announces new heavy hitters; the owners of their R tuples then broadcast those
 //!    R tuples (kept apart from the partitioned table, which already holds them) and
-//!    an end marker per iteration that named any key. S tuples sent to the owner before the announcement
-//!    were probed there against the partitioned table, those kept after it only against
-//!    the copies: no pair is produced twice or lost. In fetch-on-demand mode nodes decide
-//!    on their own S heavy hitters and request the R tuples from the owners instead.
+//!    an end marker per iteration that named any key. S tuples sent to the owner
+//!    before the announcement were probed there against the partitioned table, those
+//!    kept after it only against the copies: no pair is produced twice or lost. In
+//!    fetch-on-demand mode nodes decide on their own S heavy hitters and request the R
+//!    tuples from the owners instead.
 //! 3. **Handle skew.** Keys heavy in both inputs are redistributed with Symmetric
 //!    Fragment Replicate on the grid the cost formula picks; then, for outer, semi and
 //!    anti joins, every replicated copy (broadcast S tuples, broadcast or fetched R
