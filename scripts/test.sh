@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command: formatting, lints, unit and end-to-end tests (TPC-H at SF 0.1
-# for 1-4 workers, SF 1 against the official answers), and an ADBC client test.
-# Installs what it needs. Set GYRE_QUICK=1 to skip the SF 1 and Python tests.
+# for 1-4 workers, SF 1 against the official answers), an ADBC client test, and
+# tables on an S3-compatible server (moto's). Installs what it needs. Set
+# GYRE_QUICK=1 to skip the SF 1, Python and S3 tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/gyre-target}"
@@ -22,4 +23,25 @@ if [ "${GYRE_QUICK:-0}" != "1" ]; then
   echo "== ADBC (Python) client"
   python3 -m pip install --quiet --disable-pip-version-check adbc-driver-flightsql pyarrow
   GYRE_BIN="$CARGO_TARGET_DIR/release/gyre" python3 tests/python/test_adbc.py
+  echo "== S3 tables on moto's S3 server"
+  python3 -m pip install --quiet --disable-pip-version-check 'moto[server]' boto3
+  port=$((20000 + RANDOM % 20000))
+  python3 -m moto.server -H 127.0.0.1 -p "$port" >/dev/null 2>&1 &
+  moto=$!
+  trap 'kill $moto 2>/dev/null || true' EXIT
+  python3 - "$port" <<'PY'
+import sys, time, boto3
+s3 = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{sys.argv[1]}",
+                  aws_access_key_id="test", aws_secret_access_key="test", region_name="us-east-1")
+for _ in range(100):
+    try:
+        s3.create_bucket(Bucket="gyre-test")
+        break
+    except Exception:
+        time.sleep(0.2)
+else:
+    sys.exit("moto's S3 server did not come up")
+PY
+  GYRE_TEST_S3="http://127.0.0.1:$port" cargo test --release --test object_store -- --ignored
+  kill $moto
 fi

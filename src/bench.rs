@@ -1,6 +1,7 @@
 //! `gyre local --bench tpch`: the 22 TPC-H queries on the embedded cluster
 //! next to single-node DataFusion on the same in-memory data, in one run.
 
+use crate::plot::{Series, grouped_bars};
 use gyre_cluster::Coordinator;
 use gyre_cluster::reference::{canonical_rows, reference_context};
 use gyre_cluster::tpch;
@@ -148,47 +149,30 @@ pub async fn run_tpch(
 
 /// A grouped bar chart of per-query medians, as SVG.
 fn plot_svg(r: &Report) -> String {
-    let (w, h, left, bottom, top) = (
-        60.0 + 40.0 * r.queries.len() as f64,
-        360.0,
-        60.0,
-        40.0,
-        40.0,
-    );
-    let max = r
+    let series = [
+        Series {
+            name: &format!("Gyre, {} workers", r.workers),
+            color: "#3b6fd4",
+        },
+        Series {
+            name: "single-node DataFusion",
+            color: "#999",
+        },
+    ];
+    let labels: Vec<String> = r.queries.iter().map(|t| format!("Q{}", t.query)).collect();
+    let values: Vec<Vec<f64>> = r
         .queries
         .iter()
-        .map(|t| t.gyre_ms.max(t.datafusion_ms))
-        .fold(1.0, f64::max);
-    let scale = (h - bottom - top) / max;
-    let mut s = format!(
-        "<svg xmlns='http://www.w3.org/2000/svg' width='{w}' height='{h}' font-family='sans-serif' font-size='11'>\n\
-         <rect width='100%' height='100%' fill='white'/>\n\
-         <text x='{left}' y='20' font-size='13'>TPC-H SF {} median times (ms): Gyre, {} workers (blue) vs single-node DataFusion (grey); sum ratio {:.2}</text>\n",
-        r.scale_factor, r.workers, r.ratio_of_sums
-    );
-    for i in 0..=4 {
-        let v = max * i as f64 / 4.0;
-        let y = h - bottom - v * scale;
-        s += &format!(
-            "<line x1='{left}' x2='{w}' y1='{y:.1}' y2='{y:.1}' stroke='#ddd'/><text x='5' y='{:.1}'>{v:.0}</text>\n",
-            y + 4.0
-        );
-    }
-    for (i, t) in r.queries.iter().enumerate() {
-        let x = left + 10.0 + 40.0 * i as f64;
-        let gh = t.gyre_ms * scale;
-        let dh = t.datafusion_ms * scale;
-        s += &format!(
-            "<rect x='{x:.1}' y='{:.1}' width='14' height='{gh:.1}' fill='#3b6fd4'/>\
-             <rect x='{:.1}' y='{:.1}' width='14' height='{dh:.1}' fill='#999'/>\
-             <text x='{x:.1}' y='{:.1}'>Q{}</text>\n",
-            h - bottom - gh,
-            x + 14.0,
-            h - bottom - dh,
-            h - bottom + 15.0,
-            t.query
-        );
-    }
-    s + "</svg>\n"
+        .map(|t| vec![t.gyre_ms, t.datafusion_ms])
+        .collect();
+    grouped_bars(
+        &format!(
+            "TPC-H SF {} median times; ratio of the sums {:.2}",
+            r.scale_factor, r.ratio_of_sums
+        ),
+        "ms",
+        &series,
+        &labels,
+        &values,
+    )
 }

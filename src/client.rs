@@ -1,15 +1,20 @@
 //! Running SQL: in this process (embedded cluster) or on a remote coordinator
 //! through Arrow Flight SQL.
 
+use crate::progress_line::with_progress;
 use arrow::array::RecordBatch;
 use arrow::datatypes::Schema;
+use arrow_flight::Action;
 use arrow_flight::sql::client::FlightSqlServiceClient;
 use datafusion::sql::parser::DFParser;
 use datafusion::sql::sqlparser::dialect::GenericDialect;
+use datafusion::sql::sqlparser::tokenizer::{Token, Tokenizer};
 use futures::TryStreamExt;
 use futures::future::BoxFuture;
 use gyre_cluster::Coordinator;
 use gyre_cluster::coordinator::StatementResult;
+use gyre_cluster::flight_sql::{PROGRESS_ACTION, PROGRESS_HEADER};
+use gyre_cluster::progress::{ProgressReport, StatementProgress};
 use std::sync::Arc;
 use tokio::sync::Mutex;
 use tonic::transport::Channel;
@@ -21,14 +26,44 @@ pub trait SqlRunner {
     fn run<'a>(&'a self, sql: &'a str) -> BoxFuture<'a, Result<Vec<StatementResult>, BoxError>>;
 }
 
-/// Splits a script into statements (psql-style: each is run and printed in turn).
+/// Splits a script into statements (psql-style: each is run and printed in turn), each
+/// as the text it was written as: statements are checked by parsing but sent verbatim,
+/// since not every statement prints back as valid SQL.
 pub fn split_statements(script: &str) -> Result<Vec<String>, BoxError> {
-    Ok(
-        DFParser::parse_sql_with_dialect(script, &GenericDialect {})?
-            .into_iter()
-            .map(|s| s.to_string())
-            .collect(),
-    )
+    let tokens = Tokenizer::new(&GenericDialect {}, script).tokenize_with_location()?;
+    // Byte offset of each line's start (the tokenizer counts lines and columns from 1).
+    let mut line_starts = vec![0];
+    line_starts.extend(script.match_indices('\n').map(|(i, _)| i + 1));
+    let offset = |line: u64, column: u64| -> usize {
+        let start = line_starts
+            .get((line.max(1) - 1) as usize)
+            .copied()
+            .unwrap_or(script.len());
+        script[start..]
+            .char_indices()
+            .nth((column.max(1) - 1) as usize)
+            .map_or(script.len(), |(i, _)| start + i)
+    };
+    let mut statements = vec![];
+    let mut from = 0;
+    for t in &tokens {
+        if t.token == Token::SemiColon {
+            let end = offset(t.span.start.line, t.span.start.column);
+            statements.push(&script[from..end]);
+            from = end + 1;
+        }
+    }
+    statements.push(&script[from.min(script.len())..]);
+    let mut out = vec![];
+    for text in statements {
+        let text = text.trim();
+        if text.is_empty() {
+            continue;
+        }
+        DFParser::parse_sql_with_dialect(text, &GenericDialect {})?;
+        out.push(text.to_string());
+    }
+    Ok(out)
 }
 
 /// Runs SQL on the coordinator of an embedded cluster.
@@ -36,7 +71,18 @@ pub struct LocalRunner(pub Arc<Coordinator>);
 
 impl SqlRunner for LocalRunner {
     fn run<'a>(&'a self, sql: &'a str) -> BoxFuture<'a, Result<Vec<StatementResult>, BoxError>> {
-        Box::pin(async move { Ok(self.0.sql(sql).await?) })
+        Box::pin(async move {
+            let progress = Arc::new(StatementProgress::default());
+            let (coordinator, tracked) = (Arc::clone(&self.0), Arc::clone(&progress));
+            let poll = move || {
+                let (c, p) = (Arc::clone(&coordinator), Arc::clone(&tracked));
+                Box::pin(async move {
+                    c.poll_progress(&p).await;
+                    Some(p.report())
+                }) as BoxFuture<'static, Option<ProgressReport>>
+            };
+            Ok(with_progress(self.0.sql_with_progress(sql, progress), poll).await?)
+        })
     }
 }
 
@@ -66,6 +112,32 @@ impl SqlRunner for RemoteClient {
     fn run<'a>(&'a self, sql: &'a str) -> BoxFuture<'a, Result<Vec<StatementResult>, BoxError>> {
         Box::pin(async move {
             let mut client = self.client.lock().await;
+            let tag = format!("{:032x}", rand::random::<u128>());
+            client.set_header(PROGRESS_HEADER, tag.clone());
+            let control = client.inner().clone();
+            let poll = move || {
+                let (mut control, tag) = (control.clone(), tag.clone());
+                Box::pin(async move {
+                    let action = Action {
+                        r#type: PROGRESS_ACTION.to_string(),
+                        body: tag.into_bytes().into(),
+                    };
+                    let mut replies = control.do_action(action).await.ok()?.into_inner();
+                    let reply = replies.message().await.ok()??;
+                    serde_json::from_slice::<ProgressReport>(&reply.body).ok()
+                }) as BoxFuture<'static, Option<ProgressReport>>
+            };
+            with_progress(Self::run_statement(&mut client, sql), poll).await
+        })
+    }
+}
+
+impl RemoteClient {
+    async fn run_statement(
+        client: &mut FlightSqlServiceClient<Channel>,
+        sql: &str,
+    ) -> Result<Vec<StatementResult>, BoxError> {
+        {
             let info = client.execute(sql.to_string(), None).await?;
             let schema = Arc::new(info.clone().try_decode_schema().unwrap_or(Schema::empty()));
             let mut batches: Vec<RecordBatch> = vec![];
@@ -76,6 +148,27 @@ impl SqlRunner for RemoteClient {
                 }
             }
             Ok(vec![StatementResult { schema, batches }])
-        })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_statements;
+
+    #[test]
+    fn statements_are_split_at_semicolons_outside_strings_and_kept_verbatim() {
+        let script = "COPY (SELECT 'a;b') TO '/tmp/x/' STORED AS PARQUET;\n\
+                      select 1 ;  ;\n-- a comment; still a comment\nSELECT 'é;' as \"c;\"";
+        let got = split_statements(script).unwrap();
+        assert_eq!(
+            got,
+            vec![
+                "COPY (SELECT 'a;b') TO '/tmp/x/' STORED AS PARQUET",
+                "select 1",
+                "-- a comment; still a comment\nSELECT 'é;' as \"c;\"",
+            ]
+        );
+        assert!(split_statements("SELEC 1").is_err());
     }
 }

@@ -4,10 +4,13 @@ mod bench;
 mod bench_cluster;
 mod bench_join;
 mod bench_kernels;
+mod bench_load;
 mod bench_shuffle;
 mod client;
 mod cluster;
 mod output;
+mod plot;
+mod progress_line;
 mod repl;
 
 use clap::{Args, Parser, Subcommand};
@@ -71,20 +74,20 @@ enum Command {
         #[command(flatten)]
         input: SqlInput,
     },
-    /// Load a Parquet or CSV file (or directory) into a distributed table.
+    /// Load Parquet, CSV, JSON or Arrow files (a file or a directory) into a distributed table.
     Load {
         #[arg(long, default_value = "127.0.0.1:50050")]
         connect: String,
         /// Name of the new table.
         #[arg(long)]
         table: String,
-        /// parquet or csv.
+        /// parquet, csv (with a header), json (one value per line) or arrow.
         #[arg(long, default_value = "parquet")]
         file_format: String,
         /// Hash-place rows on this column (default: as read, in chunks).
         #[arg(long)]
         partition_by: Option<String>,
-        /// File or directory, readable by the coordinator.
+        /// File or directory (or s3://..., gs://...), readable on every worker.
         path: String,
     },
     /// Emulated cluster on this machine: namespaces, shaped links, CPU quotas (root).
@@ -103,6 +106,9 @@ enum BenchCommand {
     Join(Box<bench_join::JoinArgs>),
     /// Local join kernels (radix hash, sort-merge) next to DataFusion's hash join.
     Kernels(bench_kernels::KernelArgs),
+    /// Loading TPC-H Parquet files: workers reading their own splits, the coordinator
+    /// reading every file, single-node DataFusion and DuckDB.
+    Load(Box<bench_load::LoadArgs>),
 }
 
 #[derive(Args, Clone)]
@@ -244,6 +250,7 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
         Command::Bench(BenchCommand::Shuffle(args)) => bench_shuffle::run(*args).await,
         Command::Bench(BenchCommand::Join(args)) => bench_join::run(*args).await,
         Command::Bench(BenchCommand::Kernels(args)) => bench_kernels::run(args).await,
+        Command::Bench(BenchCommand::Load(args)) => bench_load::run(*args).await,
         Command::Sql { connect, input } => {
             let client = client::RemoteClient::connect(&connect).await?;
             run_input(&client, &input).await
@@ -256,22 +263,35 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             path,
         } => {
             let client = client::RemoteClient::connect(&connect).await?;
-            let options = partition_by
-                .map(|c| format!(" OPTIONS ('gyre.partition_by' '{c}')"))
-                .unwrap_or_default();
             let format = file_format.to_ascii_uppercase();
-            let header = if format == "CSV" {
-                " OPTIONS ('format.has_header' 'true')"
+            let mut options = vec![];
+            if format == "CSV" {
+                options.push("'format.has_header' 'true'".to_string());
+            }
+            if let Some(c) = partition_by {
+                options.push(format!("'gyre.partition_by' '{}'", c.replace('\'', "''")));
+            }
+            let options = if options.is_empty() {
+                String::new()
             } else {
-                ""
+                format!(" OPTIONS ({})", options.join(", "))
             };
-            let options = match (header.is_empty(), options.is_empty()) {
-                (true, _) => options,
-                (false, true) => header.to_string(),
-                (false, false) => options.replace(")", ", 'format.has_header' 'true')"),
+            // A local path that exists here is made absolute: the coordinator and the
+            // workers resolve relative paths against their own directories.
+            let path = match std::fs::canonicalize(&path) {
+                Ok(p) if !path.contains("://") => {
+                    let dir = p.is_dir();
+                    let mut p = p.display().to_string();
+                    if dir && !p.ends_with('/') {
+                        p.push('/');
+                    }
+                    p
+                }
+                _ => path,
             };
             let sql = format!(
-                "CREATE EXTERNAL TABLE {table} STORED AS {format} LOCATION '{path}'{options}"
+                "CREATE EXTERNAL TABLE {table} STORED AS {format} LOCATION '{}'{options}",
+                path.replace('\'', "''")
             );
             let results = client::SqlRunner::run(&client, &sql).await?;
             output::print_results(&results, Format::Table)?;

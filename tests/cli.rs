@@ -138,3 +138,42 @@ fn sql_and_load_talk_to_a_served_local_cluster() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("missing_table"), "{err}");
 }
+
+/// Runs `gyre args...` with a terminal for stdout and stderr (`script` from util-linux)
+/// and returns everything it wrote there.
+fn in_terminal(args: &[&str]) -> String {
+    let command: Vec<String> = std::iter::once(env!("CARGO_BIN_EXE_gyre").to_string())
+        .chain(
+            args.iter()
+                .map(|a| format!("'{}'", a.replace('\'', "'\\''"))),
+        )
+        .collect();
+    let out = Command::new("script")
+        .args(["-qec", &command.join(" "), "/dev/null"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("script (util-linux) runs a command in a terminal");
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A statement that runs for seconds (about three here): 10M regular expressions.
+const SLOW: &str = "CREATE TABLE t AS SELECT value AS k FROM generate_series(1, 10000000) AS s(value); \
+                    SELECT count(*) AS pairs FROM t \
+                    WHERE length(regexp_replace(repeat(CAST(k AS VARCHAR), 4), '[13579]', 'odd', 'g')) > 0";
+
+#[test]
+fn long_statements_show_progress_on_a_terminal_only() {
+    // On a terminal: a line with rows read, redrawn, then erased before the result.
+    let shown = in_terminal(&["local", "--workers", "2", "--format", "csv", "-c", SLOW]);
+    assert!(shown.contains("\r\x1b[2K"), "{shown:?}");
+    assert!(shown.contains(" rows, "), "{shown:?}");
+    assert!(shown.contains("pairs\r\n10000000"), "{shown:?}");
+    // Not on a terminal: no progress at all.
+    let out = gyre()
+        .args(["local", "--workers", "2", "--format", "csv", "-c", SLOW])
+        .output()
+        .unwrap();
+    assert!(!String::from_utf8_lossy(&out.stderr).contains('\x1b'));
+    assert!(stdout_of(out).ends_with("pairs\n10000000\n"));
+}

@@ -1,12 +1,15 @@
 //! A real multi-process cluster: killing a worker mid-query (a plain join, or a
 //! Flow-Join with skew detection on both inputs and SFR) fails that query
 //! quickly with an error naming the worker; later queries that need the dead
-//! worker's partitions fail naming them; the cluster stays usable. A coordinator too
+//! worker's partitions fail naming them; the cluster stays usable. Killing a worker
+//! while it loads a file fails the load and leaves no table behind. A coordinator too
 //! busy to hear heartbeats does not take its workers for dead.
 
 use arrow_flight::sql::client::FlightSqlServiceClient;
 use futures::TryStreamExt;
 use gyre_cluster::LocalCluster;
+use gyre_cluster::flight_sql::{PROGRESS_ACTION, PROGRESS_HEADER};
+use gyre_cluster::progress::ProgressReport;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
@@ -62,21 +65,14 @@ async fn run(client: &mut FlightSqlServiceClient<Channel>, sql: &str) -> Result<
     Ok(rows)
 }
 
-/// Starts a coordinator and two worker processes (ids 1 and 2), runs `setup`, starts
-/// `query`, kills worker 2 while it runs, and checks that the query fails (or finished)
-/// within seconds naming the worker, that a later query needing the lost partition
-/// names it, and that the cluster stays usable. `port_offset` keeps tests apart; the
-/// query's plan must contain every one of `planned`. Returns the query's result.
-async fn kill_worker_during(
+/// A coordinator process and two worker processes (ids 1 and 2) of one thread each, and
+/// a Flight SQL client of the coordinator. `port_offset` keeps tests apart.
+async fn two_worker_cluster(
     port_offset: u16,
-    setup: &[&str],
-    query: &'static str,
-    planned: &[&str],
-    lost: &str,
-) -> Result<usize, String> {
+) -> (Proc, Proc, Proc, FlightSqlServiceClient<Channel>) {
     let port = 50000 + ((std::process::id() % 5000) as u16) * 2 + port_offset;
     let addr = format!("127.0.0.1:{port}");
-    let _coordinator = gyre(&["coordinator", "--listen", &addr]);
+    let coordinator = gyre(&["coordinator", "--listen", &addr]);
     let mut client = None;
     for _ in 0..100 {
         if let Ok(ch) = Channel::from_shared(format!("http://{addr}"))
@@ -89,12 +85,28 @@ async fn kill_worker_during(
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let mut client = client.expect("coordinator up");
+    let client = client.expect("coordinator up");
     // Start the workers one after the other so they get ids 1 and 2.
-    let _w1 = gyre(&["worker", "--coordinator", &addr, "--threads", "1"]);
+    let w1 = gyre(&["worker", "--coordinator", &addr, "--threads", "1"]);
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let mut w2 = gyre(&["worker", "--coordinator", &addr, "--threads", "1"]);
+    let w2 = gyre(&["worker", "--coordinator", &addr, "--threads", "1"]);
     tokio::time::sleep(Duration::from_secs(1)).await;
+    (coordinator, w1, w2, client)
+}
+
+/// Starts a coordinator and two worker processes (ids 1 and 2), runs `setup`, starts
+/// `query`, kills worker 2 while it runs, and checks that the query fails (or finished)
+/// within seconds naming the worker, that a later query needing the lost partition
+/// names it, and that the cluster stays usable. `port_offset` keeps tests apart; the
+/// query's plan must contain every one of `planned`. Returns the query's result.
+async fn kill_worker_during(
+    port_offset: u16,
+    setup: &[&str],
+    query: &'static str,
+    planned: &[&str],
+    lost: &str,
+) -> Result<usize, String> {
+    let (_coordinator, _w1, mut w2, mut client) = two_worker_cluster(port_offset).await;
     for sql in setup {
         run(&mut client, sql).await.unwrap();
     }
@@ -209,4 +221,77 @@ async fn a_coordinator_too_busy_to_hear_heartbeats_keeps_its_workers() {
     )
     .value(0);
     assert_eq!(n, 1000);
+}
+
+/// A worker killed while the workers read a large CSV file: the load fails within
+/// seconds naming the worker, no part of the table remains, and the surviving worker
+/// loads the file alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_worker_fails_a_load_and_leaves_no_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("big.csv");
+    {
+        use std::io::Write;
+        let mut f = std::io::BufWriter::new(std::fs::File::create(&csv).unwrap());
+        writeln!(f, "id,k,s").unwrap();
+        for i in 0..12_000_000u64 {
+            writeln!(f, "{i},{},row-{}", i % 1000, i % 7).unwrap();
+        }
+    }
+    let (_coordinator, _w1, mut w2, mut client) = two_worker_cluster(2).await;
+    let load = format!(
+        "CREATE EXTERNAL TABLE big STORED AS CSV LOCATION '{}' \
+         OPTIONS ('format.has_header' 'true', 'gyre.partition_by' 'k')",
+        csv.display()
+    );
+    // The load's progress (as `gyre sql` follows it) tells when the workers are reading.
+    let mut loader = client.clone();
+    loader.set_header(PROGRESS_HEADER, "kill-during-load");
+    let sql = load.clone();
+    let running = tokio::spawn(async move { run(&mut loader, &sql).await });
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let action = arrow_flight::Action {
+            r#type: PROGRESS_ACTION.to_string(),
+            body: "kill-during-load".as_bytes().to_vec().into(),
+        };
+        let mut replies = client
+            .inner()
+            .clone()
+            .do_action(action)
+            .await
+            .unwrap()
+            .into_inner();
+        let reply = replies.message().await.unwrap().unwrap();
+        let report: ProgressReport = serde_json::from_slice(&reply.body).unwrap();
+        if report.rows > 0 {
+            assert_eq!(report.files_total, 1, "{report:?}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the load never started reading");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let killed_at = Instant::now();
+    let _ = w2.0.kill();
+    let _ = w2.0.wait();
+    let result = tokio::time::timeout(Duration::from_secs(20), running)
+        .await
+        .expect("the load must not hang")
+        .unwrap();
+    let e = result.expect_err("the load lost a worker midway");
+    assert!(e.contains("worker 2"), "{e}");
+    assert!(killed_at.elapsed() < Duration::from_secs(15));
+    let e = run(&mut client, "SELECT count(*) FROM big")
+        .await
+        .unwrap_err();
+    assert!(e.contains("big"), "{e}");
+    // Once the coordinator has noticed, the survivor loads the whole file alone.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    run(&mut client, &load).await.unwrap();
+    let counted = text(&mut client, "SELECT count(*), sum(id) FROM big").await;
+    assert!(
+        counted.contains("12000000") && counted.contains("71999994000000"),
+        "{counted}"
+    );
+    drop(w2);
 }

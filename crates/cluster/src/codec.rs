@@ -1,11 +1,17 @@
 //! Serialisation of Gyre's own plan nodes, so stage plans can be shipped to
 //! workers with DataFusion's protobuf plan format.
 
+use crate::files::{FileCopyExec, FileSplitScanExec};
 use crate::table::{GyreInsertExec, GyreScanExec};
 use crate::tpch::TpchGenExec;
 use arrow::datatypes::{Schema, SchemaRef};
 use datafusion::common::JoinSide;
+use datafusion::common::parsers::CompressionTypeVariant;
 use datafusion::common::{Result, internal_datafusion_err, internal_err};
+use datafusion::datasource::file_format::file_compression_type::FileCompressionType;
+use datafusion::datasource::physical_plan::FileScanConfig;
+use datafusion::datasource::sink::DataSinkExec;
+use datafusion::datasource::source::DataSourceExec;
 use datafusion::execution::TaskContext;
 use datafusion::physical_expr::{LexOrdering, Partitioning, PhysicalExpr, PhysicalSortExpr};
 use datafusion::physical_plan::ExecutionPlan;
@@ -62,6 +68,18 @@ enum NodeProto {
         settings: SkewSettings,
         inputs: FlowInputs,
         exchange: Option<u32>,
+    },
+    /// A [`FileSplitScanExec`]: DataFusion's scan of the files, one file group per worker.
+    FileScan {
+        scan: Vec<u8>,
+        /// DataFusion's plan format leaves the compression out (it decodes every CSV and
+        /// JSON scan as uncompressed).
+        compression: String,
+    },
+    /// A [`FileCopyExec`]: DataFusion's COPY plan over a placeholder input.
+    FileCopy {
+        template: Vec<u8>,
+        write_id: String,
     },
     Cyclo {
         left_key: usize,
@@ -329,6 +347,27 @@ impl PhysicalExtensionCodec for GyreCodec {
                     exchange,
                 )?)
             }
+            NodeProto::FileScan { scan, compression } => {
+                let scan = self.decode_plan(&scan, ctx)?;
+                let mut config = scan
+                    .downcast_ref::<DataSourceExec>()
+                    .and_then(|d| d.data_source().downcast_ref::<FileScanConfig>())
+                    .ok_or_else(|| internal_datafusion_err!("a file scan without its files"))?
+                    .clone();
+                config.file_compression_type =
+                    FileCompressionType::from(compression.parse::<CompressionTypeVariant>()?);
+                Arc::new(FileSplitScanExec::try_new(config)?)
+            }
+            NodeProto::FileCopy { template, write_id } => {
+                let [input] = inputs else {
+                    return internal_err!("a COPY has one input, got {}", inputs.len());
+                };
+                let template = self.decode_plan(&template, ctx)?;
+                let sink = template
+                    .downcast_ref::<DataSinkExec>()
+                    .ok_or_else(|| internal_datafusion_err!("a COPY without its sink"))?;
+                Arc::new(FileCopyExec::try_new(Arc::clone(input), sink, write_id)?)
+            }
             NodeProto::Cyclo {
                 left_key,
                 right_key,
@@ -430,6 +469,18 @@ impl PhysicalExtensionCodec for GyreCodec {
                 settings: f.settings().clone(),
                 inputs: f.inputs(),
                 exchange: f.exchange(),
+            }
+        } else if let Some(f) = node.downcast_ref::<FileSplitScanExec>() {
+            let scan: Arc<dyn ExecutionPlan> =
+                Arc::new(DataSourceExec::new(Arc::new(f.config().clone())));
+            NodeProto::FileScan {
+                scan: self.encode_plan(scan)?,
+                compression: f.config().file_compression_type.get_variant().to_string(),
+            }
+        } else if let Some(c) = node.downcast_ref::<FileCopyExec>() {
+            NodeProto::FileCopy {
+                template: self.encode_plan(Arc::clone(c.template()))?,
+                write_id: c.write_id().to_string(),
             }
         } else if let Some(c) = node.downcast_ref::<CycloJoinExec>() {
             let (left_key, right_key) = c.keys();

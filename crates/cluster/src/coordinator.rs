@@ -3,6 +3,9 @@
 
 use crate::codec::{GyreCodec, schema_to_bytes};
 use crate::execution::{DeferredQuery, QueryExecution};
+use crate::files::stores::{register_store, take_store_options};
+use crate::files::{FileCopyExec, FileSplitScanExec, WorkerFiles, schema_conflict};
+use crate::progress::{STATEMENT, StatementProgress};
 use crate::protocol::{ControlClient, Request, Response};
 use crate::session::{coordinator_context, parse_compression};
 use crate::storage::PartStats;
@@ -17,6 +20,7 @@ use datafusion::catalog::TableProvider;
 use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
 use datafusion::common::{DataFusionError, Result, TableReference, plan_datafusion_err, plan_err};
 use datafusion::datasource::provider_as_source;
+use datafusion::datasource::sink::DataSinkExec;
 use datafusion::execution::TaskContext;
 use datafusion::execution::context::SessionState;
 use datafusion::logical_expr::dml::InsertOp;
@@ -24,6 +28,7 @@ use datafusion::logical_expr::{
     CreateExternalTable, CreateMemoryTable, DdlStatement, DropTable, LogicalPlan,
     LogicalPlanBuilder, Statement as LogicalStatement,
 };
+use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::display::DisplayableExecutionPlan;
 use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, Partitioning};
@@ -152,6 +157,9 @@ fn count_result(rows: u64) -> Result<StatementResult> {
     })
 }
 
+/// How long a control call that should answer at once may take.
+const CONTROL_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// How often the coordinator checks its workers' heartbeats.
 const MEMBER_CHECK_INTERVAL: Duration = Duration::from_millis(200);
 
@@ -164,8 +172,35 @@ fn parse_on_off(name: &str, value: &str) -> Result<bool> {
     }
 }
 
-fn is_worker_leaf(plan: &dyn ExecutionPlan) -> bool {
-    plan.is::<GyreScanExec>() || plan.is::<TpchGenExec>()
+/// Nodes whose partition `i` must run on worker `i`: they read or write the worker's
+/// own data (table partitions, file splits, files written by COPY).
+fn runs_on_workers(plan: &dyn ExecutionPlan) -> bool {
+    plan.is::<GyreScanExec>()
+        || plan.is::<TpchGenExec>()
+        || plan.is::<FileSplitScanExec>()
+        || plan.is::<GyreInsertExec>()
+        || plan.is::<FileCopyExec>()
+}
+
+/// Where `CREATE EXTERNAL TABLE` reads its files (`gyre.read_on`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ReadOn {
+    /// Every worker reads its own splits (the default).
+    Workers,
+    /// The coordinator reads every file and scatters the rows: for files that only
+    /// the coordinator's host can read.
+    Coordinator,
+}
+
+impl ReadOn {
+    fn parse(value: Option<String>) -> Result<Self> {
+        match value.as_deref().map(|v| v.trim().to_ascii_lowercase()) {
+            None => Ok(Self::Workers),
+            Some(v) if v == "workers" => Ok(Self::Workers),
+            Some(v) if v == "coordinator" => Ok(Self::Coordinator),
+            Some(v) => plan_err!("gyre.read_on is 'workers' or 'coordinator', not '{v}'"),
+        }
+    }
 }
 
 impl Coordinator {
@@ -537,6 +572,19 @@ impl Coordinator {
                 self.create_external_table(state, *cmd, workers).await
             }
             LogicalPlan::Ddl(DdlStatement::DropTable(cmd)) => self.drop_table(cmd, &workers).await,
+            LogicalPlan::Copy(mut copy) => {
+                let store_options = take_store_options(&mut copy.options);
+                register_store(state.runtime_env(), &copy.output_url, &store_options)?;
+                if copy.output_url.contains("://") {
+                    let req = Request::RegisterStore {
+                        locations: vec![copy.output_url.clone()],
+                        options: store_options.into_iter().collect(),
+                    };
+                    self.broadcast(&workers, req).await?;
+                }
+                self.run_query(state, LogicalPlan::Copy(copy), workers)
+                    .await
+            }
             LogicalPlan::Statement(LogicalStatement::SetVariable(sv))
                 if sv.variable.to_ascii_lowercase().starts_with("gyre.") =>
             {
@@ -595,10 +643,15 @@ impl Coordinator {
         workers: Vec<NodeId>,
     ) -> Result<StatementResult> {
         let physical = state.create_physical_plan(&plan).await?;
-        let is_insert = physical.is::<GyreInsertExec>();
         let dplan = self.distribute(physical, workers.len())?;
+        // Inserts and parallel COPYs return one count per worker.
+        let counts = dplan.stages.iter().any(|s| {
+            s.plan
+                .exists(|n| Ok(n.is::<GyreInsertExec>() || n.is::<FileCopyExec>()))
+                .unwrap_or(false)
+        });
         let run = self.execute(&dplan, &workers, false).await?;
-        if is_insert {
+        if counts {
             let rows = run
                 .batches
                 .iter()
@@ -728,9 +781,10 @@ impl Coordinator {
                 (!s.skew_detection_off).then(|| s.skew.clone()),
             )
         };
+        let plan = parallel_copy(plan, n)?;
         let plan = plan_cyclo_joins(plan, n, strategy)?;
         let plan = plan_flow_joins(plan, n, skew.as_ref())?;
-        split_into_stages(plan, n, &is_worker_leaf)
+        split_into_stages(plan, n, &runs_on_workers)
     }
 
     /// Allocates a query id and its failure channel, and builds the coordinator's task context.
@@ -1042,7 +1096,7 @@ impl Coordinator {
         let input = Arc::unwrap_or_clone(cmd.input);
         let res = self.insert(state, &name, input, workers.clone()).await;
         if res.is_err() {
-            let _ = self.drop_by_name(&name, &workers).await;
+            self.drop_everywhere(&name, &workers).await;
         }
         res
     }
@@ -1054,24 +1108,64 @@ impl Coordinator {
         workers: Vec<NodeId>,
     ) -> Result<StatementResult> {
         let name = cmd.name.table().to_string();
-        // Gyre's own option; DataFusion's file formats reject unknown namespaces.
+        // Gyre's own options and the object store's; DataFusion's file formats reject
+        // unknown namespaces.
         let partition_by = cmd.options.remove("gyre.partition_by");
-        if self.tables.read().contains_key(&name) && !cmd.if_not_exists {
+        let read_on = ReadOn::parse(cmd.options.remove("gyre.read_on"))?;
+        let store_options = take_store_options(&mut cmd.options);
+        if self.tables.read().contains_key(&name) {
+            if cmd.if_not_exists {
+                return count_result(0);
+            }
             return plan_err!("table '{name}' already exists");
         }
+        if workers.is_empty() {
+            return plan_err!("cannot create table '{name}': no workers are alive");
+        }
+        let locations = cmd.locations.join(", ");
+        for location in &cmd.locations {
+            register_store(state.runtime_env(), location, &store_options)?;
+        }
+        let json_array = cmd
+            .options
+            .get("format.newline_delimited")
+            .is_some_and(|v| v.eq_ignore_ascii_case("false"));
         let factory = state
             .table_factories()
             .get(cmd.file_type.to_ascii_uppercase().as_str())
             .cloned()
             .ok_or_else(|| exec_err(format!("unsupported file type '{}'", cmd.file_type)))?;
-        let source = factory.create(&state, &cmd).await.map_err(|e| {
-            exec_err(format!(
-                "cannot read '{}' as {}: {e}",
-                cmd.locations.join(", "),
-                cmd.file_type
-            ))
-        })?;
-        let schema = source.schema();
+        let listing = match factory.create(&state, &cmd).await {
+            Ok(l) => l,
+            Err(e) => {
+                let mut conflicts = vec![];
+                for l in &cmd.locations {
+                    conflicts.extend(schema_conflict(&state, l, &cmd.file_type).await);
+                }
+                let why = match conflicts.first() {
+                    Some(c) => format!("the files' schemas do not agree: {c} ({e})"),
+                    None => e.to_string(),
+                };
+                return Err(exec_err(format!(
+                    "cannot read '{locations}' as {}: {why}",
+                    cmd.file_type
+                )));
+            }
+        };
+        let schema = listing.schema();
+        let source: Arc<dyn TableProvider> = match read_on {
+            ReadOn::Workers => {
+                if !store_options.is_empty() || cmd.locations.iter().any(|l| l.contains("://")) {
+                    let req = Request::RegisterStore {
+                        locations: cmd.locations.clone(),
+                        options: store_options.clone().into_iter().collect(),
+                    };
+                    self.broadcast(&workers, req).await?;
+                }
+                Arc::new(WorkerFiles::new(listing, json_array))
+            }
+            ReadOn::Coordinator => listing,
+        };
         let input =
             LogicalPlanBuilder::scan(format!("{name}_source"), provider_as_source(source), None)?
                 .build()?;
@@ -1082,13 +1176,37 @@ impl Coordinator {
             .await?;
         let res = self.insert(state, &name, input, workers.clone()).await;
         if let Err(e) = &res {
-            let _ = self.drop_by_name(&name, &workers).await;
+            self.drop_everywhere(&name, &workers).await;
             return Err(exec_err(format!(
-                "loading '{}' into table '{name}' failed: {e}",
-                cmd.locations.join(", ")
+                "loading '{locations}' into table '{name}' failed: {e}"
             )));
         }
         res
+    }
+
+    /// Forgets table `name` and drops its partitions on every worker that can still be
+    /// reached, whatever the others answer: a failed statement leaves nothing behind.
+    async fn drop_everywhere(&self, name: &str, workers: &[NodeId]) {
+        self.tables.write().remove(name);
+        self.part_stats.lock().remove(name);
+        let _ = self.ctx.deregister_table(name);
+        let req = Request::DropTable {
+            name: name.to_string(),
+        };
+        let calls = workers.iter().map(|w| {
+            let req = req.clone();
+            async move {
+                let alive = self.members.read().get(w).is_some_and(|m| m.alive);
+                let Ok(c) = self.control(*w) else { return };
+                if !alive {
+                    return;
+                }
+                if let Err(e) = tokio::time::timeout(CONTROL_TIMEOUT, c.call(&req)).await {
+                    tracing::warn!("cannot drop '{name}' on {}: {e}", node_name(*w));
+                }
+            }
+        });
+        futures::future::join_all(calls).await;
     }
 
     async fn drop_by_name(&self, name: &str, workers: &[NodeId]) -> Result<()> {
@@ -1149,6 +1267,56 @@ impl Coordinator {
         Ok(())
     }
 
+    /// Collects from the workers what the running queries of a statement have read
+    /// (figures of queries that ended stay as last reported).
+    pub async fn poll_progress(&self, progress: &StatementProgress) {
+        let queries: Vec<(u64, Vec<NodeId>)> = progress
+            .queries
+            .lock()
+            .iter()
+            .filter(|q| self.running.lock().contains_key(&q.id))
+            .map(|q| (q.id, q.workers.clone()))
+            .collect();
+        for (id, workers) in queries {
+            let calls = workers.iter().map(|w| async move {
+                let c = self.control(*w).ok()?;
+                let reply = tokio::time::timeout(
+                    Duration::from_secs(2),
+                    c.call(&Request::Progress { query: id }),
+                )
+                .await;
+                match reply {
+                    Ok(Ok(Response::Progress(f))) => f,
+                    _ => None,
+                }
+            });
+            let figures = futures::future::join_all(calls).await;
+            let mut tracked = progress.queries.lock();
+            if let Some(q) = tracked.iter_mut().find(|q| q.id == id) {
+                for (last, f) in q.last.iter_mut().zip(figures) {
+                    if let Some(f) = f {
+                        *last = f;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Runs `sql` like [`Coordinator::sql`], recording its progress in `progress`.
+    pub async fn sql_with_progress(
+        self: &Arc<Self>,
+        sql: &str,
+        progress: Arc<StatementProgress>,
+    ) -> Result<Vec<StatementResult>> {
+        STATEMENT.scope(progress, self.sql(sql)).await
+    }
+
+    /// Registers the object store that serves `url` for planning on the coordinator (the
+    /// workers need their own: `Worker::register_object_store`).
+    pub fn register_object_store(&self, url: &url::Url, store: Arc<dyn object_store::ObjectStore>) {
+        self.ctx.runtime_env().register_object_store(url, store);
+    }
+
     /// The catalog entry of a table.
     pub fn table(&self, name: &str) -> Option<TableMeta> {
         self.tables.read().get(name).cloned()
@@ -1200,6 +1368,44 @@ pub struct QueryRun {
     pub batches: Vec<RecordBatch>,
     /// With `analyze`: every stage with each worker's metrics.
     pub report: String,
+}
+
+/// Replaces a COPY to a directory (DataFusion's single `DataSinkExec` over the merged
+/// result) by a [`FileCopyExec`] that writes from every worker; other sinks stay.
+fn parallel_copy(plan: Arc<dyn ExecutionPlan>, n: usize) -> Result<Arc<dyn ExecutionPlan>> {
+    let Some(sink) = plan.downcast_ref::<DataSinkExec>() else {
+        return Ok(plan);
+    };
+    if !FileCopyExec::parallel(sink) {
+        return Ok(plan);
+    }
+    let input = sink.input();
+    // An ordered result (a SortPreservingMergeExec) is written by one writer, in order.
+    let input = match input.downcast_ref::<CoalescePartitionsExec>() {
+        Some(merge) => Arc::clone(merge.input()),
+        None if input.output_partitioning().partition_count() == 1
+            && input.output_ordering().is_none() =>
+        {
+            Arc::clone(input)
+        }
+        None => return Ok(plan),
+    };
+    let input: Arc<dyn ExecutionPlan> = if input.output_partitioning().partition_count() == n {
+        input
+    } else {
+        Arc::new(RepartitionExec::try_new(
+            input,
+            Partitioning::RoundRobinBatch(n),
+        )?)
+    };
+    let write_id: String = {
+        use rand::Rng;
+        let mut rng = rand::rng();
+        (0..12)
+            .map(|_| char::from(b"abcdefghijklmnopqrstuvwxyz0123456789"[rng.random_range(0..36)]))
+            .collect()
+    };
+    Ok(Arc::new(FileCopyExec::try_new(input, sink, write_id)?))
 }
 
 /// Reads `PARTITION BY col` of a `CREATE TABLE` (removing it, since DataFusion

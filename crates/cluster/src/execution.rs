@@ -8,8 +8,11 @@
 //! execution before its end (a client that went away) stops every stage.
 
 use crate::coordinator::{Coordinator, RegisteredQuery, StageReports};
+use crate::files::FileSplitScanExec;
+use crate::progress::{ReadTotals, STATEMENT};
 use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
+use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::common::{DataFusionError, Result};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{ExecutionPlanProperties, SendableRecordBatchStream};
@@ -20,6 +23,21 @@ use gyre_transport::NodeId;
 use std::sync::Arc;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
+
+/// What the file scans of a plan read.
+fn read_totals(dplan: &DistributedPlan) -> ReadTotals {
+    let mut totals = ReadTotals::default();
+    for stage in &dplan.stages {
+        let _ = stage.plan.apply(|n| {
+            if let Some(scan) = n.downcast_ref::<FileSplitScanExec>() {
+                totals.files += scan.files();
+                totals.file_bytes += scan.file_bytes();
+            }
+            Ok(TreeNodeRecursion::Continue)
+        });
+    }
+    totals
+}
 
 /// A query whose stages are running.
 pub struct QueryExecution {
@@ -55,6 +73,7 @@ impl QueryExecution {
             fail_tx,
             fail_rx,
         } = coordinator.register_query(workers)?;
+        let _ = STATEMENT.try_with(|p| p.add_query(query, workers, read_totals(dplan)));
         let cleanup = |e: DataFusionError| async {
             coordinator.end_query(query, workers, false, false).await;
             e

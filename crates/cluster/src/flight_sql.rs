@@ -2,6 +2,7 @@
 //! `gyre sql`), and the control actions workers use to join and report.
 
 use crate::coordinator::{Coordinator, Outcome, StatementResult};
+use crate::progress::{ProgressReport, STATEMENT, StatementProgress};
 use crate::protocol::{ACTION, Request, decode, encode};
 use arrow::datatypes::Schema;
 use arrow::ipc::writer::IpcWriteOptions;
@@ -25,7 +26,7 @@ use parking_lot::Mutex;
 use prost::Message;
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 use tonic::{Request as TonicRequest, Response as TonicResponse, Status};
 
@@ -35,8 +36,18 @@ pub struct GyreFlightSql {
     /// Results waiting for their `DoGet`: finished ones, and queries planned to stream.
     results: Mutex<HashMap<String, (Instant, Outcome)>>,
     prepared: Mutex<HashMap<String, String>>,
+    /// Progress of statements whose client sent a [`PROGRESS_HEADER`], by its value.
+    progress: Mutex<HashMap<String, Weak<StatementProgress>>>,
     sql_info: SqlInfoData,
 }
+
+/// A client that wants to follow a statement's progress sends this header (a random
+/// tag of its choosing) with the statement's calls, and asks [`PROGRESS_ACTION`] with
+/// the tag as body while they run.
+pub const PROGRESS_HEADER: &str = "x-gyre-progress";
+
+/// The Flight action that answers a statement's progress (a JSON `ProgressReport`).
+pub const PROGRESS_ACTION: &str = "gyre.progress";
 
 fn status(e: DataFusionError) -> Status {
     match e {
@@ -65,14 +76,40 @@ impl GyreFlightSql {
             coordinator,
             results: Mutex::new(HashMap::new()),
             prepared: Mutex::new(HashMap::new()),
+            progress: Mutex::new(HashMap::new()),
             sql_info: info.build().expect("valid sql info"),
         }
     }
 
+    /// The progress record of the statement a call belongs to, if its client follows it.
+    fn progress_of(
+        &self,
+        metadata: &tonic::metadata::MetadataMap,
+    ) -> Option<Arc<StatementProgress>> {
+        let tag = metadata.get(PROGRESS_HEADER)?.to_str().ok()?.to_string();
+        let mut all = self.progress.lock();
+        all.retain(|_, p| p.strong_count() > 0);
+        if let Some(p) = all.get(&tag).and_then(Weak::upgrade) {
+            return Some(p);
+        }
+        let p = Arc::new(StatementProgress::default());
+        all.insert(tag, Arc::downgrade(&p));
+        Some(p)
+    }
+
     /// Runs `sql` and keeps the last statement's outcome for a following `DoGet`. A query is
     /// only planned here; it runs while the client reads it, so its rows stream through.
-    async fn run_and_store(&self, sql: &str) -> Result<FlightInfo, Status> {
-        let outcome = self.coordinator.sql_deferred(sql).await.map_err(status)?;
+    async fn run_and_store(
+        &self,
+        sql: &str,
+        progress: Option<Arc<StatementProgress>>,
+    ) -> Result<FlightInfo, Status> {
+        let run = self.coordinator.sql_deferred(sql);
+        let outcome = match progress {
+            Some(p) => STATEMENT.scope(p, run).await,
+            None => run.await,
+        }
+        .map_err(status)?;
         let (schema, rows) = match &outcome {
             Outcome::Done(r) => (
                 Arc::clone(&r.schema),
@@ -98,8 +135,16 @@ impl GyreFlightSql {
         Ok(info)
     }
 
-    async fn run_update(&self, sql: &str) -> Result<i64, Status> {
-        let results = self.coordinator.sql(sql).await.map_err(status)?;
+    async fn run_update(
+        &self,
+        sql: &str,
+        progress: Option<Arc<StatementProgress>>,
+    ) -> Result<i64, Status> {
+        let results = match progress {
+            Some(p) => self.coordinator.sql_with_progress(sql, p).await,
+            None => self.coordinator.sql(sql).await,
+        }
+        .map_err(status)?;
         let count = results
             .last()
             .and_then(|r| r.batches.first())
@@ -130,16 +175,20 @@ impl FlightSqlService for GyreFlightSql {
     async fn get_flight_info_statement(
         &self,
         query: CommandStatementQuery,
-        _request: TonicRequest<FlightDescriptor>,
+        request: TonicRequest<FlightDescriptor>,
     ) -> Result<TonicResponse<FlightInfo>, Status> {
-        Ok(TonicResponse::new(self.run_and_store(&query.query).await?))
+        let progress = self.progress_of(request.metadata());
+        Ok(TonicResponse::new(
+            self.run_and_store(&query.query, progress).await?,
+        ))
     }
 
     async fn do_get_statement(
         &self,
         ticket: TicketStatementQuery,
-        _request: TonicRequest<Ticket>,
+        request: TonicRequest<Ticket>,
     ) -> Result<TonicResponse<<Self as FlightService>::DoGetStream>, Status> {
+        let progress = self.progress_of(request.metadata());
         let handle = String::from_utf8_lossy(&ticket.statement_handle).into_owned();
         let (_, outcome) = self
             .results
@@ -150,7 +199,17 @@ impl FlightSqlService for GyreFlightSql {
             Outcome::Done(result) => Ok(TonicResponse::new(self.stream_batches(result))),
             Outcome::Deferred(query) => {
                 let schema = query.schema();
-                let batches = query.execute(&self.coordinator).await.map_err(status)?;
+                let start = query.execute(&self.coordinator);
+                let batches = match &progress {
+                    Some(p) => STATEMENT.scope(Arc::clone(p), start).await,
+                    None => start.await,
+                }
+                .map_err(status)?;
+                // The record lives as long as the result streams.
+                let batches = batches.map(move |b| {
+                    let _ = &progress;
+                    b
+                });
                 let stream = FlightDataEncoderBuilder::new()
                     .with_schema(schema)
                     .build(batches.map_err(|e| FlightError::ExternalError(Box::new(e))))
@@ -163,9 +222,10 @@ impl FlightSqlService for GyreFlightSql {
     async fn do_put_statement_update(
         &self,
         ticket: CommandStatementUpdate,
-        _request: TonicRequest<PeekableFlightDataStream>,
+        request: TonicRequest<PeekableFlightDataStream>,
     ) -> Result<i64, Status> {
-        self.run_update(&ticket.query).await
+        let progress = self.progress_of(request.metadata());
+        self.run_update(&ticket.query, progress).await
     }
 
     async fn do_action_create_prepared_statement(
@@ -205,8 +265,9 @@ impl FlightSqlService for GyreFlightSql {
     async fn get_flight_info_prepared_statement(
         &self,
         cmd: CommandPreparedStatementQuery,
-        _request: TonicRequest<FlightDescriptor>,
+        request: TonicRequest<FlightDescriptor>,
     ) -> Result<TonicResponse<FlightInfo>, Status> {
+        let progress = self.progress_of(request.metadata());
         let handle = String::from_utf8_lossy(&cmd.prepared_statement_handle).into_owned();
         let sql = self
             .prepared
@@ -214,14 +275,17 @@ impl FlightSqlService for GyreFlightSql {
             .get(&handle)
             .cloned()
             .ok_or_else(|| Status::not_found(format!("no prepared statement {handle}")))?;
-        Ok(TonicResponse::new(self.run_and_store(&sql).await?))
+        Ok(TonicResponse::new(
+            self.run_and_store(&sql, progress).await?,
+        ))
     }
 
     async fn do_put_prepared_statement_update(
         &self,
         query: CommandPreparedStatementUpdate,
-        _request: TonicRequest<PeekableFlightDataStream>,
+        request: TonicRequest<PeekableFlightDataStream>,
     ) -> Result<i64, Status> {
+        let progress = self.progress_of(request.metadata());
         let handle = String::from_utf8_lossy(&query.prepared_statement_handle).into_owned();
         let sql = self
             .prepared
@@ -229,7 +293,7 @@ impl FlightSqlService for GyreFlightSql {
             .get(&handle)
             .cloned()
             .ok_or_else(|| Status::not_found(format!("no prepared statement {handle}")))?;
-        self.run_update(&sql).await
+        self.run_update(&sql, progress).await
     }
 
     async fn get_flight_info_sql_info(
@@ -266,6 +330,22 @@ impl FlightSqlService for GyreFlightSql {
         request: TonicRequest<Action>,
     ) -> Result<TonicResponse<<Self as FlightService>::DoActionStream>, Status> {
         let action = request.into_inner();
+        if action.r#type == PROGRESS_ACTION {
+            let tag = String::from_utf8_lossy(&action.body).into_owned();
+            let progress = self.progress.lock().get(&tag).and_then(Weak::upgrade);
+            let report = match progress {
+                Some(p) => {
+                    self.coordinator.poll_progress(&p).await;
+                    p.report()
+                }
+                None => ProgressReport::default(),
+            };
+            let body = serde_json::to_vec(&report).map_err(|e| Status::internal(e.to_string()))?;
+            let result = arrow_flight::Result { body: body.into() };
+            return Ok(TonicResponse::new(
+                futures::stream::iter([Ok(result)]).boxed(),
+            ));
+        }
         if action.r#type != ACTION {
             return Err(Status::invalid_argument(format!(
                 "unknown action '{}'",
@@ -291,7 +371,7 @@ pub fn serve(coordinator: Arc<Coordinator>, listener: tokio::net::TcpListener) -
     let service = FlightServiceServer::new(GyreFlightSql::new(coordinator))
         .max_decoding_message_size(usize::MAX)
         .max_encoding_message_size(usize::MAX);
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    let incoming = crate::protocol::incoming_nodelay(listener);
     tokio::spawn(async move {
         if let Err(e) = tonic::transport::Server::builder()
             .add_service(service)

@@ -4,8 +4,10 @@
 pub mod codec;
 pub mod coordinator;
 pub mod execution;
+pub mod files;
 pub mod flight_sql;
 pub mod local;
+pub mod progress;
 pub mod protocol;
 pub mod reference;
 pub mod session;

@@ -79,7 +79,7 @@ impl Drop for LocalCluster {
         // The coordinator first, so that the workers leaving is not taken for failures.
         self.coordinator.shutdown();
         for (w, rt) in &mut self.workers {
-            w.transport.shutdown();
+            w.shutdown();
             if let Some(rt) = rt.take() {
                 rt.shutdown_background();
             }

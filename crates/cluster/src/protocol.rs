@@ -4,6 +4,7 @@
 //! is a postcard-encoded [`Request`] and whose single result is a [`Response`].
 //! Data never goes this way; it moves through the transport.
 
+use crate::progress::ReadFigures;
 use crate::storage::PartStats;
 use arrow_flight::Action;
 use arrow_flight::flight_service_client::FlightServiceClient;
@@ -13,6 +14,20 @@ use gyre_transport::NodeId;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 use tonic::transport::Channel;
+
+/// Accepted connections of a gRPC service, with Nagle's algorithm off: a reply's last
+/// segment would otherwise wait for the peer's delayed ACK (40 ms per statement here).
+pub fn incoming_nodelay(
+    listener: tokio::net::TcpListener,
+) -> impl futures::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+    use futures::TryStreamExt;
+    tokio_stream::wrappers::TcpListenerStream::new(listener).map_ok(|s| {
+        if let Err(e) = s.set_nodelay(true) {
+            tracing::warn!("cannot turn Nagle's algorithm off: {e}");
+        }
+        s
+    })
+}
 
 /// The Flight action type of Gyre's control messages.
 pub const ACTION: &str = "gyre.control";
@@ -64,6 +79,16 @@ pub enum Request {
     DropTable {
         name: String,
     },
+    /// Coordinator to worker: set up the object stores that serve these locations, with
+    /// these options (see `files::stores`), before a statement reads or writes them.
+    RegisterStore {
+        locations: Vec<String>,
+        options: Vec<(String, String)>,
+    },
+    /// Coordinator to worker: what the scans of a running query have read so far.
+    Progress {
+        query: u64,
+    },
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -86,6 +111,8 @@ pub enum Response {
     Joined(JoinFigures),
     /// Every worker's figures of a synthetic join, in worker order.
     JoinResults(Vec<JoinFigures>),
+    /// What a query read on this worker (`None`: it is not running here).
+    Progress(Option<ReadFigures>),
 }
 
 /// A synthetic shuffle run, as the control plane carries it.

@@ -1,6 +1,7 @@
 //! Distributed tables: the catalog entry the coordinator plans with, and the
 //! operators that read and write a worker's partition of a table.
 
+use crate::progress::ReadCounters;
 use crate::storage::WorkerStorage;
 use arrow::array::{RecordBatch, UInt64Array};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
@@ -76,6 +77,16 @@ impl TableMeta {
 #[derive(Debug, Clone)]
 pub struct QueryWorkers(pub Vec<NodeId>);
 
+impl QueryWorkers {
+    /// The workers of the query `state` plans.
+    pub fn of(state: &dyn Session) -> Result<Arc<Self>> {
+        state
+            .config()
+            .get_extension::<QueryWorkers>()
+            .ok_or_else(|| internal_datafusion_err!("no worker set for this query"))
+    }
+}
+
 /// The coordinator's [`TableProvider`] for a distributed table.
 #[derive(Debug)]
 pub struct DistributedTable {
@@ -99,10 +110,7 @@ impl TableProvider for DistributedTable {
         _filters: &[Expr],
         _limit: Option<usize>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let workers = state
-            .config()
-            .get_extension::<QueryWorkers>()
-            .ok_or_else(|| internal_datafusion_err!("no worker set for this query"))?;
+        let workers = QueryWorkers::of(state)?;
         let meta = &self.meta;
         let lost: Vec<String> = meta
             .workers
@@ -281,11 +289,19 @@ impl ExecutionPlan for GyreScanExec {
         context: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
         let part = storage_of(&context)?.part(&self.table)?;
-        Ok(Box::pin(MemoryStream::try_new(
-            part.batches.clone(),
+        let stream =
+            MemoryStream::try_new(part.batches.clone(), self.schema(), self.projection.clone())?;
+        let Some(read) = context.session_config().get_extension::<ReadCounters>() else {
+            return Ok(Box::pin(stream));
+        };
+        let counted = stream.inspect_ok(move |b| {
+            read.add_rows(b.num_rows());
+            read.add_bytes(b.get_array_memory_size() as u64);
+        });
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
             self.schema(),
-            self.projection.clone(),
-        )?))
+            counted,
+        )))
     }
 
     fn statistics_from_inputs(

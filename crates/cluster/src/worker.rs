@@ -2,6 +2,7 @@
 //! coordinator sends it.
 
 use crate::codec::GyreCodec;
+use crate::progress::ReadCounters;
 use crate::protocol::{
     ACTION, ControlClient, JoinFigures, JoinRun, Request, Response, ShuffleFigures, ShuffleRun,
     decode, encode,
@@ -45,9 +46,58 @@ pub struct WorkerConfig {
     pub transport: TransportConfig,
 }
 
+/// Serves the worker's control calls on a thread of their own, so that they are answered
+/// at once while the worker's threads compute (a stage that never waits would
+/// otherwise hold them back: a progress question, a query's end, a cancellation).
+fn spawn_control_service(worker: Arc<Worker>, listener: std::net::TcpListener) -> Result<()> {
+    let name = format!("gyre-control-{}", worker.node);
+    std::thread::Builder::new()
+        .name(name)
+        .spawn(move || {
+            let rt = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    tracing::error!("worker control runtime: {e}");
+                    return;
+                }
+            };
+            rt.block_on(async move {
+                let listener = match TcpListener::from_std(listener) {
+                    Ok(l) => l,
+                    Err(e) => {
+                        tracing::error!("worker control listener: {e}");
+                        return;
+                    }
+                };
+                let mut stop = worker.stopped.subscribe();
+                let service = FlightServiceServer::new(WorkerService(worker))
+                    .max_decoding_message_size(usize::MAX)
+                    .max_encoding_message_size(usize::MAX);
+                let incoming = crate::protocol::incoming_nodelay(listener);
+                let gone = async move {
+                    let _ = stop.wait_for(|stopped| *stopped).await;
+                };
+                if let Err(e) = tonic::transport::Server::builder()
+                    .add_service(service)
+                    .serve_with_incoming_shutdown(incoming, gone)
+                    .await
+                {
+                    tracing::error!("worker control service stopped: {e}");
+                }
+            });
+        })
+        .map_err(|e| DataFusionError::Execution(format!("cannot start the control thread: {e}")))?;
+    Ok(())
+}
+
 struct RunningQuery {
     tasks: Vec<JoinHandle<()>>,
     plans: Vec<(usize, Arc<dyn ExecutionPlan>)>,
+    /// What the query's scans read here.
+    read: Arc<ReadCounters>,
 }
 
 /// A running worker.
@@ -58,6 +108,10 @@ pub struct Worker {
     state: SessionState,
     coordinator: ControlClient,
     queries: Mutex<HashMap<u64, RunningQuery>>,
+    /// The runtime that runs stages and benchmarks (control calls are served apart).
+    runtime: tokio::runtime::Handle,
+    /// Set by [`Worker::shutdown`]: the control service stops.
+    stopped: tokio::sync::watch::Sender<bool>,
     control_addr: SocketAddr,
 }
 
@@ -75,7 +129,8 @@ impl Worker {
     /// Binds the worker's listeners, registers with the coordinator and serves until the
     /// process ends. Returns once the worker is registered.
     pub async fn start(config: WorkerConfig) -> Result<Arc<Self>> {
-        let control = TcpListener::bind(config.listen).await?;
+        let control = std::net::TcpListener::bind(config.listen)?;
+        control.set_nonblocking(true)?;
         let control_addr = control.local_addr()?;
         let data = TcpListener::bind(config.data_listen).await?;
         let data_addr = data.local_addr()?;
@@ -121,24 +176,20 @@ impl Worker {
             state: worker_session(),
             coordinator,
             queries: Mutex::new(HashMap::new()),
+            runtime: tokio::runtime::Handle::current(),
+            stopped: tokio::sync::watch::Sender::new(false),
             control_addr,
         });
-        let service = FlightServiceServer::new(WorkerService(Arc::clone(&worker)))
-            .max_decoding_message_size(usize::MAX)
-            .max_encoding_message_size(usize::MAX);
-        let incoming = tokio_stream::wrappers::TcpListenerStream::new(control);
-        tokio::spawn(async move {
-            if let Err(e) = tonic::transport::Server::builder()
-                .add_service(service)
-                .serve_with_incoming(incoming)
-                .await
-            {
-                tracing::error!("worker control service stopped: {e}");
-            }
-        });
+        spawn_control_service(Arc::clone(&worker), control)?;
         spawn_heartbeat(Arc::downgrade(&worker), config.coordinator.clone());
         tracing::info!(node, %control_addr, %data_addr, "worker registered");
         Ok(worker)
+    }
+
+    /// Stops serving: the control service and the data transport.
+    pub fn shutdown(&self) {
+        self.stopped.send_replace(true);
+        self.transport.shutdown();
     }
 
     /// How many queries have stages on this worker right now.
@@ -151,12 +202,19 @@ impl Worker {
         self.control_addr
     }
 
-    fn task_ctx(&self, qc: QueryContext) -> Arc<TaskContext> {
+    /// Registers the object store that serves `url` (its scheme and authority) for the
+    /// plans this worker runs, as DataFusion's `register_object_store` does.
+    pub fn register_object_store(&self, url: &url::Url, store: Arc<dyn object_store::ObjectStore>) {
+        self.state.runtime_env().register_object_store(url, store);
+    }
+
+    fn task_ctx(&self, qc: QueryContext, read: Arc<ReadCounters>) -> Arc<TaskContext> {
         let config = self
             .state
             .config()
             .clone()
             .with_extension(Arc::new(qc))
+            .with_extension(read)
             .with_extension(Arc::clone(&self.storage));
         let mut state = self.state.clone();
         *state.config_mut() = config;
@@ -188,6 +246,20 @@ impl Worker {
                 self.storage.drop_table(&name);
                 Ok(Response::Ok)
             }
+            Request::RegisterStore { locations, options } => {
+                let options = options.into_iter().collect();
+                for location in &locations {
+                    crate::files::stores::register_store(
+                        self.state.runtime_env(),
+                        location,
+                        &options,
+                    )?;
+                }
+                Ok(Response::Ok)
+            }
+            Request::Progress { query } => Ok(Response::Progress(
+                self.queries.lock().get(&query).map(|q| q.read.snapshot()),
+            )),
             Request::StartQuery {
                 query,
                 workers,
@@ -202,8 +274,24 @@ impl Worker {
                 commit,
                 metrics,
             } => Ok(self.finish_query(query, commit, metrics)),
-            Request::BenchShuffle(run) => Ok(Response::Shuffled(self.bench_shuffle(run).await?)),
-            Request::BenchJoin(run) => Ok(Response::Joined(self.bench_join(run).await?)),
+            Request::BenchShuffle(run) => {
+                let me = Arc::clone(self);
+                let figures = self
+                    .runtime
+                    .spawn(async move { me.bench_shuffle(run).await })
+                    .await
+                    .map_err(|e| DataFusionError::Execution(format!("shuffle benchmark: {e}")))??;
+                Ok(Response::Shuffled(figures))
+            }
+            Request::BenchJoin(run) => {
+                let me = Arc::clone(self);
+                let figures = self
+                    .runtime
+                    .spawn(async move { me.bench_join(run).await })
+                    .await
+                    .map_err(|e| DataFusionError::Execution(format!("join benchmark: {e}")))??;
+                Ok(Response::Joined(figures))
+            }
             other => Err(DataFusionError::Execution(format!(
                 "workers do not handle {other:?}"
             ))),
@@ -232,7 +320,8 @@ impl Worker {
             workers,
             compression: crate::session::parse_compression(compression.as_deref())?,
         };
-        let ctx = self.task_ctx(qc);
+        let read = Arc::new(ReadCounters::default());
+        let ctx = self.task_ctx(qc, Arc::clone(&read));
         let codec = GyreCodec;
         let mut plans = Vec::with_capacity(stages.len());
         for (id, bytes) in &stages {
@@ -241,7 +330,7 @@ impl Worker {
         let mut tasks = Vec::with_capacity(plans.len());
         for (id, plan) in &plans {
             let (id, plan, ctx, me) = (*id, Arc::clone(plan), Arc::clone(&ctx), Arc::clone(self));
-            tasks.push(tokio::spawn(async move {
+            tasks.push(self.runtime.spawn(async move {
                 let res = match plan.execute(index, ctx) {
                     Ok(stream) => datafusion::physical_plan::common::collect(stream)
                         .await
@@ -263,7 +352,7 @@ impl Worker {
         }
         self.queries
             .lock()
-            .insert(query, RunningQuery { tasks, plans });
+            .insert(query, RunningQuery { tasks, plans, read });
         Ok(())
     }
 

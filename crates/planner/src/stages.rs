@@ -4,7 +4,8 @@
 //! of a partitioned operator runs on worker `i`. Walking the plan bottom-up,
 //! every node gets a location:
 //!
-//! - `Workers`: partition `i` runs on worker `i` (table scans start here);
+//! - `Workers`: partition `i` runs on worker `i` (table scans start here, and inserts
+//!   and file writers are brought here);
 //! - `Coordinator`: all partitions run on the coordinator (constants, final steps);
 //! - `Merge`: a partition merge (`CoalescePartitionsExec`, `SortPreservingMergeExec`)
 //!   over a worker input; where the merge runs is decided by its parent: on
@@ -146,8 +147,10 @@ struct Splitter<'a> {
 
 /// Splits `plan`, optimised for `workers` partitions, into stages.
 ///
-/// `on_workers` tells which leaves read worker-resident data (partition `i` on worker `i`);
-/// every other leaf runs on the coordinator.
+/// `on_workers` tells which nodes read or write worker-resident data, so that their
+/// partition `i` must run on worker `i`: leaves that read it (table partitions, file
+/// splits) and nodes that write it (inserts, file writers), whose inputs are brought to
+/// the workers. Every other leaf runs on the coordinator.
 pub fn split_into_stages(
     plan: Arc<dyn ExecutionPlan>,
     workers: usize,
@@ -363,6 +366,17 @@ impl Splitter<'_> {
         let mut visited = Vec::with_capacity(children.len());
         for c in &children {
             visited.push(self.visit(c)?);
+        }
+
+        if (self.on_workers)(node.as_ref()) {
+            // It writes a worker's own data (an insert, a COPY): whatever it writes comes
+            // to the workers, partition `i` to worker `i`.
+            let mut new_children = Vec::with_capacity(visited.len());
+            for (p, l) in visited {
+                new_children.push(self.place_on_workers(p, l)?);
+            }
+            let new = replace_children_if_necessary(Arc::clone(node), new_children)?;
+            return Ok((new, Loc::Workers));
         }
 
         if let Some(flow) = node.downcast_ref::<FlowJoinExec>() {

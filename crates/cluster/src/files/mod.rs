@@ -1,0 +1,172 @@
+//! Files as tables: loading them with every worker reading its own share, and
+//! `COPY TO` written by every worker.
+//!
+//! `CREATE EXTERNAL TABLE` lists the files on the coordinator with DataFusion's listing
+//! table (schema inference, Hive-style partition columns, compression, format options),
+//! then [`WorkerFiles`] turns its scan into a [`FileSplitScanExec`]: the files cut into
+//! splits balanced by bytes ([`splits`]), group `i` read by worker `i`. The load is an
+//! insert of that scan, so a chunked table keeps rows where they were read and a
+//! hash-placed one sends them through the shuffle; no table data passes through the
+//! coordinator. The location must be readable by every worker: a shared file system
+//! or an object store ([`stores`]).
+
+pub mod copy;
+pub mod scan;
+pub mod splits;
+pub mod stores;
+
+pub use copy::FileCopyExec;
+pub use scan::FileSplitScanExec;
+
+use crate::table::QueryWorkers;
+use async_trait::async_trait;
+use datafusion::arrow::datatypes::{DataType, SchemaRef};
+use datafusion::catalog::{Session, TableProvider};
+use datafusion::common::Result;
+use datafusion::datasource::TableType;
+use datafusion::datasource::file_format::FileFormat;
+use datafusion::datasource::file_format::arrow::ArrowFormat;
+use datafusion::datasource::file_format::parquet::ParquetFormat;
+use datafusion::datasource::listing::ListingTableUrl;
+use datafusion::datasource::physical_plan::FileScanConfig;
+use datafusion::datasource::source::DataSourceExec;
+use datafusion::logical_expr::Expr;
+use datafusion::physical_plan::ExecutionPlan;
+use futures::TryStreamExt;
+use object_store::ObjectMeta;
+use splits::{Cut, plan_splits};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// Splits per worker: the granularity of balancing within a worker (its readers take
+/// the next split when free). Each split opens its file once.
+const SPLITS_PER_WORKER: usize = 8;
+
+/// A table's files as a source that the workers read (see the module doc).
+#[derive(Debug)]
+pub struct WorkerFiles {
+    /// DataFusion's listing table of the files.
+    listing: Arc<dyn TableProvider>,
+    /// JSON files hold one array each rather than a value per line (the coordinator
+    /// reads these).
+    json_array: bool,
+}
+
+impl WorkerFiles {
+    pub fn new(listing: Arc<dyn TableProvider>, json_array: bool) -> Self {
+        Self {
+            listing,
+            json_array,
+        }
+    }
+
+    fn cut(&self, config: &FileScanConfig) -> Cut {
+        let kind = config.file_source.file_type();
+        if kind == "parquet" {
+            return Cut::RowGroups;
+        }
+        if config.file_compression_type.is_compressed()
+            || !config.file_source.supports_repartitioning()
+        {
+            return Cut::WholeFiles;
+        }
+        match kind {
+            "csv" | "arrow" => Cut::Bytes,
+            "json" => Cut::Bytes,
+            _ => Cut::WholeFiles,
+        }
+    }
+}
+
+#[async_trait]
+impl TableProvider for WorkerFiles {
+    fn schema(&self) -> SchemaRef {
+        self.listing.schema()
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::Temporary
+    }
+
+    async fn scan(
+        &self,
+        state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        _filters: &[Expr],
+        _limit: Option<usize>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let workers = QueryWorkers::of(state)?.0.len();
+        let plan = self.listing.scan(state, projection, &[], None).await?;
+        // No files at all: DataFusion's empty plan (read on the coordinator, nothing to read).
+        let Some(config) = plan
+            .downcast_ref::<DataSourceExec>()
+            .and_then(|d| d.data_source().downcast_ref::<FileScanConfig>())
+        else {
+            return Ok(plan);
+        };
+        if self.json_array {
+            // A JSON array cannot be cut, and DataFusion's plan format cannot carry the
+            // setting to the workers: the coordinator reads these files.
+            return Ok(plan);
+        }
+        let mut config = config.clone();
+        let store = state.runtime_env().object_store(&config.object_store_url)?;
+        let files = config
+            .file_groups
+            .iter()
+            .flat_map(|g| g.iter().cloned())
+            .collect();
+        let cut = self.cut(&config);
+        let plan = plan_splits(files, cut, &store, workers, SPLITS_PER_WORKER).await?;
+        config.file_groups = plan.groups;
+        Ok(Arc::new(FileSplitScanExec::try_new(config)?))
+    }
+}
+
+/// When DataFusion cannot merge the schemas of the Parquet or Arrow files at
+/// `location`, finds a column that two of them type differently and names both files.
+pub async fn schema_conflict(
+    state: &dyn Session,
+    location: &str,
+    file_type: &str,
+) -> Option<String> {
+    let format: Arc<dyn FileFormat> = match file_type.to_ascii_uppercase().as_str() {
+        "PARQUET" => Arc::new(ParquetFormat::default()),
+        "ARROW" => Arc::new(ArrowFormat),
+        _ => return None,
+    };
+    let url = ListingTableUrl::parse(location).ok()?;
+    let store = state.runtime_env().object_store(&url).ok()?;
+    let mut files: Vec<ObjectMeta> = url
+        .list_all_files(state, store.as_ref(), &format.get_ext())
+        .await
+        .ok()?
+        .try_collect()
+        .await
+        .ok()?;
+    files.sort_by(|a, b| a.location.cmp(&b.location));
+    let mut seen: HashMap<String, (DataType, String)> = HashMap::new();
+    for f in files {
+        let schema = format
+            .infer_schema(state, &store, std::slice::from_ref(&f))
+            .await
+            .ok()?;
+        for field in schema.fields() {
+            let path = scan::file_name(&url.object_store(), f.location.as_ref());
+            match seen.get(field.name()) {
+                Some((t, first)) if t != field.data_type() => {
+                    return Some(format!(
+                        "column '{}' is {t} in '{first}' but {} in '{path}'",
+                        field.name(),
+                        field.data_type()
+                    ));
+                }
+                Some(_) => {}
+                None => {
+                    seen.insert(field.name().clone(), (field.data_type().clone(), path));
+                }
+            }
+        }
+    }
+    None
+}

@@ -1,0 +1,398 @@
+//! Cutting a table's files into splits balanced by bytes over the workers.
+//!
+//! A split is a whole file or a byte range of one. How a file may be cut depends on its
+//! format ([`Cut`]): Parquet at row-group boundaries, read from each file's footer (a
+//! row group belongs to the range that holds its first page, as DataFusion's Parquet
+//! reader decides); uncompressed CSV, newline-delimited JSON and Arrow IPC files
+//! anywhere (their readers align a range to whole records); compressed files and
+//! other formats only whole.
+//!
+//! The files are laid end to end in path order and the sequence is cut into
+//! `workers x slots` consecutive runs of about equal bytes; worker `w` gets runs
+//! `w * slots .. (w + 1) * slots` and reads `slots` of them at a time. A run that
+//! crosses files becomes several splits. Files that can only be read whole are
+//! instead dealt out largest first, each to the run with the fewest bytes so far.
+
+use bytes::Bytes;
+use datafusion::common::{DataFusionError, Result};
+use datafusion::datasource::listing::PartitionedFile;
+use datafusion::datasource::physical_plan::FileGroup;
+use datafusion::parquet::arrow::async_reader::MetadataFetch;
+use datafusion::parquet::errors::ParquetError;
+use datafusion::parquet::file::metadata::ParquetMetaDataReader;
+use futures::future::BoxFuture;
+use futures::{FutureExt, StreamExt, TryStreamExt};
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt};
+use std::collections::BTreeSet;
+use std::ops::Range;
+use std::sync::Arc;
+
+/// How the files of a table may be cut.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cut {
+    /// Parquet: between row groups.
+    RowGroups,
+    /// Anywhere: the reader aligns ranges to records.
+    Bytes,
+    /// Only whole files (compressed files, JSON arrays, Arrow streams, Avro).
+    WholeFiles,
+}
+
+/// The splits of every worker.
+#[derive(Debug, Clone)]
+pub struct SplitPlan {
+    /// Group `w` holds worker `w`'s splits, in the order of its runs.
+    pub groups: Vec<FileGroup>,
+    /// Files in the table.
+    pub files: usize,
+    /// Bytes of all files.
+    pub bytes: u64,
+}
+
+/// Bytes `[start, end)` of file `file`: the smallest piece a run may hold.
+#[derive(Debug, Clone, Copy)]
+struct Piece {
+    file: usize,
+    start: u64,
+    end: u64,
+}
+
+impl Piece {
+    fn bytes(&self) -> u64 {
+        self.end - self.start
+    }
+}
+
+/// Pieces of a byte-cut file are at most this large, so runs end close to their target.
+const BYTE_PIECE: u64 = 4 << 20;
+
+/// Cuts `files` into splits for `workers` workers reading `slots` splits at a time each.
+/// `store` serves the files (Parquet footers are read from it).
+pub async fn plan_splits(
+    mut files: Vec<PartitionedFile>,
+    cut: Cut,
+    store: &Arc<dyn ObjectStore>,
+    workers: usize,
+    slots: usize,
+) -> Result<SplitPlan> {
+    let workers = workers.max(1);
+    let slots = slots.max(1);
+    files.sort_by(|a, b| a.object_meta.location.cmp(&b.object_meta.location));
+    files.dedup_by(|a, b| a.object_meta.location == b.object_meta.location);
+    let bytes = files.iter().map(|f| f.object_meta.size).sum();
+    let runs = workers * slots;
+    let run_pieces = match cut {
+        Cut::WholeFiles => deal_whole_files(&files, runs),
+        Cut::Bytes => {
+            let pieces = files
+                .iter()
+                .enumerate()
+                .flat_map(|(i, f)| byte_pieces(i, f.object_meta.size))
+                .collect::<Vec<_>>();
+            cut_runs(&pieces, runs)
+        }
+        Cut::RowGroups => {
+            let starts = row_group_starts(&files, store).await?;
+            let pieces = files
+                .iter()
+                .zip(&starts)
+                .enumerate()
+                .flat_map(|(i, (f, starts))| row_group_pieces(i, starts, f.object_meta.size))
+                .collect::<Vec<_>>();
+            cut_runs(&pieces, runs)
+        }
+    };
+    let mut groups = vec![Vec::new(); workers];
+    for (run, pieces) in run_pieces.into_iter().enumerate() {
+        let group = &mut groups[run / slots];
+        for (file, start, end) in merge_pieces(&pieces) {
+            let f = &files[file];
+            let split = if start == 0 && end == f.object_meta.size {
+                f.clone()
+            } else {
+                // Statistics describe the whole file, not this range.
+                let mut part = f.clone().with_range(start as i64, end as i64);
+                part.statistics = None;
+                part
+            };
+            group.push(split);
+        }
+    }
+    Ok(SplitPlan {
+        groups: groups.into_iter().map(FileGroup::new).collect(),
+        files: files.len(),
+        bytes,
+    })
+}
+
+/// A file cut anywhere, in pieces of at most [`BYTE_PIECE`] bytes.
+fn byte_pieces(file: usize, size: u64) -> Vec<Piece> {
+    if size == 0 {
+        return vec![Piece {
+            file,
+            start: 0,
+            end: 0,
+        }];
+    }
+    (0..size.div_ceil(BYTE_PIECE))
+        .map(|k| Piece {
+            file,
+            start: k * BYTE_PIECE,
+            end: ((k + 1) * BYTE_PIECE).min(size),
+        })
+        .collect()
+}
+
+/// A Parquet file cut between row groups: the first piece starts at 0 (it holds the
+/// magic bytes), the last ends at the file's end (the footer is read from there anyway).
+fn row_group_pieces(file: usize, starts: &[u64], size: u64) -> Vec<Piece> {
+    if starts.is_empty() {
+        return vec![Piece {
+            file,
+            start: 0,
+            end: size,
+        }];
+    }
+    let mut bounds: Vec<u64> = starts.to_vec();
+    bounds[0] = 0;
+    bounds.push(size);
+    bounds
+        .windows(2)
+        .map(|w| Piece {
+            file,
+            start: w[0],
+            end: w[1],
+        })
+        .collect()
+}
+
+/// Where each row group of each Parquet file starts: the offset of its first column's
+/// first page, the position DataFusion's reader assigns a row group to a range by.
+async fn row_group_starts(
+    files: &[PartitionedFile],
+    store: &Arc<dyn ObjectStore>,
+) -> Result<Vec<Vec<u64>>> {
+    let files: Vec<(Path, u64)> = files
+        .iter()
+        .map(|f| (f.object_meta.location.clone(), f.object_meta.size))
+        .collect();
+    futures::stream::iter(files.into_iter().map(|(location, size)| {
+        let store = Arc::clone(store);
+        async move {
+            let fetch = StoreFetch {
+                store,
+                path: location.clone(),
+            };
+            let metadata = ParquetMetaDataReader::new()
+                .load_and_finish(fetch, size)
+                .await
+                .map_err(|e| {
+                    DataFusionError::Execution(format!(
+                        "cannot read the Parquet footer of '{location}': {e}"
+                    ))
+                })?;
+            let mut starts = BTreeSet::new();
+            for rg in metadata.row_groups() {
+                if rg.num_columns() == 0 {
+                    continue;
+                }
+                let col = rg.column(0);
+                let start = col
+                    .dictionary_page_offset()
+                    .unwrap_or_else(|| col.data_page_offset());
+                let start = u64::try_from(start)
+                    .ok()
+                    .filter(|s| *s < size)
+                    .ok_or_else(|| {
+                        DataFusionError::Execution(format!(
+                            "corrupt Parquet file '{location}': a row group starts at byte {start} \
+                         of a {size}-byte file"
+                        ))
+                    })?;
+                starts.insert(start);
+            }
+            Ok::<_, DataFusionError>(starts.into_iter().collect::<Vec<_>>())
+        }
+    }))
+    .buffered(16)
+    .try_collect()
+    .await
+}
+
+/// Reads byte ranges of a Parquet file's footer from its object store.
+struct StoreFetch {
+    store: Arc<dyn ObjectStore>,
+    path: Path,
+}
+
+impl MetadataFetch for StoreFetch {
+    fn fetch(
+        &mut self,
+        range: Range<u64>,
+    ) -> BoxFuture<'_, datafusion::parquet::errors::Result<Bytes>> {
+        async move {
+            self.store
+                .get_range(&self.path, range)
+                .await
+                .map_err(|e| ParquetError::External(Box::new(e)))
+        }
+        .boxed()
+    }
+}
+
+/// Cuts a sequence of pieces into `runs` consecutive runs of about equal bytes: run `r`
+/// ends at the first piece boundary at or past `(r + 1) / runs` of the bytes.
+fn cut_runs(pieces: &[Piece], runs: usize) -> Vec<Vec<Piece>> {
+    let total: u64 = pieces.iter().map(Piece::bytes).sum();
+    let mut out = vec![Vec::new(); runs];
+    let mut done = 0u64;
+    let mut run = 0;
+    for p in pieces {
+        out[run].push(*p);
+        done += p.bytes();
+        // Move on once this run reached its share of the bytes.
+        while total > 0
+            && run + 1 < runs
+            && (done as u128) * (runs as u128) >= (total as u128) * (run as u128 + 1)
+        {
+            run += 1;
+        }
+    }
+    out
+}
+
+/// Whole files dealt out largest first, each to the run with the fewest bytes so far.
+fn deal_whole_files(files: &[PartitionedFile], runs: usize) -> Vec<Vec<Piece>> {
+    let mut order: Vec<usize> = (0..files.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(files[i].object_meta.size));
+    let mut load = vec![0u64; runs];
+    let mut out = vec![Vec::new(); runs];
+    for i in order {
+        let size = files[i].object_meta.size;
+        let run = (0..runs).min_by_key(|&r| (load[r], r)).unwrap_or(0);
+        load[run] += size;
+        out[run].push(Piece {
+            file: i,
+            start: 0,
+            end: size,
+        });
+    }
+    for run in &mut out {
+        run.sort_by_key(|p| p.file);
+    }
+    out
+}
+
+/// Adjacent pieces of the same file as one `(file, start, end)` split.
+fn merge_pieces(pieces: &[Piece]) -> Vec<(usize, u64, u64)> {
+    let mut out: Vec<(usize, u64, u64)> = vec![];
+    for p in pieces {
+        match out.last_mut() {
+            Some((file, _, end)) if *file == p.file && *end == p.start => *end = p.end,
+            _ => out.push((p.file, p.start, p.end)),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(path: &str, size: u64) -> PartitionedFile {
+        PartitionedFile::new(path.to_string(), size)
+    }
+
+    /// Every byte of every file is in exactly one split.
+    fn assert_covers(plan: &SplitPlan, files: &[(&str, u64)]) {
+        for (path, size) in files {
+            let mut ranges: Vec<(u64, u64)> = plan
+                .groups
+                .iter()
+                .flat_map(|g| g.iter())
+                .filter(|f| f.object_meta.location.as_ref() == *path)
+                .map(|f| match &f.range {
+                    Some(r) => (r.start as u64, r.end as u64),
+                    None => (0, *size),
+                })
+                .collect();
+            ranges.sort();
+            let mut at = 0;
+            for (s, e) in ranges {
+                assert_eq!(s, at, "{path}: gap or overlap at {at}");
+                at = e;
+            }
+            assert_eq!(at, *size, "{path} not covered to its end");
+        }
+    }
+
+    fn group_bytes(plan: &SplitPlan) -> Vec<u64> {
+        plan.groups
+            .iter()
+            .map(|g| {
+                g.iter()
+                    .map(|f| match &f.range {
+                        Some(r) => (r.end - r.start) as u64,
+                        None => f.object_meta.size,
+                    })
+                    .sum()
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn byte_cut_files_are_balanced_to_a_piece() {
+        let store: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+        let sizes = [("a", 100 << 20), ("b", 7 << 20), ("c", 0), ("d", 33 << 20)];
+        let files = sizes.iter().map(|(p, s)| file(p, *s)).collect();
+        let plan = plan_splits(files, Cut::Bytes, &store, 3, 2).await.unwrap();
+        assert_eq!(plan.files, 4);
+        assert_covers(&plan, &sizes);
+        let bytes = group_bytes(&plan);
+        let mean = plan.bytes / 3;
+        for b in bytes {
+            assert!(b.abs_diff(mean) <= 2 * BYTE_PIECE, "{b} vs mean {mean}");
+        }
+    }
+
+    #[tokio::test]
+    async fn whole_files_go_largest_first_to_the_lightest_run() {
+        let store: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+        let sizes = [("a", 10), ("b", 9), ("c", 8), ("d", 3), ("e", 2), ("f", 1)];
+        let files = sizes.iter().map(|(p, s)| file(p, *s)).collect();
+        let plan = plan_splits(files, Cut::WholeFiles, &store, 3, 1)
+            .await
+            .unwrap();
+        assert_covers(&plan, &sizes);
+        assert!(
+            plan.groups
+                .iter()
+                .flat_map(|g| g.iter())
+                .all(|f| f.range.is_none())
+        );
+        let mut bytes = group_bytes(&plan);
+        bytes.sort();
+        assert_eq!(bytes, vec![11, 11, 11]);
+    }
+
+    #[tokio::test]
+    async fn more_workers_than_bytes_leaves_some_without_splits() {
+        let store: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+        let sizes = [("only", 10)];
+        let plan = plan_splits(vec![file("only", 10)], Cut::Bytes, &store, 4, 2)
+            .await
+            .unwrap();
+        assert_covers(&plan, &sizes);
+        assert_eq!(plan.groups.iter().filter(|g| !g.is_empty()).count(), 1);
+    }
+
+    #[test]
+    fn row_group_pieces_cover_the_file() {
+        let p = row_group_pieces(0, &[4, 1000, 5000], 6000);
+        let bounds: Vec<_> = p.iter().map(|p| (p.start, p.end)).collect();
+        assert_eq!(bounds, vec![(0, 1000), (1000, 5000), (5000, 6000)]);
+        // A range [1000, 5000) holds the row group starting at 1000 only.
+        assert_eq!(row_group_pieces(0, &[], 77)[0].end, 77);
+    }
+}

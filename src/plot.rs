@@ -1,0 +1,159 @@
+//! Grouped bar charts as SVG, for the benchmarks' `--plot`.
+
+/// One series of bars: its name in the legend and its colour.
+pub struct Series<'a> {
+    pub name: &'a str,
+    pub color: &'a str,
+}
+
+/// A bar chart with one group of bars per label, one bar per series in each group.
+/// `values[g][s]` is series `s` in group `g`.
+pub fn grouped_bars(
+    title: &str,
+    unit: &str,
+    series: &[Series<'_>],
+    labels: &[String],
+    values: &[Vec<f64>],
+) -> String {
+    let bar = 14.0;
+    let widest_label = labels.iter().map(|l| l.chars().count()).max().unwrap_or(0) as f64;
+    let group = (bar * series.len() as f64 + 12.0).max(6.5 * widest_label + 12.0);
+    let legend = 18.0 * series.len() as f64;
+    let (left, bottom) = (60.0, 40.0);
+    // Title, then the legend, then the bars.
+    let top = 40.0 + legend + 10.0;
+    let w = (left + 10.0 + group * labels.len() as f64)
+        .max(7.0 * title.chars().count() as f64 + left)
+        .max(480.0);
+    let h = top + 300.0 + bottom;
+    let max = values
+        .iter()
+        .flatten()
+        .copied()
+        .filter(|v| v.is_finite())
+        .fold(0.0, f64::max);
+    let step = nice_step(max / 4.0);
+    let ticks = (max / step).ceil().max(1.0) as usize;
+    let scale = 300.0 / (step * ticks as f64);
+    let base = h - bottom;
+    let mut s = format!(
+        "<svg xmlns='http://www.w3.org/2000/svg' width='{w:.0}' height='{h:.0}' \
+         font-family='sans-serif' font-size='11'>\n\
+         <rect width='100%' height='100%' fill='white'/>\n\
+         <text x='10' y='20' font-size='13'>{}</text>\n",
+        escape(title)
+    );
+    for (k, se) in series.iter().enumerate() {
+        let y = 32.0 + 18.0 * k as f64;
+        s += &format!(
+            "<rect x='{left}' y='{y:.1}' width='10' height='10' fill='{}'/>\
+             <text x='{:.1}' y='{:.1}'>{}</text>\n",
+            se.color,
+            left + 15.0,
+            y + 9.0,
+            escape(se.name)
+        );
+    }
+    for i in 0..=ticks {
+        let v = step * i as f64;
+        let y = base - v * scale;
+        s += &format!(
+            "<line x1='{left}' x2='{w:.0}' y1='{y:.1}' y2='{y:.1}' stroke='#ddd'/>\
+             <text x='5' y='{:.1}'>{}</text>\n",
+            y + 4.0,
+            tick(v)
+        );
+    }
+    s += &format!(
+        "<text x='5' y='{:.1}' fill='#555'>{}</text>\n",
+        base - 300.0 - 12.0,
+        escape(unit)
+    );
+    for (g, label) in labels.iter().enumerate() {
+        let x0 = left + 10.0 + group * g as f64;
+        for (k, se) in series.iter().enumerate() {
+            let v = values
+                .get(g)
+                .and_then(|r| r.get(k))
+                .copied()
+                .unwrap_or(f64::NAN);
+            if !v.is_finite() {
+                continue;
+            }
+            let bh = v * scale;
+            s += &format!(
+                "<rect x='{:.1}' y='{:.1}' width='{bar}' height='{bh:.1}' fill='{}'/>\n",
+                x0 + bar * k as f64,
+                base - bh,
+                se.color
+            );
+        }
+        s += &format!(
+            "<text x='{x0:.1}' y='{:.1}'>{}</text>\n",
+            base + 15.0,
+            escape(label)
+        );
+    }
+    s + "</svg>\n"
+}
+
+/// 1, 2 or 5 times a power of ten, at least `raw`.
+fn nice_step(raw: f64) -> f64 {
+    if raw.is_nan() || raw <= 0.0 || raw.is_infinite() {
+        return 1.0;
+    }
+    let p = 10f64.powf(raw.log10().floor());
+    [1.0, 2.0, 5.0, 10.0]
+        .into_iter()
+        .map(|m| m * p)
+        .find(|s| *s >= raw)
+        .unwrap_or(10.0 * p)
+}
+
+fn tick(v: f64) -> String {
+    let text = format!("{v:.3}");
+    text.trim_end_matches('0').trim_end_matches('.').to_string()
+}
+
+fn escape(t: &str) -> String {
+    t.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bars_scale_to_the_largest_value_and_skip_missing_ones() {
+        let series = [
+            Series {
+                name: "a <1>",
+                color: "#111",
+            },
+            Series {
+                name: "b",
+                color: "#222",
+            },
+        ];
+        let svg = grouped_bars(
+            "t",
+            "s",
+            &series,
+            &["x".into(), "y".into()],
+            &[vec![1.0, 2.0], vec![4.0, f64::NAN]],
+        );
+        assert!(svg.contains("a &lt;1&gt;"));
+        // Three bars: the missing value draws none.
+        assert_eq!(svg.matches("width='14'").count(), 3);
+        assert!(svg.starts_with("<svg") && svg.ends_with("</svg>\n"));
+        // Ticks at round values up to the largest bar.
+        assert!(
+            svg.contains(">4</text>") && svg.contains(">1</text>"),
+            "{svg}"
+        );
+        assert_eq!(nice_step(0.43), 0.5);
+        assert_eq!(nice_step(3.0), 5.0);
+    }
+}
