@@ -5,15 +5,15 @@ use crate::progress_line::with_progress;
 use arrow::array::RecordBatch;
 use arrow::datatypes::Schema;
 use arrow_flight::Action;
+use arrow_flight::error::FlightError;
 use arrow_flight::sql::client::FlightSqlServiceClient;
-use datafusion::sql::parser::DFParser;
 use datafusion::sql::sqlparser::dialect::GenericDialect;
 use datafusion::sql::sqlparser::tokenizer::{Token, Tokenizer};
 use futures::TryStreamExt;
 use futures::future::BoxFuture;
 use gyre_cluster::Coordinator;
 use gyre_cluster::coordinator::StatementResult;
-use gyre_cluster::flight_sql::{PROGRESS_ACTION, PROGRESS_HEADER};
+use gyre_cluster::flight_sql::{ERROR_PLACE_HEADER, PROGRESS_ACTION, PROGRESS_HEADER};
 use gyre_cluster::progress::{ProgressReport, StatementProgress};
 use std::sync::Arc;
 use tokio::sync::Mutex;
@@ -27,8 +27,9 @@ pub trait SqlRunner {
 }
 
 /// Splits a script into statements (psql-style: each is run and printed in turn), each
-/// as the text it was written as: statements are checked by parsing but sent verbatim,
-/// since not every statement prints back as valid SQL.
+/// as the text it was written as (not every statement prints back as valid SQL). Only
+/// tokenized here: the server parses each in the session's dialect
+/// (`datafusion.sql_parser.dialect`) and reports what it cannot parse.
 pub fn split_statements(script: &str) -> Result<Vec<String>, BoxError> {
     let tokens = Tokenizer::new(&GenericDialect {}, script).tokenize_with_location()?;
     // Byte offset of each line's start (the tokenizer counts lines and columns from 1).
@@ -60,7 +61,6 @@ pub fn split_statements(script: &str) -> Result<Vec<String>, BoxError> {
         if text.is_empty() {
             continue;
         }
-        DFParser::parse_sql_with_dialect(text, &GenericDialect {})?;
         out.push(text.to_string());
     }
     Ok(out)
@@ -81,7 +81,15 @@ impl SqlRunner for LocalRunner {
                     Some(p.report())
                 }) as BoxFuture<'static, Option<ProgressReport>>
             };
-            Ok(with_progress(self.0.sql_with_progress(sql, progress), poll).await?)
+            with_progress(self.0.sql_with_progress(sql, progress), poll)
+                .await
+                .map_err(|e| {
+                    let text = gyre_exchange::error_text(&e);
+                    match gyre_exchange::error_place(&e) {
+                        Some(p) => format!("{text} (at {p})").into(),
+                        None => text.into(),
+                    }
+                })
         })
     }
 }
@@ -138,17 +146,38 @@ impl RemoteClient {
         sql: &str,
     ) -> Result<Vec<StatementResult>, BoxError> {
         {
-            let info = client.execute(sql.to_string(), None).await?;
+            let info = client
+                .execute(sql.to_string(), None)
+                .await
+                .map_err(flight_error)?;
             let schema = Arc::new(info.clone().try_decode_schema().unwrap_or(Schema::empty()));
             let mut batches: Vec<RecordBatch> = vec![];
             for endpoint in info.endpoint {
                 if let Some(ticket) = endpoint.ticket {
-                    let stream = client.do_get(ticket).await?;
-                    batches.extend(stream.try_collect::<Vec<_>>().await?);
+                    let stream = client.do_get(ticket).await.map_err(flight_error)?;
+                    batches.extend(stream.try_collect::<Vec<_>>().await.map_err(flight_error)?);
                 }
             }
             Ok(vec![StatementResult { schema, batches }])
         }
+    }
+}
+
+/// A Flight error as a person reads it: the server's own message, and where in the
+/// cluster it happened when the server says.
+fn flight_error(e: FlightError) -> BoxError {
+    match e {
+        FlightError::Tonic(status) => {
+            let place = status
+                .metadata()
+                .get(ERROR_PLACE_HEADER)
+                .and_then(|v| v.to_str().ok());
+            match place {
+                Some(p) => format!("{} (at {p})", status.message()).into(),
+                None => status.message().to_string().into(),
+            }
+        }
+        other => other.into(),
     }
 }
 
@@ -169,6 +198,8 @@ mod tests {
                 "-- a comment; still a comment\nSELECT 'é;' as \"c;\"",
             ]
         );
-        assert!(split_statements("SELEC 1").is_err());
+        // Parsing is the server's: it knows the session's dialect.
+        assert_eq!(split_statements("SELEC 1").unwrap(), vec!["SELEC 1"]);
+        assert!(split_statements("SELECT 'open").is_err());
     }
 }

@@ -2,11 +2,13 @@
 //! workers with DataFusion's protobuf plan format.
 
 use crate::files::{FileCopyExec, FileSplitScanExec};
+use crate::modify::{GyreModifyExec, Modification};
 use crate::table::{GyreInsertExec, GyreScanExec};
 use crate::tpch::TpchGenExec;
 use arrow::datatypes::{Schema, SchemaRef};
 use datafusion::common::JoinSide;
 use datafusion::common::parsers::CompressionTypeVariant;
+use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::{Result, internal_datafusion_err, internal_err};
 use datafusion::datasource::file_format::file_compression_type::FileCompressionType;
 use datafusion::datasource::physical_plan::FileScanConfig;
@@ -15,7 +17,9 @@ use datafusion::datasource::source::DataSourceExec;
 use datafusion::execution::TaskContext;
 use datafusion::physical_expr::{LexOrdering, Partitioning, PhysicalExpr, PhysicalSortExpr};
 use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::aggregates::{AggregateExec, PhysicalGroupBy};
 use datafusion::physical_plan::joins::utils::{ColumnIndex, JoinFilter};
+use datafusion::physical_plan::sorts::partitioned_topk::{PartitionedTopKExec, WindowFnKind};
 use datafusion_proto::physical_plan::from_proto::parse_physical_expr;
 use datafusion_proto::physical_plan::to_proto::serialize_physical_expr;
 use datafusion_proto::physical_plan::{
@@ -63,6 +67,7 @@ enum NodeProto {
         shuffle: bool,
         partitioning: PartitioningProto,
         ordering: Vec<SortProto>,
+        constants: Vec<Vec<u8>>,
     },
     Flow {
         settings: SkewSettings,
@@ -80,6 +85,23 @@ enum NodeProto {
     FileCopy {
         template: Vec<u8>,
         write_id: String,
+    },
+    /// A [`GyreModifyExec`]: expressions over the table's columns.
+    Modify {
+        table: String,
+        schema: Vec<u8>,
+        partitions: usize,
+        filters: Vec<Vec<u8>>,
+        /// None for a delete.
+        assignments: Option<Vec<(usize, Vec<u8>)>>,
+    },
+    /// DataFusion's per-partition top-k under a window function (its plan format has
+    /// no message for it).
+    PartitionedTopK {
+        ordering: Vec<SortProto>,
+        partition_prefix_len: usize,
+        fetch: usize,
+        rank: bool,
     },
     Cyclo {
         left_key: usize,
@@ -219,6 +241,67 @@ fn partitioning_from(
     })
 }
 
+fn ordering_proto(ordering: &[PhysicalSortExpr], codec: &GyreCodec) -> Result<Vec<SortProto>> {
+    ordering
+        .iter()
+        .map(|s| {
+            Ok(SortProto {
+                expr: expr_bytes(&s.expr, codec)?,
+                descending: s.options.descending,
+                nulls_first: s.options.nulls_first,
+            })
+        })
+        .collect()
+}
+
+fn ordering_from(
+    ordering: &[SortProto],
+    ctx: &TaskContext,
+    schema: &Schema,
+    codec: &GyreCodec,
+) -> Result<Vec<PhysicalSortExpr>> {
+    ordering
+        .iter()
+        .map(|s| {
+            Ok(PhysicalSortExpr {
+                expr: expr_from(&s.expr, ctx, schema, codec)?,
+                options: arrow::compute::SortOptions {
+                    descending: s.descending,
+                    nulls_first: s.nulls_first,
+                },
+            })
+        })
+        .collect()
+}
+
+/// DataFusion's plan format writes an aggregate's grouping sets as one flag per group
+/// expression and set, so the sets of `GROUPING SETS (())` (no expressions) come back
+/// as no sets at all, and the aggregate as one that outputs nothing. A decoded
+/// aggregate with grouping sets but no sets had the one empty set.
+fn restore_empty_grouping_sets(plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
+    plan.transform_up(|node| {
+        let Some(agg) = node.downcast_ref::<AggregateExec>() else {
+            return Ok(Transformed::no(node));
+        };
+        let g = agg.group_expr();
+        if !(g.has_grouping_set() && g.groups().is_empty() && g.expr().is_empty()) {
+            return Ok(Transformed::no(node));
+        }
+        let group_by = PhysicalGroupBy::new(vec![], vec![], vec![vec![]], true);
+        let fixed = AggregateExec::try_new(
+            *agg.mode(),
+            group_by,
+            agg.aggr_expr().to_vec(),
+            agg.filter_expr().to_vec(),
+            Arc::clone(agg.input()),
+            agg.input_schema(),
+        )?
+        .with_limit_options(agg.limit_options());
+        Ok(Transformed::yes(Arc::new(fixed) as Arc<dyn ExecutionPlan>))
+    })
+    .map(|t| t.data)
+}
+
 impl GyreCodec {
     /// Serialises a whole stage plan.
     pub fn encode_plan(&self, plan: Arc<dyn ExecutionPlan>) -> Result<Vec<u8>> {
@@ -229,7 +312,7 @@ impl GyreCodec {
     pub fn decode_plan(&self, bytes: &[u8], ctx: &TaskContext) -> Result<Arc<dyn ExecutionPlan>> {
         let node = protobuf::PhysicalPlanNode::decode(bytes)
             .map_err(|e| internal_datafusion_err!("bad plan: {e}"))?;
-        node.try_into_physical_plan(ctx, self)
+        restore_empty_grouping_sets(node.try_into_physical_plan(ctx, self)?)
     }
 }
 
@@ -303,34 +386,31 @@ impl PhysicalExtensionCodec for GyreCodec {
                 shuffle,
                 partitioning,
                 ordering,
+                constants,
             } => {
                 let schema = schema_from_bytes(&schema)?;
-                let partitioning = partitioning_from(&partitioning, ctx, &schema, self)?;
-                let sort: Vec<PhysicalSortExpr> = ordering
+                let constants = constants
                     .iter()
-                    .map(|s| {
-                        Ok(PhysicalSortExpr {
-                            expr: expr_from(&s.expr, ctx, &schema, self)?,
-                            options: arrow::compute::SortOptions {
-                                descending: s.descending,
-                                nulls_first: s.nulls_first,
-                            },
-                        })
-                    })
+                    .map(|c| expr_from(c, ctx, &schema, self))
                     .collect::<Result<_>>()?;
-                Arc::new(ExchangeReceiverExec::new(
-                    exchange,
-                    schema,
-                    producer,
-                    producer_partitions,
-                    if shuffle {
-                        ReceiveMode::Shuffle
-                    } else {
-                        ReceiveMode::Forward
-                    },
-                    partitioning,
-                    LexOrdering::new(sort),
-                ))
+                let partitioning = partitioning_from(&partitioning, ctx, &schema, self)?;
+                let sort = ordering_from(&ordering, ctx, &schema, self)?;
+                Arc::new(
+                    ExchangeReceiverExec::new(
+                        exchange,
+                        schema,
+                        producer,
+                        producer_partitions,
+                        if shuffle {
+                            ReceiveMode::Shuffle
+                        } else {
+                            ReceiveMode::Forward
+                        },
+                        partitioning,
+                        LexOrdering::new(sort),
+                    )
+                    .with_constants(constants),
+                )
             }
             NodeProto::Flow {
                 settings,
@@ -367,6 +447,61 @@ impl PhysicalExtensionCodec for GyreCodec {
                     .downcast_ref::<DataSinkExec>()
                     .ok_or_else(|| internal_datafusion_err!("a COPY without its sink"))?;
                 Arc::new(FileCopyExec::try_new(Arc::clone(input), sink, write_id)?)
+            }
+            NodeProto::Modify {
+                table,
+                schema,
+                partitions,
+                filters,
+                assignments,
+            } => {
+                let schema = schema_from_bytes(&schema)?;
+                let expr = |b: &[u8]| expr_from(b, ctx, &schema, self);
+                let filters = filters.iter().map(|f| expr(f)).collect::<Result<_>>()?;
+                let modification = match assignments {
+                    None => Modification::Delete,
+                    Some(a) => Modification::Update(
+                        a.iter()
+                            .map(|(i, e)| {
+                                if *i >= schema.fields().len() {
+                                    return internal_err!("an update of column {i}");
+                                }
+                                Ok((*i, expr(e)?))
+                            })
+                            .collect::<Result<_>>()?,
+                    ),
+                };
+                Arc::new(GyreModifyExec::new(
+                    table,
+                    schema,
+                    partitions,
+                    filters,
+                    modification,
+                ))
+            }
+            NodeProto::PartitionedTopK {
+                ordering,
+                partition_prefix_len,
+                fetch,
+                rank,
+            } => {
+                let [input] = inputs else {
+                    return internal_err!("a top-k has one input, got {}", inputs.len());
+                };
+                let sort = ordering_from(&ordering, ctx, &input.schema(), self)?;
+                let expr = LexOrdering::new(sort)
+                    .ok_or_else(|| internal_datafusion_err!("a top-k without an ordering"))?;
+                Arc::new(PartitionedTopKExec::try_new(
+                    Arc::clone(input),
+                    expr,
+                    partition_prefix_len,
+                    fetch,
+                    if rank {
+                        WindowFnKind::Rank
+                    } else {
+                        WindowFnKind::RowNumber
+                    },
+                )?)
             }
             NodeProto::Cyclo {
                 left_key,
@@ -450,19 +585,14 @@ impl PhysicalExtensionCodec for GyreCodec {
                 )?,
                 ordering: r
                     .ordering()
-                    .map(|o| {
-                        o.iter()
-                            .map(|s| {
-                                Ok(SortProto {
-                                    expr: expr_bytes(&s.expr, self)?,
-                                    descending: s.options.descending,
-                                    nulls_first: s.options.nulls_first,
-                                })
-                            })
-                            .collect::<Result<Vec<_>>>()
-                    })
+                    .map(|o| ordering_proto(o, self))
                     .transpose()?
                     .unwrap_or_default(),
+                constants: r
+                    .constants()
+                    .iter()
+                    .map(|c| expr_bytes(c, self))
+                    .collect::<Result<_>>()?,
             }
         } else if let Some(f) = node.downcast_ref::<FlowJoinExec>() {
             NodeProto::Flow {
@@ -481,6 +611,35 @@ impl PhysicalExtensionCodec for GyreCodec {
             NodeProto::FileCopy {
                 template: self.encode_plan(Arc::clone(c.template()))?,
                 write_id: c.write_id().to_string(),
+            }
+        } else if let Some(m) = node.downcast_ref::<GyreModifyExec>() {
+            NodeProto::Modify {
+                table: m.table.clone(),
+                schema: schema_to_bytes(&m.table_schema)?,
+                partitions: m.partitions,
+                filters: m
+                    .filters
+                    .iter()
+                    .map(|f| expr_bytes(f, self))
+                    .collect::<Result<_>>()?,
+                assignments: match &m.modification {
+                    Modification::Delete => None,
+                    Modification::Update(a) => Some(
+                        a.iter()
+                            .map(|(i, e)| Ok((*i, expr_bytes(e, self)?)))
+                            .collect::<Result<_>>()?,
+                    ),
+                },
+            }
+        } else if let Some(t) = node.downcast_ref::<PartitionedTopKExec>() {
+            NodeProto::PartitionedTopK {
+                ordering: ordering_proto(t.expr(), self)?,
+                partition_prefix_len: t.partition_prefix_len(),
+                fetch: t.fetch(),
+                rank: match t.fn_kind() {
+                    WindowFnKind::Rank => true,
+                    WindowFnKind::RowNumber => false,
+                },
             }
         } else if let Some(c) = node.downcast_ref::<CycloJoinExec>() {
             let (left_key, right_key) = c.keys();

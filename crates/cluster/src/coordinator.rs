@@ -4,19 +4,23 @@
 use crate::codec::{GyreCodec, schema_to_bytes};
 use crate::execution::{DeferredQuery, QueryExecution};
 use crate::files::stores::{register_store, take_store_options};
-use crate::files::{FileCopyExec, FileSplitScanExec, WorkerFiles, schema_conflict};
+use crate::files::{
+    FileCopyExec, FileSplitScanExec, WorkerFiles, coordinator_must_read, schema_conflict,
+};
+use crate::modify::GyreModifyExec;
 use crate::progress::{STATEMENT, StatementProgress};
 use crate::protocol::{ControlClient, Request, Response};
 use crate::session::{coordinator_context, parse_compression};
 use crate::storage::PartStats;
 use crate::table::{
     DistributedTable, GyreInsertExec, GyreScanExec, QueryWorkers, TableMeta, TablePlacement,
-    count_schema,
+    TableRules, count_schema,
 };
 use crate::tpch::{self, TpchGenExec};
 use arrow::array::{ArrayRef, RecordBatch, StringArray, UInt64Array};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::catalog::TableProvider;
+use datafusion::common::config::Dialect;
 use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
 use datafusion::common::{DataFusionError, Result, TableReference, plan_datafusion_err, plan_err};
 use datafusion::datasource::provider_as_source;
@@ -26,16 +30,16 @@ use datafusion::execution::context::SessionState;
 use datafusion::logical_expr::dml::InsertOp;
 use datafusion::logical_expr::{
     CreateExternalTable, CreateMemoryTable, DdlStatement, DropTable, LogicalPlan,
-    LogicalPlanBuilder, Statement as LogicalStatement,
+    LogicalPlanBuilder, Statement as LogicalStatement, WriteOp,
 };
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::display::DisplayableExecutionPlan;
 use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, Partitioning};
 use datafusion::prelude::SessionContext;
-use datafusion::sql::parser::{DFParser, Statement as DFStatement};
+use datafusion::sql::parser::{DFParserBuilder, Statement as DFStatement};
 use datafusion::sql::sqlparser::ast::{Expr as SqlExpr, Statement as SqlStatement};
-use datafusion::sql::sqlparser::dialect::GenericDialect;
+use datafusion::sql::sqlparser::dialect::dialect_from_str;
 use gyre_exchange::{BuildPreserving, Placement, QueryContext, SkewSettings};
 use gyre_planner::{
     DistributedPlan, GyrePlannerOptions, JoinStrategy, plan_cyclo_joins, plan_flow_joins,
@@ -43,7 +47,7 @@ use gyre_planner::{
 };
 use gyre_transport::{COORDINATOR, NodeId, TcpTransport, Transport, TransportConfig, node_name};
 use parking_lot::{Mutex, RwLock};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -120,6 +124,11 @@ pub struct Coordinator {
     /// Set by [`Coordinator::shutdown`]: connections ending now are no deaths.
     stopping: AtomicBool,
     running: Mutex<HashMap<u64, RunningQuery>>,
+    /// Names of tables a statement is creating right now (two may not race).
+    creating: Arc<Mutex<std::collections::HashSet<String>>>,
+    /// Held by a running DELETE or UPDATE: each replaces table parts computed from
+    /// what it read, so two must not overlap (inserts may: they only append).
+    modifying: tokio::sync::Mutex<()>,
     settings: Mutex<Settings>,
     config: CoordinatorConfig,
 }
@@ -157,6 +166,14 @@ fn count_result(rows: u64) -> Result<StatementResult> {
     })
 }
 
+/// What DDL returns, as in DataFusion: no columns, no rows.
+fn no_result() -> Result<StatementResult> {
+    Ok(StatementResult {
+        schema: Arc::new(Schema::empty()),
+        batches: vec![],
+    })
+}
+
 /// How long a control call that should answer at once may take.
 const CONTROL_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -179,6 +196,7 @@ fn runs_on_workers(plan: &dyn ExecutionPlan) -> bool {
         || plan.is::<TpchGenExec>()
         || plan.is::<FileSplitScanExec>()
         || plan.is::<GyreInsertExec>()
+        || plan.is::<GyreModifyExec>()
         || plan.is::<FileCopyExec>()
 }
 
@@ -219,6 +237,8 @@ impl Coordinator {
             next_query: AtomicU64::new(1),
             stopping: AtomicBool::new(false),
             running: Mutex::new(HashMap::new()),
+            creating: Arc::new(Mutex::new(std::collections::HashSet::new())),
+            modifying: tokio::sync::Mutex::new(()),
             settings: Mutex::new(Settings::default()),
             config,
         });
@@ -498,9 +518,28 @@ impl Coordinator {
         state.task_ctx()
     }
 
+    /// Parses `sql` in the dialect the session is set to (`datafusion.sql_parser.dialect`),
+    /// with its recursion limit, as DataFusion's own `SessionState::sql_to_statement`.
+    fn parse(&self, sql: &str) -> Result<VecDeque<DFStatement>> {
+        let state = self.ctx.state();
+        let options = &state.config().options().sql_parser;
+        let dialect = dialect_from_str(options.dialect).ok_or_else(|| {
+            plan_datafusion_err!(
+                "Unsupported SQL dialect: {}. Available dialects: {}.",
+                options.dialect,
+                Dialect::available()
+            )
+        })?;
+        DFParserBuilder::new(sql)
+            .with_dialect(dialect.as_ref())
+            .with_recursion_limit(options.recursion_limit.get())
+            .build()?
+            .parse_statements()
+    }
+
     /// Runs every statement of `sql` in order and returns each result.
     pub async fn sql(self: &Arc<Self>, sql: &str) -> Result<Vec<StatementResult>> {
-        let statements = DFParser::parse_sql_with_dialect(sql, &GenericDialect {})?;
+        let statements = self.parse(sql)?;
         let mut out = Vec::with_capacity(statements.len());
         for stmt in statements {
             out.push(self.run_statement(stmt).await?);
@@ -529,7 +568,7 @@ impl Coordinator {
     /// planned, not run, so that its result can be streamed to the client as it is
     /// produced ([`DeferredQuery::execute`]); any other last statement is run.
     pub async fn sql_deferred(self: &Arc<Self>, sql: &str) -> Result<Outcome> {
-        let mut statements = DFParser::parse_sql_with_dialect(sql, &GenericDialect {})?;
+        let mut statements = self.parse(sql)?;
         let Some(mut last) = statements.pop_back() else {
             return plan_err!("no statement to run");
         };
@@ -539,7 +578,9 @@ impl Coordinator {
         let placement = take_partition_by(&mut last)?;
         let workers = self.live_workers();
         let state = self.query_state(&workers);
-        let plan = state.statement_to_plan(last).await?;
+        let plan = self
+            .resolve_execute(state.statement_to_plan(last).await?)
+            .await?;
         if !is_plain_query(&plan) {
             let result = self.run_logical(state, plan, workers, placement).await?;
             return Ok(Outcome::Done(result));
@@ -553,8 +594,22 @@ impl Coordinator {
         let placement = take_partition_by(&mut stmt)?;
         let workers = self.live_workers();
         let state = self.query_state(&workers);
-        let plan = state.statement_to_plan(stmt).await?;
+        let plan = self
+            .resolve_execute(state.statement_to_plan(stmt).await?)
+            .await?;
         self.run_logical(state, plan, workers, placement).await
+    }
+
+    /// An `EXECUTE` of a prepared statement as the plan it runs, its parameters filled
+    /// in by DataFusion; any other plan as it is.
+    async fn resolve_execute(&self, plan: LogicalPlan) -> Result<LogicalPlan> {
+        match plan {
+            LogicalPlan::Statement(LogicalStatement::Execute(_)) => {
+                let (_, plan) = self.ctx.execute_logical_plan(plan).await?.into_parts();
+                Ok(plan)
+            }
+            plan => Ok(plan),
+        }
     }
 
     async fn run_logical(
@@ -589,10 +644,7 @@ impl Coordinator {
                 if sv.variable.to_ascii_lowercase().starts_with("gyre.") =>
             {
                 self.set_gyre_variable(&sv.variable, &sv.value)?;
-                Ok(StatementResult {
-                    schema: Arc::new(Schema::empty()),
-                    batches: vec![],
-                })
+                no_result()
             }
             LogicalPlan::Explain(e) => {
                 let physical = state.create_physical_plan(&e.plan).await?;
@@ -631,6 +683,10 @@ impl Coordinator {
                     batches: df.collect().await?,
                 })
             }
+            LogicalPlan::Dml(ref d) if matches!(d.op, WriteOp::Delete | WriteOp::Update) => {
+                let _one_at_a_time = self.modifying.lock().await;
+                self.run_query(state, plan, workers).await
+            }
             plan => self.run_query(state, plan, workers).await,
         }
     }
@@ -647,7 +703,11 @@ impl Coordinator {
         // Inserts and parallel COPYs return one count per worker.
         let counts = dplan.stages.iter().any(|s| {
             s.plan
-                .exists(|n| Ok(n.is::<GyreInsertExec>() || n.is::<FileCopyExec>()))
+                .exists(|n| {
+                    Ok(n.is::<GyreInsertExec>()
+                        || n.is::<GyreModifyExec>()
+                        || n.is::<FileCopyExec>())
+                })
                 .unwrap_or(false)
         });
         let run = self.execute(&dplan, &workers, false).await?;
@@ -1002,12 +1062,24 @@ impl Coordinator {
         Ok(())
     }
 
+    /// Claims `name` for a statement that creates it, until the returned guard drops.
+    fn reserve(&self, name: &str) -> Result<NameReservation> {
+        if !self.creating.lock().insert(name.to_string()) {
+            return plan_err!("table '{name}' is being created by another statement");
+        }
+        Ok(NameReservation {
+            names: Arc::clone(&self.creating),
+            name: name.to_string(),
+        })
+    }
+
     /// Creates an empty distributed table on `workers`.
     async fn create_empty_table(
         &self,
         name: &str,
         schema: SchemaRef,
         placement: TablePlacement,
+        rules: TableRules,
         workers: &[NodeId],
     ) -> Result<()> {
         if workers.is_empty() {
@@ -1018,14 +1090,20 @@ impl Coordinator {
         {
             return plan_err!("cannot partition '{name}' by '{column}': no such column");
         }
-        self.broadcast(
-            workers,
-            Request::CreateTable {
-                name: name.to_string(),
-                schema: schema_to_bytes(&schema)?,
-            },
-        )
-        .await?;
+        let created = self
+            .broadcast(
+                workers,
+                Request::CreateTable {
+                    name: name.to_string(),
+                    schema: schema_to_bytes(&schema)?,
+                },
+            )
+            .await;
+        if let Err(e) = created {
+            // Some workers may have made their part already.
+            self.drop_everywhere(name, workers).await;
+            return Err(e);
+        }
         self.part_stats.lock().remove(name);
         self.register(TableMeta {
             name: name.to_string(),
@@ -1034,6 +1112,7 @@ impl Coordinator {
             placement,
             workers: workers.to_vec(),
             rows: 0,
+            rules,
         })
     }
 
@@ -1065,12 +1144,16 @@ impl Coordinator {
         placement: Option<TablePlacement>,
     ) -> Result<StatementResult> {
         let name = cmd.name.table().to_string();
+        let reservation = self.reserve(&name)?;
         if self.tables.read().contains_key(&name) {
+            if cmd.if_not_exists && cmd.or_replace {
+                return Err(exec_err("'IF NOT EXISTS' cannot coexist with 'REPLACE'"));
+            }
             if cmd.if_not_exists {
-                return count_result(0);
+                return no_result();
             }
             if !cmd.or_replace {
-                return plan_err!("table '{name}' already exists");
+                return Err(exec_err(format!("Table '{name}' already exists")));
             }
         }
         let schema: SchemaRef = Arc::new(cmd.input.schema().as_arrow().clone());
@@ -1086,19 +1169,54 @@ impl Coordinator {
                 })
                 .unwrap_or(TablePlacement::Chunked)
         });
-        self.create_empty_table(&name, Arc::clone(&schema), placement, &workers)
+        let rules = TableRules {
+            constraints: cmd.constraints.clone(),
+            column_defaults: cmd.column_defaults.iter().cloned().collect(),
+        };
+        self.create_empty_table(&name, Arc::clone(&schema), placement, rules, &workers)
             .await?;
         let empty =
             matches!(cmd.input.as_ref(), LogicalPlan::EmptyRelation(e) if !e.produce_one_row);
         if empty {
-            return count_result(0);
+            return no_result();
         }
         let input = Arc::unwrap_or_clone(cmd.input);
-        let res = self.insert(state, &name, input, workers.clone()).await;
-        if res.is_err() {
-            self.drop_everywhere(&name, &workers).await;
-        }
-        res
+        self.fill_or_drop(state, name, input, workers, reservation, |e| e)
+            .await?;
+        no_result()
+    }
+
+    /// Inserts `input` into the new table `name`, or drops it everywhere if that fails.
+    /// Runs as a task of its own, so that a client that goes away midway does not stop
+    /// it before the clean-up.
+    async fn fill_or_drop(
+        self: &Arc<Self>,
+        state: SessionState,
+        name: String,
+        input: LogicalPlan,
+        workers: Vec<NodeId>,
+        reservation: NameReservation,
+        explain: impl FnOnce(DataFusionError) -> DataFusionError + Send + 'static,
+    ) -> Result<StatementResult> {
+        let me = Arc::clone(self);
+        // The statement's progress follows it into the task.
+        let progress = STATEMENT.try_with(Arc::clone).ok();
+        let work = async move {
+            let _reservation = reservation;
+            let res = me.insert(state, &name, input, workers.clone()).await;
+            if res.is_err() {
+                me.drop_everywhere(&name, &workers).await;
+            }
+            res.map_err(explain)
+        };
+        let task = tokio::spawn(async move {
+            match progress {
+                Some(p) => STATEMENT.scope(p, work).await,
+                None => work.await,
+            }
+        });
+        task.await
+            .map_err(|e| exec_err(format!("the statement's task failed: {e}")))?
     }
 
     async fn create_external_table(
@@ -1113,11 +1231,17 @@ impl Coordinator {
         let partition_by = cmd.options.remove("gyre.partition_by");
         let read_on = ReadOn::parse(cmd.options.remove("gyre.read_on"))?;
         let store_options = take_store_options(&mut cmd.options);
+        let reservation = self.reserve(&name)?;
         if self.tables.read().contains_key(&name) {
-            if cmd.if_not_exists {
-                return count_result(0);
+            if cmd.if_not_exists && cmd.or_replace {
+                return Err(exec_err("'IF NOT EXISTS' cannot coexist with 'REPLACE'"));
             }
-            return plan_err!("table '{name}' already exists");
+            if cmd.if_not_exists {
+                return no_result();
+            }
+            if !cmd.or_replace {
+                return Err(exec_err(format!("Table '{name}' already exists")));
+            }
         }
         if workers.is_empty() {
             return plan_err!("cannot create table '{name}': no workers are alive");
@@ -1126,10 +1250,13 @@ impl Coordinator {
         for location in &cmd.locations {
             register_store(state.runtime_env(), location, &store_options)?;
         }
-        let json_array = cmd
-            .options
-            .get("format.newline_delimited")
-            .is_some_and(|v| v.eq_ignore_ascii_case("false"));
+        let read_on = match (read_on, coordinator_must_read(&cmd.file_type, &cmd.options)) {
+            (ReadOn::Workers, Some(why)) => {
+                tracing::info!("the coordinator reads '{locations}': {why}");
+                ReadOn::Coordinator
+            }
+            (r, _) => r,
+        };
         let factory = state
             .table_factories()
             .get(cmd.file_type.to_ascii_uppercase().as_str())
@@ -1162,7 +1289,7 @@ impl Coordinator {
                     };
                     self.broadcast(&workers, req).await?;
                 }
-                Arc::new(WorkerFiles::new(listing, json_array))
+                Arc::new(WorkerFiles::new(listing))
             }
             ReadOn::Coordinator => listing,
         };
@@ -1172,16 +1299,18 @@ impl Coordinator {
         let placement = partition_by
             .map(|column| TablePlacement::Hash { column })
             .unwrap_or(TablePlacement::Chunked);
-        self.create_empty_table(&name, schema, placement, &workers)
+        let rules = TableRules {
+            constraints: cmd.constraints.clone(),
+            column_defaults: cmd.column_defaults.clone(),
+        };
+        self.create_empty_table(&name, schema, placement, rules, &workers)
             .await?;
-        let res = self.insert(state, &name, input, workers.clone()).await;
-        if let Err(e) = &res {
-            self.drop_everywhere(&name, &workers).await;
-            return Err(exec_err(format!(
-                "loading '{locations}' into table '{name}' failed: {e}"
-            )));
-        }
-        res
+        let what = format!("loading '{locations}' into table '{name}' failed");
+        self.fill_or_drop(state, name, input, workers, reservation, move |e| {
+            exec_err(format!("{what}: {e}"))
+        })
+        .await?;
+        no_result()
     }
 
     /// Forgets table `name` and drops its partitions on every worker that can still be
@@ -1227,12 +1356,12 @@ impl Coordinator {
         let name = cmd.name.table().to_string();
         if !self.tables.read().contains_key(&name) {
             if cmd.if_exists {
-                return count_result(0);
+                return no_result();
             }
-            return plan_err!("table '{name}' does not exist");
+            return Err(exec_err(format!("Table '{name}' doesn't exist.")));
         }
         self.drop_by_name(&name, workers).await?;
-        count_result(0)
+        no_result()
     }
 
     /// Generates TPC-H at scale factor `sf` in place, each table hash-placed on
@@ -1248,6 +1377,7 @@ impl Coordinator {
                 table,
                 Arc::clone(&schema),
                 TablePlacement::Hash { column },
+                TableRules::default(),
                 &workers,
             )
             .await?;
@@ -1327,6 +1457,18 @@ impl Coordinator {
     }
 }
 
+/// A table name claimed by the statement creating it; released on drop.
+struct NameReservation {
+    names: Arc<Mutex<std::collections::HashSet<String>>>,
+    name: String,
+}
+
+impl Drop for NameReservation {
+    fn drop(&mut self) {
+        self.names.lock().remove(&self.name);
+    }
+}
+
 /// A query id with the coordinator's task context and the channel on which any
 /// node's failure of the query is reported.
 pub(crate) struct RegisteredQuery {
@@ -1380,8 +1522,10 @@ fn parallel_copy(plan: Arc<dyn ExecutionPlan>, n: usize) -> Result<Arc<dyn Execu
         return Ok(plan);
     }
     let input = sink.input();
-    // An ordered result (a SortPreservingMergeExec) is written by one writer, in order.
+    // An ordered result (a SortPreservingMergeExec) is written by one writer, in order; so
+    // is a limited one (the merge carries the LIMIT).
     let input = match input.downcast_ref::<CoalescePartitionsExec>() {
+        Some(merge) if merge.fetch().is_some() => return Ok(plan),
         Some(merge) => Arc::clone(merge.input()),
         None if input.output_partitioning().partition_count() == 1
             && input.output_ordering().is_none() =>

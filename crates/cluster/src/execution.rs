@@ -17,7 +17,7 @@ use datafusion::common::{DataFusionError, Result};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{ExecutionPlanProperties, SendableRecordBatchStream};
 use futures::StreamExt;
-use gyre_exchange::Placement;
+use gyre_exchange::{Placement, RelayedError};
 use gyre_planner::DistributedPlan;
 use gyre_transport::NodeId;
 use std::sync::Arc;
@@ -102,7 +102,8 @@ impl QueryExecution {
                         Err(e) => Err(e),
                     };
                     if let Err(e) = res {
-                        let _ = fail.send(format!("stage {id} on the coordinator: {e}"));
+                        let place = format!("stage {id} on the coordinator");
+                        let _ = fail.send(RelayedError::at(&e, &place).wire());
                     }
                 }));
             }
@@ -133,7 +134,7 @@ impl QueryExecution {
     pub async fn next(&mut self) -> Option<Result<RecordBatch>> {
         tokio::select! {
             b = self.root.next() => b,
-            Some(msg) = self.fail_rx.recv() => Some(Err(DataFusionError::Execution(msg))),
+            Some(msg) = self.fail_rx.recv() => Some(Err(RelayedError::from_wire(&msg).into_datafusion())),
         }
     }
 

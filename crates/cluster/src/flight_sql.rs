@@ -4,10 +4,10 @@
 use crate::coordinator::{Coordinator, Outcome, StatementResult};
 use crate::progress::{ProgressReport, STATEMENT, StatementProgress};
 use crate::protocol::{ACTION, Request, decode, encode};
+use arrow::array::RecordBatch;
 use arrow::datatypes::Schema;
-use arrow::ipc::writer::IpcWriteOptions;
-use arrow_flight::encode::FlightDataEncoderBuilder;
-use arrow_flight::error::FlightError;
+use arrow::datatypes::SchemaRef;
+use arrow::ipc::writer::{DictionaryTracker, IpcDataGenerator, IpcWriteContext, IpcWriteOptions};
 use arrow_flight::flight_service_server::{FlightService, FlightServiceServer};
 use arrow_flight::sql::metadata::{SqlInfoData, SqlInfoDataBuilder};
 use arrow_flight::sql::server::{FlightSqlService, PeekableFlightDataStream};
@@ -18,10 +18,11 @@ use arrow_flight::sql::{
     SqlInfo, TicketStatementQuery,
 };
 use arrow_flight::{
-    Action, FlightDescriptor, FlightEndpoint, FlightInfo, IpcMessage, SchemaAsIpc, Ticket,
+    Action, FlightData, FlightDescriptor, FlightEndpoint, FlightInfo, IpcMessage, SchemaAsIpc,
+    Ticket,
 };
 use datafusion::common::DataFusionError;
-use futures::{StreamExt, TryStreamExt};
+use futures::StreamExt;
 use parking_lot::Mutex;
 use prost::Message;
 use std::collections::HashMap;
@@ -46,6 +47,10 @@ pub struct GyreFlightSql {
 /// the tag as body while they run.
 pub const PROGRESS_HEADER: &str = "x-gyre-progress";
 
+/// Where a failed statement's error happened ("stage 0 on worker 1"), sent beside the
+/// error's own text.
+pub const ERROR_PLACE_HEADER: &str = "x-gyre-error-at";
+
 /// The Flight action that answers a statement's progress (a JSON `ProgressReport`).
 pub const PROGRESS_ACTION: &str = "gyre.progress";
 
@@ -54,8 +59,100 @@ fn status(e: DataFusionError) -> Status {
         DataFusionError::SQL(..) | DataFusionError::Plan(_) | DataFusionError::SchemaError(..) => {
             Status::invalid_argument(e.to_string())
         }
-        e => Status::internal(e.to_string()),
+        e => {
+            let mut status = Status::internal(gyre_exchange::error_text(&e));
+            if let Some(place) = gyre_exchange::error_place(&e)
+                && let Ok(value) = place.parse()
+            {
+                status.metadata_mut().insert(ERROR_PLACE_HEADER, value);
+            }
+            status
+        }
     }
+}
+
+/// A Flight data message holds at most about this many bytes of a batch.
+const FLIGHT_MESSAGE_BYTES: usize = 2 << 20;
+
+/// A result as Flight data: the schema, then each batch (in slices of at most about
+/// [`FLIGHT_MESSAGE_BYTES`]) after the dictionaries it uses. Every type travels as it
+/// is: arrow-flight's own encoder sends dictionaries as their values and a LargeList
+/// as a List in the schema, so a client would get other types than the schema
+/// `GetFlightInfo` announced (or misread 64-bit list offsets).
+fn flight_data(
+    schema: SchemaRef,
+    batches: futures::stream::BoxStream<'static, datafusion::common::Result<RecordBatch>>,
+) -> <GyreFlightSql as FlightService>::DoGetStream {
+    struct State {
+        batches: futures::stream::BoxStream<'static, datafusion::common::Result<RecordBatch>>,
+        tracker: DictionaryTracker,
+        compression: IpcWriteContext,
+        pending: std::collections::VecDeque<FlightData>,
+        done: bool,
+    }
+    let options = IpcWriteOptions::default();
+    let mut tracker = DictionaryTracker::new(false);
+    let schema_message: FlightData = IpcDataGenerator::default()
+        .schema_to_bytes_with_dictionary_tracker(&schema, &mut tracker, &options)
+        .into();
+    let state = State {
+        batches,
+        tracker,
+        compression: IpcWriteContext::default(),
+        pending: std::iter::once(schema_message).collect(),
+        done: false,
+    };
+    let stream = futures::stream::unfold(state, move |mut st| {
+        let options = options.clone();
+        async move {
+            loop {
+                if let Some(m) = st.pending.pop_front() {
+                    return Some((Ok(m), st));
+                }
+                if st.done {
+                    return None;
+                }
+                match st.batches.next().await {
+                    None => return None,
+                    Some(Err(e)) => {
+                        st.done = true;
+                        return Some((Err(status(e)), st));
+                    }
+                    Some(Ok(batch)) => {
+                        let rows = batch.num_rows();
+                        let bytes = batch.get_array_memory_size().max(1);
+                        let per_slice = (rows * FLIGHT_MESSAGE_BYTES / bytes).clamp(1, rows.max(1));
+                        let mut at = 0;
+                        while at < rows || (rows == 0 && at == 0) {
+                            let len = per_slice.min(rows - at);
+                            let slice = batch.slice(at, len);
+                            match IpcDataGenerator::default().encode(
+                                &slice,
+                                &mut st.tracker,
+                                &options,
+                                &mut st.compression,
+                            ) {
+                                Ok((dictionaries, data)) => {
+                                    st.pending.extend(dictionaries.into_iter().map(Into::into));
+                                    st.pending.push_back(data.into());
+                                }
+                                Err(e) => {
+                                    st.done = true;
+                                    st.pending.clear();
+                                    return Some((Err(Status::internal(e.to_string())), st));
+                                }
+                            }
+                            if rows == 0 {
+                                break;
+                            }
+                            at += len;
+                        }
+                    }
+                }
+            }
+        }
+    });
+    Box::pin(stream)
 }
 
 /// How long a result waits for its `DoGet` before it is dropped.
@@ -160,11 +257,10 @@ impl GyreFlightSql {
     }
 
     fn stream_batches(&self, result: StatementResult) -> <Self as FlightService>::DoGetStream {
-        let stream = FlightDataEncoderBuilder::new()
-            .with_schema(result.schema)
-            .build(futures::stream::iter(result.batches.into_iter().map(Ok)))
-            .map_err(|e| Status::internal(e.to_string()));
-        Box::pin(stream)
+        flight_data(
+            result.schema,
+            futures::stream::iter(result.batches.into_iter().map(Ok)).boxed(),
+        )
     }
 }
 
@@ -210,11 +306,7 @@ impl FlightSqlService for GyreFlightSql {
                     let _ = &progress;
                     b
                 });
-                let stream = FlightDataEncoderBuilder::new()
-                    .with_schema(schema)
-                    .build(batches.map_err(|e| FlightError::ExternalError(Box::new(e))))
-                    .map_err(|e| Status::internal(e.to_string()));
-                Ok(TonicResponse::new(Box::pin(stream)))
+                Ok(TonicResponse::new(flight_data(schema, batches.boxed())))
             }
         }
     }

@@ -7,6 +7,7 @@ pub mod execution;
 pub mod files;
 pub mod flight_sql;
 pub mod local;
+pub mod modify;
 pub mod progress;
 pub mod protocol;
 pub mod reference;

@@ -14,7 +14,7 @@ use std::sync::Arc;
 fn distributed_config() -> SessionConfig {
     let mut config = SessionConfig::new()
         .with_information_schema(true)
-        .with_default_catalog_and_schema("gyre", "public");
+        .with_default_catalog_and_schema("datafusion", "public");
     let opts = config.options_mut();
     // Uncorrelated scalar subqueries become joins, which distribute; the physical
     // scalar-subquery operator shares its results through process memory.

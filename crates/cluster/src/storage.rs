@@ -4,6 +4,7 @@ use arrow::array::RecordBatch;
 use arrow::compute::cast;
 use arrow::datatypes::SchemaRef;
 use datafusion::common::{Result, exec_err};
+use datafusion::physical_plan::execution_plan::check_not_null_constraints;
 use parking_lot::{Mutex, RwLock};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -38,8 +39,20 @@ impl TablePart {
     }
 }
 
-/// `batch` with the column types of `schema` (the table `table`'s).
+/// `batch` with the column types of `schema` (the table `table`'s), refused when a
+/// column declared NOT NULL holds a null (in DataFusion's words).
 fn conform(batch: RecordBatch, schema: &SchemaRef, table: &str) -> Result<RecordBatch> {
+    if batch.num_columns() == schema.fields().len() {
+        let not_null: Vec<usize> = (0..schema.fields().len())
+            .filter(|&i| !schema.field(i).is_nullable())
+            .collect();
+        let batch = check_not_null_constraints(batch, &not_null)?;
+        return conform_types(batch, schema, table);
+    }
+    conform_types(batch, schema, table)
+}
+
+fn conform_types(batch: RecordBatch, schema: &SchemaRef, table: &str) -> Result<RecordBatch> {
     if batch.schema().fields().len() != schema.fields().len() {
         return exec_err!(
             "{} columns inserted into table '{table}' of {} columns",
@@ -77,8 +90,20 @@ fn conform(batch: RecordBatch, schema: &SchemaRef, table: &str) -> Result<Record
     Ok(RecordBatch::try_new(Arc::clone(schema), columns)?)
 }
 
-/// Rows a query inserted, per table, not yet visible.
-type StagedInserts = Vec<(String, Vec<RecordBatch>)>;
+/// A change a query made to a table part, not yet visible.
+#[derive(Debug)]
+enum Staged {
+    /// Rows inserted.
+    Append(Vec<RecordBatch>),
+    /// The part's rows after a delete or update of the part `base`.
+    Replace {
+        base: Arc<TablePart>,
+        batches: Vec<RecordBatch>,
+    },
+}
+
+/// The changes of one query, per table, in the order they were made.
+type StagedInserts = Vec<(String, Staged)>;
 
 /// All table parts of a worker, plus inserts staged until their query commits.
 #[derive(Debug, Default)]
@@ -127,7 +152,25 @@ impl WorkerStorage {
             .lock()
             .entry(query)
             .or_default()
-            .push((table.to_string(), batches));
+            .push((table.to_string(), Staged::Append(batches)));
+        Ok(())
+    }
+
+    /// Keeps the rows a delete or update by `query` left of the part `base` aside until
+    /// [`WorkerStorage::finish_query`]. Rows inserted into the table after `base` was
+    /// read are kept on commit (the coordinator runs one delete or update at a time).
+    pub fn stage_replace(
+        &self,
+        query: u64,
+        table: &str,
+        base: Arc<TablePart>,
+        batches: Vec<RecordBatch>,
+    ) -> Result<()> {
+        self.staged
+            .lock()
+            .entry(query)
+            .or_default()
+            .push((table.to_string(), Staged::Replace { base, batches }));
         Ok(())
     }
 
@@ -142,10 +185,19 @@ impl WorkerStorage {
         }
         let mut tables = self.tables.write();
         let mut changed = vec![];
-        for (name, batches) in staged {
+        for (name, change) in staged {
             if let Some(part) = tables.get_mut(&name) {
                 let mut new = TablePart::clone(part);
-                new.batches.extend(batches);
+                match change {
+                    Staged::Append(batches) => new.batches.extend(batches),
+                    Staged::Replace { base, batches } => {
+                        // Inserts only append: what the part holds beyond `base` came
+                        // after the change was computed and stays.
+                        let later = appended_since(&base, part);
+                        new.batches = batches;
+                        new.batches.extend(later);
+                    }
+                }
                 *part = Arc::new(new);
                 if !changed.contains(&name) {
                     changed.push(name);
@@ -159,6 +211,24 @@ impl WorkerStorage {
                 (n, s)
             })
             .collect()
+    }
+}
+
+/// The batches `now` holds beyond those of `base`, when `now` is `base` with batches
+/// appended (none otherwise).
+fn appended_since(base: &TablePart, now: &TablePart) -> Vec<RecordBatch> {
+    let extends = now.batches.len() >= base.batches.len()
+        && base.batches.iter().zip(&now.batches).all(|(a, b)| {
+            a.num_rows() == b.num_rows()
+                && a.columns()
+                    .iter()
+                    .zip(b.columns())
+                    .all(|(x, y)| Arc::ptr_eq(x, y))
+        });
+    if extends {
+        now.batches[base.batches.len()..].to_vec()
+    } else {
+        vec![]
     }
 }
 
@@ -207,5 +277,48 @@ mod tests {
             "{e}"
         );
         assert!(storage.stage_insert(9, "missing", vec![]).is_err());
+    }
+
+    #[test]
+    fn a_replaced_part_keeps_rows_inserted_after_it_was_read() {
+        let storage = WorkerStorage::default();
+        let schema = Arc::new(Schema::new(vec![Field::new("k", DataType::Int32, true)]));
+        storage.create_table("t", Arc::clone(&schema));
+        let rows = |v: Vec<i32>| {
+            RecordBatch::try_new(Arc::clone(&schema), vec![Arc::new(Int32Array::from(v))]).unwrap()
+        };
+        storage
+            .stage_insert(1, "t", vec![rows(vec![1, 2])])
+            .unwrap();
+        storage.finish_query(1, true);
+        let base = storage.part("t").unwrap();
+        // A delete of 2 computed from `base`; meanwhile 3 is inserted and committed.
+        storage
+            .stage_replace(2, "t", Arc::clone(&base), vec![rows(vec![1])])
+            .unwrap();
+        storage.stage_insert(3, "t", vec![rows(vec![3])]).unwrap();
+        storage.finish_query(3, true);
+        let changed = storage.finish_query(2, true);
+        assert_eq!(changed[0].1.rows, 2);
+        let part = storage.part("t").unwrap();
+        let values: Vec<i32> = part
+            .batches
+            .iter()
+            .flat_map(|b| {
+                b.column(0)
+                    .as_any()
+                    .downcast_ref::<Int32Array>()
+                    .unwrap()
+                    .values()
+                    .to_vec()
+            })
+            .collect();
+        assert_eq!(values, vec![1, 3]);
+        // A discarded change leaves the part alone.
+        storage
+            .stage_replace(4, "t", storage.part("t").unwrap(), vec![])
+            .unwrap();
+        storage.finish_query(4, false);
+        assert_eq!(storage.part("t").unwrap().stats().rows, 2);
     }
 }

@@ -1,6 +1,7 @@
 //! Distributed tables: the catalog entry the coordinator plans with, and the
 //! operators that read and write a worker's partition of a table.
 
+use crate::modify::{GyreModifyExec, Modification};
 use crate::progress::ReadCounters;
 use crate::storage::WorkerStorage;
 use arrow::array::{RecordBatch, UInt64Array};
@@ -10,8 +11,8 @@ use datafusion::catalog::{Session, TableProvider};
 use datafusion::common::stats::Precision;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{
-    ColumnStatistics, DataFusionError, Result, Statistics, internal_datafusion_err, not_impl_err,
-    plan_err,
+    ColumnStatistics, Constraints, DFSchema, DataFusionError, Result, Statistics,
+    internal_datafusion_err, not_impl_err, plan_err,
 };
 use datafusion::datasource::TableType;
 use datafusion::execution::TaskContext;
@@ -30,6 +31,7 @@ use futures::TryStreamExt;
 use gyre_exchange::QueryContext;
 use gyre_transport::NodeId;
 use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
@@ -62,6 +64,16 @@ pub struct TableMeta {
     pub workers: Vec<NodeId>,
     pub rows: u64,
     pub column_bytes: Vec<u64>,
+    pub rules: TableRules,
+}
+
+/// What a table's definition says beyond its columns, as DataFusion's planner uses it:
+/// keys (functional dependencies, for grouping and scalar subqueries) and the values
+/// an insert fills in for columns it leaves out.
+#[derive(Debug, Clone, Default)]
+pub struct TableRules {
+    pub constraints: Constraints,
+    pub column_defaults: HashMap<String, Expr>,
 }
 
 impl TableMeta {
@@ -101,6 +113,14 @@ impl TableProvider for DistributedTable {
 
     fn table_type(&self) -> TableType {
         TableType::Base
+    }
+
+    fn constraints(&self) -> Option<&Constraints> {
+        Some(&self.meta.rules.constraints)
+    }
+
+    fn get_column_default(&self, column: &str) -> Option<&Expr> {
+        self.meta.rules.column_defaults.get(column)
     }
 
     async fn scan(
@@ -144,6 +164,23 @@ impl TableProvider for DistributedTable {
         )))
     }
 
+    async fn delete_from(
+        &self,
+        state: &dyn Session,
+        filters: Vec<Expr>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        self.modify(state, filters, None)
+    }
+
+    async fn update(
+        &self,
+        state: &dyn Session,
+        assignments: Vec<(String, Expr)>,
+        filters: Vec<Expr>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        self.modify(state, filters, Some(assignments))
+    }
+
     async fn insert_into(
         &self,
         _state: &dyn Session,
@@ -157,6 +194,60 @@ impl TableProvider for DistributedTable {
             input,
             self.meta.name.clone(),
             self.meta.key_index(),
+        )))
+    }
+}
+
+impl DistributedTable {
+    /// A delete (no assignments) or update of this table on every worker.
+    fn modify(
+        &self,
+        state: &dyn Session,
+        filters: Vec<Expr>,
+        assignments: Option<Vec<(String, Expr)>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let meta = &self.meta;
+        let workers = QueryWorkers::of(state)?;
+        if meta.workers != workers.0 {
+            return plan_err!(
+                "table '{}' is held by workers {:?} but {:?} are alive: reload the table",
+                meta.name,
+                meta.workers,
+                workers.0
+            );
+        }
+        let df_schema = DFSchema::try_from(Arc::clone(&meta.schema))?;
+        let physical = |e: &Expr| state.create_physical_expr(e.clone(), &df_schema);
+        let filters = filters.iter().map(physical).collect::<Result<Vec<_>>>()?;
+        let modification = match assignments {
+            None => Modification::Delete,
+            Some(assignments) => {
+                let mut out = Vec::with_capacity(assignments.len());
+                for (column, expr) in &assignments {
+                    let Ok(index) = meta.schema.index_of(column) else {
+                        return plan_err!(
+                            "UPDATE failed: column '{column}' does not exist in table '{}'",
+                            meta.name
+                        );
+                    };
+                    if meta.key_index() == Some(index) {
+                        return not_impl_err!(
+                            "UPDATE of column '{column}': it places the rows of table '{}' \
+                             on the workers, and updated rows would have to move",
+                            meta.name
+                        );
+                    }
+                    out.push((index, physical(expr)?));
+                }
+                Modification::Update(out)
+            }
+        };
+        Ok(Arc::new(GyreModifyExec::new(
+            meta.name.clone(),
+            Arc::clone(&meta.schema),
+            meta.workers.len(),
+            filters,
+            modification,
         )))
     }
 }

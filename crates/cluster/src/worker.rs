@@ -19,6 +19,7 @@ use datafusion::execution::TaskContext;
 use datafusion::execution::context::SessionState;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::display::DisplayableExecutionPlan;
+use futures::FutureExt;
 use futures::stream::BoxStream;
 use gyre_exchange::QueryContext;
 use gyre_join::{cyclo, flow};
@@ -44,6 +45,15 @@ pub struct WorkerConfig {
     /// Host name or IP other nodes use to reach this worker.
     pub advertise_host: Option<String>,
     pub transport: TransportConfig,
+}
+
+/// The text of a caught panic.
+fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
+    panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "(no message)".to_string())
 }
 
 /// Serves the worker's control calls on a thread of their own, so that they are answered
@@ -73,10 +83,12 @@ fn spawn_control_service(worker: Arc<Worker>, listener: std::net::TcpListener) -
                     }
                 };
                 let mut stop = worker.stopped.subscribe();
-                let service = FlightServiceServer::new(WorkerService(worker))
+                let service = FlightServiceServer::new(WorkerService(Arc::downgrade(&worker)))
                     .max_decoding_message_size(usize::MAX)
                     .max_encoding_message_size(usize::MAX);
                 let incoming = crate::protocol::incoming_nodelay(listener);
+                drop(worker);
+                // Ends at `Worker::shutdown`, or when the worker is dropped (the sender goes).
                 let gone = async move {
                     let _ = stop.wait_for(|stopped| *stopped).await;
                 };
@@ -331,11 +343,22 @@ impl Worker {
         for (id, plan) in &plans {
             let (id, plan, ctx, me) = (*id, Arc::clone(plan), Arc::clone(&ctx), Arc::clone(self));
             tasks.push(self.runtime.spawn(async move {
-                let res = match plan.execute(index, ctx) {
-                    Ok(stream) => datafusion::physical_plan::common::collect(stream)
-                        .await
-                        .map(|_| ()),
-                    Err(e) => Err(e),
+                let run = async {
+                    match plan.execute(index, ctx) {
+                        Ok(stream) => datafusion::physical_plan::common::collect(stream)
+                            .await
+                            .map(|_| ()),
+                        Err(e) => Err(e),
+                    }
+                };
+                // A panic in an operator (a reader's bug on a corrupt file) fails the query
+                // like an error, with its message, instead of leaving peers to time out.
+                let res = match std::panic::AssertUnwindSafe(run).catch_unwind().await {
+                    Ok(res) => res,
+                    Err(panic) => Err(DataFusionError::Execution(format!(
+                        "a task panicked: {}",
+                        panic_message(&panic)
+                    ))),
                 };
                 if let Err(e) = res {
                     tracing::debug!(node = me.node, query, stage = id, "stage failed: {e}");
@@ -344,7 +367,11 @@ impl Worker {
                         .call(&Request::QueryFailed {
                             query,
                             node: me.node,
-                            error: format!("stage {id} on {}: {e}", node_name(me.node)),
+                            error: gyre_exchange::RelayedError::at(
+                                &e,
+                                &format!("stage {id} on {}", node_name(me.node)),
+                            )
+                            .wire(),
                         })
                         .await;
                 }
@@ -566,7 +593,8 @@ fn spawn_heartbeat(worker: std::sync::Weak<Worker>, coordinator: String) {
         .expect("heartbeat thread");
 }
 
-struct WorkerService(Arc<Worker>);
+/// The control service holds the worker weakly: a dropped worker stops serving.
+struct WorkerService(std::sync::Weak<Worker>);
 
 type Stream<T> = BoxStream<'static, std::result::Result<T, Status>>;
 
@@ -592,7 +620,11 @@ impl FlightService for WorkerService {
             )));
         }
         let req: Request = decode(&action.body).map_err(status)?;
-        let resp = self.0.handle(req).await.map_err(status)?;
+        let worker = self
+            .0
+            .upgrade()
+            .ok_or_else(|| Status::unavailable("the worker is shutting down"))?;
+        let resp = worker.handle(req).await.map_err(status)?;
         let result = arrow_flight::Result {
             body: encode(&resp).into(),
         };

@@ -20,6 +20,7 @@ pub mod context;
 pub mod cyclo;
 pub mod flow;
 pub mod receiver;
+pub mod relayed;
 pub mod sender;
 mod task;
 
@@ -28,6 +29,7 @@ pub use context::{ExchangeId, Placement, QueryContext};
 pub use cyclo::{CycloJoinExec, CycloJoinType, CycloKernel, CycloSide};
 pub use flow::{BuildPreserving, FlowJoinExec, SkewSettings};
 pub use receiver::{ExchangeReceiverExec, ReceiveMode};
+pub use relayed::{RelayedError, error_place, error_text};
 pub use sender::{ExchangeSenderExec, SendMode};
 
 #[cfg(test)]

@@ -8,7 +8,9 @@ use arrow::datatypes::SchemaRef;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
-use datafusion::physical_expr::{EquivalenceProperties, LexOrdering, PhysicalExpr};
+use datafusion::physical_expr::{
+    AcrossPartitions, ConstExpr, EquivalenceProperties, LexOrdering, PhysicalExpr,
+};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::metrics::{
     Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet, Time,
@@ -41,6 +43,9 @@ pub struct ExchangeReceiverExec {
     producer_partitions: usize,
     mode: ReceiveMode,
     ordering: Option<LexOrdering>,
+    /// Expressions with one value in every row the producer sends (after a filter
+    /// `a = 1`, say), so in every row received, whatever the exchange.
+    constants: Vec<Arc<dyn PhysicalExpr>>,
     props: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
 }
@@ -77,9 +82,31 @@ impl ExchangeReceiverExec {
             producer_partitions,
             mode,
             ordering,
+            constants: vec![],
             props,
             metrics: ExecutionPlanMetricsSet::new(),
         }
+    }
+
+    /// The receiver, knowing that `constants` have one value in every row the producer
+    /// sends (declared heterogeneous: the value itself does not travel). Planning hints
+    /// only: if DataFusion cannot take them, the receiver stays without.
+    pub fn with_constants(mut self, constants: Vec<Arc<dyn PhysicalExpr>>) -> Self {
+        let mut props = PlanProperties::clone(&self.props);
+        let added = props.eq_properties.add_constants(
+            constants
+                .iter()
+                .map(|e| ConstExpr::new(Arc::clone(e), AcrossPartitions::Heterogeneous)),
+        );
+        if added.is_ok() {
+            self.props = Arc::new(props);
+            self.constants = constants;
+        }
+        self
+    }
+
+    pub fn constants(&self) -> &[Arc<dyn PhysicalExpr>] {
+        &self.constants
     }
 
     pub fn exchange(&self) -> ExchangeId {

@@ -383,7 +383,7 @@ impl ExchangeSenderExec {
                 Ok(())
             }
             Err(e) => {
-                ep.fail(&format!("{} failed: {e}", node_name(qc.me())));
+                ep.fail(&crate::RelayedError::at(&e, &node_name(qc.me())).wire());
                 Err(e)
             }
         }

@@ -13,9 +13,11 @@
 pub mod cyclo;
 pub mod flow;
 pub mod join_selection;
+pub mod replay;
 pub mod stages;
 
 pub use cyclo::{GyrePlannerOptions, JoinStrategy, plan_cyclo_joins};
 pub use flow::plan_flow_joins;
 pub use join_selection::DistributedJoinSelection;
+pub use replay::ReplayExec;
 pub use stages::{DistributedPlan, Stage, split_into_stages};

@@ -28,19 +28,31 @@
 //! A `CycloJoinExec` keeps both inputs on the workers as they are and takes
 //! consecutive exchange ids for its ring.
 //!
+//! A recursive query (`RecursiveQueryExec`) runs on the coordinator: its recursive
+//! term is executed once per iteration and must reach the work table in the same
+//! process, so the path from the term to the work table stays whole; the parts of the
+//! term that do not read the work table are distributed as usual, gathered once and
+//! replayed to every iteration ([`ReplayExec`]).
+//!
 //! Collect-left joins whose build side is preserved (left outer, left
 //! semi/anti, full, null-aware anti) cannot run on copies of the build side;
 //! with more than one worker they run on the coordinator over gathered inputs.
 
 use crate::join_selection::broadcast_safe;
+use crate::replay::ReplayExec;
+use datafusion::common::tree_node::TreeNode;
 use datafusion::common::{Result, internal_err};
+use datafusion::physical_expr::AcrossPartitions;
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::joins::{
     CrossJoinExec, HashJoinExec, NestedLoopJoinExec, PartitionMode,
 };
+use datafusion::physical_plan::recursive_query::RecursiveQueryExec;
 use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::sorts::sort::SortExec;
 use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
+use datafusion::physical_plan::union::InterleaveExec;
+use datafusion::physical_plan::work_table::WorkTableExec;
 use datafusion::physical_plan::{
     ExecutionPlan, ExecutionPlanProperties, Partitioning, displayable,
     replace_children_if_necessary,
@@ -228,21 +240,33 @@ impl Splitter<'_> {
                 input.output_ordering().cloned(),
             ),
         };
+        // Only a value the same in every producer partition stays constant when the
+        // exchange mixes partitions.
+        let constants = input
+            .equivalence_properties()
+            .constants()
+            .into_iter()
+            .filter(|c| matches!(c.across_partitions, AcrossPartitions::Uniform(_)))
+            .map(|c| c.expr)
+            .collect();
         let id = self.stages.len();
         self.stages.push(Stage {
             id,
             placement: from,
             plan: Arc::new(ExchangeSenderExec::new(input, exchange, from, mode)),
         });
-        Arc::new(ExchangeReceiverExec::new(
-            exchange,
-            schema,
-            from,
-            producer_partitions,
-            recv_mode,
-            partitioning,
-            ordering,
-        ))
+        Arc::new(
+            ExchangeReceiverExec::new(
+                exchange,
+                schema,
+                from,
+                producer_partitions,
+                recv_mode,
+                partitioning,
+                ordering,
+            )
+            .with_constants(constants),
+        )
     }
 
     fn gather_to_coordinator(
@@ -312,6 +336,39 @@ impl Splitter<'_> {
                 Loc::Coordinator
             };
             return Ok((Arc::clone(node), loc));
+        }
+
+        if node.is::<RecursiveQueryExec>() {
+            let (static_term, loc) = self.visit(children[0])?;
+            let static_term = self.gather_to_coordinator(static_term, loc)?;
+            let recursive_term = self.beside_work_table(children[1])?;
+            let new =
+                replace_children_if_necessary(Arc::clone(node), vec![static_term, recursive_term])?;
+            return Ok((new, Loc::Coordinator));
+        }
+
+        if node.is::<InterleaveExec>() {
+            // Partition i of every input holds the same hash values: an input that had
+            // to leave the workers (a join run on the coordinator) is shuffled back by
+            // the same hash, so that it lines up with the others again.
+            let partitioning = children[0].output_partitioning().clone();
+            let mut new_children = Vec::with_capacity(children.len());
+            for c in &children {
+                let (p, loc) = self.visit(c)?;
+                let lined_up =
+                    matches!(loc, Loc::Workers) && p.output_partitioning() == &partitioning;
+                if lined_up {
+                    new_children.push(p);
+                    continue;
+                }
+                let (p, from) = match loc {
+                    Loc::Workers => (p, Placement::Workers),
+                    loc => (self.gather_to_coordinator(p, loc)?, Placement::Coordinator),
+                };
+                new_children.push(self.exchange(p, from, SendMode::Shuffle(partitioning.clone())));
+            }
+            let new = replace_children_if_necessary(Arc::clone(node), new_children)?;
+            return Ok((new, Loc::Workers));
         }
 
         if let Some(rep) = node.downcast_ref::<RepartitionExec>() {
@@ -435,6 +492,34 @@ impl Splitter<'_> {
             return Ok((new, Loc::Workers));
         }
         self.all_to_coordinator(node, visited)
+    }
+
+    /// A recursive term, kept in one piece on the coordinator along every path to the
+    /// work table; every other input of it is distributed, gathered and replayed.
+    fn beside_work_table(
+        &mut self,
+        plan: &Arc<dyn ExecutionPlan>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let reads_work_table = plan.exists(|n| Ok(n.is::<WorkTableExec>()))?;
+        if !reads_work_table {
+            let stages = self.stages.len();
+            let (p, loc) = self.visit(plan)?;
+            if matches!(loc, Loc::Coordinator) && self.stages.len() == stages {
+                return Ok(p);
+            }
+            let p = self.gather_to_coordinator(p, loc)?;
+            return Ok(Arc::new(ReplayExec::new(p)));
+        }
+        if plan.is::<FlowJoinExec>() {
+            // Its own shuffle would cross the network: the plain join it wraps runs here.
+            return self.beside_work_table(plan.children()[0]);
+        }
+        let children = plan
+            .children()
+            .into_iter()
+            .map(|c| self.beside_work_table(c))
+            .collect::<Result<Vec<_>>>()?;
+        replace_children_if_necessary(Arc::clone(plan), children)
     }
 
     fn all_to_coordinator(

@@ -42,22 +42,52 @@ use std::sync::Arc;
 /// the next split when free). Each split opens its file once.
 const SPLITS_PER_WORKER: usize = 8;
 
+/// CSV options DataFusion's plan format carries to the workers (with the compression,
+/// which Gyre's codec adds); the others (a line terminator, null patterns, ...) it drops.
+const CSV_OPTIONS_CARRIED: [&str; 9] = [
+    "format.has_header",
+    "format.delimiter",
+    "format.quote",
+    "format.escape",
+    "format.comment",
+    "format.newlines_in_values",
+    "format.truncated_rows",
+    "format.compression",
+    "format.schema_infer_max_rec",
+];
+
+/// Why the coordinator, not the workers, must read files of this type with these
+/// options, if it must: the settings would not reach the workers intact.
+pub fn coordinator_must_read(
+    file_type: &str,
+    options: &std::collections::HashMap<String, String>,
+) -> Option<String> {
+    match file_type.to_ascii_uppercase().as_str() {
+        "CSV" => options
+            .keys()
+            .find(|k| k.starts_with("format.") && !CSV_OPTIONS_CARRIED.contains(&k.as_str()))
+            .map(|k| format!("the CSV option '{k}' does not travel in a plan")),
+        "JSON"
+            if options
+                .get("format.newline_delimited")
+                .is_some_and(|v| v.eq_ignore_ascii_case("false")) =>
+        {
+            Some("JSON arrays are read whole and their setting does not travel".into())
+        }
+        _ => None,
+    }
+}
+
 /// A table's files as a source that the workers read (see the module doc).
 #[derive(Debug)]
 pub struct WorkerFiles {
     /// DataFusion's listing table of the files.
     listing: Arc<dyn TableProvider>,
-    /// JSON files hold one array each rather than a value per line (the coordinator
-    /// reads these).
-    json_array: bool,
 }
 
 impl WorkerFiles {
-    pub fn new(listing: Arc<dyn TableProvider>, json_array: bool) -> Self {
-        Self {
-            listing,
-            json_array,
-        }
+    pub fn new(listing: Arc<dyn TableProvider>) -> Self {
+        Self { listing }
     }
 
     fn cut(&self, config: &FileScanConfig) -> Cut {
@@ -104,9 +134,9 @@ impl TableProvider for WorkerFiles {
         else {
             return Ok(plan);
         };
-        if self.json_array {
-            // A JSON array cannot be cut, and DataFusion's plan format cannot carry the
-            // setting to the workers: the coordinator reads these files.
+        if config.file_source.file_type() == "arrow_stream" {
+            // DataFusion's plan format rebuilds every Arrow scan as one of IPC files: the
+            // coordinator reads Arrow streams.
             return Ok(plan);
         }
         let mut config = config.clone();

@@ -8,10 +8,12 @@
 //! other formats only whole.
 //!
 //! The files are laid end to end in path order and the sequence is cut into
-//! `workers x slots` consecutive runs of about equal bytes; worker `w` gets runs
-//! `w * slots .. (w + 1) * slots` and reads `slots` of them at a time. A run that
-//! crosses files becomes several splits. Files that can only be read whole are
-//! instead dealt out largest first, each to the run with the fewest bytes so far.
+//! `workers x slots` consecutive runs of about equal bytes (fewer slots when the runs
+//! would be smaller than [`MIN_RUN`]); worker `w` gets runs `w * slots .. (w + 1) *
+//! slots` and reads `slots` of them at a time. A run that crosses files becomes
+//! several splits. Files that can only be read whole are instead dealt out largest
+//! first, each to the worker with the fewest bytes so far (and there to its lightest
+//! run).
 
 use bytes::Bytes;
 use datafusion::common::{DataFusionError, Result};
@@ -64,8 +66,8 @@ impl Piece {
     }
 }
 
-/// Pieces of a byte-cut file are at most this large, so runs end close to their target.
-const BYTE_PIECE: u64 = 4 << 20;
+/// Byte-cut runs are at least this large (a run opens its file and aligns to records).
+const MIN_RUN: u64 = 1 << 20;
 
 /// Cuts `files` into splits for `workers` workers reading `slots` splits at a time each.
 /// `store` serves the files (Parquet footers are read from it).
@@ -77,21 +79,24 @@ pub async fn plan_splits(
     slots: usize,
 ) -> Result<SplitPlan> {
     let workers = workers.max(1);
-    let slots = slots.max(1);
     files.sort_by(|a, b| a.object_meta.location.cmp(&b.object_meta.location));
     files.dedup_by(|a, b| a.object_meta.location == b.object_meta.location);
-    let bytes = files.iter().map(|f| f.object_meta.size).sum();
+    // Byte ranges are i64 in DataFusion's plans: a larger size is no real file.
+    if let Some(f) = files.iter().find(|f| f.object_meta.size > i64::MAX as u64) {
+        return Err(DataFusionError::Execution(format!(
+            "'{}' claims a size of {} bytes",
+            f.object_meta.location, f.object_meta.size
+        )));
+    }
+    let bytes: u64 = files.iter().map(|f| f.object_meta.size).sum();
+    let slots = match cut {
+        Cut::Bytes => slots.clamp(1, (bytes / (workers as u64 * MIN_RUN)).max(1) as usize),
+        _ => slots.max(1),
+    };
     let runs = workers * slots;
     let run_pieces = match cut {
-        Cut::WholeFiles => deal_whole_files(&files, runs),
-        Cut::Bytes => {
-            let pieces = files
-                .iter()
-                .enumerate()
-                .flat_map(|(i, f)| byte_pieces(i, f.object_meta.size))
-                .collect::<Vec<_>>();
-            cut_runs(&pieces, runs)
-        }
+        Cut::WholeFiles => deal_whole_files(&files, workers, slots),
+        Cut::Bytes => cut_bytes(&files, runs),
         Cut::RowGroups => {
             let starts = row_group_starts(&files, store).await?;
             let pieces = files
@@ -126,22 +131,42 @@ pub async fn plan_splits(
     })
 }
 
-/// A file cut anywhere, in pieces of at most [`BYTE_PIECE`] bytes.
-fn byte_pieces(file: usize, size: u64) -> Vec<Piece> {
-    if size == 0 {
-        return vec![Piece {
-            file,
-            start: 0,
-            end: 0,
-        }];
+/// Files laid end to end, cut into `runs` runs of equal bytes (each run's pieces are
+/// the parts of the files it overlaps). An empty file goes to the run its position
+/// falls in.
+fn cut_bytes(files: &[PartitionedFile], runs: usize) -> Vec<Vec<Piece>> {
+    let total: u128 = files.iter().map(|f| f.object_meta.size as u128).sum();
+    let bound = |r: usize| (total * r as u128 / runs as u128) as u64;
+    let mut out = vec![Vec::new(); runs];
+    let mut at = 0u64; // global offset of the current file's first byte
+    let mut run = 0;
+    for (i, f) in files.iter().enumerate() {
+        let size = f.object_meta.size;
+        let end = at + size;
+        let mut from = at;
+        loop {
+            // The run holding byte `from` (for an empty file, its position).
+            while run + 1 < runs && bound(run + 1) <= from {
+                run += 1;
+            }
+            let upto = if run + 1 < runs {
+                bound(run + 1).min(end)
+            } else {
+                end
+            };
+            out[run].push(Piece {
+                file: i,
+                start: from - at,
+                end: upto - at,
+            });
+            from = upto;
+            if from >= end {
+                break;
+            }
+        }
+        at = end;
     }
-    (0..size.div_ceil(BYTE_PIECE))
-        .map(|k| Piece {
-            file,
-            start: k * BYTE_PIECE,
-            end: ((k + 1) * BYTE_PIECE).min(size),
-        })
-        .collect()
+    out
 }
 
 /// A Parquet file cut between row groups: the first piece starts at 0 (it holds the
@@ -262,15 +287,22 @@ fn cut_runs(pieces: &[Piece], runs: usize) -> Vec<Vec<Piece>> {
     out
 }
 
-/// Whole files dealt out largest first, each to the run with the fewest bytes so far.
-fn deal_whole_files(files: &[PartitionedFile], runs: usize) -> Vec<Vec<Piece>> {
+/// Whole files dealt out largest first, each to the worker with the fewest bytes so
+/// far, and there to its run with the fewest.
+fn deal_whole_files(files: &[PartitionedFile], workers: usize, slots: usize) -> Vec<Vec<Piece>> {
     let mut order: Vec<usize> = (0..files.len()).collect();
     order.sort_by_key(|&i| std::cmp::Reverse(files[i].object_meta.size));
-    let mut load = vec![0u64; runs];
-    let mut out = vec![Vec::new(); runs];
+    let mut load = vec![0u64; workers * slots];
+    let mut out = vec![Vec::new(); workers * slots];
     for i in order {
         let size = files[i].object_meta.size;
-        let run = (0..runs).min_by_key(|&r| (load[r], r)).unwrap_or(0);
+        let worker_load = |w: usize| load[w * slots..(w + 1) * slots].iter().sum::<u64>();
+        let w = (0..workers)
+            .min_by_key(|&w| (worker_load(w), w))
+            .unwrap_or(0);
+        let run = (w * slots..(w + 1) * slots)
+            .min_by_key(|&r| (load[r], r))
+            .unwrap_or(0);
         load[run] += size;
         out[run].push(Piece {
             file: i,
@@ -342,18 +374,40 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn byte_cut_files_are_balanced_to_a_piece() {
+    async fn byte_cut_files_are_balanced_to_the_byte() {
         let store: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
         let sizes = [("a", 100 << 20), ("b", 7 << 20), ("c", 0), ("d", 33 << 20)];
         let files = sizes.iter().map(|(p, s)| file(p, *s)).collect();
         let plan = plan_splits(files, Cut::Bytes, &store, 3, 2).await.unwrap();
         assert_eq!(plan.files, 4);
         assert_covers(&plan, &sizes);
-        let bytes = group_bytes(&plan);
         let mean = plan.bytes / 3;
-        for b in bytes {
-            assert!(b.abs_diff(mean) <= 2 * BYTE_PIECE, "{b} vs mean {mean}");
+        for b in group_bytes(&plan) {
+            assert!(b.abs_diff(mean) <= 1, "{b} vs mean {mean}");
         }
+        // The empty file is a split too (every file is read, and counted as done).
+        assert!(
+            plan.groups
+                .iter()
+                .flat_map(|g| g.iter())
+                .any(|f| f.object_meta.size == 0)
+        );
+    }
+
+    #[tokio::test]
+    async fn small_inputs_get_one_run_per_worker_and_huge_sizes_are_refused() {
+        let store: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+        let plan = plan_splits(vec![file("a", 3000)], Cut::Bytes, &store, 3, 8)
+            .await
+            .unwrap();
+        assert_eq!(
+            plan.groups.iter().map(|g| g.len()).collect::<Vec<_>>(),
+            [1, 1, 1]
+        );
+        let e = plan_splits(vec![file("huge", u64::MAX)], Cut::Bytes, &store, 3, 8)
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("'huge' claims a size"), "{e}");
     }
 
     #[tokio::test]
@@ -377,14 +431,19 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn more_workers_than_bytes_leaves_some_without_splits() {
+    async fn a_tiny_file_is_cut_without_empty_ranges() {
         let store: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
         let sizes = [("only", 10)];
         let plan = plan_splits(vec![file("only", 10)], Cut::Bytes, &store, 4, 2)
             .await
             .unwrap();
         assert_covers(&plan, &sizes);
-        assert_eq!(plan.groups.iter().filter(|g| !g.is_empty()).count(), 1);
+        assert!(
+            plan.groups
+                .iter()
+                .flat_map(|g| g.iter())
+                .all(|f| f.range.as_ref().is_none_or(|r| r.end > r.start))
+        );
     }
 
     #[test]

@@ -160,6 +160,11 @@ pub fn register_store(
         }
         return Ok(());
     };
+    // A statement without options keeps a store an earlier one set up (with its
+    // credentials); one with options replaces it.
+    if options.is_empty() && runtime.object_store_registry.get_store(&url).is_ok() {
+        return Ok(());
+    }
     let store = build_store(&url, options)?;
     runtime.register_object_store(&url, store);
     Ok(())
