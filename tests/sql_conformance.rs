@@ -52,6 +52,7 @@ const QUERIES: &[&str] = &[
     "SELECT a, b, count(*) FROM a GROUP BY GROUPING SETS ((a, b), (a), ())",
     "SELECT a, b FROM c",
     "SELECT x FROM u",
+    "(SELECT name FROM n1 EXCEPT SELECT name FROM n2) UNION ALL (SELECT name FROM n2 EXCEPT SELECT name FROM n1)",
 ];
 
 /// Statements that change the tables, each followed by a check of the whole table.

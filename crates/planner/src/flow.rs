@@ -15,7 +15,8 @@
 //!   input as well and detects skew on it (`gyre.skew_build_side`, on by default);
 //! - nothing above relies on the join's output being hash-partitioned or ordered (heavy
 //!   keys are joined on every worker): no ancestor requires a hash distribution or an
-//!   order that reaches the join through operators passing partitioning through.
+//!   order that reaches the join through operators passing partitioning through, and
+//!   no interleave (a union of inputs hash-partitioned alike) above it.
 
 use crate::join_selection::estimated_rows;
 use datafusion::common::Result;
@@ -23,6 +24,7 @@ use datafusion::physical_expr::Distribution;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
 use datafusion::physical_plan::repartition::RepartitionExec;
+use datafusion::physical_plan::union::InterleaveExec;
 use datafusion::physical_plan::{
     ChildrenPropertiesMode, ExecutionPlan, ExecutionPlanProperties, Partitioning,
     ReplaceChildrenOptions,
@@ -68,6 +70,9 @@ fn rewrite(
             distributions.child_distribution(i),
             Some(Distribution::KeyPartitioned(_))
         ) || orderings.get(i).is_some_and(Option::is_some)
+            // An interleave merges partition i of every input: they must stay
+            // hash-partitioned alike (it states no requirement DataFusion would check).
+            || node.is::<InterleaveExec>()
             || (pinned && passes_on);
         let new = rewrite(Arc::clone(child), needs, n, settings)?;
         changed |= !Arc::ptr_eq(&new, child);

@@ -8,8 +8,8 @@
 //! other formats only whole.
 //!
 //! The files are laid end to end in path order and the sequence is cut into
-//! `workers x slots` consecutive runs of about equal bytes (fewer slots when the runs
-//! would be smaller than [`MIN_RUN`]); worker `w` gets runs `w * slots .. (w + 1) *
+//! `workers x slots` consecutive runs of about equal bytes (fewer slots, then fewer
+//! workers, when the runs would be smaller than [`MIN_RUN`]); worker `w` gets runs `w * slots .. (w + 1) *
 //! slots` and reads `slots` of them at a time. A run that crosses files becomes
 //! several splits. Files that can only be read whole are instead dealt out largest
 //! first, each to the worker with the fewest bytes so far (and there to its lightest
@@ -96,7 +96,9 @@ pub async fn plan_splits(
     let runs = workers * slots;
     let run_pieces = match cut {
         Cut::WholeFiles => deal_whole_files(&files, workers, slots),
-        Cut::Bytes => cut_bytes(&files, runs),
+        // No run below MIN_RUN: a small input goes to fewer workers, whole where it
+        // fits one run (its error messages then count lines from the file's start).
+        Cut::Bytes => cut_bytes(&files, (bytes / MIN_RUN).clamp(1, runs as u64) as usize),
         Cut::RowGroups => {
             let starts = row_group_starts(&files, store).await?;
             let pieces = files
@@ -395,15 +397,16 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn small_inputs_get_one_run_per_worker_and_huge_sizes_are_refused() {
+    async fn a_small_input_stays_whole_and_huge_sizes_are_refused() {
         let store: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
         let plan = plan_splits(vec![file("a", 3000)], Cut::Bytes, &store, 3, 8)
             .await
             .unwrap();
         assert_eq!(
             plan.groups.iter().map(|g| g.len()).collect::<Vec<_>>(),
-            [1, 1, 1]
+            [1, 0, 0]
         );
+        assert!(plan.groups[0][0].range.is_none());
         let e = plan_splits(vec![file("huge", u64::MAX)], Cut::Bytes, &store, 3, 8)
             .await
             .unwrap_err();
@@ -431,19 +434,14 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_tiny_file_is_cut_without_empty_ranges() {
+    async fn more_workers_than_bytes_leaves_some_without_splits() {
         let store: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
         let sizes = [("only", 10)];
         let plan = plan_splits(vec![file("only", 10)], Cut::Bytes, &store, 4, 2)
             .await
             .unwrap();
         assert_covers(&plan, &sizes);
-        assert!(
-            plan.groups
-                .iter()
-                .flat_map(|g| g.iter())
-                .all(|f| f.range.as_ref().is_none_or(|r| r.end > r.start))
-        );
+        assert_eq!(plan.groups.iter().filter(|g| !g.is_empty()).count(), 1);
     }
 
     #[test]
