@@ -11,8 +11,7 @@
 //! A hash-placed table cannot have its placement column updated: the rows would have
 //! to move to other workers.
 
-use crate::storage::WorkerStorage;
-use crate::table::count_schema;
+use crate::table::{count_schema, storage_of};
 use arrow::array::{Array, ArrayRef, BooleanArray, RecordBatch, UInt64Array};
 use arrow::compute::kernels::zip::zip;
 use arrow::compute::{and_kleene, filter_record_batch, is_not_null, not};
@@ -192,10 +191,7 @@ impl ExecutionPlan for GyreModifyExec {
         _partition: usize,
         context: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
-        let storage = context
-            .session_config()
-            .get_extension::<WorkerStorage>()
-            .ok_or_else(|| internal_datafusion_err!("table access outside of a worker"))?;
+        let storage = storage_of(&context)?;
         let qc = QueryContext::of(&context)?;
         let part = storage.part(&self.table)?;
         let (filters, modification) = (self.filters.clone(), self.modification.clone());

@@ -252,7 +252,8 @@ impl DistributedTable {
     }
 }
 
-fn storage_of(ctx: &TaskContext) -> Result<Arc<WorkerStorage>> {
+/// The executing worker's tables (an error anywhere but on a worker).
+pub(crate) fn storage_of(ctx: &TaskContext) -> Result<Arc<WorkerStorage>> {
     ctx.session_config()
         .get_extension::<WorkerStorage>()
         .ok_or_else(|| internal_datafusion_err!("table access outside of a worker"))
