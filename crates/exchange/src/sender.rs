@@ -383,7 +383,12 @@ impl ExchangeSenderExec {
                 Ok(())
             }
             Err(e) => {
-                ep.fail(&crate::RelayedError::at(&e, &node_name(qc.me())).wire());
+                let place = format!(
+                    "sender of exchange {} on {}",
+                    self.exchange,
+                    node_name(qc.me())
+                );
+                ep.fail(&crate::RelayedError::at(&e, &place).wire());
                 Err(e)
             }
         }
