@@ -42,6 +42,7 @@ const QUERIES: &[&str] = &[
     "SELECT typed.v FROM typed JOIN typed2 ON typed.dec = typed2.dec",
     "SELECT make_array(make_array(1)) UNION ALL SELECT make_array(arrow_cast(make_array(-1), 'LargeList(Int8)'))",
     "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r WHERE n < 10) SELECT n FROM r",
+    "WITH RECURSIVE o AS (SELECT 1 AS a UNION ALL (WITH RECURSIVE i AS (SELECT 1 AS a UNION ALL SELECT a + 2 AS a FROM i WHERE a < 3) SELECT o.a + 2 AS a FROM o JOIN i USING (a) WHERE i.a < 4)) SELECT a FROM o",
     "SELECT sn, amount FROM s GROUP BY sn",
     "SELECT sn, (SELECT amount FROM s s2 WHERE s2.sn = s1.sn) FROM s s1",
     "SELECT row_number() OVER (PARTITION BY a) FROM (SELECT * FROM a WHERE a = 1)",

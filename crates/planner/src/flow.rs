@@ -16,13 +16,16 @@
 //! - nothing above relies on the join's output being hash-partitioned or ordered (heavy
 //!   keys are joined on every worker): no ancestor requires a hash distribution or an
 //!   order that reaches the join through operators passing partitioning through, and
-//!   no interleave (a union of inputs hash-partitioned alike) above it.
+//!   no interleave (a union of inputs hash-partitioned alike) above it;
+//! - it is not in the recursive term of a recursive query, which runs on the
+//!   coordinator beside its work table, as DataFusion planned it.
 
 use crate::join_selection::estimated_rows;
 use datafusion::common::Result;
 use datafusion::physical_expr::Distribution;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
+use datafusion::physical_plan::recursive_query::RecursiveQueryExec;
 use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::union::InterleaveExec;
 use datafusion::physical_plan::{
@@ -66,6 +69,10 @@ fn rewrite(
     let mut new_children = Vec::with_capacity(children.len());
     let mut changed = false;
     for (i, child) in children.iter().enumerate() {
+        if node.is::<RecursiveQueryExec>() && i == 1 {
+            new_children.push(Arc::clone(child));
+            continue;
+        }
         let needs = matches!(
             distributions.child_distribution(i),
             Some(Distribution::KeyPartitioned(_))

@@ -510,10 +510,6 @@ impl Splitter<'_> {
             let p = self.gather_to_coordinator(p, loc)?;
             return Ok(Arc::new(ReplayExec::new(p)));
         }
-        if plan.is::<FlowJoinExec>() {
-            // Its own shuffle would cross the network: the plain join it wraps runs here.
-            return self.beside_work_table(plan.children()[0]);
-        }
         let children = plan
             .children()
             .into_iter()
