@@ -429,3 +429,166 @@ async fn copy_to_writes_from_every_worker_and_reads_back() {
         }
     }
 }
+
+/// One system's view of a directory of files: Gyre's and DataFusion's each get their
+/// own directory, changed alike, because an INSERT into an external table adds a file.
+struct FollowSide {
+    dir: PathBuf,
+}
+
+impl FollowSide {
+    fn sql(&self, template: &str) -> String {
+        template.replace("{dir}", self.dir.to_str().unwrap())
+    }
+}
+
+/// A change made to the files of both sides alike.
+type FileChange = Box<dyn Fn(&FollowSide)>;
+
+/// Runs `sql` on Gyre and DataFusion; their results, or their errors, as text.
+async fn on_both(
+    c: &Arc<gyre_cluster::coordinator::Coordinator>,
+    ctx: &SessionContext,
+    gyre: &FollowSide,
+    df: &FollowSide,
+    sql: &str,
+) -> (Result<Vec<String>, String>, Result<Vec<String>, String>) {
+    let got = match c.sql_one(&gyre.sql(sql)).await {
+        Ok(r) => Ok(canonical_rows(&r.batches).unwrap()),
+        Err(e) => Err(e.to_string()),
+    };
+    let want = match ctx.sql(&df.sql(sql)).await {
+        Ok(d) => match d.collect().await {
+            Ok(b) => Ok(canonical_rows(&b).unwrap()),
+            Err(e) => Err(e.to_string()),
+        },
+        Err(e) => Err(e.to_string()),
+    };
+    (got, want)
+}
+
+/// A table created from files follows them as DataFusion's does: files added later
+/// are loaded by the next query, a file rewritten or removed reloads the table, an
+/// INSERT writes a file, and a location that does not exist yet is an empty table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn external_tables_follow_their_files() {
+    for workers in [1, 4] {
+        let tmp = tempfile::tempdir().unwrap();
+        let gyre = FollowSide {
+            dir: tmp.path().join("gyre"),
+        };
+        let df = FollowSide {
+            dir: tmp.path().join("df"),
+        };
+        let cluster = LocalCluster::start(workers, 1, "127.0.0.1:0".parse().unwrap())
+            .await
+            .unwrap();
+        let c = &cluster.coordinator;
+        // DataFusion, like Gyre, without its cache of listings, which hides files
+        // written after a table's first scan.
+        let ctx = SessionContext::new();
+        ctx.sql("SET datafusion.runtime.list_files_cache_limit = '0'")
+            .await
+            .unwrap();
+        let sides = [&gyre, &df];
+        for side in sides {
+            write_csv(&side.dir.join("t/a.csv"), 0, 150_000, true, false);
+        }
+        let create = [
+            (
+                "t",
+                "CREATE EXTERNAL TABLE t (id BIGINT, k BIGINT, v DOUBLE, s VARCHAR) STORED AS CSV LOCATION '{dir}/t/' OPTIONS ('format.has_header' 'true'{opt})",
+            ),
+            (
+                "later",
+                "CREATE EXTERNAL TABLE later (id BIGINT, k BIGINT, v DOUBLE, s VARCHAR) STORED AS PARQUET LOCATION '{dir}/later/'",
+            ),
+            (
+                "one",
+                "CREATE EXTERNAL TABLE one (id BIGINT) STORED AS CSV LOCATION '{dir}/no/such/file.csv'",
+            ),
+        ];
+        for (table, sql) in create {
+            let gyre_sql = sql.replace("{opt}", ", 'gyre.partition_by' 'k'");
+            c.sql(&gyre.sql(&gyre_sql))
+                .await
+                .unwrap_or_else(|e| panic!("{table}: {e}"));
+            ctx.sql(&df.sql(&sql.replace("{opt}", ""))).await.unwrap();
+        }
+        let checks = [
+            "SELECT count(*), sum(k), min(id), max(id) FROM t",
+            "SELECT k % 7 AS r, count(*), sum(v) FROM t GROUP BY k % 7",
+            "SELECT count(*), sum(id) FROM later",
+        ];
+        let mut failures = vec![];
+        let steps: Vec<(&str, FileChange)> = vec![
+            ("as created", Box::new(|_| {})),
+            (
+                "a file added",
+                Box::new(|s| write_csv(&s.dir.join("t/b.csv"), 150_000, 170_000, true, false)),
+            ),
+            (
+                "a file rewritten",
+                Box::new(|s| write_csv(&s.dir.join("t/a.csv"), 0, 90_000, true, false)),
+            ),
+            (
+                "a file removed",
+                Box::new(|s| std::fs::remove_file(s.dir.join("t/b.csv")).unwrap()),
+            ),
+            (
+                "files in a location that did not exist",
+                Box::new(|s| write_parquet(&s.dir.join("later/x.parquet"), 5, 500, 100)),
+            ),
+        ];
+        for (step, change) in &steps {
+            for side in sides {
+                change(side);
+            }
+            for q in checks {
+                let (got, want) = on_both(c, &ctx, &gyre, &df, q).await;
+                if got != want {
+                    failures.push(format!(
+                        "{workers} workers, {step}: {q}\n  got  {got:?}\n  want {want:?}"
+                    ));
+                }
+            }
+        }
+        // An INSERT writes a file, on both; the next query reads it.
+        for sql in [
+            "INSERT INTO t VALUES (1000000, 1, 0.5, 'new'), (1000001, 2, 1.5, 'new')",
+            "SELECT count(*), sum(k), max(id) FROM t",
+            "SELECT s, count(*) FROM t WHERE s = 'new' GROUP BY s",
+        ] {
+            let (got, want) = on_both(c, &ctx, &gyre, &df, sql).await;
+            if got != want {
+                failures.push(format!(
+                    "{workers} workers: {sql}\n  got  {got:?}\n  want {want:?}"
+                ));
+            }
+        }
+        // Gyre's workers each write a file of their share.
+        let files = |s: &FollowSide| std::fs::read_dir(s.dir.join("t")).unwrap().count();
+        if files(&gyre) < 2 {
+            failures.push(format!(
+                "{workers} workers: {} files after the INSERT",
+                files(&gyre)
+            ));
+        }
+        // A file that does not exist reads as no rows, on both; written, it is read.
+        for side in sides {
+            std::fs::create_dir_all(side.dir.join("no/such")).unwrap();
+        }
+        for step in ["missing", "written"] {
+            let (got, want) = on_both(c, &ctx, &gyre, &df, "SELECT count(*) FROM one").await;
+            if got != want {
+                failures.push(format!(
+                    "{workers} workers, a file {step}: {got:?} / {want:?}"
+                ));
+            }
+            for side in sides {
+                std::fs::write(side.dir.join("no/such/file.csv"), "id\n1\n2\n").unwrap();
+            }
+        }
+        assert!(failures.is_empty(), "{}", failures.join("\n"));
+    }
+}

@@ -13,7 +13,9 @@
 //! single-node plan) and the files listed in [`SKIPPED_FILES`]. A query without an
 //! ORDER BY of its own (at the top level) is compared with its expected rows as a
 //! multiset: SQL gives its rows no order, and a distributed engine returns them in
-//! the order they arrive from the workers.
+//! the order they arrive from the workers. A query with a LIMIT but no ORDER BY at its
+//! top level may return any of its rows: it passes with as many rows as expected, each
+//! one a row single-node DataFusion gives for the query without its LIMIT.
 //!
 //! `cargo test --release --test sqllogictest` runs every file and fails when the
 //! pass rate falls below the one recorded in `tests/sqllogictest.baseline`.
@@ -92,23 +94,99 @@ const WORKERS: usize = 4;
 /// Set while Gyre runs a query whose row order SQL leaves open (see [`validator`]).
 static UNORDERED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// DataFusion's validator; for an unordered query, on both sides' rows sorted.
+/// Set while Gyre runs a query with a LIMIT but no ORDER BY at its top level: every row
+/// the query gives without its LIMIT, on single-node DataFusion (see [`validator`]).
+static ANY_OF: std::sync::Mutex<Option<Vec<String>>> = std::sync::Mutex::new(None);
+
+/// DataFusion's validator; for an unordered query, on both sides' rows sorted. A query
+/// with a LIMIT and no ORDER BY may return any of its rows, in any order: it passes when
+/// it returns as many rows as expected, each a row of the query without its LIMIT.
 fn validator(normalizer: Normalizer, actual: &[Vec<String>], expected: &[String]) -> bool {
     if df_value_validator(normalizer, actual, expected) {
         return true;
-    }
-    if !UNORDERED.load(std::sync::atomic::Ordering::Relaxed) {
-        return false;
     }
     let mut actual: Vec<String> = actual
         .iter()
         .map(|row| row.join(" ").trim_end().to_string())
         .collect();
     let mut expected: Vec<String> = expected.iter().map(normalizer).collect();
+    if let Some(all) = ANY_OF.lock().unwrap().as_ref() {
+        if actual.len() != expected.len() {
+            return false;
+        }
+        let mut left: std::collections::HashMap<&str, usize> = Default::default();
+        for row in all {
+            *left.entry(row.as_str()).or_default() += 1;
+        }
+        return actual.iter().all(|row| match left.get_mut(row.as_str()) {
+            Some(n) if *n > 0 => {
+                *n -= 1;
+                true
+            }
+            _ => false,
+        });
+    }
+    if !UNORDERED.load(std::sync::atomic::Ordering::Relaxed) {
+        return false;
+    }
     actual.sort_unstable();
     expected.sort_unstable();
     actual == expected
 }
+
+/// `sql` without its LIMIT (and OFFSET), when it is one query with a LIMIT and no ORDER
+/// BY at its top level: SQL then lets it return any rows of the query without its LIMIT.
+fn unlimited_query(sql: &str) -> Option<String> {
+    use datafusion::sql::parser::{DFParser, Statement};
+    use datafusion::sql::sqlparser::ast::Statement as SqlStatement;
+    let mut statements = DFParser::parse_sql(sql).ok()?;
+    let Some(Statement::Statement(s)) = statements.pop_front() else {
+        return None;
+    };
+    if !statements.is_empty() {
+        return None;
+    }
+    let SqlStatement::Query(mut q) = *s else {
+        return None;
+    };
+    if q.order_by.is_some() || q.fetch.is_some() || q.limit_clause.is_none() {
+        return None;
+    }
+    q.limit_clause = None;
+    Some(q.to_string())
+}
+
+/// Every row single-node DataFusion gives for `sql`, as the validator sees rows; none
+/// when there are more than [`ANY_OF_ROWS`] or they take longer than [`ANY_OF_TIME`]
+/// (a LIMIT may be what ends an endless recursive query).
+async fn all_rows(ctx: &SessionContext, sql: &str) -> Option<Vec<String>> {
+    let run = async {
+        let df = ctx.sql(sql).await.ok()?;
+        let task_ctx = Arc::new(df.task_ctx());
+        let plan = df.create_physical_plan().await.ok()?;
+        let schema = plan.schema();
+        let mut stream = execute_stream(plan, task_ctx).ok()?;
+        let mut batches = vec![];
+        let mut rows = 0;
+        while let Some(batch) = stream.try_next().await.ok()? {
+            rows += batch.num_rows();
+            if rows > ANY_OF_ROWS {
+                return None;
+            }
+            batches.push(batch);
+        }
+        let rows = convert_batches(&schema, batches, false).ok()?;
+        Some(
+            rows.iter()
+                .map(|row| row.join(" ").trim_end().to_string())
+                .collect(),
+        )
+    };
+    tokio::time::timeout(ANY_OF_TIME, run).await.ok().flatten()
+}
+
+const ANY_OF_ROWS: usize = 100_000;
+const ANY_OF_TIME: Duration = Duration::from_secs(5);
 
 /// Whether `sql` is a query with no ORDER BY at its top level (so, in SQL, no order).
 fn unordered_query(sql: &str) -> bool {
@@ -265,9 +343,10 @@ impl AsyncDB for Gyre {
 
 /// Where cargo unpacked the datafusion-sqllogictest crate.
 fn crate_dir() -> PathBuf {
-    let out = std::process::Command::new(env!("CARGO"))
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| env!("CARGO").to_string());
+    let out = std::process::Command::new(cargo)
         .args(["metadata", "--format-version", "1", "--offline"])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .current_dir(manifest_dir())
         .output()
         .expect("cargo metadata");
     let meta: serde_json::Value = serde_json::from_slice(&out.stdout).expect("cargo metadata JSON");
@@ -325,6 +404,19 @@ fn is_explain(record: &Record<DFColumnType>) -> bool {
     first.starts_with("explain")
 }
 
+/// Where Gyre writes what the files write to DataFusion's scratch directory: both run
+/// in this process, and files one wrote (an INSERT into an external table adds a file)
+/// must not show up in the other's tables.
+const GYRE_SCRATCH: &str = "test_files/scratch_gyre/";
+
+/// `record` with its paths in DataFusion's scratch directory moved to Gyre's.
+fn own_scratch(mut record: Record<DFColumnType>) -> Record<DFColumnType> {
+    if let Record::Statement { sql, .. } | Record::Query { sql, .. } = &mut record {
+        *sql = sql.replace("test_files/scratch/", GYRE_SCRATCH);
+    }
+    record
+}
+
 fn line_of(record: &Record<DFColumnType>) -> String {
     match record {
         Record::Statement { loc, .. } | Record::Query { loc, .. } => loc.to_string(),
@@ -364,6 +456,7 @@ async fn run_file(root: &Path, rel: &Path) -> FileResult {
         }
     };
     let ctx = SessionContext::new_with_config(SessionConfig::new().with_target_partitions(4));
+    let reference_ctx = ctx.clone();
     let mut reference = Runner::new(move || {
         let ctx = ctx.clone();
         async move { Ok(Reference { ctx }) }
@@ -391,7 +484,7 @@ async fn run_file(root: &Path, rel: &Path) -> FileResult {
         let counted = matches!(record, Record::Statement { .. } | Record::Query { .. });
         if !counted {
             let _ = run_record(&mut reference, record.clone()).await;
-            let _ = run_record(&mut gyre, record).await;
+            let _ = run_record(&mut gyre, own_scratch(record)).await;
             continue;
         }
         if is_explain(&record) {
@@ -403,10 +496,20 @@ async fn run_file(root: &Path, rel: &Path) -> FileResult {
             Record::Query { sql, .. } => unordered_query(sql),
             _ => false,
         };
+        let unlimited = match &record {
+            Record::Query { sql, .. } => unlimited_query(sql),
+            _ => None,
+        };
         let on_reference = run_record(&mut reference, record.clone()).await;
+        let any_of = match (&on_reference, unlimited) {
+            (Ok(()), Some(sql)) => all_rows(&reference_ctx, &sql).await,
+            _ => None,
+        };
+        *ANY_OF.lock().unwrap() = any_of;
         UNORDERED.store(unordered, std::sync::atomic::Ordering::Relaxed);
-        let on_gyre = run_record(&mut gyre, record).await;
+        let on_gyre = run_record(&mut gyre, own_scratch(record)).await;
         UNORDERED.store(false, std::sync::atomic::Ordering::Relaxed);
+        *ANY_OF.lock().unwrap() = None;
         let verdict = match (on_reference, on_gyre) {
             (Err(_), _) => Verdict::SkippedReference,
             (Ok(()), Ok(())) => Verdict::Passed,
@@ -450,11 +553,21 @@ fn options() -> Options {
     o
 }
 
-const BASELINE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/sqllogictest.baseline");
+/// This checkout: cargo's run-time variable first, because a test binary may have been
+/// built in another checkout sharing the target directory.
+fn manifest_dir() -> PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
+}
+
+fn baseline_path() -> PathBuf {
+    manifest_dir().join("tests/sqllogictest.baseline")
+}
 
 /// The recorded pass rate (passed / counted records).
 fn baseline() -> Option<f64> {
-    let text = std::fs::read_to_string(BASELINE).ok()?;
+    let text = std::fs::read_to_string(baseline_path()).ok()?;
     text.lines()
         .find_map(|l| l.strip_prefix("pass_rate "))
         .and_then(|v| v.trim().parse().ok())
@@ -543,9 +656,10 @@ fn main() {
     match baseline() {
         Some(recorded) if rate + 1e-9 < recorded => {
             eprintln!(
-                "the pass rate fell: {:.4}% now, {:.4}% recorded in {BASELINE}",
+                "the pass rate fell: {:.4}% now, {:.4}% recorded in {}",
                 100.0 * rate,
-                100.0 * recorded
+                100.0 * recorded,
+                baseline_path().display()
             );
             std::process::exit(1);
         }
@@ -553,11 +667,15 @@ fn main() {
             "the pass rate rose from {:.4}% (record it with -- --update)",
             100.0 * recorded
         ),
+        None if !opts.update => {
+            eprintln!("no pass rate recorded in {}", baseline_path().display());
+            std::process::exit(1);
+        }
         _ => {}
     }
     if opts.update {
         std::fs::write(
-            BASELINE,
+            baseline_path(),
             format!(
                 "# Written by `cargo test --release --test sqllogictest -- --update`.\n\
                  pass_rate {rate:.6}\npassed {passed}\ncounted {counted}\n"

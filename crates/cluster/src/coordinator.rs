@@ -3,10 +3,9 @@
 
 use crate::codec::{GyreCodec, schema_to_bytes};
 use crate::execution::{DeferredQuery, QueryExecution};
+use crate::files::follow::{Change, FileTable, is_not_found};
 use crate::files::stores::{register_store, take_store_options};
-use crate::files::{
-    FileCopyExec, FileSplitScanExec, WorkerFiles, coordinator_must_read, schema_conflict,
-};
+use crate::files::{FileCopyExec, FileSplitScanExec, coordinator_must_read, schema_conflict};
 use crate::modify::GyreModifyExec;
 use crate::progress::{STATEMENT, StatementProgress};
 use crate::protocol::{ControlClient, Request, Response};
@@ -21,15 +20,18 @@ use arrow::array::{ArrayRef, RecordBatch, StringArray, UInt64Array};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::catalog::TableProvider;
 use datafusion::common::config::Dialect;
-use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
-use datafusion::common::{DataFusionError, Result, TableReference, plan_datafusion_err, plan_err};
+use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode, TreeNodeRecursion};
+use datafusion::common::{
+    DataFusionError, Result, SchemaError, TableReference, not_impl_err, plan_datafusion_err,
+    plan_err,
+};
 use datafusion::datasource::provider_as_source;
 use datafusion::datasource::sink::DataSinkExec;
 use datafusion::execution::TaskContext;
 use datafusion::execution::context::SessionState;
 use datafusion::logical_expr::dml::InsertOp;
 use datafusion::logical_expr::{
-    CreateExternalTable, CreateMemoryTable, DdlStatement, DropTable, LogicalPlan,
+    CreateExternalTable, CreateMemoryTable, DdlStatement, DmlStatement, DropTable, LogicalPlan,
     LogicalPlanBuilder, Statement as LogicalStatement, WriteOp,
 };
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
@@ -47,7 +49,7 @@ use gyre_planner::{
 };
 use gyre_transport::{COORDINATOR, NodeId, TcpTransport, Transport, TransportConfig, node_name};
 use parking_lot::{Mutex, RwLock};
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -129,6 +131,11 @@ pub struct Coordinator {
     /// Held by a running DELETE or UPDATE: each replaces table parts computed from
     /// what it read, so two must not overlap (inserts may: they only append).
     modifying: tokio::sync::Mutex<()>,
+    /// Tables loaded from files, which follow their files ([`crate::files::follow`]).
+    file_tables: RwLock<HashMap<String, Arc<FileTable>>>,
+    /// Unbounded external tables: streams the coordinator reads when queried, as
+    /// DataFusion does, never loaded.
+    streams: RwLock<HashSet<String>>,
     settings: Mutex<Settings>,
     config: CoordinatorConfig,
 }
@@ -239,6 +246,8 @@ impl Coordinator {
             running: Mutex::new(HashMap::new()),
             creating: Arc::new(Mutex::new(std::collections::HashSet::new())),
             modifying: tokio::sync::Mutex::new(()),
+            file_tables: RwLock::new(HashMap::new()),
+            streams: RwLock::new(HashSet::new()),
             settings: Mutex::new(Settings::default()),
             config,
         });
@@ -581,6 +590,8 @@ impl Coordinator {
         let plan = self
             .resolve_execute(state.statement_to_plan(last).await?)
             .await?;
+        self.follow_files(&state, &plan, &workers).await?;
+        let plan = self.write_to_files(plan)?;
         if !is_plain_query(&plan) {
             let result = self.run_logical(state, plan, workers, placement).await?;
             return Ok(Outcome::Done(result));
@@ -597,6 +608,8 @@ impl Coordinator {
         let plan = self
             .resolve_execute(state.statement_to_plan(stmt).await?)
             .await?;
+        self.follow_files(&state, &plan, &workers).await?;
+        let plan = self.write_to_files(plan)?;
         self.run_logical(state, plan, workers, placement).await
     }
 
@@ -1012,8 +1025,10 @@ impl Coordinator {
             .collect();
         let provider = Arc::new(DistributedTable { meta: meta.clone() });
         drop(tables);
-        let _ = self.ctx.deregister_table(table);
-        let _ = self.ctx.register_table(table, provider);
+        let _ = self.ctx.deregister_table(TableReference::bare(table));
+        let _ = self
+            .ctx
+            .register_table(TableReference::bare(table), provider);
     }
 
     fn render_report(
@@ -1057,9 +1072,39 @@ impl Coordinator {
         let name = meta.name.clone();
         let provider: Arc<dyn TableProvider> = Arc::new(DistributedTable { meta: meta.clone() });
         self.tables.write().insert(name.clone(), meta);
-        let _ = self.ctx.deregister_table(name.as_str());
-        self.ctx.register_table(name.as_str(), provider)?;
+        let _ = self
+            .ctx
+            .deregister_table(TableReference::bare(name.as_str()));
+        self.ctx
+            .register_table(TableReference::bare(name.as_str()), provider)?;
         Ok(())
+    }
+
+    /// The name Gyre keeps table `r` under: its table part, once its catalog and schema
+    /// (if given) are found to be the defaults, where Gyre keeps every table.
+    fn table_name(&self, r: &TableReference) -> Result<String> {
+        let options = self.ctx.state().config_options().catalog.clone();
+        if let Some(catalog) = r.catalog()
+            && catalog != options.default_catalog
+        {
+            return plan_err!("failed to resolve catalog: {catalog}");
+        }
+        if let Some(schema) = r.schema()
+            && schema != options.default_schema
+        {
+            let exists = self
+                .ctx
+                .catalog(&options.default_catalog)
+                .is_some_and(|c| c.schema(schema).is_some());
+            if !exists {
+                return plan_err!("failed to resolve schema: {schema}");
+            }
+            return not_impl_err!(
+                "tables in schema '{schema}': Gyre keeps every table in schema '{}'",
+                options.default_schema
+            );
+        }
+        Ok(r.table().to_string())
     }
 
     /// Claims `name` for a statement that creates it, until the returned guard drops.
@@ -1105,6 +1150,9 @@ impl Coordinator {
             return Err(e);
         }
         self.part_stats.lock().remove(name);
+        // A new table: not (yet) one that follows files, nor a stream.
+        self.file_tables.write().remove(name);
+        self.streams.write().remove(name);
         self.register(TableMeta {
             name: name.to_string(),
             column_bytes: vec![0; schema.fields().len()],
@@ -1124,7 +1172,7 @@ impl Coordinator {
         input: LogicalPlan,
         workers: Vec<NodeId>,
     ) -> Result<StatementResult> {
-        let provider = self.ctx.table_provider(name).await?;
+        let provider = self.ctx.table_provider(TableReference::bare(name)).await?;
         let plan = LogicalPlanBuilder::insert_into(
             input,
             TableReference::bare(name),
@@ -1143,9 +1191,9 @@ impl Coordinator {
         workers: Vec<NodeId>,
         placement: Option<TablePlacement>,
     ) -> Result<StatementResult> {
-        let name = cmd.name.table().to_string();
+        let name = self.table_name(&cmd.name)?;
         let reservation = self.reserve(&name)?;
-        if self.tables.read().contains_key(&name) {
+        if self.exists(&name) {
             if cmd.if_not_exists && cmd.or_replace {
                 return Err(exec_err("'IF NOT EXISTS' cannot coexist with 'REPLACE'"));
             }
@@ -1154,6 +1202,18 @@ impl Coordinator {
             }
             if !cmd.or_replace {
                 return Err(exec_err(format!("Table '{name}' already exists")));
+            }
+        }
+        // The table keeps unqualified names only: two alike would leave one unselectable.
+        let mut seen = HashSet::new();
+        for field in cmd.input.schema().fields() {
+            if !seen.insert(field.name()) {
+                return Err(DataFusionError::SchemaError(
+                    Box::new(SchemaError::DuplicateUnqualifiedField {
+                        name: field.name().clone(),
+                    }),
+                    Box::new(None),
+                ));
             }
         }
         let schema: SchemaRef = Arc::new(cmd.input.schema().as_arrow().clone());
@@ -1225,14 +1285,17 @@ impl Coordinator {
         mut cmd: CreateExternalTable,
         workers: Vec<NodeId>,
     ) -> Result<StatementResult> {
-        let name = cmd.name.table().to_string();
+        if cmd.temporary {
+            return not_impl_err!("Temporary tables not supported");
+        }
+        let name = self.table_name(&cmd.name)?;
         // Gyre's own options and the object store's; DataFusion's file formats reject
         // unknown namespaces.
         let partition_by = cmd.options.remove("gyre.partition_by");
         let read_on = ReadOn::parse(cmd.options.remove("gyre.read_on"))?;
         let store_options = take_store_options(&mut cmd.options);
         let reservation = self.reserve(&name)?;
-        if self.tables.read().contains_key(&name) {
+        if self.exists(&name) {
             if cmd.if_not_exists && cmd.or_replace {
                 return Err(exec_err("'IF NOT EXISTS' cannot coexist with 'REPLACE'"));
             }
@@ -1261,7 +1324,12 @@ impl Coordinator {
             .table_factories()
             .get(cmd.file_type.to_ascii_uppercase().as_str())
             .cloned()
-            .ok_or_else(|| exec_err(format!("unsupported file type '{}'", cmd.file_type)))?;
+            .ok_or_else(|| {
+                exec_err(format!(
+                    "Unable to find factory for {}",
+                    cmd.file_type.to_ascii_uppercase()
+                ))
+            })?;
         let listing = match factory.create(&state, &cmd).await {
             Ok(l) => l,
             Err(e) => {
@@ -1269,33 +1337,57 @@ impl Coordinator {
                 for l in &cmd.locations {
                     conflicts.extend(schema_conflict(&state, l, &cmd.file_type).await);
                 }
-                let why = match conflicts.first() {
-                    Some(c) => format!("the files' schemas do not agree: {c} ({e})"),
-                    None => e.to_string(),
+                // A fault of the statement (its options, columns, partitioning) keeps
+                // DataFusion's words; one of the files' contents names the location.
+                let statement_fault = match e.find_root() {
+                    DataFusionError::Plan(_)
+                    | DataFusionError::Configuration(_)
+                    | DataFusionError::SchemaError(..)
+                    | DataFusionError::NotImplemented(_) => true,
+                    DataFusionError::ArrowError(a, _) => {
+                        matches!(**a, datafusion::arrow::error::ArrowError::SchemaError(_))
+                    }
+                    _ => false,
                 };
-                return Err(exec_err(format!(
-                    "cannot read '{locations}' as {}: {why}",
-                    cmd.file_type
-                )));
+                return Err(match conflicts.first() {
+                    Some(c) => exec_err(format!(
+                        "cannot read '{locations}' as {}: the files' schemas do not agree: \
+                         {c} ({e})",
+                        cmd.file_type
+                    )),
+                    None if statement_fault => e,
+                    None => exec_err(format!(
+                        "cannot read '{locations}' as {}: {e}",
+                        cmd.file_type
+                    )),
+                });
             }
         };
+        if cmd.unbounded {
+            // A stream (DataFusion reads the file as it grows, a FIFO for one): the
+            // coordinator reads it whenever it is queried, as DataFusion does.
+            if self.tables.read().contains_key(&name) {
+                self.drop_by_name(&name, &workers).await?;
+            }
+            let _ = self
+                .ctx
+                .deregister_table(TableReference::bare(name.as_str()));
+            self.ctx
+                .register_table(TableReference::bare(name.as_str()), listing)?;
+            self.streams.write().insert(name);
+            return no_result();
+        }
         let schema = listing.schema();
-        let source: Arc<dyn TableProvider> = match read_on {
-            ReadOn::Workers => {
-                if !store_options.is_empty() || cmd.locations.iter().any(|l| l.contains("://")) {
-                    let req = Request::RegisterStore {
-                        locations: cmd.locations.clone(),
-                        options: store_options.clone().into_iter().collect(),
-                    };
-                    self.broadcast(&workers, req).await?;
-                }
-                Arc::new(WorkerFiles::new(listing))
-            }
-            ReadOn::Coordinator => listing,
-        };
-        let input =
-            LogicalPlanBuilder::scan(format!("{name}_source"), provider_as_source(source), None)?
-                .build()?;
+        if read_on == ReadOn::Workers
+            && (!store_options.is_empty() || cmd.locations.iter().any(|l| l.contains("://")))
+        {
+            let req = Request::RegisterStore {
+                locations: cmd.locations.clone(),
+                options: store_options.clone().into_iter().collect(),
+            };
+            self.broadcast(&workers, req).await?;
+        }
+        let files = Arc::new(FileTable::new(listing, read_on == ReadOn::Workers));
         let placement = partition_by
             .map(|column| TablePlacement::Hash { column })
             .unwrap_or(TablePlacement::Chunked);
@@ -1305,20 +1397,137 @@ impl Coordinator {
         };
         self.create_empty_table(&name, schema, placement, rules, &workers)
             .await?;
-        let what = format!("loading '{locations}' into table '{name}' failed");
-        self.fill_or_drop(state, name, input, workers, reservation, move |e| {
-            exec_err(format!("{what}: {e}"))
-        })
-        .await?;
+        // A location that does not exist yet, under a declared schema, is an empty table
+        // (DataFusion does not look at the files then); the first file written there is
+        // loaded by the next statement that reads the table.
+        let missing = !cmd.schema.fields().is_empty()
+            && matches!(files.list(&state).await, Err(e) if is_not_found(&e));
+        if !missing {
+            let source = Arc::new(files.source(None));
+            let input = LogicalPlanBuilder::scan(
+                format!("{name}_source"),
+                provider_as_source(Arc::clone(&source) as Arc<dyn TableProvider>),
+                None,
+            )?
+            .build()?;
+            let what = format!("loading '{locations}' into table '{name}' failed");
+            self.fill_or_drop(state, name.clone(), input, workers, reservation, move |e| {
+                exec_err(format!("{what}: {e}"))
+            })
+            .await?;
+            files.add_loaded(source.planned());
+        }
+        self.file_tables.write().insert(name, files);
         no_result()
+    }
+
+    /// Whether a table (distributed or a stream) is called `name`.
+    fn exists(&self, name: &str) -> bool {
+        self.tables.read().contains_key(name) || self.streams.read().contains(name)
+    }
+
+    fn file_table(&self, name: &str) -> Option<Arc<FileTable>> {
+        self.file_tables.read().get(name).cloned()
+    }
+
+    /// Brings every table loaded from files that `plan` reads up to date with its files
+    /// ([`crate::files::follow`]): loads the files added since, or the table anew when a
+    /// file it loaded changed or went away.
+    async fn follow_files(
+        self: &Arc<Self>,
+        state: &SessionState,
+        plan: &LogicalPlan,
+        workers: &[NodeId],
+    ) -> Result<()> {
+        if self.file_tables.read().is_empty() {
+            return Ok(());
+        }
+        let mut names = BTreeSet::new();
+        scanned_tables(plan, &mut names);
+        for name in names {
+            let Some(files) = self.file_table(&name) else {
+                continue;
+            };
+            let _one_at_a_time = files.following.lock().await;
+            let now = files.list(state).await?;
+            let only = match files.change(&now) {
+                Change::None => continue,
+                Change::Added(added) => Some(added),
+                Change::Replaced => {
+                    self.delete_all(state, &name, workers).await?;
+                    files.clear_loaded();
+                    None
+                }
+            };
+            let source = Arc::new(files.source(only));
+            let input = LogicalPlanBuilder::scan(
+                format!("{name}_source"),
+                provider_as_source(Arc::clone(&source) as Arc<dyn TableProvider>),
+                None,
+            )?
+            .build()?;
+            self.insert(state.clone(), &name, input, workers.to_vec())
+                .await
+                .map_err(|e| {
+                    exec_err(format!(
+                        "loading the changed files of table '{name}' failed: {e}"
+                    ))
+                })?;
+            files.add_loaded(source.planned());
+        }
+        Ok(())
+    }
+
+    /// `plan` with its writes to tables loaded from files going to the files, as
+    /// DataFusion's do: the next statement that reads such a table loads what was
+    /// written ([`crate::files::follow`]).
+    fn write_to_files(&self, plan: LogicalPlan) -> Result<LogicalPlan> {
+        if self.file_tables.read().is_empty() {
+            return Ok(plan);
+        }
+        plan.transform_down(|node| match node {
+            LogicalPlan::Dml(mut d) => match self.file_table(d.table_name.table()) {
+                Some(files) => {
+                    d.target = provider_as_source(Arc::clone(&files.listing));
+                    Ok(Transformed::yes(LogicalPlan::Dml(d)))
+                }
+                None => Ok(Transformed::no(LogicalPlan::Dml(d))),
+            },
+            other => Ok(Transformed::no(other)),
+        })
+        .data()
+    }
+
+    /// Deletes every row of table `name`.
+    async fn delete_all(
+        self: &Arc<Self>,
+        state: &SessionState,
+        name: &str,
+        workers: &[NodeId],
+    ) -> Result<()> {
+        let provider = self.ctx.table_provider(TableReference::bare(name)).await?;
+        let source = provider_as_source(provider);
+        let scan = LogicalPlanBuilder::scan(TableReference::bare(name), Arc::clone(&source), None)?
+            .build()?;
+        let plan = LogicalPlan::Dml(DmlStatement::new(
+            TableReference::bare(name),
+            source,
+            WriteOp::Delete,
+            Arc::new(scan),
+        ));
+        let _one_at_a_time = self.modifying.lock().await;
+        self.run_query(state.clone(), plan, workers.to_vec())
+            .await?;
+        Ok(())
     }
 
     /// Forgets table `name` and drops its partitions on every worker that can still be
     /// reached, whatever the others answer: a failed statement leaves nothing behind.
     async fn drop_everywhere(&self, name: &str, workers: &[NodeId]) {
         self.tables.write().remove(name);
+        self.file_tables.write().remove(name);
         self.part_stats.lock().remove(name);
-        let _ = self.ctx.deregister_table(name);
+        let _ = self.ctx.deregister_table(TableReference::bare(name));
         let req = Request::DropTable {
             name: name.to_string(),
         };
@@ -1340,8 +1549,9 @@ impl Coordinator {
 
     async fn drop_by_name(&self, name: &str, workers: &[NodeId]) -> Result<()> {
         self.tables.write().remove(name);
+        self.file_tables.write().remove(name);
         self.part_stats.lock().remove(name);
-        let _ = self.ctx.deregister_table(name);
+        let _ = self.ctx.deregister_table(TableReference::bare(name));
         self.broadcast(
             workers,
             Request::DropTable {
@@ -1353,7 +1563,13 @@ impl Coordinator {
     }
 
     async fn drop_table(&self, cmd: DropTable, workers: &[NodeId]) -> Result<StatementResult> {
-        let name = cmd.name.table().to_string();
+        let name = self.table_name(&cmd.name)?;
+        if self.streams.write().remove(&name) {
+            let _ = self
+                .ctx
+                .deregister_table(TableReference::bare(name.as_str()));
+            return no_result();
+        }
         if !self.tables.read().contains_key(&name) {
             if cmd.if_exists {
                 return no_result();
@@ -1488,6 +1704,19 @@ pub enum Outcome {
 }
 
 /// Whether a plan only reads (its result can be produced lazily, as the client pulls).
+/// The tables `plan` scans, also in its subqueries and the views it reads.
+fn scanned_tables(plan: &LogicalPlan, names: &mut BTreeSet<String>) {
+    let _ = plan.apply_with_subqueries(|node| {
+        if let LogicalPlan::TableScan(scan) = node {
+            names.insert(scan.table_name.table().to_string());
+            if let Some(view) = scan.source.get_logical_plan() {
+                scanned_tables(&view, names);
+            }
+        }
+        Ok(TreeNodeRecursion::Continue)
+    });
+}
+
 fn is_plain_query(plan: &LogicalPlan) -> bool {
     !matches!(
         plan,

@@ -2,7 +2,9 @@
 
 use datafusion::common::Result;
 use datafusion::execution::SessionStateBuilder;
+use datafusion::execution::cache::cache_manager::CacheManagerConfig;
 use datafusion::execution::context::SessionState;
+use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_optimizer::optimizer::PhysicalOptimizer;
 use datafusion::prelude::{SessionConfig, SessionContext};
@@ -38,8 +40,15 @@ pub fn coordinator_context() -> SessionContext {
         .position(|r| r.name() == "join_selection")
         .unwrap_or(0);
     rules.insert(at, Arc::new(DistributedJoinSelection));
+    // No cache of file listings: a table loaded from files follows them, so it must
+    // see each listing as it is (DataFusion's cache would hide files written since).
+    let runtime = RuntimeEnvBuilder::new()
+        .with_cache_manager(CacheManagerConfig::default().with_list_files_cache_limit(0))
+        .build_arc()
+        .expect("a runtime without a listing cache");
     let state = SessionStateBuilder::new()
         .with_config(distributed_config())
+        .with_runtime_env(runtime)
         .with_default_features()
         .with_physical_optimizer_rules(rules)
         .build();

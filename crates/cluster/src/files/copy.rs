@@ -21,12 +21,15 @@ use datafusion::datasource::sink::{DataSink, DataSinkExec};
 use datafusion::execution::TaskContext;
 use datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExpr};
 use datafusion::physical_plan::empty::EmptyExec;
-use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::execution_plan::{
+    Boundedness, EmissionType, check_not_null_constraints,
+};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties,
     ReplaceChildrenOptions, SendableRecordBatchStream,
 };
+use futures::StreamExt;
 use std::fmt;
 use std::sync::Arc;
 
@@ -144,8 +147,12 @@ impl FileCopyExec {
 
 impl DisplayAs for FileCopyExec {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        // A COPY's target as written; an INSERT's, the table's location.
         let target = file_sink_config(self.sink())
-            .map(|c| c.original_url.clone())
+            .map(|c| match (c.original_url.as_str(), c.table_paths.first()) {
+                ("", Some(path)) => path.to_string(),
+                (url, _) => url.to_string(),
+            })
             .unwrap_or_default();
         write!(
             f,
@@ -198,7 +205,20 @@ impl ExecutionPlan for FileCopyExec {
         context: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
         let sink = self.sink_of(partition)?;
+        // NOT NULL columns of the target stay so, as DataFusion's DataSinkExec checks.
+        let not_null: Vec<usize> = sink
+            .schema()
+            .fields()
+            .iter()
+            .enumerate()
+            .filter(|(_, f)| !f.is_nullable())
+            .map(|(i, _)| i)
+            .collect();
         let input = self.input.execute(partition, Arc::clone(&context))?;
+        let input: SendableRecordBatchStream = Box::pin(RecordBatchStreamAdapter::new(
+            input.schema(),
+            input.map(move |batch| check_not_null_constraints(batch?, &not_null)),
+        ));
         let schema = self.schema();
         let out = Arc::clone(&schema);
         let fut = async move {

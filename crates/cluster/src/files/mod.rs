@@ -11,6 +11,7 @@
 //! or an object store ([`stores`]).
 
 pub mod copy;
+pub mod follow;
 pub mod scan;
 pub mod splits;
 pub mod stores;
@@ -28,14 +29,19 @@ use datafusion::datasource::file_format::FileFormat;
 use datafusion::datasource::file_format::arrow::ArrowFormat;
 use datafusion::datasource::file_format::parquet::ParquetFormat;
 use datafusion::datasource::listing::ListingTableUrl;
+use datafusion::datasource::listing::PartitionedFile;
+use datafusion::datasource::physical_plan::FileGroup;
 use datafusion::datasource::physical_plan::FileScanConfig;
 use datafusion::datasource::source::DataSourceExec;
 use datafusion::logical_expr::Expr;
 use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::empty::EmptyExec;
 use futures::TryStreamExt;
 use object_store::ObjectMeta;
+use object_store::path::Path;
+use parking_lot::Mutex;
 use splits::{Cut, plan_splits};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 /// Splits per worker: the granularity of balancing within a worker (its readers take
@@ -78,16 +84,38 @@ pub fn coordinator_must_read(
     }
 }
 
-/// A table's files as a source that the workers read (see the module doc).
+/// A table's files as a source that the workers read (see the module doc), or the
+/// coordinator when they cannot. Records which files each scan planned, so that the
+/// table can follow its files ([`follow`]).
 #[derive(Debug)]
 pub struct WorkerFiles {
     /// DataFusion's listing table of the files.
     listing: Arc<dyn TableProvider>,
+    on_workers: bool,
+    /// Only these files, if given (the files added since the table was loaded).
+    only: Option<HashSet<Path>>,
+    planned: Mutex<Vec<ObjectMeta>>,
 }
 
 impl WorkerFiles {
-    pub fn new(listing: Arc<dyn TableProvider>) -> Self {
-        Self { listing }
+    pub fn new(listing: Arc<dyn TableProvider>, on_workers: bool) -> Self {
+        Self {
+            listing,
+            on_workers,
+            only: None,
+            planned: Mutex::new(vec![]),
+        }
+    }
+
+    /// Reads only the files `only` of the listing.
+    pub fn only(mut self, only: HashSet<Path>) -> Self {
+        self.only = Some(only);
+        self
+    }
+
+    /// The files the last scan planned to read.
+    pub fn planned(&self) -> Vec<ObjectMeta> {
+        self.planned.lock().clone()
     }
 
     fn cut(&self, config: &FileScanConfig) -> Cut {
@@ -132,14 +160,34 @@ impl TableProvider for WorkerFiles {
             .downcast_ref::<DataSourceExec>()
             .and_then(|d| d.data_source().downcast_ref::<FileScanConfig>())
         else {
+            self.planned.lock().clear();
             return Ok(plan);
         };
-        if config.file_source.file_type() == "arrow_stream" {
-            // DataFusion's plan format rebuilds every Arrow scan as one of IPC files: the
-            // coordinator reads Arrow streams.
-            return Ok(plan);
-        }
         let mut config = config.clone();
+        if let Some(only) = &self.only {
+            for group in &mut config.file_groups {
+                let kept: Vec<PartitionedFile> = group
+                    .iter()
+                    .filter(|f| only.contains(&f.object_meta.location))
+                    .cloned()
+                    .collect();
+                *group = FileGroup::new(kept);
+            }
+            config.file_groups.retain(|g| !g.is_empty());
+        }
+        *self.planned.lock() = config
+            .file_groups
+            .iter()
+            .flat_map(|g| g.iter().map(|f| f.object_meta.clone()))
+            .collect();
+        // DataFusion's plan format rebuilds every Arrow scan as one of IPC files: the
+        // coordinator reads Arrow streams.
+        if !self.on_workers || config.file_source.file_type() == "arrow_stream" {
+            if config.file_groups.is_empty() {
+                return Ok(Arc::new(EmptyExec::new(plan.schema())));
+            }
+            return Ok(DataSourceExec::from_data_source(config));
+        }
         let store = state.runtime_env().object_store(&config.object_store_url)?;
         let files = config
             .file_groups
