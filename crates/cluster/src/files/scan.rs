@@ -87,6 +87,27 @@ pub fn file_name(store: &ObjectStoreUrl, path: &str) -> String {
     }
 }
 
+/// Whether `split`'s file still has the size it was listed with.
+async fn unchanged(
+    ctx: &TaskContext,
+    store_url: &ObjectStoreUrl,
+    split: &PartitionedFile,
+) -> Result<()> {
+    use object_store::ObjectStoreExt;
+    let store = ctx.runtime_env().object_store(store_url)?;
+    let now = store
+        .head(&split.object_meta.location)
+        .await
+        .map_err(|e| DataFusionError::ObjectStore(Box::new(e)))?;
+    if now.size != split.object_meta.size {
+        return Err(DataFusionError::Execution(format!(
+            "the file changed since it was listed: {} bytes then, {} now",
+            split.object_meta.size, now.size
+        )));
+    }
+    Ok(())
+}
+
 /// A split and its byte range, for messages.
 fn describe(store: &ObjectStoreUrl, split: &PartitionedFile) -> String {
     let path = file_name(store, split.object_meta.location.as_ref());
@@ -203,6 +224,13 @@ impl ExecutionPlan for FileSplitScanExec {
                         let what = describe(&config.object_store_url, &split);
                         DataFusionError::Execution(format!("cannot read {what}: {e}"))
                     };
+                    // A file that changed since it was listed is not read by its old
+                    // byte ranges (DataFusion's local reader never ends a range that
+                    // reaches past the end of a file that shrank).
+                    if let Err(e) = unchanged(&ctx, &config.object_store_url, &split).await {
+                        let _ = tx.send(Err(fail(e))).await;
+                        return Ok(());
+                    }
                     let mut stream = match scan.execute(0, Arc::clone(&ctx)) {
                         Ok(s) => s,
                         Err(e) => {
@@ -244,5 +272,37 @@ impl ExecutionPlan for FileSplitScanExec {
         args: &StatisticsArgs,
     ) -> Result<Arc<Statistics>> {
         DataSourceExec::new(Arc::new(self.config.clone())).statistics_from_inputs(&[], args)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use object_store::ObjectMeta;
+    use object_store::path::Path;
+
+    #[tokio::test]
+    async fn a_file_that_changed_since_it_was_listed_is_not_read() {
+        let dir = std::env::temp_dir().join(format!("gyre-unchanged-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("f.csv");
+        std::fs::write(&file, "a\n1\n2\n").unwrap();
+        let split = |size: u64| {
+            PartitionedFile::from(ObjectMeta {
+                location: Path::from_absolute_path(&file).unwrap(),
+                last_modified: "2026-01-01T00:00:00Z".parse().unwrap(),
+                size,
+                e_tag: None,
+                version: None,
+            })
+        };
+        let ctx = TaskContext::default();
+        let local = ObjectStoreUrl::local_filesystem();
+        assert!(unchanged(&ctx, &local, &split(6)).await.is_ok());
+        let err = unchanged(&ctx, &local, &split(600)).await.unwrap_err();
+        assert!(err.to_string().contains("600 bytes then, 6 now"), "{err}");
+        std::fs::remove_file(&file).unwrap();
+        assert!(unchanged(&ctx, &local, &split(6)).await.is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
