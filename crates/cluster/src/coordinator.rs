@@ -1403,13 +1403,7 @@ impl Coordinator {
         let missing = !cmd.schema.fields().is_empty()
             && matches!(files.list(&state).await, Err(e) if is_not_found(&e));
         if !missing {
-            let source = Arc::new(files.source(None));
-            let input = LogicalPlanBuilder::scan(
-                format!("{name}_source"),
-                provider_as_source(Arc::clone(&source) as Arc<dyn TableProvider>),
-                None,
-            )?
-            .build()?;
+            let (source, input) = files.read(&name, None)?;
             let what = format!("loading '{locations}' into table '{name}' failed");
             self.fill_or_drop(state, name.clone(), input, workers, reservation, move |e| {
                 exec_err(format!("{what}: {e}"))
@@ -1459,13 +1453,7 @@ impl Coordinator {
                     None
                 }
             };
-            let source = Arc::new(files.source(only));
-            let input = LogicalPlanBuilder::scan(
-                format!("{name}_source"),
-                provider_as_source(Arc::clone(&source) as Arc<dyn TableProvider>),
-                None,
-            )?
-            .build()?;
+            let (source, input) = files.read(&name, only)?;
             self.insert(state.clone(), &name, input, workers.to_vec())
                 .await
                 .map_err(|e| {

@@ -18,6 +18,8 @@ use datafusion::catalog::{Session, TableProvider};
 use datafusion::common::{DataFusionError, Result};
 use datafusion::datasource::listing::ListingTable;
 use datafusion::datasource::listing::helpers::pruned_partition_list;
+use datafusion::datasource::provider_as_source;
+use datafusion::logical_expr::{LogicalPlan, LogicalPlanBuilder};
 use futures::TryStreamExt;
 use object_store::ObjectMeta;
 use object_store::path::Path;
@@ -75,14 +77,26 @@ impl FileTable {
         }
     }
 
-    /// A source reading the table's files (only `only`, if given), on the workers or
-    /// on the coordinator as the table was created.
-    pub fn source(&self, only: Option<HashSet<Path>>) -> WorkerFiles {
-        let files = WorkerFiles::new(Arc::clone(&self.listing), self.on_workers);
-        match only {
-            Some(only) => files.only(only),
-            None => files,
+    /// A plan reading table `name`'s files (only `only`, if given), on the workers or on
+    /// the coordinator as the table was created, and its source, which records the files
+    /// the plan read.
+    pub fn read(
+        &self,
+        name: &str,
+        only: Option<HashSet<Path>>,
+    ) -> Result<(Arc<WorkerFiles>, LogicalPlan)> {
+        let mut files = WorkerFiles::new(Arc::clone(&self.listing), self.on_workers);
+        if let Some(only) = only {
+            files = files.only(only);
         }
+        let source = Arc::new(files);
+        let plan = LogicalPlanBuilder::scan(
+            format!("{name}_source"),
+            provider_as_source(Arc::clone(&source) as Arc<dyn TableProvider>),
+            None,
+        )?
+        .build()?;
+        Ok((source, plan))
     }
 
     /// The files at the table's location now, found as DataFusion's listing table finds
