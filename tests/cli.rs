@@ -78,7 +78,12 @@ fn local_reports_bad_sql_clearly() {
 
 #[test]
 fn sql_and_load_talk_to_a_served_local_cluster() {
-    let port = 40000 + (std::process::id() % 10000) as u16;
+    // A port the kernel had free (a fixed range collided with other tests' ports).
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let addr = format!("127.0.0.1:{port}");
     let _server = Server(
         gyre()

@@ -65,27 +65,41 @@ async fn run(client: &mut FlightSqlServiceClient<Channel>, sql: &str) -> Result<
     Ok(rows)
 }
 
+/// A port the kernel had free a moment ago (another process may take it before the
+/// coordinator binds it: `two_worker_cluster` then tries another).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 /// A coordinator process and two worker processes (ids 1 and 2) of one thread each, and
-/// a Flight SQL client of the coordinator. `port_offset` keeps tests apart.
-async fn two_worker_cluster(
-    port_offset: u16,
-) -> (Proc, Proc, Proc, FlightSqlServiceClient<Channel>) {
-    let port = 50000 + ((std::process::id() % 5000) as u16) * 2 + port_offset;
-    let addr = format!("127.0.0.1:{port}");
-    let coordinator = gyre(&["coordinator", "--listen", &addr]);
-    let mut client = None;
-    for _ in 0..100 {
-        if let Ok(ch) = Channel::from_shared(format!("http://{addr}"))
-            .unwrap()
-            .connect()
-            .await
-        {
-            client = Some(FlightSqlServiceClient::new(ch));
-            break;
+/// a Flight SQL client of the coordinator.
+async fn two_worker_cluster() -> (Proc, Proc, Proc, FlightSqlServiceClient<Channel>) {
+    let mut started = None;
+    'attempt: for _ in 0..5 {
+        let addr = format!("127.0.0.1:{}", free_port());
+        let mut coordinator = gyre(&["coordinator", "--listen", &addr]);
+        for _ in 0..100 {
+            if coordinator.0.try_wait().unwrap().is_some() {
+                // It could not bind the port: someone took it meanwhile.
+                continue 'attempt;
+            }
+            if let Ok(ch) = Channel::from_shared(format!("http://{addr}"))
+                .unwrap()
+                .connect()
+                .await
+            {
+                started = Some((coordinator, addr, FlightSqlServiceClient::new(ch)));
+                break 'attempt;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        panic!("the coordinator at {addr} neither came up nor exited in 10 s");
     }
-    let client = client.expect("coordinator up");
+    let (coordinator, addr, client) = started.expect("coordinator up on a free port");
     // Start the workers one after the other so they get ids 1 and 2.
     let w1 = gyre(&["worker", "--coordinator", &addr, "--threads", "1"]);
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -97,16 +111,15 @@ async fn two_worker_cluster(
 /// Starts a coordinator and two worker processes (ids 1 and 2), runs `setup`, starts
 /// `query`, kills worker 2 while it runs, and checks that the query fails (or finished)
 /// within seconds naming the worker, that a later query needing the lost partition
-/// names it, and that the cluster stays usable. `port_offset` keeps tests apart; the
-/// query's plan must contain every one of `planned`. Returns the query's result.
+/// names it, and that the cluster stays usable. The query's plan must contain every one
+/// of `planned`. Returns the query's result.
 async fn kill_worker_during(
-    port_offset: u16,
     setup: &[&str],
     query: &'static str,
     planned: &[&str],
     lost: &str,
 ) -> Result<usize, String> {
-    let (_coordinator, _w1, mut w2, mut client) = two_worker_cluster(port_offset).await;
+    let (_coordinator, _w1, mut w2, mut client) = two_worker_cluster().await;
     for sql in setup {
         run(&mut client, sql).await.unwrap();
     }
@@ -144,7 +157,6 @@ async fn kill_worker_during(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_worker_fails_the_query_and_names_itself() {
     kill_worker_during(
-        0,
         &["CREATE TABLE t AS SELECT value AS k FROM generate_series(1, 3000000) AS s(value)"],
         "SELECT a.k % 1000, count(*) FROM t a JOIN t b ON a.k = b.k GROUP BY 1 ORDER BY 1",
         &[],
@@ -160,7 +172,6 @@ async fn killed_worker_fails_the_query_and_names_itself() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_worker_fails_a_flow_join_too() {
     let result = kill_worker_during(
-        1,
         &[
             "CREATE TABLE d (k BIGINT, w BIGINT) PARTITION BY w",
             "INSERT INTO d SELECT CASE WHEN value % 100 = 0 THEN 3 ELSE value END, value % 1000 \
@@ -238,7 +249,7 @@ async fn killed_worker_fails_a_load_and_leaves_no_table() {
             writeln!(f, "{i},{},row-{}", i % 1000, i % 7).unwrap();
         }
     }
-    let (_coordinator, _w1, mut w2, mut client) = two_worker_cluster(2).await;
+    let (_coordinator, _w1, mut w2, mut client) = two_worker_cluster().await;
     let load = format!(
         "CREATE EXTERNAL TABLE big STORED AS CSV LOCATION '{}' \
          OPTIONS ('format.has_header' 'true', 'gyre.partition_by' 'k')",
