@@ -81,7 +81,8 @@ impl SqlRunner for LocalRunner {
                     Some(p.report())
                 }) as BoxFuture<'static, Option<ProgressReport>>
             };
-            with_progress(self.0.sql_with_progress(sql, progress), poll)
+            let session = self.0.default_session();
+            with_progress(self.0.sql_with_progress(session, sql, progress), poll)
                 .await
                 .map_err(|e| {
                     let text = gyre_exchange::error_text(&e);

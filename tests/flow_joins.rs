@@ -1,4 +1,4 @@
-//! Flow-Join in SQL (issue 4): partitioned hash joins with skew detection, on 1 to 4
+//! Flow-Join in SQL: partitioned hash joins with skew detection, on 1 to 4
 //! workers, each result compared with single-node DataFusion. The probe table has keys
 //! heavy from the start (7, 11, 13), keys heavy only in the last third (40000 with build
 //! rows, 123456789 without), NULL keys, and a uniform rest. A second build table has

@@ -23,6 +23,47 @@ def wait_for(uri, proc, timeout=120):
     raise RuntimeError("the cluster did not come up")
 
 
+def plan(cur, sql):
+    cur.execute("EXPLAIN " + sql)
+    return "\n".join(str(r[0]) for r in cur.fetchall())
+
+
+def setting(cur, name):
+    cur.execute(f"SHOW {name}")
+    return cur.fetchall()[0][1]
+
+
+def sessions_are_separate(uri):
+    """Two ADBC connections, each with its own SETs, each get their own plans."""
+    join = (
+        "SELECT p_name, l_quantity FROM part JOIN lineitem "
+        "ON p_partkey = l_partkey"
+    )
+    a, b = flightsql.connect(uri), flightsql.connect(uri)
+    with a.cursor() as ca, b.cursor() as cb:
+        ca.execute("SET gyre.join_strategy = 'shuffle'")
+        ca.execute("SET gyre.skew_detection = off")
+        ca.execute("SET datafusion.execution.batch_size = 1000")
+        cb.execute("SET gyre.join_strategy = 'shuffle'")
+        plan_a, plan_b = plan(ca, join), plan(cb, join)
+        assert "FlowJoinExec" not in plan_a, plan_a
+        assert "FlowJoinExec" in plan_b, plan_b
+        assert setting(ca, "datafusion.execution.batch_size") == "1000"
+        assert setting(cb, "datafusion.execution.batch_size") == "8192"
+        assert setting(ca, "gyre.skew_detection") == "off"
+        assert setting(cb, "gyre.skew_detection") == "on"
+        for cur in (ca, cb):
+            cur.execute(f"SELECT count(*) FROM ({join})")
+            assert cur.fetchall() == [(60175,)]
+        try:
+            ca.execute("SET gyre.skew_detection = maybe")
+            raise AssertionError("a wrong value must fail")
+        except flightsql.Error as e:
+            assert "on or off" in str(e), e
+    a.close()
+    b.close()
+
+
 def main():
     gyre = os.environ.get("GYRE_BIN", "target/release/gyre")
     port = os.environ.get("GYRE_PORT", "50071")
@@ -51,8 +92,9 @@ def main():
                 raise AssertionError("a bad query must fail")
             except flightsql.Error as e:
                 assert "no_such_column" in str(e), e
+        sessions_are_separate(f"grpc://127.0.0.1:{port}")
         conn.close()
-        print("1 passed, 0 failed")
+        print("2 passed, 0 failed")
     finally:
         proc.terminate()
         proc.wait(timeout=30)

@@ -9,7 +9,7 @@ use crate::files::{FileCopyExec, FileSplitScanExec, coordinator_must_read, schem
 use crate::modify::GyreModifyExec;
 use crate::progress::{STATEMENT, StatementProgress};
 use crate::protocol::{ControlClient, Request, Response};
-use crate::session::{coordinator_context, parse_compression};
+use crate::session::{changed_execution_options, coordinator_context};
 use crate::storage::PartStats;
 use crate::table::{
     DistributedTable, GyreInsertExec, GyreScanExec, QueryWorkers, TableMeta, TablePlacement,
@@ -19,7 +19,7 @@ use crate::tpch::{self, TpchGenExec};
 use arrow::array::{ArrayRef, RecordBatch, StringArray, UInt64Array};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::catalog::TableProvider;
-use datafusion::common::config::Dialect;
+use datafusion::common::config::{ConfigOptions, Dialect};
 use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode, TreeNodeRecursion};
 use datafusion::common::{
     DataFusionError, Result, SchemaError, TableReference, not_impl_err, plan_datafusion_err,
@@ -42,10 +42,9 @@ use datafusion::prelude::SessionContext;
 use datafusion::sql::parser::{DFParserBuilder, Statement as DFStatement};
 use datafusion::sql::sqlparser::ast::{Expr as SqlExpr, Statement as SqlStatement};
 use datafusion::sql::sqlparser::dialect::dialect_from_str;
-use gyre_exchange::{BuildPreserving, Placement, QueryContext, SkewSettings};
+use gyre_exchange::{Placement, QueryContext};
 use gyre_planner::{
-    DistributedPlan, GyrePlannerOptions, JoinStrategy, plan_cyclo_joins, plan_flow_joins,
-    split_into_stages,
+    DistributedPlan, GyreOptions, plan_cyclo_joins, plan_flow_joins, split_into_stages,
 };
 use gyre_transport::{COORDINATOR, NodeId, TcpTransport, Transport, TransportConfig, node_name};
 use parking_lot::{Mutex, RwLock};
@@ -88,25 +87,17 @@ struct Member {
     death: Option<String>,
 }
 
-/// Session settings under `gyre.*`.
-#[derive(Debug, Clone, Default)]
-struct Settings {
-    compression: Option<String>,
-    /// `gyre.join_strategy` (`auto` when unset).
-    join_strategy: JoinStrategy,
-    /// `gyre.skew_detection = off` (Flow-Join is on by default).
-    skew_detection_off: bool,
-    /// `gyre.skew_threshold`, `gyre.skew_first`, `gyre.skew_every`, `gyre.skew_sample`,
-    /// `gyre.skew_build_preserving`, `gyre.skew_build_side`, `gyre.skew_sfr`.
-    skew: SkewSettings,
-}
-
 /// The result of one statement.
 #[derive(Debug, Clone)]
 pub struct StatementResult {
     pub schema: SchemaRef,
     pub batches: Vec<RecordBatch>,
 }
+
+/// A session's own `target_partitions`, which planning replaces by the number of
+/// workers: the query's task context gives the session's back.
+#[derive(Debug)]
+struct SessionPartitions(usize);
 
 struct RunningQuery {
     workers: Vec<NodeId>,
@@ -116,7 +107,11 @@ struct RunningQuery {
 /// The coordinator of a Gyre cluster.
 pub struct Coordinator {
     pub transport: TcpTransport,
+    /// The shared catalog, object stores and functions; every client session is a
+    /// copy of it with its own settings ([`Coordinator::new_session`]).
     ctx: SessionContext,
+    /// The session of [`Coordinator::sql`] (the embedded CLI, tests).
+    default_session: SessionContext,
     members: RwLock<BTreeMap<NodeId, Member>>,
     tables: RwLock<BTreeMap<String, TableMeta>>,
     /// Per table, per worker: the sizes each worker reported.
@@ -136,7 +131,6 @@ pub struct Coordinator {
     /// Unbounded external tables: streams the coordinator reads when queried, as
     /// DataFusion does, never loaded.
     streams: RwLock<HashSet<String>>,
-    settings: Mutex<Settings>,
     config: CoordinatorConfig,
 }
 
@@ -187,15 +181,6 @@ const CONTROL_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often the coordinator checks its workers' heartbeats.
 const MEMBER_CHECK_INTERVAL: Duration = Duration::from_millis(200);
 
-/// An on/off session setting's value.
-fn parse_on_off(name: &str, value: &str) -> Result<bool> {
-    match value.trim().to_ascii_lowercase().as_str() {
-        "on" | "true" | "1" => Ok(true),
-        "off" | "false" | "0" => Ok(false),
-        other => plan_err!("{name} is on or off, not '{other}'"),
-    }
-}
-
 /// Nodes whose partition `i` must run on worker `i`: they read or write the worker's
 /// own data (table partitions, file splits, files written by COPY).
 fn runs_on_workers(plan: &dyn ExecutionPlan) -> bool {
@@ -234,9 +219,12 @@ impl Coordinator {
     pub async fn start(config: CoordinatorConfig) -> Result<Arc<Self>> {
         let transport =
             TcpTransport::bind(COORDINATOR, config.data_listen, config.transport.clone()).await?;
+        let ctx = coordinator_context();
+        let default_session = SessionContext::new_with_state(ctx.state());
         let coordinator = Arc::new(Self {
             transport,
-            ctx: coordinator_context(),
+            ctx,
+            default_session,
             members: RwLock::new(BTreeMap::new()),
             tables: RwLock::new(BTreeMap::new()),
             part_stats: Mutex::new(HashMap::new()),
@@ -248,7 +236,6 @@ impl Coordinator {
             modifying: tokio::sync::Mutex::new(()),
             file_tables: RwLock::new(HashMap::new()),
             streams: RwLock::new(HashSet::new()),
-            settings: Mutex::new(Settings::default()),
             config,
         });
         let weak = Arc::downgrade(&coordinator);
@@ -506,31 +493,45 @@ impl Coordinator {
         futures::future::try_join_all(calls).await
     }
 
-    /// A planning state for a query over `workers`.
-    fn query_state(&self, workers: &[NodeId]) -> SessionState {
-        let mut state = self.ctx.state();
+    /// A new client session: the shared catalog with the default settings. Its `SET`s,
+    /// prepared statements and `SHOW`s are its own.
+    pub fn new_session(&self) -> SessionContext {
+        SessionContext::new_with_state(self.ctx.state())
+    }
+
+    /// The session [`Coordinator::sql`] runs in.
+    pub fn default_session(&self) -> &SessionContext {
+        &self.default_session
+    }
+
+    /// A planning state of `session` for a query over `workers`.
+    fn query_state(&self, session: &SessionContext, workers: &[NodeId]) -> SessionState {
+        let mut state = session.state();
         let config = state.config_mut();
+        let own = config.options().execution.target_partitions;
+        config.set_extension(Arc::new(SessionPartitions(own)));
         config.options_mut().execution.target_partitions = workers.len().max(1);
-        let mut planner = GyrePlannerOptions::default();
-        planner.join_strategy = self.settings.lock().join_strategy.name().to_string();
-        config.options_mut().extensions.insert(planner);
         config.set_extension(Arc::new(QueryWorkers(workers.to_vec())));
         state
     }
 
-    fn task_ctx(&self, qc: QueryContext) -> Arc<TaskContext> {
-        // Only the config changes: rebuilding the state would re-create (and empty) the
-        // shared default catalog.
-        let mut state = self.ctx.state();
-        let config = state.config().clone().with_extension(Arc::new(qc));
-        *state.config_mut() = config;
+    /// The coordinator's task context for a query planned in `state`: the session's
+    /// settings and runtime (its memory limit, say), as `SHOW` and
+    /// `information_schema` report them.
+    fn task_ctx(&self, state: &SessionState, qc: QueryContext) -> Arc<TaskContext> {
+        let mut state = state.clone();
+        let config = state.config_mut();
+        if let Some(own) = config.get_extension::<SessionPartitions>() {
+            config.options_mut().execution.target_partitions = own.0;
+        }
+        config.set_extension(Arc::new(qc));
         state.task_ctx()
     }
 
     /// Parses `sql` in the dialect the session is set to (`datafusion.sql_parser.dialect`),
     /// with its recursion limit, as DataFusion's own `SessionState::sql_to_statement`.
-    fn parse(&self, sql: &str) -> Result<VecDeque<DFStatement>> {
-        let state = self.ctx.state();
+    fn parse(&self, session: &SessionContext, sql: &str) -> Result<VecDeque<DFStatement>> {
+        let state = session.state();
         let options = &state.config().options().sql_parser;
         let dialect = dialect_from_str(options.dialect).ok_or_else(|| {
             plan_datafusion_err!(
@@ -546,25 +547,35 @@ impl Coordinator {
             .parse_statements()
     }
 
-    /// Runs every statement of `sql` in order and returns each result.
+    /// Runs every statement of `sql` in order in the default session and returns each
+    /// result.
     pub async fn sql(self: &Arc<Self>, sql: &str) -> Result<Vec<StatementResult>> {
-        let statements = self.parse(sql)?;
+        self.sql_in(&self.default_session, sql).await
+    }
+
+    /// Runs every statement of `sql` in order in `session` and returns each result.
+    pub async fn sql_in(
+        self: &Arc<Self>,
+        session: &SessionContext,
+        sql: &str,
+    ) -> Result<Vec<StatementResult>> {
+        let statements = self.parse(session, sql)?;
         let mut out = Vec::with_capacity(statements.len());
         for stmt in statements {
-            out.push(self.run_statement(stmt).await?);
+            out.push(self.run_statement(session, stmt).await?);
         }
         Ok(out)
     }
 
     /// The schema a statement's result will have, found by planning it (not running it).
-    pub async fn result_schema(&self, sql: &str) -> Result<SchemaRef> {
+    pub async fn result_schema(&self, session: &SessionContext, sql: &str) -> Result<SchemaRef> {
         let workers = self.live_workers();
-        let state = self.query_state(&workers);
+        let state = self.query_state(session, &workers);
         let plan = state.create_logical_plan(sql).await?;
         Ok(Arc::new(plan.schema().as_arrow().clone()))
     }
 
-    /// Runs a single statement.
+    /// Runs a single statement in the default session.
     pub async fn sql_one(self: &Arc<Self>, sql: &str) -> Result<StatementResult> {
         let mut results = self.sql(sql).await?;
         match results.len() {
@@ -573,52 +584,71 @@ impl Coordinator {
         }
     }
 
-    /// Runs every statement of `sql` but the last. A last statement that is a query is
-    /// planned, not run, so that its result can be streamed to the client as it is
-    /// produced ([`DeferredQuery::execute`]); any other last statement is run.
-    pub async fn sql_deferred(self: &Arc<Self>, sql: &str) -> Result<Outcome> {
-        let mut statements = self.parse(sql)?;
+    /// Runs every statement of `sql` but the last in `session`. A last statement that
+    /// is a query is planned, not run, so that its result can be streamed to the client
+    /// as it is produced ([`DeferredQuery::execute`]); any other last statement is run.
+    pub async fn sql_deferred(
+        self: &Arc<Self>,
+        session: &SessionContext,
+        sql: &str,
+    ) -> Result<Outcome> {
+        let mut statements = self.parse(session, sql)?;
         let Some(mut last) = statements.pop_back() else {
             return plan_err!("no statement to run");
         };
         for stmt in statements {
-            self.run_statement(stmt).await?;
+            self.run_statement(session, stmt).await?;
         }
         let placement = take_partition_by(&mut last)?;
         let workers = self.live_workers();
-        let state = self.query_state(&workers);
+        let state = self.query_state(session, &workers);
         let plan = self
-            .resolve_execute(state.statement_to_plan(last).await?)
+            .resolve_execute(session, state.statement_to_plan(last).await?)
             .await?;
         self.follow_files(&state, &plan, &workers).await?;
         let plan = self.write_to_files(plan)?;
         if !is_plain_query(&plan) {
-            let result = self.run_logical(state, plan, workers, placement).await?;
+            let result = self
+                .run_logical(session, state, plan, workers, placement)
+                .await?;
             return Ok(Outcome::Done(result));
         }
         let physical = state.create_physical_plan(&plan).await?;
-        let dplan = self.distribute(physical, workers.len())?;
-        Ok(Outcome::Deferred(DeferredQuery { dplan, workers }))
+        let dplan = self.distribute(state.config_options(), physical, workers.len())?;
+        Ok(Outcome::Deferred(DeferredQuery {
+            dplan,
+            workers,
+            state: Box::new(state),
+        }))
     }
 
-    async fn run_statement(self: &Arc<Self>, mut stmt: DFStatement) -> Result<StatementResult> {
+    async fn run_statement(
+        self: &Arc<Self>,
+        session: &SessionContext,
+        mut stmt: DFStatement,
+    ) -> Result<StatementResult> {
         let placement = take_partition_by(&mut stmt)?;
         let workers = self.live_workers();
-        let state = self.query_state(&workers);
+        let state = self.query_state(session, &workers);
         let plan = self
-            .resolve_execute(state.statement_to_plan(stmt).await?)
+            .resolve_execute(session, state.statement_to_plan(stmt).await?)
             .await?;
         self.follow_files(&state, &plan, &workers).await?;
         let plan = self.write_to_files(plan)?;
-        self.run_logical(state, plan, workers, placement).await
+        self.run_logical(session, state, plan, workers, placement)
+            .await
     }
 
     /// An `EXECUTE` of a prepared statement as the plan it runs, its parameters filled
     /// in by DataFusion; any other plan as it is.
-    async fn resolve_execute(&self, plan: LogicalPlan) -> Result<LogicalPlan> {
+    async fn resolve_execute(
+        &self,
+        session: &SessionContext,
+        plan: LogicalPlan,
+    ) -> Result<LogicalPlan> {
         match plan {
             LogicalPlan::Statement(LogicalStatement::Execute(_)) => {
-                let (_, plan) = self.ctx.execute_logical_plan(plan).await?.into_parts();
+                let (_, plan) = session.execute_logical_plan(plan).await?.into_parts();
                 Ok(plan)
             }
             plan => Ok(plan),
@@ -627,6 +657,7 @@ impl Coordinator {
 
     async fn run_logical(
         self: &Arc<Self>,
+        session: &SessionContext,
         state: SessionState,
         plan: LogicalPlan,
         workers: Vec<NodeId>,
@@ -653,15 +684,9 @@ impl Coordinator {
                 self.run_query(state, LogicalPlan::Copy(copy), workers)
                     .await
             }
-            LogicalPlan::Statement(LogicalStatement::SetVariable(sv))
-                if sv.variable.to_ascii_lowercase().starts_with("gyre.") =>
-            {
-                self.set_gyre_variable(&sv.variable, &sv.value)?;
-                no_result()
-            }
             LogicalPlan::Explain(e) => {
                 let physical = state.create_physical_plan(&e.plan).await?;
-                let dplan = self.distribute(physical, workers.len())?;
+                let dplan = self.distribute(state.config_options(), physical, workers.len())?;
                 let mut text = format!(
                     "distributed plan over {} workers ({})\n",
                     workers.len(),
@@ -676,9 +701,9 @@ impl Coordinator {
             }
             LogicalPlan::Analyze(a) => {
                 let physical = state.create_physical_plan(&a.input).await?;
-                let dplan = self.distribute(physical, workers.len())?;
+                let dplan = self.distribute(state.config_options(), physical, workers.len())?;
                 let start = Instant::now();
-                let run = self.execute(&dplan, &workers, true).await?;
+                let run = self.execute(&state, &dplan, &workers, true).await?;
                 let rows: usize = run.batches.iter().map(|b| b.num_rows()).sum();
                 let mut lines = vec![format!(
                     "query returned {rows} rows in {:.3} s over {} workers",
@@ -689,7 +714,8 @@ impl Coordinator {
                 text_result("plan_with_metrics", lines)
             }
             LogicalPlan::Ddl(_) | LogicalPlan::Statement(_) | LogicalPlan::DescribeTable(_) => {
-                let df = self.ctx.execute_logical_plan(plan).await?;
+                // SET, SHOW, PREPARE, views and schemas: DataFusion's, in this session.
+                let df = session.execute_logical_plan(plan).await?;
                 let schema = Arc::new(df.schema().as_arrow().clone());
                 Ok(StatementResult {
                     schema,
@@ -712,7 +738,7 @@ impl Coordinator {
         workers: Vec<NodeId>,
     ) -> Result<StatementResult> {
         let physical = state.create_physical_plan(&plan).await?;
-        let dplan = self.distribute(physical, workers.len())?;
+        let dplan = self.distribute(state.config_options(), physical, workers.len())?;
         // Inserts and parallel COPYs return one count per worker.
         let counts = dplan.stages.iter().any(|s| {
             s.plan
@@ -723,7 +749,7 @@ impl Coordinator {
                 })
                 .unwrap_or(false)
         });
-        let run = self.execute(&dplan, &workers, false).await?;
+        let run = self.execute(&state, &dplan, &workers, false).await?;
         if counts {
             let rows = run
                 .batches
@@ -739,75 +765,13 @@ impl Coordinator {
         })
     }
 
-    fn set_gyre_variable(&self, variable: &str, value: &str) -> Result<()> {
-        let mut s = self.settings.lock();
-        match variable.to_ascii_lowercase().as_str() {
-            "gyre.compression" => {
-                parse_compression(Some(value))?;
-                s.compression = Some(value.to_string());
-                Ok(())
-            }
-            "gyre.join_strategy" => {
-                s.join_strategy = JoinStrategy::parse(value)?;
-                Ok(())
-            }
-            "gyre.skew_detection" => {
-                s.skew_detection_off = !parse_on_off("gyre.skew_detection", value)?;
-                Ok(())
-            }
-            "gyre.skew_build_side" => {
-                s.skew.build_side = parse_on_off("gyre.skew_build_side", value)?;
-                Ok(())
-            }
-            "gyre.skew_sfr" => {
-                s.skew.sfr = parse_on_off("gyre.skew_sfr", value)?;
-                Ok(())
-            }
-            "gyre.skew_build_preserving" => {
-                s.skew.build_preserving = BuildPreserving::parse(value)?;
-                Ok(())
-            }
-            v @ ("gyre.skew_threshold"
-            | "gyre.skew_first"
-            | "gyre.skew_every"
-            | "gyre.skew_sample") => {
-                let mut skew = s.skew.clone();
-                let text = value.trim();
-                if v == "gyre.skew_sample" {
-                    skew.sample = text.parse().map_err(|_| {
-                        plan_datafusion_err!("{v} is a whole number of rows, not '{value}'")
-                    })?;
-                } else {
-                    let share = match text.strip_suffix('%') {
-                        Some(p) => p.trim().parse::<f64>().map(|p| p / 100.0),
-                        None => text.parse::<f64>(),
-                    }
-                    .map_err(|_| {
-                        plan_datafusion_err!(
-                            "{v} is a share of the input (0.0001 or 0.01%), not '{value}'"
-                        )
-                    })?;
-                    match v {
-                        "gyre.skew_threshold" => skew.threshold = share,
-                        "gyre.skew_first" => skew.first = share,
-                        _ => skew.every = share,
-                    }
-                }
-                skew.detection()?;
-                s.skew = skew;
-                Ok(())
-            }
-            other => plan_err!(
-                "unknown setting '{other}' (known: gyre.compression, gyre.join_strategy, \
-                 gyre.skew_detection, gyre.skew_threshold, gyre.skew_first, gyre.skew_every, \
-                 gyre.skew_sample, gyre.skew_build_preserving, gyre.skew_build_side, \
-                 gyre.skew_sfr)"
-            ),
-        }
-    }
-
     /// Turns an optimised physical plan into stages.
-    fn distribute(&self, plan: Arc<dyn ExecutionPlan>, n: usize) -> Result<DistributedPlan> {
+    fn distribute(
+        &self,
+        config: &ConfigOptions,
+        plan: Arc<dyn ExecutionPlan>,
+        n: usize,
+    ) -> Result<DistributedPlan> {
         if n == 0 {
             return plan_err!("no workers are alive");
         }
@@ -847,30 +811,27 @@ impl Coordinator {
                 Ok(Transformed::no(node))
             })
             .data()?;
-        let (strategy, skew) = {
-            let s = self.settings.lock();
-            (
-                s.join_strategy,
-                (!s.skew_detection_off).then(|| s.skew.clone()),
-            )
-        };
+        let options = GyreOptions::of(config);
         let plan = parallel_copy(plan, n)?;
-        let plan = plan_cyclo_joins(plan, n, strategy)?;
-        let plan = plan_flow_joins(plan, n, skew.as_ref())?;
+        let plan = plan_cyclo_joins(plan, n, options.join_strategy)?;
+        let plan = plan_flow_joins(plan, n, options.skew_detection())?;
         split_into_stages(plan, n, &runs_on_workers)
     }
 
     /// Allocates a query id and its failure channel, and builds the coordinator's task context.
-    pub(crate) fn register_query(&self, workers: &[NodeId]) -> Result<RegisteredQuery> {
+    pub(crate) fn register_query(
+        &self,
+        state: &SessionState,
+        workers: &[NodeId],
+    ) -> Result<RegisteredQuery> {
         let query = self.next_query.fetch_add(1, Ordering::SeqCst);
-        let compression = self.settings.lock().compression.clone();
         let qc = QueryContext {
             query_id: query,
             transport: Arc::new(self.transport.clone()),
             workers: workers.to_vec(),
-            compression: parse_compression(compression.as_deref())?,
+            compression: GyreOptions::of(state.config_options()).compression,
         };
-        let ctx = self.task_ctx(qc);
+        let ctx = self.task_ctx(state, qc);
         let (fail_tx, fail_rx) = mpsc::unbounded_channel();
         self.running.lock().insert(
             query,
@@ -890,6 +851,7 @@ impl Coordinator {
     /// Sends every worker its stages of `dplan`; they start at once and stream into each other.
     pub(crate) async fn start_worker_stages(
         &self,
+        state: &SessionState,
         query: u64,
         dplan: &DistributedPlan,
         workers: &[NodeId],
@@ -902,14 +864,15 @@ impl Coordinator {
         if stages.is_empty() {
             return Ok(());
         }
-        let compression = self.settings.lock().compression.clone();
+        let compression = GyreOptions::of(state.config_options()).compression;
         self.broadcast(
             workers,
             Request::StartQuery {
                 query,
                 workers: workers.to_vec(),
                 stages,
-                compression,
+                compression: Some(compression.name().to_string()),
+                execution: changed_execution_options(state.config_options()),
             },
         )
         .await?;
@@ -934,11 +897,12 @@ impl Coordinator {
     /// Runs a distributed plan and collects the final stage's batches.
     pub async fn execute(
         self: &Arc<Self>,
+        state: &SessionState,
         dplan: &DistributedPlan,
         workers: &[NodeId],
         analyze: bool,
     ) -> Result<QueryRun> {
-        let mut run = QueryExecution::start(self, dplan, workers).await?;
+        let mut run = QueryExecution::start(self, state, dplan, workers).await?;
         let mut batches = vec![];
         let mut failure = None;
         while let Some(batch) = run.next().await {
@@ -1573,7 +1537,7 @@ impl Coordinator {
     pub async fn load_tpch(self: &Arc<Self>, sf: f64) -> Result<()> {
         for table in tpch::TABLES {
             let workers = self.live_workers();
-            let state = self.query_state(&workers);
+            let state = self.query_state(&self.default_session, &workers);
             let schema = tpch::schema(table)?;
             let column = tpch::primary_key(table).expect("tpch table").to_string();
             let _ = self.drop_by_name(table, &workers).await;
@@ -1639,10 +1603,11 @@ impl Coordinator {
     /// Runs `sql` like [`Coordinator::sql`], recording its progress in `progress`.
     pub async fn sql_with_progress(
         self: &Arc<Self>,
+        session: &SessionContext,
         sql: &str,
         progress: Arc<StatementProgress>,
     ) -> Result<Vec<StatementResult>> {
-        STATEMENT.scope(progress, self.sql(sql)).await
+        STATEMENT.scope(progress, self.sql_in(session, sql)).await
     }
 
     /// Registers the object store that serves `url` for planning on the coordinator (the

@@ -14,6 +14,7 @@ use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::common::{DataFusionError, Result};
+use datafusion::execution::context::SessionState;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{ExecutionPlanProperties, SendableRecordBatchStream};
 use futures::StreamExt;
@@ -64,6 +65,7 @@ impl QueryExecution {
     /// Starts every stage of `dplan`: worker stages on `workers`, coordinator stages here.
     pub(crate) async fn start(
         coordinator: &Arc<Coordinator>,
+        state: &SessionState,
         dplan: &DistributedPlan,
         workers: &[NodeId],
     ) -> Result<Self> {
@@ -72,13 +74,16 @@ impl QueryExecution {
             ctx,
             fail_tx,
             fail_rx,
-        } = coordinator.register_query(workers)?;
+        } = coordinator.register_query(state, workers)?;
         let _ = STATEMENT.try_with(|p| p.add_query(query, workers, read_totals(dplan)));
         let cleanup = |e: DataFusionError| async {
             coordinator.end_query(query, workers, false, false).await;
             e
         };
-        if let Err(e) = coordinator.start_worker_stages(query, dplan, workers).await {
+        if let Err(e) = coordinator
+            .start_worker_stages(state, query, dplan, workers)
+            .await
+        {
             return Err(cleanup(e).await);
         }
         let mut local_tasks = vec![];
@@ -199,6 +204,8 @@ impl Drop for QueryExecution {
 pub struct DeferredQuery {
     pub(crate) dplan: DistributedPlan,
     pub(crate) workers: Vec<NodeId>,
+    /// The state of the session that planned it (its settings and runtime).
+    pub(crate) state: Box<SessionState>,
 }
 
 impl DeferredQuery {
@@ -213,7 +220,7 @@ impl DeferredQuery {
         coordinator: &Arc<Coordinator>,
     ) -> Result<SendableRecordBatchStream> {
         Ok(
-            QueryExecution::start(coordinator, &self.dplan, &self.workers)
+            QueryExecution::start(coordinator, &self.state, &self.dplan, &self.workers)
                 .await?
                 .into_stream(),
         )

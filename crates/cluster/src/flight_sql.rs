@@ -1,6 +1,7 @@
 //! The coordinator's front door: Arrow Flight SQL for clients (ADBC, JDBC,
 //! `gyre sql`), and the control actions workers use to join and report.
 
+use crate::client_sessions::{CallSession, ClientSessions};
 use crate::coordinator::{Coordinator, Outcome, StatementResult};
 use crate::progress::{ProgressReport, STATEMENT, StatementProgress};
 use crate::protocol::{ACTION, Request, decode, encode};
@@ -37,6 +38,8 @@ pub struct GyreFlightSql {
     /// Results waiting for their `DoGet`: finished ones, and queries planned to stream.
     results: Mutex<HashMap<String, (Instant, Outcome)>>,
     prepared: Mutex<HashMap<String, String>>,
+    /// Each client's settings and prepared statements.
+    sessions: ClientSessions,
     /// Progress of statements whose client sent a [`PROGRESS_HEADER`], by its value.
     progress: Mutex<HashMap<String, Weak<StatementProgress>>>,
     sql_info: SqlInfoData,
@@ -54,11 +57,25 @@ pub const ERROR_PLACE_HEADER: &str = "x-gyre-error-at";
 /// The Flight action that answers a statement's progress (a JSON `ProgressReport`).
 pub const PROGRESS_ACTION: &str = "gyre.progress";
 
+/// Flight's action that ends the caller's session (its `CloseSessionRequest` is empty).
+pub const CLOSE_SESSION_ACTION: &str = "CloseSession";
+
+/// `response`, telling a client that just started a session its cookie.
+fn with_cookie<T>(mut response: TonicResponse<T>, session: &CallSession) -> TonicResponse<T> {
+    if let Some(cookie) = &session.new_cookie
+        && let Ok(value) = cookie.parse()
+    {
+        response.metadata_mut().insert("set-cookie", value);
+    }
+    response
+}
+
 fn status(e: DataFusionError) -> Status {
     match e {
-        DataFusionError::SQL(..) | DataFusionError::Plan(_) | DataFusionError::SchemaError(..) => {
-            Status::invalid_argument(e.to_string())
-        }
+        DataFusionError::SQL(..)
+        | DataFusionError::Plan(_)
+        | DataFusionError::SchemaError(..)
+        | DataFusionError::Configuration(_) => Status::invalid_argument(e.to_string()),
         e => {
             let mut status = Status::internal(gyre_exchange::error_text(&e));
             if let Some(place) = gyre_exchange::error_place(&e)
@@ -173,9 +190,18 @@ impl GyreFlightSql {
             coordinator,
             results: Mutex::new(HashMap::new()),
             prepared: Mutex::new(HashMap::new()),
+            sessions: ClientSessions::default(),
             progress: Mutex::new(HashMap::new()),
             sql_info: info.build().expect("valid sql info"),
         }
+    }
+
+    /// The session a call belongs to ([`crate::client_sessions`]).
+    fn session_of<T>(&self, request: &TonicRequest<T>) -> CallSession {
+        self.sessions
+            .of(request.metadata(), request.remote_addr(), || {
+                self.coordinator.new_session()
+            })
     }
 
     /// The progress record of the statement a call belongs to, if its client follows it.
@@ -198,10 +224,11 @@ impl GyreFlightSql {
     /// only planned here; it runs while the client reads it, so its rows stream through.
     async fn run_and_store(
         &self,
+        session: &CallSession,
         sql: &str,
         progress: Option<Arc<StatementProgress>>,
-    ) -> Result<FlightInfo, Status> {
-        let run = self.coordinator.sql_deferred(sql);
+    ) -> Result<TonicResponse<FlightInfo>, Status> {
+        let run = self.coordinator.sql_deferred(&session.session, sql);
         let outcome = match progress {
             Some(p) => STATEMENT.scope(p, run).await,
             None => run.await,
@@ -229,17 +256,19 @@ impl GyreFlightSql {
         // A client that never fetched its result must not hold it forever.
         results.retain(|_, (at, _)| at.elapsed() < UNFETCHED_RESULT_TTL);
         results.insert(handle, (Instant::now(), outcome));
-        Ok(info)
+        Ok(with_cookie(TonicResponse::new(info), session))
     }
 
     async fn run_update(
         &self,
+        session: &CallSession,
         sql: &str,
         progress: Option<Arc<StatementProgress>>,
     ) -> Result<i64, Status> {
+        let session = &session.session;
         let results = match progress {
-            Some(p) => self.coordinator.sql_with_progress(sql, p).await,
-            None => self.coordinator.sql(sql).await,
+            Some(p) => self.coordinator.sql_with_progress(session, sql, p).await,
+            None => self.coordinator.sql_in(session, sql).await,
         }
         .map_err(status)?;
         let count = results
@@ -274,9 +303,8 @@ impl FlightSqlService for GyreFlightSql {
         request: TonicRequest<FlightDescriptor>,
     ) -> Result<TonicResponse<FlightInfo>, Status> {
         let progress = self.progress_of(request.metadata());
-        Ok(TonicResponse::new(
-            self.run_and_store(&query.query, progress).await?,
-        ))
+        let session = self.session_of(&request);
+        self.run_and_store(&session, &query.query, progress).await
     }
 
     async fn do_get_statement(
@@ -317,17 +345,23 @@ impl FlightSqlService for GyreFlightSql {
         request: TonicRequest<PeekableFlightDataStream>,
     ) -> Result<i64, Status> {
         let progress = self.progress_of(request.metadata());
-        self.run_update(&ticket.query, progress).await
+        let session = self.session_of(&request);
+        self.run_update(&session, &ticket.query, progress).await
     }
 
     async fn do_action_create_prepared_statement(
         &self,
         query: ActionCreatePreparedStatementRequest,
-        _request: TonicRequest<Action>,
+        request: TonicRequest<Action>,
     ) -> Result<ActionCreatePreparedStatementResult, Status> {
         let handle = new_handle();
+        let session = self.session_of(&request);
         // Report the result schema where planning can tell it without running anything.
-        let schema = match self.coordinator.result_schema(&query.query).await {
+        let schema = match self
+            .coordinator
+            .result_schema(&session.session, &query.query)
+            .await
+        {
             Ok(s) => s,
             Err(_) => Arc::new(Schema::empty()),
         };
@@ -367,9 +401,8 @@ impl FlightSqlService for GyreFlightSql {
             .get(&handle)
             .cloned()
             .ok_or_else(|| Status::not_found(format!("no prepared statement {handle}")))?;
-        Ok(TonicResponse::new(
-            self.run_and_store(&sql, progress).await?,
-        ))
+        let session = self.session_of(&request);
+        self.run_and_store(&session, &sql, progress).await
     }
 
     async fn do_put_prepared_statement_update(
@@ -385,7 +418,8 @@ impl FlightSqlService for GyreFlightSql {
             .get(&handle)
             .cloned()
             .ok_or_else(|| Status::not_found(format!("no prepared statement {handle}")))?;
-        self.run_update(&sql, progress).await
+        let session = self.session_of(&request);
+        self.run_update(&session, &sql, progress).await
     }
 
     async fn get_flight_info_sql_info(
@@ -421,6 +455,19 @@ impl FlightSqlService for GyreFlightSql {
         &self,
         request: TonicRequest<Action>,
     ) -> Result<TonicResponse<<Self as FlightService>::DoActionStream>, Status> {
+        if request.get_ref().r#type == CLOSE_SESSION_ACTION {
+            let closed = self
+                .sessions
+                .close(request.metadata(), request.remote_addr());
+            // CloseSessionResult { status }: CLOSED (1), or NOT_CLOSEABLE (3) without one.
+            let status: u8 = if closed { 1 } else { 3 };
+            let result = arrow_flight::Result {
+                body: vec![0x08, status].into(),
+            };
+            return Ok(TonicResponse::new(
+                futures::stream::iter([Ok(result)]).boxed(),
+            ));
+        }
         let action = request.into_inner();
         if action.r#type == PROGRESS_ACTION {
             let tag = String::from_utf8_lossy(&action.body).into_owned();

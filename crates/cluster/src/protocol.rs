@@ -59,6 +59,9 @@ pub enum Request {
         workers: Vec<NodeId>,
         stages: Vec<(usize, Vec<u8>)>,
         compression: Option<String>,
+        /// The session's changed `datafusion.execution.*` settings.
+        #[serde(default)]
+        execution: Vec<(String, String)>,
     },
     /// Coordinator to worker: the query is over; stop its tasks and commit or discard its inserts.
     FinishQuery {
@@ -128,7 +131,7 @@ pub struct ShuffleRun {
     pub schedule: String,
 }
 
-/// A synthetic distributed join (the thesis' and the cyclo-join paper's workload: 64-bit
+/// A synthetic distributed join (the workload of Rödiger's Flow-Join experiments and of the cyclo-join paper: 64-bit
 /// keys and payloads; build keys unique, probe keys uniform or Zipf over them), as the
 /// control plane carries it.
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -1,6 +1,7 @@
 //! DataFusion session setup shared by the coordinator and the workers.
 
 use datafusion::common::Result;
+use datafusion::common::config::ConfigOptions;
 use datafusion::execution::SessionStateBuilder;
 use datafusion::execution::cache::cache_manager::CacheManagerConfig;
 use datafusion::execution::context::SessionState;
@@ -9,15 +10,17 @@ use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_optimizer::optimizer::PhysicalOptimizer;
 use datafusion::prelude::{SessionConfig, SessionContext};
 use gyre_exchange::Compression;
-use gyre_planner::DistributedJoinSelection;
+use gyre_planner::{DistributedJoinSelection, GyreOptions};
+use std::collections::HashMap;
 use std::sync::Arc;
 
-/// The configuration every distributed plan is made with.
+/// The configuration every distributed plan is made with, Gyre's settings included.
 fn distributed_config() -> SessionConfig {
     let mut config = SessionConfig::new()
         .with_information_schema(true)
         .with_default_catalog_and_schema("datafusion", "public");
     let opts = config.options_mut();
+    opts.extensions.insert(GyreOptions::default());
     // Uncorrelated scalar subqueries become joins, which distribute; the physical
     // scalar-subquery operator shares its results through process memory.
     opts.optimizer.enable_physical_uncorrelated_scalar_subquery = false;
@@ -66,4 +69,44 @@ pub fn worker_session() -> SessionState {
 /// Parses a compression setting: `none`, `lz4`, `zstd` or `auto`.
 pub fn parse_compression(s: Option<&str>) -> Result<Compression> {
     Compression::parse(s)
+}
+
+/// Execution settings (`datafusion.execution.*`) that a session changed: they travel
+/// with its queries so that the workers run their stages as the session asked (batch
+/// size, spilling, file reading). The partition count is the planner's, not the
+/// workers'.
+pub fn changed_execution_options(options: &ConfigOptions) -> Vec<(String, String)> {
+    let defaults: HashMap<String, Option<String>> = distributed_config()
+        .options()
+        .entries()
+        .into_iter()
+        .map(|e| (e.key, e.value))
+        .collect();
+    options
+        .entries()
+        .into_iter()
+        .filter(|e| {
+            e.key.starts_with("datafusion.execution.")
+                && e.key != "datafusion.execution.target_partitions"
+        })
+        .filter(|e| defaults.get(&e.key) != Some(&e.value))
+        .filter_map(|e| Some((e.key, e.value?)))
+        .collect()
+}
+
+/// Applies the execution settings a query brought ([`changed_execution_options`]) to
+/// a worker's configuration; an unknown key or a wrong value is an error naming it.
+pub fn apply_execution_options(
+    config: &mut ConfigOptions,
+    options: &[(String, String)],
+) -> Result<()> {
+    for (key, value) in options {
+        if !key.starts_with("datafusion.execution.") {
+            return datafusion::common::plan_err!(
+                "a query may only bring execution settings, not '{key}'"
+            );
+        }
+        config.set(key, value)?;
+    }
+    Ok(())
 }

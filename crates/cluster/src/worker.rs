@@ -220,17 +220,23 @@ impl Worker {
         self.state.runtime_env().register_object_store(url, store);
     }
 
-    fn task_ctx(&self, qc: QueryContext, read: Arc<ReadCounters>) -> Arc<TaskContext> {
-        let config = self
+    fn task_ctx(
+        &self,
+        qc: QueryContext,
+        read: Arc<ReadCounters>,
+        execution: &[(String, String)],
+    ) -> Result<Arc<TaskContext>> {
+        let mut config = self
             .state
             .config()
             .clone()
             .with_extension(Arc::new(qc))
             .with_extension(read)
             .with_extension(Arc::clone(&self.storage));
+        crate::session::apply_execution_options(config.options_mut(), execution)?;
         let mut state = self.state.clone();
         *state.config_mut() = config;
-        state.task_ctx()
+        Ok(state.task_ctx())
     }
 
     async fn handle(self: &Arc<Self>, req: Request) -> Result<Response> {
@@ -277,8 +283,9 @@ impl Worker {
                 workers,
                 stages,
                 compression,
+                execution,
             } => {
-                self.start_query(query, workers, stages, compression)?;
+                self.start_query(query, workers, stages, compression, &execution)?;
                 Ok(Response::Ok)
             }
             Request::FinishQuery {
@@ -316,6 +323,7 @@ impl Worker {
         workers: Vec<NodeId>,
         stages: Vec<(usize, Vec<u8>)>,
         compression: Option<String>,
+        execution: &[(String, String)],
     ) -> Result<()> {
         let index = workers
             .iter()
@@ -333,7 +341,7 @@ impl Worker {
             compression: crate::session::parse_compression(compression.as_deref())?,
         };
         let read = Arc::new(ReadCounters::default());
-        let ctx = self.task_ctx(qc, Arc::clone(&read));
+        let ctx = self.task_ctx(qc, Arc::clone(&read), execution)?;
         let codec = GyreCodec;
         let mut plans = Vec::with_capacity(stages.len());
         for (id, bytes) in &stages {

@@ -58,6 +58,16 @@ impl Compression {
         }
     }
 
+    /// The setting's name, as [`Compression::parse`] reads it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::Lz4 => "lz4",
+            Self::Zstd => "zstd",
+            Self::Auto => "auto",
+        }
+    }
+
     /// The codec to use on a node whose outgoing link rate is `link_rate` bytes per
     /// second (measured by its multiplexer, or configured; `None`: unknown).
     ///

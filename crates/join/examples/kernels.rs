@@ -2,7 +2,7 @@
 //!
 //! `cargo run --release -p gyre-join --example kernels -- --tuples 16000000`
 //!
-//! Workload (issue 5, the radix-join literature's standard case): a build relation of N
+//! Workload (the radix-join literature's standard case): a build relation of N
 //! (key, payload) tuples with unique keys 1..=N in random order, and a probe relation of
 //! N tuples whose keys are drawn uniformly from the build keys (foreign-key join, every
 //! probe tuple matches exactly once). Reported rate: (|build| + |probe|) / seconds / threads.

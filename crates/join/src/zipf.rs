@@ -1,5 +1,6 @@
-//! Zipf-distributed ranks for skewed test and benchmark workloads (the thesis's probe
-//! keys are Zipf-distributed over the build keys, z = 1.25 in its skew experiments).
+//! Zipf-distributed ranks for skewed test and benchmark workloads (in Rödiger's
+//! Flow-Join experiments the probe keys are Zipf-distributed over the build keys, z =
+//! 1.25 in the skew experiments).
 //!
 //! Rejection-inversion sampling (Hörmann and Derflinger, 1996): O(1) time and memory per
 //! draw for any number of ranks, so 16 M draws over 16 M keys need no CDF table.

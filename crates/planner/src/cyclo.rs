@@ -1,12 +1,12 @@
-//! Where the planner puts cyclo-joins (issue 5): the `gyre.join_strategy` setting, and
-//! the rewrite of inner joins into [`CycloJoinExec`]s over the optimised plan.
+//! Where the planner puts cyclo-joins: the rewrite of joins into [`CycloJoinExec`]s over
+//! the optimised plan, as `gyre.join_strategy` ([`JoinStrategy`]) or their size asks.
 //!
 //! - Non-equi joins (DataFusion's `NestedLoopJoinExec`, which Gyre otherwise
 //!   broadcasts) become cyclo-joins when both inputs are too large to broadcast
-//!   cheaply ([`prefer_cyclo`]) and the condition gives a band or inequality kernel,
-//!   or always under `SET gyre.join_strategy = 'cyclo'`.
+//!   cheaply ([`prefer_cyclo`]), whatever their kernel, or always under
+//!   `SET gyre.join_strategy = 'cyclo'`.
 //! - Single-key inner equi-joins become radix-hash cyclo-joins only when asked
-//!   (`'cyclo'`); `'shuffle'` and `'broadcast'` force the hash join's distribution,
+//!   (`'cyclo'`, which also rewrites their outer, semi and anti forms); `'shuffle'` and `'broadcast'` force the hash join's distribution,
 //!   `'auto'` is the size-based choice of [`crate::join_selection`].
 //!
 //! The kernel comes from the join condition ([`derive_kernel`]): a band
@@ -22,10 +22,10 @@
 mod inline;
 
 use crate::join_selection::estimated_bytes;
+pub use crate::options::JoinStrategy;
 use arrow::datatypes::{DataType, Schema};
-use datafusion::common::config::{ConfigExtension, ConfigOptions};
 use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
-use datafusion::common::{JoinSide, JoinType, NullEquality, Result, ScalarValue, plan_err};
+use datafusion::common::{JoinSide, JoinType, NullEquality, Result, ScalarValue};
 use datafusion::logical_expr::Operator;
 use datafusion::physical_expr::expressions::{BinaryExpr, CastExpr, Column, Literal};
 use datafusion::physical_expr::{PhysicalExpr, split_conjunction};
@@ -40,63 +40,6 @@ use gyre_exchange::cyclo::{key_type_supported, travels};
 use gyre_exchange::{CycloJoinExec, CycloJoinType, CycloKernel, CycloSide};
 use std::collections::BTreeMap;
 use std::sync::Arc;
-
-/// How joins are distributed (`SET gyre.join_strategy`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum JoinStrategy {
-    /// Broadcast or shuffle hash joins by size; cyclo-join for large non-equi joins.
-    #[default]
-    Auto,
-    /// Hash joins repartition both inputs.
-    Shuffle,
-    /// Hash joins broadcast their smaller input where the join type allows it.
-    Broadcast,
-    /// Inner joins run as cyclo-joins where their keys and columns allow it.
-    Cyclo,
-}
-
-impl JoinStrategy {
-    pub fn parse(s: &str) -> Result<Self> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "auto" => Ok(Self::Auto),
-            "shuffle" => Ok(Self::Shuffle),
-            "broadcast" => Ok(Self::Broadcast),
-            "cyclo" => Ok(Self::Cyclo),
-            other => plan_err!(
-                "unknown join strategy '{other}' (known: auto, shuffle, broadcast, cyclo)"
-            ),
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Auto => "auto",
-            Self::Shuffle => "shuffle",
-            Self::Broadcast => "broadcast",
-            Self::Cyclo => "cyclo",
-        }
-    }
-
-    /// The strategy carried in a planning config (`auto` when absent).
-    pub fn of(config: &ConfigOptions) -> Result<Self> {
-        match config.extensions.get::<GyrePlannerOptions>() {
-            Some(o) => Self::parse(&o.join_strategy),
-            None => Ok(Self::Auto),
-        }
-    }
-}
-
-datafusion::common::extensions_options! {
-    /// Gyre's planner settings, carried in DataFusion's config to Gyre's optimiser rules.
-    pub struct GyrePlannerOptions {
-        /// `auto`, `shuffle`, `broadcast` or `cyclo`.
-        pub join_strategy: String, default = "auto".to_string()
-    }
-}
-
-impl ConfigExtension for GyrePlannerOptions {
-    const PREFIX: &'static str = "gyre";
-}
 
 /// Below this many bytes the smaller input of a non-equi join is broadcast (every
 /// worker holds a copy); above it the join rotates the smaller input instead, so no
@@ -115,7 +58,7 @@ pub fn prefer_cyclo(left_bytes: Option<f64>, right_bytes: Option<f64>, n: usize)
 /// Whether a non-equi join runs on the ring: always under `'cyclo'`; under `'auto'`
 /// when [`prefer_cyclo`]. Every kernel qualifies: a band or inequality narrows the
 /// pairs, and all pairs cost the ring about what they cost DataFusion's broadcast
-/// nested-loop join (docs/benchmarks.md "Cyclo-join in SQL") without a copy of the
+/// nested-loop join (docs/results.md, "Cyclo-join in SQL") without a copy of the
 /// smaller input on every worker.
 pub fn non_equi_on_ring(
     strategy: JoinStrategy,

@@ -1,4 +1,4 @@
-//! Where the planner puts Flow-Joins (issue 4): partitioned hash joins whose probe input
+//! Where the planner puts Flow-Joins: partitioned hash joins whose probe input
 //! is shuffled become [`FlowJoinExec`]s, which route that shuffle themselves, detect heavy
 //! hitters while it streams and keep them local (`gyre_exchange::flow`).
 //!

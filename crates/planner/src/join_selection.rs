@@ -133,7 +133,7 @@ impl PhysicalOptimizerRule for DistributedJoinSelection {
         config: &ConfigOptions,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let n = config.execution.target_partitions;
-        let strategy = JoinStrategy::of(config)?;
+        let strategy = JoinStrategy::of(config);
         plan.transform_up(|node| {
             let Some(join) = node.downcast_ref::<HashJoinExec>() else {
                 return Ok(Transformed::no(node));

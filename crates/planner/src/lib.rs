@@ -13,11 +13,13 @@
 pub mod cyclo;
 pub mod flow;
 pub mod join_selection;
+pub mod options;
 pub mod replay;
 pub mod stages;
 
-pub use cyclo::{GyrePlannerOptions, JoinStrategy, plan_cyclo_joins};
+pub use cyclo::plan_cyclo_joins;
 pub use flow::plan_flow_joins;
 pub use join_selection::DistributedJoinSelection;
+pub use options::{GyreOptions, JoinStrategy};
 pub use replay::ReplayExec;
 pub use stages::{DistributedPlan, Stage, split_into_stages};

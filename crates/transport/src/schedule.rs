@@ -3,12 +3,13 @@
 //! [`Schedule::Free`]: every connection writes its queued data as soon as it
 //! has some; all peers share the links as TCP sees fit.
 //!
-//! [`Schedule::Phased`]: round-robin phases in ring order, as in the thesis'
-//! communication multiplexer and Neo-Join's round-robin schedule. The nodes
+//! [`Schedule::Phased`]: round-robin phases in ring order, as in the
+//! communication multiplexer of Rödiger's *Scalable Distributed Query Processing in
+//! Parallel Main-Memory Database Systems* and Neo-Join's round-robin schedule. The nodes
 //! of the cluster, sorted by id, form a ring of n positions. In phase k node
 //! i sends to node (i+k) mod n and receives from node (i-k) mod n, so no
 //! receiver has two senders and no sender two receivers, and no link is
-//! shared. After `quota` messages to its current target (the thesis uses 8
+//! shared. After `quota` messages to its current target (that work uses 8
 //! messages of 512 KiB), a node moves on to the next target.
 //!
 //! The phases are kept by a receiver-driven token, synchronised pairwise with

@@ -52,7 +52,7 @@ use matches::Tracking;
 
 use crate::context::ExchangeId;
 use datafusion::common::tree_node::TreeNodeRecursion;
-use datafusion::common::{JoinType, Result, internal_datafusion_err, plan_err};
+use datafusion::common::{DataFusionError, JoinType, Result, internal_datafusion_err, plan_err};
 use datafusion::execution::TaskContext;
 use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
 use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
@@ -87,7 +87,7 @@ pub struct SkewSettings {
     pub first: f64,
     /// Then again after every further share; 0 = once.
     pub every: f64,
-    /// Count every `sample`-th row in the histogram (1 = all, as the thesis does); the
+    /// Count every `sample`-th row in the histogram (1 = all, as Flow-Join's detection in Rödiger's thesis does); the
     /// first detection window counts at this rate, later ones sparser
     /// (`gyre_join::flow::detect`).
     pub sample: u32,
@@ -119,7 +119,7 @@ pub enum BuildPreserving {
     #[default]
     Semi,
     /// Also left and full outer joins, whose counterpart carries the id through every
-    /// output row: 15-50% slower without skew (docs/benchmarks.md, "Flow-Join in SQL:
+    /// output row: 15-50% slower without skew (docs/results.md, "Flow-Join in SQL,
     /// build-preserving joins").
     All,
 }
@@ -130,7 +130,18 @@ impl BuildPreserving {
             "off" | "false" | "0" => Ok(Self::Off),
             "semi" => Ok(Self::Semi),
             "all" | "on" | "true" | "1" => Ok(Self::All),
-            other => plan_err!("gyre.skew_build_preserving is off, semi or all, not '{other}'"),
+            other => Err(DataFusionError::Configuration(format!(
+                "gyre.skew_build_preserving is off, semi or all, not '{other}'"
+            ))),
+        }
+    }
+
+    /// The setting's name, as [`BuildPreserving::parse`] reads it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Off => "off",
+            Self::Semi => "semi",
+            Self::All => "all",
         }
     }
 
