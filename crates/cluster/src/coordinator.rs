@@ -43,9 +43,7 @@ use datafusion::sql::parser::{DFParserBuilder, Statement as DFStatement};
 use datafusion::sql::sqlparser::ast::{Expr as SqlExpr, Statement as SqlStatement};
 use datafusion::sql::sqlparser::dialect::dialect_from_str;
 use gyre_exchange::{Placement, QueryContext};
-use gyre_planner::{
-    DistributedPlan, GyreOptions, plan_cyclo_joins, plan_flow_joins, split_into_stages,
-};
+use gyre_planner::{DistributedPlan, GyreOptions, network_operator_rules, split_into_stages};
 use gyre_transport::{COORDINATOR, NodeId, TcpTransport, Transport, TransportConfig, node_name};
 use parking_lot::{Mutex, RwLock};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
@@ -811,10 +809,10 @@ impl Coordinator {
                 Ok(Transformed::no(node))
             })
             .data()?;
-        let options = GyreOptions::of(config);
-        let plan = parallel_copy(plan, n)?;
-        let plan = plan_cyclo_joins(plan, n, options.join_strategy)?;
-        let plan = plan_flow_joins(plan, n, options.skew_detection())?;
+        let mut plan = parallel_copy(plan, n)?;
+        for rule in network_operator_rules() {
+            plan = rule.optimize(plan, config)?;
+        }
         split_into_stages(plan, n, &runs_on_workers)
     }
 

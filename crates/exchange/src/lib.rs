@@ -19,6 +19,7 @@ pub mod codec;
 pub mod context;
 pub mod cyclo;
 pub mod flow;
+pub mod network;
 pub mod receiver;
 pub mod relayed;
 pub mod sender;
@@ -28,6 +29,7 @@ pub use codec::{AUTO_LZ4_BELOW_BYTES_PER_SEC, BatchDecoder, BatchEncoder, Compre
 pub use context::{ExchangeId, Placement, QueryContext};
 pub use cyclo::{CycloJoinExec, CycloJoinType, CycloKernel, CycloSide};
 pub use flow::{BuildPreserving, FlowJoinExec, SkewSettings};
+pub use network::{InputsAt, NetworkOperator, network_operator};
 pub use receiver::{ExchangeReceiverExec, ReceiveMode};
 pub use relayed::{RelayedError, error_place, error_text};
 pub use sender::{ExchangeSenderExec, SendMode};

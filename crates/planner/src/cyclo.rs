@@ -24,11 +24,13 @@ mod inline;
 use crate::join_selection::estimated_bytes;
 pub use crate::options::JoinStrategy;
 use arrow::datatypes::{DataType, Schema};
+use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
 use datafusion::common::{JoinSide, JoinType, NullEquality, Result, ScalarValue};
 use datafusion::logical_expr::Operator;
 use datafusion::physical_expr::expressions::{BinaryExpr, CastExpr, Column, Literal};
 use datafusion::physical_expr::{PhysicalExpr, split_conjunction};
+use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::joins::utils::JoinFilter;
 use datafusion::physical_plan::joins::{HashJoinExec, NestedLoopJoinExec};
@@ -471,6 +473,31 @@ fn project(join: Arc<dyn ExecutionPlan>, projection: &[usize]) -> Result<Arc<dyn
 /// Replaces the joins `strategy` sends around the ring by [`CycloJoinExec`]s in a
 /// plan optimised for `n` workers. Their exchange ids are assigned when the plan is
 /// cut into stages.
+/// The physical optimizer rule that places cyclo-joins: [`plan_cyclo_joins`] over one
+/// partition per worker (`target_partitions`), as the session's `gyre.join_strategy`
+/// asks.
+#[derive(Debug, Default)]
+pub struct CycloJoinRule;
+
+impl PhysicalOptimizerRule for CycloJoinRule {
+    fn optimize(
+        &self,
+        plan: Arc<dyn ExecutionPlan>,
+        config: &ConfigOptions,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let workers = config.execution.target_partitions;
+        plan_cyclo_joins(plan, workers, JoinStrategy::of(config))
+    }
+
+    fn name(&self) -> &str {
+        "gyre_cyclo_joins"
+    }
+
+    fn schema_check(&self) -> bool {
+        true
+    }
+}
+
 pub fn plan_cyclo_joins(
     plan: Arc<dyn ExecutionPlan>,
     n: usize,

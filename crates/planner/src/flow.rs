@@ -21,9 +21,12 @@
 //!   coordinator beside its work table, as DataFusion planned it.
 
 use crate::join_selection::estimated_rows;
+use crate::options::GyreOptions;
 use datafusion::common::Result;
+use datafusion::common::config::ConfigOptions;
 use datafusion::physical_expr::Distribution;
 use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
 use datafusion::physical_plan::recursive_query::RecursiveQueryExec;
 use datafusion::physical_plan::repartition::RepartitionExec;
@@ -42,6 +45,31 @@ fn recompute() -> ReplaceChildrenOptions {
 
 /// Rewrites the eligible joins of `plan` (optimised for `n` workers) into Flow-Joins;
 /// `settings` is `None` when skew detection is off.
+/// The physical optimizer rule that places Flow-Joins: [`plan_flow_joins`] over one
+/// partition per worker (`target_partitions`), with the session's `gyre.skew_*`
+/// settings.
+#[derive(Debug, Default)]
+pub struct FlowJoinRule;
+
+impl PhysicalOptimizerRule for FlowJoinRule {
+    fn optimize(
+        &self,
+        plan: Arc<dyn ExecutionPlan>,
+        config: &ConfigOptions,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let workers = config.execution.target_partitions;
+        plan_flow_joins(plan, workers, GyreOptions::of(config).skew_detection())
+    }
+
+    fn name(&self) -> &str {
+        "gyre_flow_joins"
+    }
+
+    fn schema_check(&self) -> bool {
+        true
+    }
+}
+
 pub fn plan_flow_joins(
     plan: Arc<dyn ExecutionPlan>,
     n: usize,

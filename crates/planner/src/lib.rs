@@ -17,8 +17,20 @@ pub mod options;
 pub mod replay;
 pub mod stages;
 
-pub use cyclo::plan_cyclo_joins;
-pub use flow::plan_flow_joins;
+pub use cyclo::{CycloJoinRule, plan_cyclo_joins};
+
+use datafusion::physical_optimizer::PhysicalOptimizerRule;
+use std::sync::Arc;
+
+/// The rules that put the joins that move rows themselves (cyclo-joins, Flow-Joins)
+/// into a plan DataFusion has optimised, in order. They run after DataFusion's
+/// optimiser, not among its rules: a Flow-Join's wrapped join no longer has its probe
+/// input repartitioned (the Flow-Join routes it), which DataFusion's final check of a
+/// plan's executable invariants refuses.
+pub fn network_operator_rules() -> Vec<Arc<dyn PhysicalOptimizerRule + Send + Sync>> {
+    vec![Arc::new(CycloJoinRule), Arc::new(FlowJoinRule)]
+}
+pub use flow::{FlowJoinRule, plan_flow_joins};
 pub use join_selection::DistributedJoinSelection;
 pub use options::{GyreOptions, JoinStrategy};
 pub use replay::ReplayExec;

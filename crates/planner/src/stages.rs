@@ -22,11 +22,9 @@
 //! | merge elsewhere, worker plan at root | gather to the coordinator             |
 //! | coordinator plan under worker plan   | scatter (partition `i` to worker `i`) |
 //!
-//! A `FlowJoinExec` wraps a partitioned hash join whose probe input it shuffles itself,
-//! and takes consecutive exchange ids for that and its heavy-hitter traffic.
-//!
-//! A `CycloJoinExec` keeps both inputs on the workers as they are and takes
-//! consecutive exchange ids for its ring.
+//! Operators that move rows themselves (a cyclo-join's ring, a Flow-Join's routing)
+//! are [`NetworkOperator`]s: each gets its inputs on the workers and a block of
+//! consecutive exchange ids of the size it asks for.
 //!
 //! A recursive query (`RecursiveQueryExec`) runs on the coordinator: its recursive
 //! term is executed once per iteration and must reach the work table in the same
@@ -57,10 +55,9 @@ use datafusion::physical_plan::{
     ExecutionPlan, ExecutionPlanProperties, Partitioning, displayable,
     replace_children_if_necessary,
 };
-use gyre_exchange::cyclo::EXCHANGES_PER_CYCLO_JOIN;
 use gyre_exchange::{
-    CycloJoinExec, ExchangeId, ExchangeReceiverExec, ExchangeSenderExec, FlowJoinExec, Placement,
-    ReceiveMode, SendMode,
+    ExchangeId, ExchangeReceiverExec, ExchangeSenderExec, InputsAt, NetworkOperator, Placement,
+    ReceiveMode, SendMode, network_operator,
 };
 use std::fmt::Write;
 use std::sync::Arc;
@@ -436,31 +433,8 @@ impl Splitter<'_> {
             return Ok((new, Loc::Workers));
         }
 
-        if let Some(flow) = node.downcast_ref::<FlowJoinExec>() {
-            // The wrapped join's inputs are on the workers (the probe input unshuffled:
-            // the Flow-Join routes it); the join gets its exchange ids here.
-            let Some((join, Loc::Workers)) = visited.pop() else {
-                return internal_err!("a Flow-Join's join is not on the workers");
-            };
-            let exchange = self.next_exchange;
-            self.next_exchange += flow.exchanges();
-            let new: Arc<dyn ExecutionPlan> = Arc::new(flow.with_exchange(exchange)?);
-            let new = replace_children_if_necessary(new, vec![join])?;
-            return Ok((new, Loc::Workers));
-        }
-
-        if let Some(join) = node.downcast_ref::<CycloJoinExec>() {
-            // Both inputs stay where they are (partition i on worker i); the ring gets
-            // its exchange ids here, so every worker opens the same streams.
-            let mut children = Vec::with_capacity(2);
-            for (p, l) in visited {
-                children.push(self.place_on_workers(p, l)?);
-            }
-            let exchange = self.next_exchange;
-            self.next_exchange += EXCHANGES_PER_CYCLO_JOIN;
-            let new: Arc<dyn ExecutionPlan> = Arc::new(join.with_exchange(exchange)?);
-            let new = replace_children_if_necessary(new, children)?;
-            return Ok((new, Loc::Workers));
+        if let Some(op) = network_operator(node.as_ref()) {
+            return self.network_operator(node, op, visited);
         }
 
         if let Some(safe) = collect_left_join(node.as_ref()) {
@@ -492,6 +466,30 @@ impl Splitter<'_> {
             return Ok((new, Loc::Workers));
         }
         self.all_to_coordinator(node, visited)
+    }
+
+    /// An operator that owns exchanges: its inputs on the workers, and the next
+    /// `op.exchanges()` exchange ids, the same on every worker.
+    fn network_operator(
+        &mut self,
+        node: &Arc<dyn ExecutionPlan>,
+        op: &dyn NetworkOperator,
+        visited: Vec<(Arc<dyn ExecutionPlan>, Loc)>,
+    ) -> Result<(Arc<dyn ExecutionPlan>, Loc)> {
+        let mut children = Vec::with_capacity(visited.len());
+        for (p, l) in visited {
+            children.push(match (op.inputs_at(), l) {
+                (InputsAt::Workers, Loc::Workers) => p,
+                (InputsAt::Workers, _) => {
+                    return internal_err!("the input of {} is not on the workers", node.name());
+                }
+                (InputsAt::PlacedOnWorkers, l) => self.place_on_workers(p, l)?,
+            });
+        }
+        let first = self.next_exchange;
+        self.next_exchange += op.exchanges();
+        let new = replace_children_if_necessary(op.with_exchanges(first)?, children)?;
+        Ok((new, Loc::Workers))
     }
 
     /// A recursive term, kept in one piece on the coordinator along every path to the

@@ -24,6 +24,7 @@
 use crate::context::{ExchangeId, QueryContext};
 use crate::cyclo::kernel::CycloKernel;
 use crate::cyclo::words::{RotatingLayout, key_array, key_type_supported, travels};
+use crate::network::{InputsAt, NetworkOperator};
 use arrow::array::{
     Array, ArrayRef, BooleanArray, RecordBatch, RecordBatchOptions, UInt32Array, UInt64Array,
     new_null_array,
@@ -62,12 +63,16 @@ use std::sync::Arc;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
-/// Exchange ids one cyclo-join uses: the ring, the size agreement, abort notices, a
-/// first size agreement (`+4`, its ring id `+3` is never opened) that sizes fragments,
-/// and (`+5`) the full outer join's matched rotating rows going back to their origins.
-pub const EXCHANGES_PER_CYCLO_JOIN: u32 = 6;
+/// Exchange ids one cyclo-join uses, from its first: the ring, the size agreement,
+/// abort notices, a first size agreement that sizes fragments, and the full outer
+/// join's matched rotating rows going back to their origins.
+pub const EXCHANGES_PER_CYCLO_JOIN: u32 = 5;
+/// Offset of the size agreement.
+const AGREEMENT_EXCHANGE: u32 = 1;
+/// Offset of the first size agreement, which sizes fragments of exploding kernels.
+const SIZING_EXCHANGE: u32 = 3;
 /// Offset of the exchange that returns matched rotating rows to their origins.
-const MATCHES_EXCHANGE: u32 = 5;
+const MATCHES_EXCHANGE: u32 = 4;
 
 /// All-NULL columns of `rows` rows for `fields` (the missing side of an outer join's row).
 fn null_columns(fields: &[FieldRef], rows: usize) -> Vec<ArrayRef> {
@@ -468,20 +473,20 @@ impl Job {
         let t = qc.transport.as_ref();
         if self.kernel.may_explode() {
             // Size fragments so that one fragment's result stays bounded on every worker.
-            let probe_ring = RingSpec {
-                exchange: self.exchange + 3,
-                ..ring.clone()
-            };
-            let probe = agree(t, &probe_ring, left_rel, right_rel, &algorithm, &options)
+            let sizing = self.exchange + SIZING_EXCHANGE;
+            let probe = agree(t, &ring, sizing, left_rel, right_rel, &algorithm, &options)
                 .await
                 .map_err(&err)?;
             options.max_fragment_rows = ((PAIRS_PER_FRAGMENT / probe.largest_stationary.max(1))
                 as usize)
                 .max(MIN_FRAGMENT_ROWS);
         }
-        let plan = agree(t, &ring, left_rel, right_rel, &algorithm, &options)
-            .await
-            .map_err(&err)?;
+        let agreement = self.exchange + AGREEMENT_EXCHANGE;
+        let plan = agree(
+            t, &ring, agreement, left_rel, right_rel, &algorithm, &options,
+        )
+        .await
+        .map_err(&err)?;
         let prepared = PreparedCycloJoin::prepare(&plan, left_rel, right_rel, &algorithm, &options)
             .map_err(&err)?;
         metrics.stationary_rows.add(stat.num_rows());
@@ -892,6 +897,21 @@ impl ResultSink for BatchSink {
         }
         self.cross(fragment, stationary)
             .map_err(|e| CycloError::Sink(e.to_string()))
+    }
+}
+
+impl NetworkOperator for CycloJoinExec {
+    fn exchanges(&self) -> u32 {
+        EXCHANGES_PER_CYCLO_JOIN
+    }
+
+    /// Both inputs stay where they are, partition `i` on worker `i`; the ring moves one.
+    fn inputs_at(&self) -> InputsAt {
+        InputsAt::PlacedOnWorkers
+    }
+
+    fn with_exchanges(&self, first: ExchangeId) -> Result<Arc<dyn ExecutionPlan>> {
+        Ok(Arc::new(self.with_exchange(first)?))
     }
 }
 

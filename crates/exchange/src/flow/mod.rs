@@ -51,6 +51,7 @@ mod source;
 use matches::Tracking;
 
 use crate::context::ExchangeId;
+use crate::network::{InputsAt, NetworkOperator};
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{DataFusionError, JoinType, Result, internal_datafusion_err, plan_err};
 use datafusion::execution::TaskContext;
@@ -480,6 +481,22 @@ impl DisplayAs for FlowJoinExec {
         fmt_heavy(f, "build_heavy_hitters", &report.build_heavy)?;
         fmt_heavy(f, "heavy_hitters", &report.heavy)?;
         fmt_sfr(f, &report)
+    }
+}
+
+impl NetworkOperator for FlowJoinExec {
+    fn exchanges(&self) -> u32 {
+        FlowJoinExec::exchanges(self)
+    }
+
+    /// The wrapped join runs on the workers with its probe input unshuffled: the
+    /// Flow-Join routes it.
+    fn inputs_at(&self) -> InputsAt {
+        InputsAt::Workers
+    }
+
+    fn with_exchanges(&self, first: ExchangeId) -> Result<Arc<dyn ExecutionPlan>> {
+        Ok(Arc::new(self.with_exchange(first)?))
     }
 }
 

@@ -360,7 +360,16 @@ async fn run_ring(spec: &CycloSpec, t: &dyn Transport, ring: &RingSpec) -> Resul
             payload: vec![&s.1],
             bytes: vec![],
         };
-        agree(t, &ring, &left, &right, &spec.algorithm, &spec.options).await?
+        agree(
+            t,
+            &ring,
+            ring.exchange + 1,
+            &left,
+            &right,
+            &spec.algorithm,
+            &spec.options,
+        )
+        .await?
     };
     let (prepared, stationary_payload) = {
         let (plan, algo, options) = (plan.clone(), spec.algorithm.clone(), spec.options.clone());

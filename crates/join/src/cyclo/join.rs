@@ -298,10 +298,12 @@ fn check_inputs(
     Ok(())
 }
 
-/// Step 1: agree on the plan (exchange `ring.exchange + 1`). Every ring member calls it.
+/// Step 1: agree on the plan over `exchange` (the library's joins use
+/// `ring.exchange + 1`). Every ring member calls it.
 pub async fn agree(
     t: &dyn Transport,
     ring: &RingSpec,
+    exchange: u32,
     left: &Relation<'_>,
     right: &Relation<'_>,
     algorithm: &CycloAlgorithm,
@@ -323,7 +325,7 @@ pub async fn agree(
         u64::from(local.is_err()),
         0,
     ];
-    let all = all_to_all(t, ring, ring.exchange + 1, &mine).await?;
+    let all = all_to_all(t, ring, exchange, &mine).await?;
     local?;
     for (i, theirs) in all.iter().enumerate() {
         let who = node_name(ring.nodes[i]);
@@ -591,7 +593,7 @@ pub async fn cyclo_join<S: ResultSink>(
     options: &CycloOptions,
     sink: S,
 ) -> Result<(RingPlan, CycloRunFigures, S)> {
-    let plan = agree(t, ring, left, right, algorithm, options).await?;
+    let plan = agree(t, ring, ring.exchange + 1, left, right, algorithm, options).await?;
     let prepared = PreparedCycloJoin::prepare(&plan, left, right, algorithm, options)?;
     let (figures, sink) = prepared.run(t, ring, sink).await?;
     Ok((plan, figures, sink))
