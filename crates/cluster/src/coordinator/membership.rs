@@ -1,0 +1,243 @@
+//! The cluster's members: workers joining and leaving, heartbeats, peer tables, and
+//! control calls to workers (benchmark relays included).
+
+use super::*;
+
+impl Coordinator {
+    /// Workers currently alive, in id order: partition `i` of a query runs on the `i`-th.
+    pub fn live_workers(&self) -> Vec<NodeId> {
+        self.members
+            .read()
+            .iter()
+            .filter(|(_, m)| m.alive)
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
+    /// Waits until at least `n` workers are registered.
+    pub async fn wait_for_workers(&self, n: usize, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        while self.live_workers().len() < n {
+            if Instant::now() > deadline {
+                return Err(exec_err(format!(
+                    "only {} of {n} workers registered within {timeout:?}",
+                    self.live_workers().len()
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(())
+    }
+
+    /// Declares dead the workers whose data connection broke or that sent no heartbeat
+    /// for `heartbeat_timeout`, not counting the last `deaf` during which the
+    /// coordinator could not have heard them.
+    pub(super) fn check_members(&self, deaf: Duration) {
+        if self.stopping.load(Ordering::SeqCst) {
+            return;
+        }
+        let timeout = self.config.heartbeat_timeout;
+        let now = Instant::now();
+        let mut died = vec![];
+        {
+            let mut members = self.members.write();
+            for (id, m) in members.iter_mut() {
+                if !m.alive {
+                    continue;
+                }
+                m.last_seen = (m.last_seen + deaf).min(now);
+                let reason = if self.transport.is_lost(*id) {
+                    Some(format!(
+                        "{} at {} died (data connection lost)",
+                        node_name(*id),
+                        m.data_addr
+                    ))
+                } else if now.duration_since(m.last_seen) > timeout {
+                    Some(format!(
+                        "{} at {} died (no heartbeat for {:?})",
+                        node_name(*id),
+                        m.data_addr,
+                        timeout
+                    ))
+                } else {
+                    None
+                };
+                if let Some(reason) = reason {
+                    m.alive = false;
+                    m.death = Some(reason.clone());
+                    died.push((*id, reason));
+                }
+            }
+        }
+        for (id, reason) in died {
+            tracing::error!("{reason}");
+            self.transport.forget_peer(id, &reason);
+            for q in self.running.lock().values() {
+                if q.workers.contains(&id) {
+                    let _ = q.fail.send(reason.clone());
+                }
+            }
+        }
+    }
+
+    /// The workers of a benchmark run: the ones named, else all live ones; at least `min`.
+    pub(super) fn bench_nodes(
+        &self,
+        nodes: Vec<NodeId>,
+        min: usize,
+        what: &str,
+    ) -> Result<Vec<NodeId>> {
+        let nodes = if nodes.is_empty() {
+            self.live_workers()
+        } else {
+            nodes
+        };
+        if nodes.len() < min {
+            return plan_err!(
+                "{what} needs at least {min} workers, {} are alive",
+                nodes.len()
+            );
+        }
+        Ok(nodes)
+    }
+
+    /// Handles a control message from a worker.
+    pub async fn handle_control(self: &Arc<Self>, req: Request) -> Result<Response> {
+        match req {
+            Request::Register {
+                control_addr,
+                data_addr,
+            } => {
+                let data: SocketAddr = tokio::net::lookup_host(&data_addr)
+                    .await?
+                    .next()
+                    .ok_or_else(|| exec_err(format!("cannot resolve {data_addr}")))?;
+                let id = self.next_node.fetch_add(1, Ordering::SeqCst);
+                self.members.write().insert(
+                    id,
+                    Member {
+                        control: ControlClient::connect_lazy(&control_addr)?,
+                        data_addr: data,
+                        alive: true,
+                        last_seen: Instant::now(),
+                        death: None,
+                    },
+                );
+                tracing::info!(node = id, %control_addr, %data_addr, "worker registered");
+                // The new worker serves its control service only after this reply.
+                let me = Arc::clone(self);
+                tokio::spawn(async move { me.push_peers().await });
+                Ok(Response::Registered { node: id })
+            }
+            Request::Heartbeat { node } => {
+                let mut members = self.members.write();
+                match members.get_mut(&node) {
+                    Some(m) if m.alive => {
+                        m.last_seen = Instant::now();
+                        Ok(Response::Ok)
+                    }
+                    Some(m) => Err(exec_err(format!(
+                        "{} was declared dead: {}",
+                        node_name(node),
+                        m.death.clone().unwrap_or_default()
+                    ))),
+                    None => Err(exec_err(format!("unknown worker {node}"))),
+                }
+            }
+            Request::BenchShuffle(mut run) => {
+                run.nodes = self.bench_nodes(run.nodes, 2, "a shuffle benchmark")?;
+                run.run_id = self.next_query.fetch_add(1, Ordering::SeqCst);
+                let nodes = run.nodes.clone();
+                let replies = self.broadcast(&nodes, Request::BenchShuffle(run)).await?;
+                let figures = replies
+                    .into_iter()
+                    .map(|r| match r {
+                        Response::Shuffled(f) => Ok(f),
+                        other => Err(exec_err(format!("unexpected shuffle reply {other:?}"))),
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                Ok(Response::ShuffleResults(figures))
+            }
+            Request::BenchJoin(mut run) => {
+                run.nodes = self.bench_nodes(run.nodes, 1, "a join benchmark")?;
+                run.run_id = self.next_query.fetch_add(1, Ordering::SeqCst);
+                let nodes = run.nodes.clone();
+                let replies = self.broadcast(&nodes, Request::BenchJoin(run)).await?;
+                let figures = replies
+                    .into_iter()
+                    .map(|r| match r {
+                        Response::Joined(f) => Ok(f),
+                        other => Err(exec_err(format!("unexpected join reply {other:?}"))),
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                Ok(Response::JoinResults(figures))
+            }
+            Request::QueryFailed { query, error, .. } => {
+                if let Some(q) = self.running.lock().get(&query) {
+                    let _ = q.fail.send(error);
+                }
+                Ok(Response::Ok)
+            }
+            other => Err(exec_err(format!(
+                "the coordinator does not handle {other:?}"
+            ))),
+        }
+    }
+
+    pub(super) async fn push_peers(&self) {
+        let (peers, clients): (Vec<(NodeId, String)>, Vec<ControlClient>) = {
+            let members = self.members.read();
+            let mut peers: Vec<(NodeId, String)> = members
+                .iter()
+                .filter(|(_, m)| m.alive)
+                .map(|(id, m)| (*id, m.data_addr.to_string()))
+                .collect();
+            peers.push((COORDINATOR, self.transport.local_addr().to_string()));
+            let clients = members
+                .values()
+                .filter(|m| m.alive)
+                .map(|m| m.control.clone())
+                .collect();
+            (peers, clients)
+        };
+        let map: HashMap<NodeId, SocketAddr> = self
+            .members
+            .read()
+            .iter()
+            .filter(|(_, m)| m.alive)
+            .map(|(id, m)| (*id, m.data_addr))
+            .collect();
+        self.transport.set_peers(&map);
+        let req = Request::SetPeers { peers };
+        for c in clients {
+            if let Err(e) = c.call(&req).await {
+                tracing::warn!("cannot send the peer table to {}: {e}", c.addr());
+            }
+        }
+    }
+
+    pub(super) fn control(&self, node: NodeId) -> Result<ControlClient> {
+        self.members
+            .read()
+            .get(&node)
+            .map(|m| m.control.clone())
+            .ok_or_else(|| exec_err(format!("unknown worker {node}")))
+    }
+
+    pub(super) async fn broadcast(
+        &self,
+        workers: &[NodeId],
+        req: Request,
+    ) -> Result<Vec<Response>> {
+        let calls = workers.iter().map(|w| {
+            let req = req.clone();
+            async move {
+                let c = self.control(*w)?;
+                c.call(&req)
+                    .await
+                    .map_err(|e| exec_err(format!("{}: {e}", node_name(*w))))
+            }
+        });
+        futures::future::try_join_all(calls).await
+    }
+}

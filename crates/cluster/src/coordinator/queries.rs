@@ -1,0 +1,268 @@
+//! The query lifecycle: registering a query, starting its stages on the workers,
+//! collecting its result, ending it everywhere, and its metrics.
+
+use super::*;
+
+impl Coordinator {
+    /// The coordinator's task context for a query planned in `state`: the session's
+    /// settings and runtime (its memory limit, say), as `SHOW` and
+    /// `information_schema` report them.
+    pub(super) fn task_ctx(&self, state: &SessionState, qc: QueryContext) -> Arc<TaskContext> {
+        let mut state = state.clone();
+        let config = state.config_mut();
+        if let Some(own) = config.get_extension::<SessionPartitions>() {
+            config.options_mut().execution.target_partitions = own.0;
+        }
+        config.set_extension(Arc::new(qc));
+        state.task_ctx()
+    }
+
+    /// Allocates a query id and its failure channel, and builds the coordinator's task context.
+    pub(crate) fn register_query(
+        &self,
+        state: &SessionState,
+        workers: &[NodeId],
+    ) -> Result<RegisteredQuery> {
+        let query = self.next_query.fetch_add(1, Ordering::SeqCst);
+        let qc = QueryContext {
+            query_id: query,
+            transport: Arc::new(self.transport.clone()),
+            workers: workers.to_vec(),
+            compression: GyreOptions::of(state.config_options()).compression,
+        };
+        let ctx = self.task_ctx(state, qc);
+        let (fail_tx, fail_rx) = mpsc::unbounded_channel();
+        self.running.lock().insert(
+            query,
+            RunningQuery {
+                workers: workers.to_vec(),
+                fail: fail_tx.clone(),
+            },
+        );
+        Ok(RegisteredQuery {
+            id: query,
+            ctx,
+            fail_tx,
+            fail_rx,
+        })
+    }
+
+    /// Sends every worker its stages of `dplan`; they start at once and stream into each other.
+    pub(crate) async fn start_worker_stages(
+        &self,
+        state: &SessionState,
+        query: u64,
+        dplan: &DistributedPlan,
+        workers: &[NodeId],
+    ) -> Result<()> {
+        let codec = GyreCodec;
+        let stages = dplan
+            .worker_stages()
+            .map(|s| Ok((s.id, codec.encode_plan(Arc::clone(&s.plan))?)))
+            .collect::<Result<Vec<_>>>()?;
+        if stages.is_empty() {
+            return Ok(());
+        }
+        let compression = GyreOptions::of(state.config_options()).compression;
+        self.broadcast(
+            workers,
+            Request::StartQuery {
+                query,
+                workers: workers.to_vec(),
+                stages,
+                compression: Some(compression.name().to_string()),
+                execution: changed_execution_options(state.config_options()),
+            },
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// Ends `query` everywhere: stops its tasks, commits or discards its inserts,
+    /// releases its streams, and (with `metrics`) returns the workers' reports.
+    pub(crate) async fn end_query(
+        &self,
+        query: u64,
+        workers: &[NodeId],
+        commit: bool,
+        metrics: bool,
+    ) -> StageReports {
+        self.running.lock().remove(&query);
+        let reports = self.finish(query, workers, commit, metrics).await;
+        self.transport.release_query(query);
+        reports
+    }
+
+    /// Runs a distributed plan and collects the final stage's batches.
+    pub async fn execute(
+        self: &Arc<Self>,
+        state: &SessionState,
+        dplan: &DistributedPlan,
+        workers: &[NodeId],
+        analyze: bool,
+    ) -> Result<QueryRun> {
+        let mut run = QueryExecution::start(self, state, dplan, workers).await?;
+        let mut batches = vec![];
+        let mut failure = None;
+        while let Some(batch) = run.next().await {
+            match batch {
+                Ok(b) => batches.push(b),
+                Err(e) => {
+                    failure = Some(e);
+                    break;
+                }
+            }
+        }
+        let reports = run.finish(failure.is_none(), analyze).await;
+        if let Some(e) = failure {
+            return Err(e);
+        }
+        let mut report = String::new();
+        if analyze {
+            report = self.render_report(dplan, workers, &reports);
+        }
+        Ok(QueryRun { batches, report })
+    }
+
+    /// Tells every worker the query is over and collects their reports.
+    pub(super) async fn finish(
+        &self,
+        query: u64,
+        workers: &[NodeId],
+        commit: bool,
+        metrics: bool,
+    ) -> StageReports {
+        let req = Request::FinishQuery {
+            query,
+            commit,
+            metrics,
+        };
+        let calls = workers.iter().map(|w| {
+            let req = req.clone();
+            async move {
+                let alive = self.members.read().get(w).is_some_and(|m| m.alive);
+                if !alive {
+                    return (*w, None);
+                }
+                let Ok(c) = self.control(*w) else {
+                    return (*w, None);
+                };
+                let r = tokio::time::timeout(Duration::from_secs(5), c.call(&req)).await;
+                (*w, r.ok().and_then(|r| r.ok()))
+            }
+        });
+        let mut out = BTreeMap::new();
+        for (w, resp) in futures::future::join_all(calls).await {
+            if let Some(Response::Finished { stages, tables }) = resp {
+                let mut stats = self.part_stats.lock();
+                for (table, s) in tables {
+                    stats.entry(table.clone()).or_default().insert(w, s);
+                    self.refresh_table_stats(&table, &stats);
+                }
+                out.insert(w, stages);
+            }
+        }
+        out
+    }
+
+    pub(super) fn refresh_table_stats(
+        &self,
+        table: &str,
+        stats: &HashMap<String, BTreeMap<NodeId, PartStats>>,
+    ) {
+        let Some(per_worker) = stats.get(table) else {
+            return;
+        };
+        let mut tables = self.tables.write();
+        let Some(meta) = tables.get_mut(table) else {
+            return;
+        };
+        meta.rows = per_worker.values().map(|s| s.rows).sum();
+        meta.column_bytes = (0..meta.schema.fields().len())
+            .map(|i| {
+                per_worker
+                    .values()
+                    .map(|s| s.column_bytes.get(i).copied().unwrap_or(0))
+                    .sum()
+            })
+            .collect();
+        let provider = Arc::new(DistributedTable { meta: meta.clone() });
+        drop(tables);
+        let _ = self.ctx.deregister_table(TableReference::bare(table));
+        let _ = self
+            .ctx
+            .register_table(TableReference::bare(table), provider);
+    }
+
+    pub(super) fn render_report(
+        &self,
+        dplan: &DistributedPlan,
+        workers: &[NodeId],
+        reports: &StageReports,
+    ) -> String {
+        let mut out = String::new();
+        for stage in dplan.stages.iter().rev() {
+            match stage.placement {
+                Placement::Coordinator => {
+                    out.push_str(&format!("stage {} on coordinator:\n", stage.id));
+                    let text = DisplayableExecutionPlan::with_metrics(stage.plan.as_ref())
+                        .indent(true)
+                        .to_string();
+                    for l in text.lines() {
+                        out.push_str(&format!("  {l}\n"));
+                    }
+                }
+                Placement::Workers => {
+                    out.push_str(&format!("stage {} on workers:\n", stage.id));
+                    for w in workers {
+                        out.push_str(&format!("  {}:\n", node_name(*w)));
+                        let text = reports
+                            .get(w)
+                            .and_then(|r| r.iter().find(|(id, _)| *id == stage.id))
+                            .map(|(_, t)| t.as_str())
+                            .unwrap_or("(no report)");
+                        for l in text.lines() {
+                            out.push_str(&format!("    {l}\n"));
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Collects from the workers what the running queries of a statement have read
+    /// (figures of queries that ended stay as last reported).
+    pub async fn poll_progress(&self, progress: &StatementProgress) {
+        let queries: Vec<(u64, Vec<NodeId>)> = progress
+            .queries
+            .lock()
+            .iter()
+            .filter(|q| self.running.lock().contains_key(&q.id))
+            .map(|q| (q.id, q.workers.clone()))
+            .collect();
+        for (id, workers) in queries {
+            let calls = workers.iter().map(|w| async move {
+                let c = self.control(*w).ok()?;
+                let reply = tokio::time::timeout(
+                    Duration::from_secs(2),
+                    c.call(&Request::Progress { query: id }),
+                )
+                .await;
+                match reply {
+                    Ok(Ok(Response::Progress(f))) => f,
+                    _ => None,
+                }
+            });
+            let figures = futures::future::join_all(calls).await;
+            let mut tracked = progress.queries.lock();
+            if let Some(q) = tracked.iter_mut().find(|q| q.id == id) {
+                for (last, f) in q.last.iter_mut().zip(figures) {
+                    if let Some(f) = f {
+                        *last = f;
+                    }
+                }
+            }
+        }
+    }
+}
