@@ -60,10 +60,7 @@ impl ClientSessions {
     ) -> CallSession {
         let mut s = self.inner.lock();
         let now = Instant::now();
-        let known = cookie_session(metadata)
-            .filter(|id| s.by_id.contains_key(id))
-            .or_else(|| peer.and_then(|p| s.by_peer.get(&p).cloned()));
-        if let Some(id) = known
+        if let Some(id) = s.find(metadata, peer)
             && let Some(e) = s.by_id.get_mut(&id)
         {
             e.last_used = now;
@@ -95,10 +92,7 @@ impl ClientSessions {
     /// Ends the session a call belongs to (Flight's `CloseSession`); whether there was one.
     pub fn close(&self, metadata: &MetadataMap, peer: Option<SocketAddr>) -> bool {
         let mut s = self.inner.lock();
-        let id = cookie_session(metadata)
-            .filter(|id| s.by_id.contains_key(id))
-            .or_else(|| peer.and_then(|p| s.by_peer.get(&p).cloned()));
-        match id {
+        match s.find(metadata, peer) {
             Some(id) => {
                 s.remove(&id);
                 true
@@ -118,6 +112,13 @@ impl ClientSessions {
 }
 
 impl Sessions {
+    /// The id of the live session a call's cookie names, else its connection's.
+    fn find(&self, metadata: &MetadataMap, peer: Option<SocketAddr>) -> Option<String> {
+        cookie_session(metadata)
+            .filter(|id| self.by_id.contains_key(id))
+            .or_else(|| peer.and_then(|p| self.by_peer.get(&p).cloned()))
+    }
+
     fn remove(&mut self, id: &str) {
         if let Some(e) = self.by_id.remove(id)
             && let Some(p) = e.peer

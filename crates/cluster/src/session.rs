@@ -12,7 +12,7 @@ use datafusion::prelude::{SessionConfig, SessionContext};
 use gyre_exchange::Compression;
 use gyre_planner::{DistributedJoinSelection, GyreOptions};
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
 /// The configuration every distributed plan is made with, Gyre's settings included.
 fn distributed_config() -> SessionConfig {
@@ -76,23 +76,29 @@ pub fn parse_compression(s: Option<&str>) -> Result<Compression> {
 /// size, spilling, file reading). The partition count is the planner's, not the
 /// workers'.
 pub fn changed_execution_options(options: &ConfigOptions) -> Vec<(String, String)> {
-    let defaults: HashMap<String, Option<String>> = distributed_config()
-        .options()
-        .entries()
-        .into_iter()
-        .map(|e| (e.key, e.value))
-        .collect();
     options
         .entries()
         .into_iter()
-        .filter(|e| {
-            e.key.starts_with("datafusion.execution.")
-                && e.key != "datafusion.execution.target_partitions"
-        })
-        .filter(|e| defaults.get(&e.key) != Some(&e.value))
+        .filter(|e| is_shipped_execution_option(&e.key))
+        .filter(|e| EXECUTION_DEFAULTS.get(&e.key) != Some(&e.value))
         .filter_map(|e| Some((e.key, e.value?)))
         .collect()
 }
+
+fn is_shipped_execution_option(key: &str) -> bool {
+    key.starts_with("datafusion.execution.") && key != "datafusion.execution.target_partitions"
+}
+
+/// The execution settings' defaults, computed once: every query compares with them.
+static EXECUTION_DEFAULTS: LazyLock<HashMap<String, Option<String>>> = LazyLock::new(|| {
+    distributed_config()
+        .options()
+        .entries()
+        .into_iter()
+        .filter(|e| is_shipped_execution_option(&e.key))
+        .map(|e| (e.key, e.value))
+        .collect()
+});
 
 /// Applies the execution settings a query brought ([`changed_execution_options`]) to
 /// a worker's configuration; an unknown key or a wrong value is an error naming it.
