@@ -3,7 +3,8 @@
 //! quickly with an error naming the worker; later queries that need the dead
 //! worker's partitions fail naming them; the cluster stays usable. Killing a worker
 //! while it loads a file fails the load and leaves no table behind. A coordinator too
-//! busy to hear heartbeats does not take its workers for dead.
+//! busy to hear heartbeats does not take its workers for dead. A worker that joins
+//! after a table was loaded reads none of it, and the table's answers stay right.
 
 use arrow_flight::sql::client::FlightSqlServiceClient;
 use futures::TryStreamExt;
@@ -232,6 +233,70 @@ async fn a_coordinator_too_busy_to_hear_heartbeats_keeps_its_workers() {
     )
     .value(0);
     assert_eq!(n, 1000);
+}
+
+fn int(r: &gyre_cluster::coordinator::StatementResult, row: usize, col: usize) -> i64 {
+    let c = r.batches[0].column(col);
+    arrow::array::AsArray::as_primitive::<arrow::datatypes::Int64Type>(c.as_ref()).value(row)
+}
+
+/// A `gyre local --listen` cluster serves Flight SQL before its workers are in, so a
+/// client could load a table on some workers and query it after the others joined:
+/// the newcomers used to fail the scan ("no partition on this worker").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_that_joins_after_a_load_holds_none_of_the_old_tables() {
+    let mut cluster = LocalCluster::start(2, 1, "127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let c = std::sync::Arc::clone(&cluster.coordinator);
+    c.sql(
+        "CREATE TABLE h (k BIGINT, g BIGINT) PARTITION BY k; \
+         INSERT INTO h SELECT value, value % 97 FROM generate_series(1, 100000)",
+    )
+    .await
+    .unwrap();
+    c.sql("CREATE TABLE r AS SELECT value AS k FROM generate_series(1, 100000, 3)")
+        .await
+        .unwrap();
+    let queries = [
+        "SELECT count(*), sum(k) FROM h",
+        "SELECT count(*), sum(h.g) FROM h JOIN r ON h.k = r.k",
+        "SELECT count(*), sum(n) FROM (SELECT g, count(*) AS n FROM h GROUP BY g)",
+    ];
+    let mut before = vec![];
+    for q in queries {
+        let r = c.sql_one(q).await.unwrap();
+        before.push((int(&r, 0, 0), int(&r, 0, 1)));
+    }
+    cluster.start_worker(1).await.unwrap();
+    c.wait_for_workers(3, Duration::from_secs(10))
+        .await
+        .unwrap();
+    for (q, want) in queries.iter().zip(&before) {
+        let r = c.sql_one(q).await.unwrap();
+        assert_eq!((int(&r, 0, 0), int(&r, 0, 1)), *want, "{q}");
+    }
+    // Writing would spread the table over workers it was not placed on: refused,
+    // with the way out named.
+    let e = c
+        .sql("INSERT INTO h VALUES (0, 0)")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("reload the table"), "{e}");
+    let e = c
+        .sql("DELETE FROM h WHERE k = 1")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("reload the table"), "{e}");
+    // Reloaded, the table spans all three workers.
+    c.sql("CREATE TABLE h3 (k BIGINT, g BIGINT) PARTITION BY k; INSERT INTO h3 SELECT * FROM h")
+        .await
+        .unwrap();
+    let r = c.sql_one("SELECT count(*), sum(k) FROM h3").await.unwrap();
+    assert_eq!((int(&r, 0, 0), int(&r, 0, 1)), before[0]);
+    c.sql("INSERT INTO h3 VALUES (0, 0)").await.unwrap();
 }
 
 /// A worker killed while the workers read a large CSV file: the load fails within

@@ -39,34 +39,42 @@ impl LocalCluster {
         let coordinator = Coordinator::start(config).await?;
         let listener = tokio::net::TcpListener::bind(listen).await?;
         let addr = serve(Arc::clone(&coordinator), listener);
-        let mut handles = Vec::with_capacity(workers);
-        for i in 0..workers {
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(threads.max(1))
-                .thread_name(format!("gyre-worker-{}", i + 1))
-                .enable_all()
-                .build()?;
-            let cfg = WorkerConfig {
-                coordinator: addr.to_string(),
-                listen: "127.0.0.1:0".parse().unwrap(),
-                data_listen: "127.0.0.1:0".parse().unwrap(),
-                advertise_host: None,
-                transport: TransportConfig::default(),
-            };
-            let worker = rt
-                .spawn(Worker::start(cfg))
-                .await
-                .map_err(|e| DataFusionError::Execution(format!("worker start panicked: {e}")))??;
-            handles.push((worker, Some(rt)));
-        }
-        coordinator
-            .wait_for_workers(workers, Duration::from_secs(10))
-            .await?;
-        Ok(Self {
+        let mut cluster = Self {
             coordinator,
             addr,
-            workers: handles,
-        })
+            workers: Vec::with_capacity(workers),
+        };
+        for _ in 0..workers {
+            cluster.start_worker(threads).await?;
+        }
+        cluster
+            .coordinator
+            .wait_for_workers(workers, Duration::from_secs(10))
+            .await?;
+        Ok(cluster)
+    }
+
+    /// Starts one more worker with `threads` threads; it registers with the
+    /// coordinator as a worker on another host would.
+    pub async fn start_worker(&mut self, threads: usize) -> Result<Arc<Worker>> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads.max(1))
+            .thread_name(format!("gyre-worker-{}", self.workers.len() + 1))
+            .enable_all()
+            .build()?;
+        let cfg = WorkerConfig {
+            coordinator: self.addr.to_string(),
+            listen: "127.0.0.1:0".parse().unwrap(),
+            data_listen: "127.0.0.1:0".parse().unwrap(),
+            advertise_host: None,
+            transport: TransportConfig::default(),
+        };
+        let worker = rt
+            .spawn(Worker::start(cfg))
+            .await
+            .map_err(|e| DataFusionError::Execution(format!("worker start panicked: {e}")))??;
+        self.workers.push((Arc::clone(&worker), Some(rt)));
+        Ok(worker)
     }
 
     pub fn workers(&self) -> impl Iterator<Item = &Arc<Worker>> {

@@ -12,7 +12,7 @@ use datafusion::common::stats::Precision;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{
     ColumnStatistics, Constraints, DFSchema, DataFusionError, Result, Statistics,
-    internal_datafusion_err, not_impl_err, plan_err,
+    internal_datafusion_err, internal_err, not_impl_err, plan_datafusion_err, plan_err,
 };
 use datafusion::datasource::TableType;
 use datafusion::execution::TaskContext;
@@ -146,7 +146,9 @@ impl TableProvider for DistributedTable {
                 lost.join(", ")
             );
         }
-        let n = workers.0.len();
+        // Workers that joined after the table was loaded hold none of it: their
+        // partitions of the scan read nothing.
+        let holders = workers.0.iter().map(|w| meta.workers.contains(w)).collect();
         let hash_key = if meta.workers == workers.0 {
             meta.key_index()
                 .map(|k| meta.schema.field(k).name().clone())
@@ -157,11 +159,11 @@ impl TableProvider for DistributedTable {
             meta.name.clone(),
             Arc::clone(&meta.schema),
             projection.cloned(),
-            n,
+            holders,
             hash_key,
             meta.rows,
             meta.column_bytes.clone(),
-        )))
+        )?))
     }
 
     async fn delete_from(
@@ -183,13 +185,14 @@ impl TableProvider for DistributedTable {
 
     async fn insert_into(
         &self,
-        _state: &dyn Session,
+        state: &dyn Session,
         input: Arc<dyn ExecutionPlan>,
         insert_op: InsertOp,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         if insert_op != InsertOp::Append {
             return not_impl_err!("{insert_op} into distributed tables");
         }
+        self.require_current_workers(state, "INSERT")?;
         Ok(Arc::new(GyreInsertExec::new(
             input,
             self.meta.name.clone(),
@@ -199,6 +202,23 @@ impl TableProvider for DistributedTable {
 }
 
 impl DistributedTable {
+    /// Changing a table writes on every query worker, so the table must be held by
+    /// exactly those: not after a holder died, nor after a worker joined.
+    fn require_current_workers(&self, state: &dyn Session, what: &str) -> Result<()> {
+        let meta = &self.meta;
+        let workers = QueryWorkers::of(state)?;
+        if meta.workers != workers.0 {
+            return plan_err!(
+                "{what} into '{}' refused: the table is held by workers {:?} but workers {:?} \
+                 are alive now; reload the table (CREATE TABLE ... AS SELECT) to place it on them",
+                meta.name,
+                meta.workers,
+                workers.0
+            );
+        }
+        Ok(())
+    }
+
     /// A delete (no assignments) or update of this table on every worker.
     fn modify(
         &self,
@@ -207,15 +227,14 @@ impl DistributedTable {
         assignments: Option<Vec<(String, Expr)>>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let meta = &self.meta;
-        let workers = QueryWorkers::of(state)?;
-        if meta.workers != workers.0 {
-            return plan_err!(
-                "table '{}' is held by workers {:?} but {:?} are alive: reload the table",
-                meta.name,
-                meta.workers,
-                workers.0
-            );
-        }
+        self.require_current_workers(
+            state,
+            if assignments.is_some() {
+                "UPDATE"
+            } else {
+                "DELETE"
+            },
+        )?;
         let df_schema = DFSchema::try_from(Arc::clone(&meta.schema))?;
         let physical = |e: &Expr| state.create_physical_expr(e.clone(), &df_schema);
         let filters = filters.iter().map(physical).collect::<Result<Vec<_>>>()?;
@@ -265,7 +284,9 @@ pub struct GyreScanExec {
     pub table: String,
     pub table_schema: SchemaRef,
     pub projection: Option<Vec<usize>>,
-    pub partitions: usize,
+    /// One entry per query worker: whether it holds a part of the table. A worker
+    /// that joined after the table was loaded holds none and reads nothing.
+    pub holders: Vec<bool>,
     /// Set when the table is hash-partitioned on this column over exactly this query's workers.
     pub hash_key: Option<String>,
     pub rows: u64,
@@ -278,15 +299,18 @@ impl GyreScanExec {
         table: String,
         table_schema: SchemaRef,
         projection: Option<Vec<usize>>,
-        partitions: usize,
+        holders: Vec<bool>,
         hash_key: Option<String>,
         rows: u64,
         column_bytes: Vec<u64>,
-    ) -> Self {
+    ) -> Result<Self> {
         let schema = match &projection {
-            Some(p) => Arc::new(table_schema.project(p).expect("valid projection")),
+            Some(p) => Arc::new(table_schema.project(p).map_err(|e| {
+                plan_datafusion_err!("scan of '{table}' with projection {p:?}: {e}")
+            })?),
             None => Arc::clone(&table_schema),
         };
+        let partitions = holders.len();
         let partitioning = hash_key
             .as_ref()
             .and_then(|k| schema.index_of(k).ok().map(|i| (k, i)))
@@ -303,16 +327,16 @@ impl GyreScanExec {
             EmissionType::Incremental,
             Boundedness::Bounded,
         ));
-        Self {
+        Ok(Self {
             table,
             table_schema,
             projection,
-            partitions,
+            holders,
             hash_key,
             rows,
             column_bytes,
             props,
-        }
+        })
     }
 
     fn projected_columns(&self) -> Vec<usize> {
@@ -377,12 +401,22 @@ impl ExecutionPlan for GyreScanExec {
 
     fn execute(
         &self,
-        _partition: usize,
+        partition: usize,
         context: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
-        let part = storage_of(&context)?.part(&self.table)?;
-        let stream =
-            MemoryStream::try_new(part.batches.clone(), self.schema(), self.projection.clone())?;
+        let batches = match self.holders.get(partition) {
+            Some(true) => storage_of(&context)?.part(&self.table)?.batches.clone(),
+            Some(false) => vec![],
+            None => {
+                return internal_err!(
+                    "scan of '{}' has {} partitions, not {}",
+                    self.table,
+                    self.holders.len(),
+                    partition + 1
+                );
+            }
+        };
+        let stream = MemoryStream::try_new(batches, self.schema(), self.projection.clone())?;
         let Some(read) = context.session_config().get_extension::<ReadCounters>() else {
             return Ok(Box::pin(stream));
         };
@@ -402,7 +436,7 @@ impl ExecutionPlan for GyreScanExec {
         args: &StatisticsArgs,
     ) -> Result<Arc<Statistics>> {
         let share = if args.partition().is_some() {
-            self.partitions.max(1) as u64
+            self.holders.iter().filter(|&&h| h).count().max(1) as u64
         } else {
             1
         };
