@@ -43,10 +43,17 @@
 //! build matches, the build shuffle, the broadcast of probe rows of build-heavy keys
 //! and the exchange of probe matches.
 
+mod announcements;
+mod combine;
 mod lookup;
 mod matches;
-mod run;
+mod metrics;
+mod owner;
+mod router;
+mod sfr;
+mod shared;
 mod source;
+mod wiring;
 
 use matches::Tracking;
 
@@ -550,7 +557,7 @@ impl ExecutionPlan for FlowJoinExec {
         partition: usize,
         context: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
-        run::execute(self, partition, context)
+        wiring::execute(self, partition, context)
     }
 
     fn metrics(&self) -> Option<MetricsSet> {

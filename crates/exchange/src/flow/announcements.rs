@@ -1,0 +1,191 @@
+//! Heavy-hitter announcements: the detector on worker 0 and the listener on every
+//! worker.
+//!
+//! The detector reads every worker's reports (per side and round) and, once all
+//! workers reported a round, announces the round's global heavy hitters
+//! (`gyre_join::flow::detect::Coordinator`) to every worker; after the last round of
+//! both sides it ends the announcement stream. Reports missing at the end are an error.
+//!
+//! The listener applies the announcements in order: records the keys for `EXPLAIN
+//! ANALYZE`, appends the hashes to the side's list, tells the owner which build rows to
+//! broadcast (probe-side rounds, empty ones included), and then counts the round as
+//! applied, which releases a router waiting for round 0 or for the final build list.
+
+use super::HeavyHitter;
+use super::shared::{HeavySet, Shared, control_of, send_control};
+use crate::sender::transport_err;
+use datafusion::common::{Result, internal_datafusion_err};
+use gyre_join::flow::detect::Coordinator;
+use gyre_join::flow::wire::{Control, Side};
+use gyre_transport::{ReceiveEndpoint, SendEndpoint, To, node_name};
+use std::sync::Arc;
+use tokio::sync::mpsc;
+
+/// Applies worker 0's announcements in order.
+pub(super) async fn listen(
+    sh: Arc<Shared>,
+    ep: ReceiveEndpoint,
+    owner_tx: mpsc::UnboundedSender<(u32, Vec<u64>)>,
+) -> Result<()> {
+    while let Some(msg) = ep.get().await.map_err(transport_err)? {
+        if msg.data().is_empty() {
+            ep.release(msg);
+            continue;
+        }
+        let control = control_of(&msg)?;
+        ep.release(msg);
+        let Control::Announce {
+            side,
+            iteration,
+            keys,
+        } = control
+        else {
+            return Err(internal_datafusion_err!(
+                "Flow-Join expected a heavy-hitter announcement, got {control:?}"
+            ));
+        };
+        {
+            let mut report = sh.report.lock();
+            let heavy = report.heavy_of(side);
+            for &(hash, estimate) in &keys {
+                heavy.entry(hash).or_insert(HeavyHitter {
+                    iteration,
+                    estimate,
+                    key: None,
+                });
+            }
+        }
+        let hashes: Vec<u64> = keys.iter().map(|k| k.0).collect();
+        sh.heavy(side).extend(&hashes, iteration);
+        match side {
+            Side::Build => {
+                if sh.build_iterations == 0 {
+                    return Err(internal_datafusion_err!(
+                        "build-side heavy hitters announced to a Flow-Join that does not route its build input"
+                    ));
+                }
+                sh.m.build_heavy_hitters.add(keys.len());
+            }
+            Side::Probe => {
+                sh.m.heavy_hitters.add(keys.len());
+                // An empty round still counts: the owner ends that round's broadcast.
+                let _ = owner_tx.send((iteration, hashes));
+            }
+        }
+        // A router waiting for round 0, or for the final build-side list, goes on.
+        sh.rounds(side).send_modify(|r| *r += 1);
+    }
+    Ok(())
+}
+
+/// Resolves once round `round` was announced without heavy hitters (never otherwise).
+/// `applied` counts the announcements applied, in order, each after its hashes joined
+/// `heavy`.
+pub(super) async fn announced_empty(
+    applied: &tokio::sync::watch::Sender<u32>,
+    heavy: &HeavySet,
+    round: u32,
+) {
+    let mut applied = applied.subscribe();
+    if applied.wait_for(|n| *n > round).await.is_ok()
+        && !heavy.hashes.read().iter().any(|&(_, r)| r == round)
+    {
+        return;
+    }
+    std::future::pending::<()>().await
+}
+
+/// Worker 0: forms the global heavy-hitter list of each detection round.
+pub(super) async fn detect(
+    sh: Arc<Shared>,
+    reports: ReceiveEndpoint,
+    ep: SendEndpoint,
+    iterations: usize,
+    threshold: f64,
+) -> Result<()> {
+    let result = async {
+        let mut coordinator = Coordinator::new(sh.n(), iterations, threshold);
+        let mut build = Coordinator::new(sh.n(), sh.build_iterations as usize, threshold);
+        while let Some(msg) = reports.get().await.map_err(transport_err)? {
+            if msg.data().is_empty() {
+                reports.release(msg);
+                continue;
+            }
+            let control = control_of(&msg)?;
+            let from = msg.node;
+            reports.release(msg);
+            let Control::Report {
+                side,
+                iteration,
+                window,
+                total,
+                candidates,
+            } = control
+            else {
+                return Err(internal_datafusion_err!(
+                    "Flow-Join expected a detection report from {}, got {control:?}",
+                    node_name(from)
+                ));
+            };
+            let announcements = match side {
+                Side::Probe => &mut coordinator,
+                Side::Build => &mut build,
+            }
+            .add(iteration, window, total, &candidates)
+            .map_err(|e| internal_datafusion_err!("{} sent a bad report: {e}", node_name(from)))?;
+            for (iteration, keys) in announcements {
+                let msg = Control::Announce {
+                    side,
+                    iteration,
+                    keys,
+                };
+                send_control(&ep, To::All, &msg).await?;
+            }
+        }
+        if !coordinator.complete() || !build.complete() {
+            return Err(internal_datafusion_err!(
+                "Flow-Join detection ended before every worker reported every round"
+            ));
+        }
+        Ok(())
+    }
+    .await;
+    match result {
+        Ok(()) => {
+            ep.finish();
+            Ok(())
+        }
+        Err(e) => Err(sh.fail(&ep, e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// A drain learns that a round is empty from the announcements alone.
+    #[tokio::test]
+    async fn only_a_round_announced_without_heavy_hitters_counts_as_empty() {
+        let applied = tokio::sync::watch::channel(0u32).0;
+        let heavy = HeavySet::default();
+        let resolves = |round: u32| {
+            let (applied, heavy) = (&applied, &heavy);
+            async move {
+                tokio::time::timeout(
+                    Duration::from_millis(20),
+                    announced_empty(applied, heavy, round),
+                )
+                .await
+                .is_ok()
+            }
+        };
+        assert!(!resolves(0).await, "not announced yet");
+        heavy.extend(&[42], 0);
+        applied.send_replace(1);
+        assert!(!resolves(0).await, "round 0 found a heavy hitter");
+        assert!(!resolves(1).await, "round 1 not announced yet");
+        applied.send_replace(2);
+        assert!(resolves(1).await, "round 1 was announced empty");
+    }
+}

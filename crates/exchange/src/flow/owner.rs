@@ -1,0 +1,234 @@
+//! The owner task and the drains: the build side of the usual join and of the heavy
+//! joins.
+//!
+//! The owner's states:
+//! - *Collecting*: reads this worker's build partition; a join that routes its build
+//!   input then waits for the final build-side list and moves the rows of build-heavy
+//!   keys (received before a key was found heavy) to the join of those keys; a
+//!   build-preserving join numbers the rows. The partition goes to the usual join.
+//! - *Broadcasting*: for each announced round, in order, sends the partition's rows of
+//!   that round's heavy hashes to every worker and ends the round's exchange (also when
+//!   the round named none).
+//! - *Done* once every round was announced; an announcement stream that ends earlier
+//!   is an error.
+//!
+//! A drain (one per round) collects the heavy build rows all owners broadcast for its
+//! round. It answers as soon as the round is announced without heavy hitters, or
+//! otherwise when every owner ended the round's broadcast.
+
+use super::announcements::announced_empty;
+use super::lookup::HashSetU64;
+use super::matches::number_rows;
+use super::shared::{Hashed, Shared, name_heavy_hitter};
+use crate::sender::SendMetrics;
+use arrow::array::{RecordBatch, UInt32Array};
+use arrow::compute::take_record_batch;
+use arrow::datatypes::SchemaRef;
+use datafusion::common::{DataFusionError, Result, internal_datafusion_err};
+use datafusion::physical_expr::PhysicalExprRef;
+use datafusion::physical_plan::SendableRecordBatchStream;
+use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
+use futures::{StreamExt, TryStreamExt};
+use gyre_join::flow::wire::Side;
+use gyre_transport::{SendEndpoint, To};
+use std::sync::Arc;
+use tokio::sync::{mpsc, oneshot};
+
+/// Collects the build partition for the usual join, then broadcasts, for every
+/// detection round, the rows of the hashes announced in it (and ends that round's
+/// broadcast, also when it names none). With `numbered` (build-preserving joins), the
+/// rows get their ids first, and the numbered partition also goes to the end phase.
+/// With `kept` (joins that route their build input), the rows of build-heavy keys go
+/// there instead, once the build side's heavy hitters are final.
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn own(
+    sh: Arc<Shared>,
+    input: SendableRecordBatchStream,
+    keys: Vec<PhysicalExprRef>,
+    build_tx: oneshot::Sender<Result<Vec<RecordBatch>>>,
+    numbered: Option<(SchemaRef, oneshot::Sender<Result<Vec<RecordBatch>>>)>,
+    kept: Option<mpsc::UnboundedSender<RecordBatch>>,
+    eps: Vec<SendEndpoint>,
+    mut heavy_rx: mpsc::UnboundedReceiver<(u32, Vec<u64>)>,
+) -> Result<()> {
+    let fail_all = |e: DataFusionError| {
+        let text = e.to_string();
+        for ep in &eps {
+            sh.fail(ep, DataFusionError::Execution(text.clone()));
+        }
+        e
+    };
+    let mut schema = input.schema();
+    let collected = async {
+        let b = input.try_collect::<Vec<RecordBatch>>().await?;
+        let b = match kept {
+            Some(kept) => split_build_heavy(&sh, &keys, b, kept).await?,
+            None => b,
+        };
+        match &numbered {
+            Some((numbered_schema, _)) => number_rows(sh.partition, &b, numbered_schema),
+            None => Ok(b),
+        }
+    }
+    .await;
+    let batches = match collected {
+        Ok(b) => b,
+        Err(e) => {
+            let text = e.to_string();
+            let _ = build_tx.send(Err(e));
+            if let Some((_, tx)) = numbered {
+                let _ = tx.send(Err(DataFusionError::Execution(text.clone())));
+            }
+            return Err(fail_all(DataFusionError::Execution(text)));
+        }
+    };
+    let _ = build_tx.send(Ok(batches.clone()));
+    if let Some((numbered_schema, tx)) = numbered {
+        schema = numbered_schema;
+        let _ = tx.send(Ok(batches.clone()));
+    }
+    let result = async {
+        let mut hashed: Option<Vec<Hashed>> = None;
+        let metrics = SendMetrics::new(&ExecutionPlanMetricsSet::new(), sh.partition);
+        let mut done = vec![false; eps.len()];
+        while let Some((round, new)) = heavy_rx.recv().await {
+            let Some(ep) = eps.get(round as usize) else {
+                return Err(internal_datafusion_err!(
+                    "heavy hitters announced for round {round} of {}",
+                    eps.len()
+                ));
+            };
+            let new: HashSetU64 = new.into_iter().collect();
+            if !new.is_empty() {
+                // Hashed once, on the first announcement that names any key.
+                let hashed = match &mut hashed {
+                    Some(h) => h,
+                    None => hashed.insert(
+                        batches
+                            .iter()
+                            .map(|b| Hashed::new(&keys, b.clone()))
+                            .collect::<Result<_>>()?,
+                    ),
+                };
+                let mut outlet = sh.outlet(To::All, &schema, ep)?;
+                for h in hashed.iter() {
+                    let idx: Vec<u32> = h
+                        .hashes
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, x)| new.contains(x))
+                        .map(|(i, _)| i as u32)
+                        .collect();
+                    if !idx.is_empty() {
+                        for &i in &idx {
+                            name_heavy_hitter(
+                                &sh,
+                                Side::Probe,
+                                h.hashes[i as usize],
+                                &h.keys,
+                                i as usize,
+                            );
+                        }
+                        sh.m.build_rows_broadcast.add(idx.len());
+                        sh.build_rows_shared
+                            .store(true, std::sync::atomic::Ordering::Relaxed);
+                        let part = take_record_batch(&h.batch, &UInt32Array::from(idx))?;
+                        outlet.push(ep, part, &metrics).await?;
+                    }
+                }
+                outlet.flush(ep, &metrics).await?;
+            }
+            ep.finish();
+            done[round as usize] = true;
+        }
+        if let Some(r) = done.iter().position(|d| !d) {
+            return Err(internal_datafusion_err!(
+                "Flow-Join detection ended before round {r} was announced"
+            ));
+        }
+        Ok(())
+    }
+    .await;
+    result.map_err(fail_all)
+}
+
+/// The owner's part in a join that routes its build input: once the build side's heavy
+/// hitters are final, moves the received rows of those keys (sent before a key was
+/// found heavy) to the join of build-heavy keys, and returns the rest.
+pub(super) async fn split_build_heavy(
+    sh: &Shared,
+    keys: &[PhysicalExprRef],
+    batches: Vec<RecordBatch>,
+    kept: mpsc::UnboundedSender<RecordBatch>,
+) -> Result<Vec<RecordBatch>> {
+    sh.build_list_final().await;
+    let heavy: HashSetU64 = sh.build_heavy.hashes.read().iter().map(|h| h.0).collect();
+    if heavy.is_empty() {
+        return Ok(batches);
+    }
+    let mut rest = Vec::with_capacity(batches.len());
+    for b in batches {
+        let h = Hashed::new(keys, b)?;
+        let (go, stay): (Vec<u32>, Vec<u32>) =
+            (0..h.hashes.len() as u32).partition(|&i| heavy.contains(&h.hashes[i as usize]));
+        if go.is_empty() {
+            rest.push(h.batch);
+            continue;
+        }
+        // The receiver is gone only when the query's output was dropped.
+        let _ = kept.send(take_record_batch(&h.batch, &UInt32Array::from(go))?);
+        if !stay.is_empty() {
+            rest.push(take_record_batch(&h.batch, &UInt32Array::from(stay))?);
+        }
+    }
+    Ok(rest)
+}
+
+/// Collects the heavy build rows every owner broadcasts for `round`. A round announced
+/// without heavy hitters has none, so its join gets its (empty) build side at the
+/// announcement, not after every owner's end of stream; the stream is still read to
+/// its end, and a row on it is an error.
+pub(super) async fn drain(
+    sh: Arc<Shared>,
+    round: u32,
+    mut input: SendableRecordBatchStream,
+    tx: oneshot::Sender<Result<Vec<RecordBatch>>>,
+) -> Result<()> {
+    let mut tx = Some(tx);
+    let mut batches = Vec::new();
+    let quiet = announced_empty(&sh.rounds, &sh.heavy, round);
+    tokio::pin!(quiet);
+    loop {
+        tokio::select! {
+            next = input.next() => match next {
+                Some(Ok(b)) => batches.push(b),
+                Some(Err(e)) => {
+                    let text = e.to_string();
+                    if let Some(tx) = tx.take() {
+                        let _ = tx.send(Err(e));
+                    }
+                    return Err(DataFusionError::Execution(text));
+                }
+                None => break,
+            },
+            // Once `tx` is used, the round's answer is given.
+            () = &mut quiet, if tx.is_some() => {
+                if let Some(tx) = tx.take() {
+                    let _ = tx.send(Ok(Vec::new()));
+                }
+            }
+        }
+    }
+    let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
+    sh.m.heavy_build_rows_received.add(rows);
+    match tx {
+        Some(tx) => {
+            let _ = tx.send(Ok(batches));
+            Ok(())
+        }
+        None if rows > 0 => Err(internal_datafusion_err!(
+            "{rows} heavy build rows arrived for detection round {round}, announced without heavy hitters"
+        )),
+        None => Ok(()),
+    }
+}

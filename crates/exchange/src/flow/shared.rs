@@ -1,0 +1,230 @@
+//! What one worker's Flow-Join tasks share: the heavy-hitter lists as announced so
+//! far, the announcement counters the tasks wait on, the query's endpoints, and rows
+//! with their partitioning hashes.
+//!
+//! The lists only grow: the listener appends each announcement's hashes and then bumps
+//! that side's counter, so a task that sees counter `r` sees every hash of rounds
+//! `0..r`.
+
+use super::FlowReport;
+use super::metrics::FlowMetrics;
+use crate::codec::BatchEncoder;
+use crate::context::QueryContext;
+use crate::sender::{Outlet, SendMetrics, transport_err};
+use arrow::array::{ArrayRef, RecordBatch};
+use arrow::datatypes::SchemaRef;
+use datafusion::common::hash_utils::create_hashes;
+use datafusion::common::{DataFusionError, Result, ScalarValue, internal_datafusion_err};
+use datafusion::physical_expr::PhysicalExprRef;
+use datafusion::physical_plan::repartition::REPARTITION_RANDOM_STATE;
+use datafusion::physical_plan::{ChildrenPropertiesMode, ReplaceChildrenOptions};
+use gyre_join::flow::wire::{Control, Side};
+use gyre_transport::{NodeId, ReceiveEndpoint, ReceiveSpec, SendEndpoint, SendSpec, To, node_name};
+use parking_lot::{Mutex, RwLock};
+use std::sync::Arc;
+
+/// The heavy hashes announced so far, shared by the listener (writer) and router.
+/// Only ever appended to, so a reader knows what is new by the length it last saw.
+#[derive(Default)]
+pub(super) struct HeavySet {
+    /// (hash, round that found it).
+    pub(super) hashes: RwLock<Vec<(u64, u32)>>,
+}
+
+impl HeavySet {
+    pub(super) fn extend(&self, new: &[u64], round: u32) {
+        self.hashes.write().extend(new.iter().map(|&h| (h, round)));
+    }
+}
+
+/// Everything a worker's tasks share.
+pub(super) struct Shared {
+    pub(super) qc: Arc<QueryContext>,
+    pub(super) partition: usize,
+    pub(super) heavy: HeavySet,
+    pub(super) report: Arc<Mutex<FlowReport>>,
+    pub(super) m: FlowMetrics,
+    pub(super) send_m: SendMetrics,
+    /// Worker 0: the node that forms the global heavy-hitter list.
+    pub(super) detector_node: NodeId,
+    /// Announcements applied so far (the listener counts, the router waits for round 0).
+    pub(super) rounds: tokio::sync::watch::Sender<u32>,
+    /// The same for the build side, whose list is final after `build_iterations`
+    /// announcements (0 when the join does not route its build input).
+    pub(super) build_heavy: HeavySet,
+    pub(super) build_rounds: tokio::sync::watch::Sender<u32>,
+    pub(super) build_iterations: u32,
+    /// Probe-side detection rounds: the probe list is final after as many announcements.
+    pub(super) probe_iterations: u32,
+    /// Whether this worker sent any of its build rows to other workers (the owner
+    /// task's heavy broadcasts, SFR's replicas): only then can peers match them.
+    pub(super) build_rows_shared: std::sync::atomic::AtomicBool,
+}
+
+impl Shared {
+    pub(super) fn n(&self) -> usize {
+        self.qc.workers.len()
+    }
+
+    pub(super) fn heavy(&self, side: Side) -> &HeavySet {
+        match side {
+            Side::Build => &self.build_heavy,
+            Side::Probe => &self.heavy,
+        }
+    }
+
+    /// Announcements applied so far for `side`.
+    pub(super) fn rounds(&self, side: Side) -> &tokio::sync::watch::Sender<u32> {
+        match side {
+            Side::Build => &self.build_rounds,
+            Side::Probe => &self.rounds,
+        }
+    }
+
+    /// Waits until the build-side heavy hitters are final (every round announced).
+    pub(super) async fn build_list_final(&self) {
+        let mut rounds = self.build_rounds.subscribe();
+        let _ = rounds.wait_for(|r| *r >= self.build_iterations).await;
+    }
+
+    /// Waits until the build-side heavy hitters are final, then says whether there are
+    /// any. Without them no build row is kept, no probe row is broadcast or set aside
+    /// for SFR, and every worker knows it: the joins of those rows need not wait for
+    /// the peers' ends (which come only after their routing).
+    pub(super) async fn any_build_heavy(&self) -> bool {
+        self.build_list_final().await;
+        !self.build_heavy.hashes.read().is_empty()
+    }
+
+    pub(super) fn build_list_is_final(&self) -> bool {
+        *self.build_rounds.borrow() >= self.build_iterations
+    }
+
+    pub(super) fn open_send(
+        &self,
+        exchange: u32,
+        destinations: Vec<NodeId>,
+    ) -> Result<SendEndpoint> {
+        self.qc
+            .transport
+            .open_send(SendSpec {
+                query: self.qc.query_id,
+                exchange,
+                from: self.partition as u32,
+                destinations,
+                groups: vec![],
+            })
+            .map_err(transport_err)
+    }
+
+    pub(super) fn open_receive(
+        &self,
+        exchange: u32,
+        sources: Vec<(u32, NodeId)>,
+    ) -> Result<ReceiveEndpoint> {
+        self.qc
+            .transport
+            .open_receive(ReceiveSpec {
+                query: self.qc.query_id,
+                exchange,
+                sources,
+            })
+            .map_err(transport_err)
+    }
+
+    pub(super) fn outlet(&self, to: To, schema: &SchemaRef, ep: &SendEndpoint) -> Result<Outlet> {
+        let compression = self.qc.compression.resolve(self.qc.transport.link_rate());
+        Ok(Outlet::new(
+            to,
+            Arc::clone(schema),
+            BatchEncoder::try_new(schema, compression)?,
+            ep.message_size(),
+        ))
+    }
+
+    /// Fails `ep` (its receivers learn why) and passes the error on.
+    pub(super) fn fail(&self, ep: &SendEndpoint, e: DataFusionError) -> DataFusionError {
+        ep.fail(&format!(
+            "{} failed in a Flow-Join: {e}",
+            node_name(self.qc.me())
+        ));
+        e
+    }
+}
+
+/// A batch with its join key columns and their partitioning hashes (DataFusion's
+/// repartition hash, so `hash % n` is the row's owner).
+pub(super) struct Hashed {
+    pub(super) batch: RecordBatch,
+    pub(super) keys: Vec<ArrayRef>,
+    pub(super) hashes: Vec<u64>,
+}
+
+impl Hashed {
+    pub(super) fn new(keys: &[PhysicalExprRef], batch: RecordBatch) -> Result<Self> {
+        let arrays = keys
+            .iter()
+            .map(|e| e.evaluate(&batch)?.into_array(batch.num_rows()))
+            .collect::<Result<Vec<_>>>()?;
+        let mut hashes = vec![0; batch.num_rows()];
+        create_hashes(
+            &arrays,
+            REPARTITION_RANDOM_STATE.random_state(),
+            &mut hashes,
+        )?;
+        Ok(Self {
+            batch,
+            keys: arrays,
+            hashes,
+        })
+    }
+}
+
+pub(super) async fn send_control(ep: &SendEndpoint, to: To, msg: &Control) -> Result<()> {
+    let mut buf = ep.acquire(to).await.map_err(transport_err)?;
+    buf.vec_mut().extend_from_slice(&msg.encode());
+    ep.put(buf, false).map_err(transport_err)
+}
+
+pub(super) fn control_of(r: &gyre_transport::Received) -> Result<Control> {
+    Control::decode(r.data()).map_err(|e| {
+        internal_datafusion_err!(
+            "bad Flow-Join control message from {}: {e}",
+            node_name(r.node)
+        )
+    })
+}
+
+pub(super) fn recompute() -> ReplaceChildrenOptions {
+    ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute)
+}
+
+/// Remembers the key value of a heavy hash (for `EXPLAIN ANALYZE`).
+pub(super) fn name_heavy_hitter(
+    sh: &Shared,
+    side: Side,
+    hash: u64,
+    arrays: &[ArrayRef],
+    row: usize,
+) {
+    let mut report = sh.report.lock();
+    let Some(h) = report.heavy_of(side).get_mut(&hash) else {
+        return;
+    };
+    if h.key.is_some() {
+        return;
+    }
+    let text: Vec<String> = arrays
+        .iter()
+        .map(|a| {
+            ScalarValue::try_from_array(a, row)
+                .map(|v| v.to_string())
+                .unwrap_or_else(|_| "?".into())
+        })
+        .collect();
+    h.key = Some(if text.len() == 1 {
+        text.into_iter().next().unwrap_or_default()
+    } else {
+        format!("({})", text.join(", "))
+    });
+}
