@@ -17,6 +17,7 @@ pub mod storage;
 pub mod table;
 pub mod tpch;
 pub mod worker;
+pub mod workers_table;
 
 pub use coordinator::{Coordinator, CoordinatorConfig};
 pub use local::LocalCluster;

@@ -92,6 +92,8 @@ pub enum Request {
     Progress {
         query: u64,
     },
+    /// Coordinator to worker: its process and transport counters (`gyre_workers()`).
+    Stats,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -116,6 +118,24 @@ pub enum Response {
     JoinResults(Vec<JoinFigures>),
     /// What a query read on this worker (`None`: it is not running here).
     Progress(Option<ReadFigures>),
+    Stats(WorkerStats),
+}
+
+/// A worker's counters since it started, as `SELECT * FROM gyre_workers()` shows them.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct WorkerStats {
+    /// CPU time of the worker's process (`None` where it cannot be read). Embedded
+    /// workers share one process, so each reports all of them.
+    pub cpu_seconds: Option<f64>,
+    /// Bytes this worker's transport sent to and received from other nodes.
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+    /// Table parts it holds: how many, their rows and in-memory bytes.
+    pub tables: u64,
+    pub rows: u64,
+    pub table_bytes: u64,
+    /// Queries running on it.
+    pub queries: u64,
 }
 
 /// A synthetic shuffle run, as the control plane carries it.

@@ -138,6 +138,18 @@ impl WorkerStorage {
         self.tables.read().keys().cloned().collect()
     }
 
+    /// Table parts held: (count, rows, in-memory bytes).
+    pub fn held(&self) -> (u64, u64, u64) {
+        let tables = self.tables.read();
+        let (mut rows, mut bytes) = (0, 0);
+        for part in tables.values() {
+            let stats = part.stats();
+            rows += stats.rows;
+            bytes += stats.column_bytes.iter().sum::<u64>();
+        }
+        (tables.len() as u64, rows, bytes)
+    }
+
     /// Keeps rows inserted by `query` aside until [`WorkerStorage::finish_query`],
     /// in the table's own column types: a plan may produce another physical type than
     /// its logical schema declares (a string expression as `Utf8View` where the table

@@ -5,7 +5,7 @@ use crate::codec::GyreCodec;
 use crate::progress::ReadCounters;
 use crate::protocol::{
     ACTION, ControlClient, JoinFigures, JoinRun, Request, Response, ShuffleFigures, ShuffleRun,
-    decode, encode,
+    WorkerStats, decode, encode,
 };
 use crate::session::worker_session;
 use crate::storage::WorkerStorage;
@@ -278,6 +278,7 @@ impl Worker {
             Request::Progress { query } => Ok(Response::Progress(
                 self.queries.lock().get(&query).map(|q| q.read.snapshot()),
             )),
+            Request::Stats => Ok(Response::Stats(self.stats())),
             Request::StartQuery {
                 query,
                 workers,
@@ -314,6 +315,20 @@ impl Worker {
             other => Err(DataFusionError::Execution(format!(
                 "workers do not handle {other:?}"
             ))),
+        }
+    }
+
+    fn stats(&self) -> WorkerStats {
+        let transport = self.transport.stats();
+        let (tables, rows, table_bytes) = self.storage.held();
+        WorkerStats {
+            cpu_seconds: gyre_transport::cpu::process_cpu().map(|d| d.as_secs_f64()),
+            bytes_sent: transport.bytes_sent,
+            bytes_received: transport.bytes_received,
+            tables,
+            rows,
+            table_bytes,
+            queries: self.queries.lock().len() as u64,
         }
     }
 

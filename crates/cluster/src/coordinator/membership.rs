@@ -14,6 +14,42 @@ impl Coordinator {
             .collect()
     }
 
+    /// Every live worker's counters, in id order, with its control address. A worker
+    /// that does not answer within 10 s fails the call, naming it.
+    pub async fn worker_stats(&self) -> Result<Vec<(NodeId, String, WorkerStats)>> {
+        let workers = self.live_workers();
+        let replies = tokio::time::timeout(
+            Duration::from_secs(10),
+            self.broadcast(&workers, Request::Stats),
+        )
+        .await
+        .map_err(|_| exec_err("a worker did not report its counters within 10 s"))??;
+        let addresses: Vec<String> = {
+            let members = self.members.read();
+            workers
+                .iter()
+                .map(|w| {
+                    members
+                        .get(w)
+                        .map(|m| m.control.addr().to_string())
+                        .unwrap_or_default()
+                })
+                .collect()
+        };
+        workers
+            .into_iter()
+            .zip(addresses)
+            .zip(replies)
+            .map(|((w, addr), reply)| match reply {
+                Response::Stats(stats) => Ok((w, addr, stats)),
+                other => Err(exec_err(format!(
+                    "{} answered a counters request with {other:?}",
+                    node_name(w)
+                ))),
+            })
+            .collect()
+    }
+
     /// Waits until at least `n` workers are registered.
     pub async fn wait_for_workers(&self, n: usize, timeout: Duration) -> Result<()> {
         let deadline = Instant::now() + timeout;

@@ -20,7 +20,7 @@ use crate::files::stores::{register_store, take_store_options};
 use crate::files::{FileCopyExec, FileSplitScanExec, coordinator_must_read, schema_conflict};
 use crate::modify::GyreModifyExec;
 use crate::progress::{STATEMENT, StatementProgress};
-use crate::protocol::{ControlClient, Request, Response};
+use crate::protocol::{ControlClient, Request, Response, WorkerStats};
 use crate::session::{changed_execution_options, coordinator_context};
 use crate::storage::PartStats;
 use crate::table::{
@@ -28,6 +28,7 @@ use crate::table::{
     TableRules, count_schema,
 };
 use crate::tpch::{self, TpchGenExec};
+use crate::workers_table::{self, WorkersFunction};
 use arrow::array::{ArrayRef, RecordBatch, StringArray, UInt64Array};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::catalog::TableProvider;
@@ -60,8 +61,8 @@ use gyre_transport::{COORDINATOR, NodeId, TcpTransport, Transport, TransportConf
 use parking_lot::{Mutex, RwLock};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
@@ -217,6 +218,10 @@ impl Coordinator {
             config,
         });
         let weak = Arc::downgrade(&coordinator);
+        let workers_function = Arc::new(WorkersFunction(Weak::clone(&weak)));
+        for ctx in [&coordinator.ctx, &coordinator.default_session] {
+            ctx.register_udtf(workers_table::NAME, Arc::clone(&workers_function) as _);
+        }
         tokio::spawn(async move {
             let mut last = Instant::now();
             loop {
