@@ -41,16 +41,6 @@ struct Report {
     ratio_of_sums: f64,
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
-}
-
 pub async fn run_tpch(
     coordinator: &Arc<Coordinator>,
     opts: &TpchBenchOptions,
@@ -95,7 +85,7 @@ pub async fn run_tpch(
             coordinator.sql(s).await?;
             reference.sql(s).await?.collect().await?;
         }
-        let (g, d) = (median(gyre_times), median(df_times));
+        let (g, d) = (median_of(&gyre_times), median_of(&df_times));
         let t = QueryTiming {
             query: q,
             gyre_ms: g,
@@ -175,4 +165,8 @@ fn plot_svg(r: &Report) -> String {
         &labels,
         &values,
     )
+}
+
+fn median_of(v: &[f64]) -> f64 {
+    crate::stats::median(v).unwrap_or(f64::NAN)
 }

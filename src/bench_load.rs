@@ -287,7 +287,7 @@ async fn measure(
                 file_bytes: t.bytes,
                 seconds: times
                     .into_iter()
-                    .map(|(s, v)| (s.to_string(), median(v)))
+                    .map(|(s, v)| (s.to_string(), crate::stats::median(&v).unwrap_or(f64::NAN)))
                     .collect(),
             });
         }
@@ -296,16 +296,6 @@ async fn measure(
         eprint!("\r\x1b[2K");
     }
     Ok(out)
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    match n {
-        0 => f64::NAN,
-        _ if n % 2 == 1 => v[n / 2],
-        _ => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
 }
 
 /// The first number of a one-row result.

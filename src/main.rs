@@ -12,6 +12,7 @@ mod output;
 mod plot;
 mod progress_line;
 mod repl;
+mod stats;
 
 use clap::{Args, Parser, Subcommand};
 use gyre_cluster::{Coordinator, CoordinatorConfig, LocalCluster, Worker, WorkerConfig};

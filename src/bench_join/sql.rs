@@ -1,0 +1,455 @@
+//! The partitioned joins of `gyre bench join` (`hash`, `flow`) as SQL users run them:
+//! the workload written as Parquet files, loaded with `CREATE EXTERNAL TABLE`, and
+//! one join query per run through Flight SQL (or the embedded cluster's SQL entry),
+//! with `SET gyre.skew_detection` choosing between DataFusion's partitioned hash join
+//! and Flow-Join.
+//!
+//! The workload is the one of *Scalable Distributed Query Processing in Parallel
+//! Main-Memory Database Systems* (Rödiger), chapter 4: 64-bit keys and 64-bit
+//! payloads. The build table has unique keys, hash-placed on the key, so it does not
+//! move; the probe table's keys are drawn from the build keys, uniformly (`zipf` 0)
+//! or Zipf-distributed (rank 1 = the first key number), and it lies where its files
+//! were read, so the join shuffles it. Key numbers are spread over the 64-bit domain
+//! by a bijective mix; the hash partitioning decides which worker owns a heavy key.
+//!
+//! Each run's figures: the query's time as the client sees it, and each worker's CPU
+//! seconds and bytes on the wire over the query, from `gyre_workers()` read before and
+//! after it. The result is a count and an order-independent checksum of the joined
+//! payload pairs, which every strategy must agree on.
+
+use super::{JoinResult, Processes};
+use crate::bench_cluster::BoxError;
+use crate::client::SqlRunner;
+use arrow::array::{Array, AsArray, Int64Array, RecordBatch, StringArray};
+use arrow::datatypes::{
+    DataType, Field, Float64Type, Int64Type, Schema, SchemaRef, UInt32Type, UInt64Type,
+};
+use datafusion::parquet::arrow::ArrowWriter;
+use gyre_cluster::protocol::{JoinFigures, JoinRun};
+use gyre_join::Zipf;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// The strategies this path runs, with their `gyre.skew_detection` setting.
+pub const STRATEGIES: [(&str, &str); 2] = [("hash", "off"), ("flow", "on")];
+
+/// The query every run times.
+const QUERY: &str = "SELECT count(*) AS n, sum((b.pay * 1000003 + p.pay) % 1000000007) AS checksum \
+     FROM bench_build b JOIN bench_probe p ON b.k = p.k";
+
+/// Rows per record batch of the generated files.
+const BATCH_ROWS: u64 = 65_536;
+
+/// The workload of one configuration: what is loaded now.
+#[derive(Debug, Clone, PartialEq)]
+struct Workload {
+    build_rows: u64,
+    probe_rows: u64,
+    zipf: f64,
+    seed: u64,
+}
+
+impl Workload {
+    fn of(run: &JoinRun) -> Self {
+        Self {
+            build_rows: run.build_rows,
+            probe_rows: run.probe_rows,
+            zipf: run.zipf,
+            seed: run.seed,
+        }
+    }
+}
+
+/// Runs the SQL strategies on one cluster of `nodes` workers.
+pub struct SqlJoins<'a> {
+    runner: &'a dyn SqlRunner,
+    nodes: usize,
+    processes: Processes,
+    /// Where the workload's files go: a directory every worker reads at the same path.
+    dir: PathBuf,
+    loaded: Option<Workload>,
+    /// Per loaded workload: the heavy hitters Flow-Join found (from `EXPLAIN ANALYZE`).
+    heavy_hitters: Option<String>,
+}
+
+impl<'a> SqlJoins<'a> {
+    pub fn new(runner: &'a dyn SqlRunner, nodes: usize, processes: Processes, dir: &Path) -> Self {
+        Self {
+            runner,
+            nodes,
+            processes,
+            dir: dir.to_path_buf(),
+            loaded: None,
+            heavy_hitters: None,
+        }
+    }
+
+    /// One run of `run.strategy` (`hash` or `flow`), loading its workload first if
+    /// another one is loaded.
+    pub async fn run(&mut self, run: &JoinRun) -> Result<JoinResult, BoxError> {
+        let detection = STRATEGIES
+            .iter()
+            .find(|(name, _)| *name == run.strategy)
+            .map(|(_, on)| *on)
+            .ok_or_else(|| format!("'{}' is not a SQL join strategy", run.strategy))?;
+        let workload = Workload::of(run);
+        if self.loaded.as_ref() != Some(&workload) {
+            self.load(&workload).await?;
+        }
+        self.sql(&format!(
+            "SET gyre.join_strategy = 'shuffle'; SET gyre.skew_detection = '{detection}'"
+        ))
+        .await?;
+        let plan = self.plan_text(&format!("EXPLAIN {QUERY}")).await?;
+        let flow = plan.contains("FlowJoinExec");
+        if flow != (detection == "on") {
+            return Err(format!(
+                "the {} run's plan {} a Flow-Join:\n{plan}",
+                run.strategy,
+                if flow { "has" } else { "lacks" }
+            )
+            .into());
+        }
+        if flow && self.heavy_hitters.is_none() {
+            let analyzed = self.plan_text(&format!("EXPLAIN ANALYZE {QUERY}")).await?;
+            self.heavy_hitters = Some(heavy_hitters_of(&analyzed));
+        }
+        let before = self.counters().await?;
+        let start = Instant::now();
+        let result = self.sql(QUERY).await?;
+        let elapsed_s = start.elapsed().as_secs_f64();
+        let after = self.counters().await?;
+        let (results, checksum) = count_and_checksum(&result)?;
+        let workers: Vec<JoinFigures> = after
+            .iter()
+            .map(|(node, a)| {
+                let b = before.get(node).copied().unwrap_or_default();
+                JoinFigures {
+                    node: *node,
+                    strategy: run.strategy.clone(),
+                    build_rows_local: 0,
+                    probe_rows_local: 0,
+                    elapsed_s,
+                    setup_s: 0.0,
+                    join_s: elapsed_s,
+                    sync_s: None,
+                    tuples_joined: 0,
+                    bytes_sent: a.bytes_sent.saturating_sub(b.bytes_sent),
+                    bytes_received: a.bytes_received.saturating_sub(b.bytes_received),
+                    results: 0,
+                    checksum: 0,
+                    details: vec![],
+                    process_cpu_s: a.cpu.zip(b.cpu).map(|(a, b)| (a - b).max(0.0)),
+                }
+            })
+            .collect();
+        if workers.len() != self.nodes {
+            return Err(format!(
+                "{} workers answered, the cluster has {}",
+                workers.len(),
+                self.nodes
+            )
+            .into());
+        }
+        let cpus: Option<Vec<f64>> = workers.iter().map(|w| w.process_cpu_s).collect();
+        let (cpu_s, imbalance) = match (cpus, self.processes) {
+            (Some(c), Processes::OnePerWorker) => {
+                let mean = c.iter().sum::<f64>() / c.len().max(1) as f64;
+                let max = c.iter().copied().fold(0.0, f64::max);
+                (Some(c.iter().sum()), Some(max / mean.max(1e-9)))
+            }
+            (Some(c), Processes::Shared) => (c.into_iter().reduce(f64::max), None),
+            (None, _) => (None, None),
+        };
+        Ok(JoinResult {
+            strategy: run.strategy.clone(),
+            nodes: self.nodes,
+            build_rows: workload.build_rows,
+            probe_rows: workload.probe_rows,
+            zipf: workload.zipf,
+            elapsed_s,
+            tuples_per_sec: (workload.build_rows + workload.probe_rows) as f64
+                / elapsed_s.max(1e-9),
+            setup_s: None,
+            join_s: None,
+            sync_s: None,
+            imbalance,
+            cpu_s,
+            results,
+            checksum,
+            heavy_hitters: flow.then(|| self.heavy_hitters.clone()).flatten(),
+            workers,
+        })
+    }
+
+    /// Writes `w` as Parquet (one file per worker and table) and loads it.
+    async fn load(&mut self, w: &Workload) -> Result<(), BoxError> {
+        self.loaded = None;
+        self.heavy_hitters = None;
+        self.sql("DROP TABLE IF EXISTS bench_build; DROP TABLE IF EXISTS bench_probe")
+            .await?;
+        let dir = self.dir.join(format!(
+            "z{}-b{}-p{}-s{}",
+            w.zipf, w.build_rows, w.probe_rows, w.seed
+        ));
+        let started = Instant::now();
+        eprintln!(
+            "writing {} build and {} probe rows (Zipf {}) to {}...",
+            w.build_rows,
+            w.probe_rows,
+            w.zipf,
+            dir.display()
+        );
+        let (nodes, w2, d2) = (self.nodes, w.clone(), dir.clone());
+        tokio::task::spawn_blocking(move || {
+            write_workload(&d2, nodes, &w2).map_err(|e| e.to_string())
+        })
+        .await??;
+        eprintln!("loading them into the cluster...");
+        self.sql(&format!(
+            "CREATE EXTERNAL TABLE bench_build STORED AS PARQUET LOCATION '{}/build/' \
+             OPTIONS ('gyre.partition_by' 'k'); \
+             CREATE EXTERNAL TABLE bench_probe STORED AS PARQUET LOCATION '{}/probe/'",
+            dir.display(),
+            dir.display()
+        ))
+        .await?;
+        eprintln!("  ready in {:.1} s", started.elapsed().as_secs_f64());
+        self.loaded = Some(w.clone());
+        Ok(())
+    }
+
+    async fn sql(&self, script: &str) -> Result<Vec<RecordBatch>, BoxError> {
+        let mut last = vec![];
+        for statement in crate::client::split_statements(script)? {
+            let results = self.runner.run(&statement).await?;
+            last = results.into_iter().flat_map(|r| r.batches).collect();
+        }
+        Ok(last)
+    }
+
+    /// The text of an `EXPLAIN` or `EXPLAIN ANALYZE`, all its rows and columns.
+    async fn plan_text(&self, sql: &str) -> Result<String, BoxError> {
+        let mut text = String::new();
+        for b in self.sql(sql).await? {
+            for column in b.columns() {
+                let Some(strings) = column.as_any().downcast_ref::<StringArray>() else {
+                    continue;
+                };
+                for s in strings.iter().flatten() {
+                    text.push_str(s);
+                    text.push('\n');
+                }
+            }
+        }
+        Ok(text)
+    }
+
+    /// Each worker's counters now.
+    async fn counters(&self) -> Result<BTreeMap<u32, Counters>, BoxError> {
+        let batches = self
+            .sql("SELECT worker, cpu_seconds, bytes_sent, bytes_received FROM gyre_workers()")
+            .await?;
+        let mut out = BTreeMap::new();
+        for b in batches {
+            let (node, cpu, sent, received) = (
+                b.column(0).as_primitive::<UInt32Type>(),
+                b.column(1).as_primitive::<Float64Type>(),
+                b.column(2).as_primitive::<UInt64Type>(),
+                b.column(3).as_primitive::<UInt64Type>(),
+            );
+            for i in 0..b.num_rows() {
+                out.insert(
+                    node.value(i),
+                    Counters {
+                        cpu: cpu.is_valid(i).then(|| cpu.value(i)),
+                        bytes_sent: sent.value(i),
+                        bytes_received: received.value(i),
+                    },
+                );
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// A worker's counters at one moment.
+#[derive(Debug, Clone, Copy, Default)]
+struct Counters {
+    cpu: Option<f64>,
+    bytes_sent: u64,
+    bytes_received: u64,
+}
+
+fn count_and_checksum(batches: &[RecordBatch]) -> Result<(u64, u64), BoxError> {
+    let b = batches
+        .iter()
+        .find(|b| b.num_rows() == 1)
+        .ok_or("the join query returned no row")?;
+    let n = b.column(0).as_primitive::<Int64Type>().value(0);
+    let sum = b.column(1).as_primitive::<Int64Type>();
+    let checksum = if sum.is_null(0) { 0 } else { sum.value(0) };
+    Ok((n as u64, checksum as u64))
+}
+
+/// The heavy hitters a Flow-Join's `EXPLAIN ANALYZE` names (the same on every worker).
+fn heavy_hitters_of(plan: &str) -> String {
+    plan.lines()
+        .filter(|l| l.contains("FlowJoinExec"))
+        .map(|l| {
+            // The operator's own figures, before its metrics (which name more).
+            let head = &l[..l.find(", metrics=").unwrap_or(l.len())];
+            match head.find(" heavy_hitters=") {
+                Some(from) => head[from + 1..].to_string(),
+                None => "heavy_hitters=0".into(),
+            }
+        })
+        .next()
+        .unwrap_or_else(|| "no Flow-Join in the plan".into())
+}
+
+/// The splitmix64 finaliser: a bijection of 64-bit values.
+fn mix64(mut x: u64) -> u64 {
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}
+
+/// The key of build key number `i` (unique, spread over the 64-bit domain).
+fn key_of(i: u64) -> i64 {
+    mix64(i ^ 0x5EED_0000_0000_0000) as i64
+}
+
+fn schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("k", DataType::Int64, false),
+        Field::new("pay", DataType::Int64, false),
+    ]))
+}
+
+/// Writes `dir/build/part-i.parquet` and `dir/probe/part-i.parquet` for each of the
+/// `nodes` slices: slice `i` of the build side holds key numbers `i * b ..` (`b` the
+/// rows per slice, the payload is the key number); slice `i` of the probe side draws
+/// its key numbers from a generator seeded by `(seed, i)`, its payload is its global
+/// row number.
+fn write_workload(dir: &Path, nodes: usize, w: &Workload) -> Result<(), BoxError> {
+    let share = |total: u64, i: usize| {
+        let (q, r) = (total / nodes as u64, total % nodes as u64);
+        let start = q * i as u64 + r.min(i as u64);
+        start..start + q + u64::from((i as u64) < r)
+    };
+    let zipf = (w.zipf > 0.0 && w.build_rows > 0).then(|| Zipf::new(w.build_rows, w.zipf));
+    for side in ["build", "probe"] {
+        std::fs::create_dir_all(dir.join(side))?;
+    }
+    for i in 0..nodes {
+        write_file(
+            &dir.join(format!("build/part-{i}.parquet")),
+            share(w.build_rows, i),
+            |n| (key_of(n), n as i64),
+        )?;
+        let mut rng = SmallRng::seed_from_u64(mix64(w.seed ^ mix64(i as u64 + 1)));
+        write_file(
+            &dir.join(format!("probe/part-{i}.parquet")),
+            share(w.probe_rows, i),
+            |n| {
+                let number = match &zipf {
+                    Some(z) => z.sample(&mut rng) - 1,
+                    None => rng.random_range(0..w.build_rows.max(1)),
+                };
+                (key_of(number), n as i64)
+            },
+        )?;
+    }
+    Ok(())
+}
+
+/// One Parquet file of the rows `rows`, each `(key, payload)` from `row`.
+fn write_file(
+    path: &Path,
+    rows: std::ops::Range<u64>,
+    mut row: impl FnMut(u64) -> (i64, i64),
+) -> Result<(), BoxError> {
+    let file = std::fs::File::create(path)?;
+    let mut writer = ArrowWriter::try_new(file, schema(), None)?;
+    let mut at = rows.start;
+    while at < rows.end {
+        let end = (at + BATCH_ROWS).min(rows.end);
+        let (keys, pays): (Vec<i64>, Vec<i64>) = (at..end).map(&mut row).unzip();
+        writer.write(&RecordBatch::try_new(
+            schema(),
+            vec![
+                Arc::new(Int64Array::from(keys)),
+                Arc::new(Int64Array::from(pays)),
+            ],
+        )?)?;
+        at = end;
+    }
+    writer.close()?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The slices cover every row once; build keys are unique; probe keys are build
+    /// keys, and with skew the first key number is the most frequent.
+    #[test]
+    fn the_workload_covers_every_row_and_draws_probe_keys_from_the_build_keys() {
+        let dir = tempfile::tempdir().unwrap();
+        let w = Workload {
+            build_rows: 1_000,
+            probe_rows: 20_003,
+            zipf: 1.25,
+            seed: 7,
+        };
+        write_workload(dir.path(), 3, &w).unwrap();
+        let read = |side: &str| {
+            let mut rows = vec![];
+            for i in 0..3 {
+                let file = std::fs::File::open(dir.path().join(format!("{side}/part-{i}.parquet")))
+                    .unwrap();
+                let reader =
+                    datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReader::try_new(
+                        file, 1024,
+                    )
+                    .unwrap();
+                for b in reader {
+                    let b = b.unwrap();
+                    let (k, p) = (
+                        b.column(0).as_primitive::<Int64Type>(),
+                        b.column(1).as_primitive::<Int64Type>(),
+                    );
+                    rows.extend((0..b.num_rows()).map(|r| (k.value(r), p.value(r))));
+                }
+            }
+            rows
+        };
+        let build = read("build");
+        let probe = read("probe");
+        assert_eq!((build.len(), probe.len()), (1_000, 20_003));
+        let keys: std::collections::HashSet<i64> = build.iter().map(|r| r.0).collect();
+        assert_eq!(keys.len(), 1_000);
+        let mut payloads: Vec<i64> = probe.iter().map(|r| r.1).collect();
+        payloads.sort_unstable();
+        assert!(payloads.iter().copied().eq(0..20_003));
+        assert!(probe.iter().all(|r| keys.contains(&r.0)));
+        let first = probe.iter().filter(|r| r.0 == key_of(0)).count();
+        let second = probe.iter().filter(|r| r.0 == key_of(1)).count();
+        assert!(first > second && first > 20_003 / 10, "{first} {second}");
+    }
+
+    #[test]
+    fn heavy_hitters_are_read_from_the_flow_join_line() {
+        let plan = "x\n  FlowJoinExec: skew detection, heavy_hitters=1 [7 (~49159 rows, round 0)], metrics=[a=1]\n";
+        assert_eq!(
+            heavy_hitters_of(plan),
+            "heavy_hitters=1 [7 (~49159 rows, round 0)]"
+        );
+    }
+}
