@@ -22,7 +22,7 @@ use datafusion::physical_plan::display::DisplayableExecutionPlan;
 use futures::FutureExt;
 use futures::stream::BoxStream;
 use gyre_exchange::QueryContext;
-use gyre_join::{cyclo, flow};
+use gyre_join::cyclo;
 use gyre_transport::bench::{ShuffleSpec, run_shuffle};
 use gyre_transport::{NodeId, TcpTransport, Transport, TransportConfig, node_name};
 use parking_lot::Mutex;
@@ -442,7 +442,7 @@ impl Worker {
         })
     }
 
-    /// Takes part in a synthetic distributed join between the workers of `run`.
+    /// Takes part in a synthetic cyclo-join between the workers of `run`.
     async fn bench_join(&self, run: JoinRun) -> Result<JoinFigures> {
         let bad = |e: String| DataFusionError::Execution(format!("join benchmark: {e}"));
         let index = run
@@ -451,7 +451,10 @@ impl Worker {
             .position(|n| *n == self.node)
             .ok_or_else(|| bad(format!("{} is not one of its nodes", node_name(self.node))))?;
         let Some(algorithm) = run.strategy.strip_prefix("cyclo-") else {
-            return self.bench_partitioned_join(run, index).await;
+            return Err(bad(format!(
+                "'{}' is not a cyclo-join; the partitioned joins run as SQL",
+                run.strategy
+            )));
         };
         let algorithm = cyclo::parse_algorithm(algorithm).map_err(|e| bad(e.to_string()))?;
         let mut spec = cyclo::CycloSpec::new(run.nodes, index, algorithm);
@@ -497,72 +500,6 @@ impl Worker {
                 ("generate_s".into(), f.generate.as_secs_f64()),
             ],
             process_cpu_s: None,
-        })
-    }
-
-    /// A partitioned hash join (plain, or Flow-Join in either mode) of `run`; the
-    /// build and probe sizes are split evenly over the workers.
-    async fn bench_partitioned_join(&self, run: JoinRun, index: usize) -> Result<JoinFigures> {
-        let bad = |e: String| DataFusionError::Execution(format!("join benchmark: {e}"));
-        let n = run.nodes.len() as u64;
-        let spec = flow::JoinSpec {
-            nodes: run.nodes,
-            index,
-            build_rows: run.build_rows / n,
-            probe_rows: run.probe_rows / n,
-            zipf: run.zipf,
-            seed: run.seed,
-            strategy: run.strategy.parse().map_err(bad)?,
-            join: flow::JoinType::Inner,
-            threads: (run.threads as usize).max(1),
-            detection: flow::DetectionConfig::default(),
-            run_id: run.run_id,
-        };
-        let before = self.transport.stats();
-        let f = flow::run_join(&spec, &self.transport)
-            .await
-            .map_err(|e| bad(format!("{} failed: {e}", node_name(self.node))))?;
-        let after = self.transport.stats();
-        let c = &f.counters;
-        let first_heavy = c.heavy.iter().map(|h| h.after_tuples).min();
-        let mut details = vec![
-            ("build_sent".into(), c.build_sent as f64),
-            ("build_kept".into(), c.build_kept as f64),
-            ("build_received".into(), c.build_received as f64),
-            ("build_replicated".into(), c.build_replicated as f64),
-            ("probe_sent".into(), c.probe_sent as f64),
-            ("probe_kept".into(), c.probe_kept as f64),
-            ("probe_broadcast".into(), c.probe_broadcast as f64),
-            ("probe_received".into(), c.probe_received as f64),
-            ("copies_received".into(), c.copies_received as f64),
-            ("sfr_sent".into(), c.sfr_sent as f64),
-            ("heavy_hitters".into(), c.heavy.len() as f64),
-        ];
-        if let Some(t) = first_heavy {
-            details.push(("first_heavy_after_tuples".into(), t as f64));
-        }
-        if !c.first_round_wait.is_zero() {
-            details.push((
-                "first_round_wait_s".into(),
-                c.first_round_wait.as_secs_f64(),
-            ));
-        }
-        Ok(JoinFigures {
-            node: f.node,
-            strategy: run.strategy,
-            build_rows_local: c.build_rows,
-            probe_rows_local: c.probe_rows,
-            elapsed_s: f.elapsed.as_secs_f64(),
-            setup_s: c.build_phase.as_secs_f64(),
-            join_s: c.probe_phase.as_secs_f64(),
-            sync_s: None,
-            tuples_joined: f.join_input(),
-            bytes_sent: after.bytes_sent.saturating_sub(before.bytes_sent),
-            bytes_received: after.bytes_received.saturating_sub(before.bytes_received),
-            results: f.result_rows,
-            checksum: f.checksum,
-            details,
-            process_cpu_s: f.process_cpu.map(|d| d.as_secs_f64()),
         })
     }
 

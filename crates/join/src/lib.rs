@@ -6,8 +6,8 @@
 //! - [`space_saving`]: the SpaceSaving heavy-hitter histogram Flow-Join uses;
 //! - [`reference`]: obviously-correct joins the tests compare against;
 //! - [`cyclo`]: cyclo-join on the Data Roundabout (ring of nodes, one input rotating);
-//! - [`flow`]: Flow-Join (partitioned hash join with heavy-hitter detection and
-//!   selective broadcast).
+//! - [`flow`]: the parts of Flow-Join (heavy-hitter detection, its messages, the SFR
+//!   grid) that the SQL operator in gyre-exchange uses.
 //!
 //! Every kernel returns [`JoinPairs`] (row index pairs), so callers `take` whatever
 //! payload columns they need. NULL keys never match. The kernels depend only on Arrow's

@@ -1,8 +1,9 @@
 //! SpaceSaving heavy-hitter histogram (Metwally, Agrawal, El Abbadi 2005) in the layout
-//! of the Flow-Join thesis (Ch. 4.2.2, Fig. 4.7c): k counters in an array kept sorted by
-//! count, plus a small open-addressing hash index from key to array slot.
+//! of Flow-Join (Rödiger, *Scalable Distributed Query Processing in Parallel Main-Memory
+//! Database Systems*, 4.2.2, Fig. 4.7c): k counters in an array kept sorted by count,
+//! plus a small open-addressing hash index from key to array slot.
 //!
-//! Why this layout (thesis Fig. 4.8): the update needs both access by key (increment)
+//! Why this layout (Rödiger, Fig. 4.8): the update needs both access by key (increment)
 //! and access by count (replace the minimum). A hash table alone needs an O(k) scan for
 //! the minimum; a heap needs O(log k) per update; a sorted array has the minimum at its
 //! end (O(1)) and an increment moves an element by at most one *run* of equal counts,
@@ -29,7 +30,7 @@
 //! - a key not monitored occurs at most `min_count()` times, so every key with true
 //!   frequency above `max(phi * n, min_count())` is among [`SpaceSaving::candidates`].
 
-/// The thesis's histogram size.
+/// Rödiger's histogram size.
 pub const DEFAULT_CAPACITY: usize = 128;
 
 const EMPTY: u16 = u16::MAX;
@@ -178,7 +179,7 @@ impl SpaceSaving {
             }
         } else {
             // Replace the minimum (the last position); the newcomer inherits its count
-            // as error so it is never underestimated (thesis Fig. 4.6). The newcomer
+            // as error so it is never underestimated (Rödiger, Fig. 4.6). The newcomer
             // takes the empty bucket the failed lookup ended on *before* the old key's
             // bucket is deleted: backward-shift deletion keeps the probe invariant of
             // every entry present, so no second probe for a free bucket is needed.
@@ -442,7 +443,7 @@ mod tests {
     }
 
     #[test]
-    fn thesis_example_replaces_the_minimum() {
+    fn the_papers_example_replaces_the_minimum() {
         let mut h = SpaceSaving::new(3);
         for k in [17, 17, 17, 5, 5, 22] {
             h.update(k);

@@ -18,7 +18,7 @@ use datafusion::physical_plan::{ExecutionPlan, SendableRecordBatchStream};
 use futures::StreamExt;
 use futures::future::BoxFuture;
 use futures::stream::BoxStream;
-use gyre_join::flow::wire::Side;
+use gyre_join::flow::control::Side;
 use gyre_transport::{SendEndpoint, To};
 use parking_lot::Mutex;
 use std::sync::Arc;

@@ -70,7 +70,7 @@ use datafusion::physical_plan::{
     Partitioning, PlanProperties, ReplaceChildrenOptions, SendableRecordBatchStream,
 };
 use gyre_join::flow::DetectionConfig;
-use gyre_join::flow::wire::Side;
+use gyre_join::flow::control::Side;
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;

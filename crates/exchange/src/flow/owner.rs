@@ -29,7 +29,7 @@ use datafusion::physical_expr::PhysicalExprRef;
 use datafusion::physical_plan::SendableRecordBatchStream;
 use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
 use futures::{StreamExt, TryStreamExt};
-use gyre_join::flow::wire::Side;
+use gyre_join::flow::control::Side;
 use gyre_transport::{SendEndpoint, To};
 use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};

@@ -16,8 +16,8 @@ use arrow::datatypes::SchemaRef;
 use datafusion::common::{Result, internal_datafusion_err};
 use datafusion::physical_expr::PhysicalExprRef;
 use futures::StreamExt;
+use gyre_join::flow::control::Side;
 use gyre_join::flow::sfr::{Grid, choose_grid};
-use gyre_join::flow::wire::Side;
 use gyre_transport::{SendEndpoint, To};
 use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
@@ -115,13 +115,13 @@ pub(super) async fn replicate_sfr(
                     if named.insert(*hash) {
                         name_heavy_hitter(&sh, side, *hash, &h.keys, i);
                     }
-                    let (cols, i) = (g.cols, i as u32);
+                    let i = i as u32;
                     if is_build {
                         // This worker's column: one node in every row.
-                        (0..g.rows).for_each(|r| by_node[r * cols + me % cols].push(i));
+                        g.build_targets(me).for_each(|node| by_node[node].push(i));
                     } else {
                         // This worker's row: every node in it.
-                        (0..cols).for_each(|c| by_node[(me / cols) * cols + c].push(i));
+                        g.probe_targets(me).for_each(|node| by_node[node].push(i));
                     }
                 }
                 for (node, idx) in by_node.iter_mut().enumerate() {

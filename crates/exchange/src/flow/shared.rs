@@ -18,7 +18,7 @@ use datafusion::common::{DataFusionError, Result, ScalarValue, internal_datafusi
 use datafusion::physical_expr::PhysicalExprRef;
 use datafusion::physical_plan::repartition::REPARTITION_RANDOM_STATE;
 use datafusion::physical_plan::{ChildrenPropertiesMode, ReplaceChildrenOptions};
-use gyre_join::flow::wire::{Control, Side};
+use gyre_join::flow::control::{Control, Side};
 use gyre_transport::{NodeId, ReceiveEndpoint, ReceiveSpec, SendEndpoint, SendSpec, To, node_name};
 use parking_lot::{Mutex, RwLock};
 use std::sync::Arc;

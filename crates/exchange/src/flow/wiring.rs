@@ -53,7 +53,7 @@ use futures::future::BoxFuture;
 use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
 use gyre_join::flow::DetectionConfig;
-use gyre_join::flow::wire::Side;
+use gyre_join::flow::control::Side;
 use gyre_transport::{NodeId, SendEndpoint, To};
 use parking_lot::Mutex;
 use std::sync::Arc;

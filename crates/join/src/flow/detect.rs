@@ -1,4 +1,5 @@
-//! Heavy-hitter detection while an input streams (thesis Ch. 4.2.2-4.2.3).
+//! Heavy-hitter detection while an input streams (Rödiger, *Scalable Distributed Query Processing in Parallel Main-Memory Database Systems*,
+//! 4.2.2-4.2.3).
 //!
 //! - Each routing thread counts the keys it routes in a private [`SpaceSaving`]
 //!   histogram (no locks on the hot path: a thread holds its own histogram's mutex for
@@ -20,7 +21,7 @@
 //!   iteration not yet announced.
 //!
 //! - Cost control: only the first window counts every (configured `sample`-th)
-//!   tuple, as the thesis does. After it a node counts one tuple in
+//!   tuple, as Rödiger's detection does. After it a node counts one tuple in
 //!   [`DENSE_SAMPLE`] while new skew turns up (the candidates it had not reported
 //!   before hold [`QUIET_NEW_SHARE`] of the window together), and after a quiet
 //!   window only about [`SAMPLED_WINDOW_TUPLES`] of the next one
@@ -46,7 +47,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use crate::space_saving::{DEFAULT_CAPACITY, SpaceSaving};
 
-/// Tuning of skew detection (thesis defaults).
+/// Tuning of skew detection (Rödiger's defaults).
 #[derive(Debug, Clone, PartialEq)]
 pub struct DetectionConfig {
     /// A key is heavy when it has more than this share of the input (0.0001 = 0.01%).
@@ -59,9 +60,9 @@ pub struct DetectionConfig {
     pub max_reported: usize,
     /// SpaceSaving counters per thread.
     pub capacity: usize,
-    /// Count every `sample`-th tuple only (1 = every tuple, as the thesis does) in the
+    /// Count every `sample`-th tuple only (1 = every tuple, as Rödiger's detection does) in the
     /// first window; later windows count `DENSE_SAMPLE` or more times fewer. Not the
-    /// thesis's method: a knob to trade detection precision for update cost.
+    /// Rödiger's method: a knob to trade detection precision for update cost.
     pub sample: u32,
 }
 
@@ -588,7 +589,7 @@ mod tests {
             // of 0.01% of the window (2); the estimates (about 156) would all pass.
             let mut h = det.histogram(0).lock().unwrap();
             for i in 0..20_000u64 {
-                h.update(crate::flow::mix64(i));
+                h.update(i.wrapping_mul(0x9E37_79B9_7F4A_7C15));
             }
             assert!(h.entries().all(|e| e.count > 100));
         }

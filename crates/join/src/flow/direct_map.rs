@@ -1,15 +1,37 @@
-//! [`DirectMap`]: the per-tuple question of a Flow-Join router or heavy prober, "is
-//! this key one of the few heavy hitters, and what do we know about it?".
+//! [`DirectMap`]: the per-row question of a Flow-Join router, "is this hash one of the
+//! few heavy hitters, and where do its rows go?".
 //!
 //! A general hash map answers it in a few nanoseconds (a SIMD group probe behind a
-//! hash), which on a skewed input was the largest share of the heavy path: every
-//! tuple kept local asked three times (route, is its key ready, where are its build
-//! copies). The heavy list is short (at most a few hundred keys), so a direct-mapped
+//! hash), which on a skewed input was a large share of routing. The heavy list is short (at most a few hundred keys), so a direct-mapped
 //! table of slots chosen by the key's multiplicative hash, small enough for L1,
 //! answers with one multiply, one load and one compare; keys whose slot is taken go to
 //! an ordinary map that is consulted only for keys landing on such a slot.
 
-use super::heavy::KeyMap;
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+/// Hasher for 64-bit keys: the splitmix64 finaliser.
+#[derive(Default, Clone, Copy)]
+struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        let mut x = self.0;
+        x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        x ^ (x >> 31)
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 ^= v;
+    }
+}
+
+type KeyMap<V> = HashMap<u64, V, BuildHasherDefault<KeyHasher>>;
 
 /// Slots of the direct-mapped table.
 const SLOT_BITS: u32 = 10;

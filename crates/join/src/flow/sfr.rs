@@ -1,14 +1,14 @@
-//! Symmetric Fragment Replicate (Stamos and Young; thesis Ch. 4.4.2) for keys heavy in
-//! both inputs: the n nodes form an `rows x cols` grid; every R tuple of the key picks
-//! a column and is replicated to the `rows` nodes of that column, every S tuple picks a
-//! row and is replicated to the `cols` nodes of that row, so each (R, S) pair meets at
-//! exactly one node, the intersection.
+//! Symmetric Fragment Replicate (Stamos and Young; Rödiger, *Scalable Distributed Query
+//! Processing in Parallel Main-Memory Database Systems*, 4.4.2) for keys heavy in both
+//! inputs: the n nodes form a `rows x cols` grid; every build row of the key is
+//! replicated to the `rows` nodes of one column, every probe row to the `cols` nodes of
+//! one row, so each (build, probe) pair meets at exactly one node, the intersection.
+//! A node's rows take the column and the row the node itself is in.
 //!
-//! Cost (thesis): with the key occurring x times in R and y times in S per node, the
-//! grid costs `(rows - 1) x + (cols - 1) y` time units; a broadcast of R is the grid
-//! `n x 1` and of S `1 x n`. The best grid is the divisor pair that minimises the cost.
-
-use super::mix64;
+//! Cost: with the key occurring x times on the build side and y times on the probe
+//! side per node, the grid costs `(rows - 1) x + (cols - 1) y` time units; a broadcast
+//! of the build rows is the grid `n x 1`, of the probe rows `1 x n`. The best grid is
+//! the divisor pair that minimises the cost.
 
 /// A grid shape: `rows * cols` = number of nodes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,15 +42,15 @@ pub fn choose_grid(nodes: usize, x: f64, y: f64) -> Grid {
 }
 
 impl Grid {
-    /// Nodes an R tuple with this id is replicated to: one column.
-    pub fn build_targets(&self, id: u64) -> impl Iterator<Item = usize> + '_ {
-        let col = (mix64(id ^ 0xC0C0) % self.cols as u64) as usize;
+    /// Nodes the build rows of node `origin` are replicated to: its column.
+    pub fn build_targets(&self, origin: usize) -> impl Iterator<Item = usize> + '_ {
+        let col = origin % self.cols;
         (0..self.rows).map(move |r| r * self.cols + col)
     }
 
-    /// Nodes an S tuple with this id is replicated to: one row.
-    pub fn probe_targets(&self, id: u64) -> impl Iterator<Item = usize> + '_ {
-        let row = (mix64(id ^ 0x0707) % self.rows as u64) as usize;
+    /// Nodes the probe rows of node `origin` are replicated to: its row.
+    pub fn probe_targets(&self, origin: usize) -> impl Iterator<Item = usize> + '_ {
+        let row = origin / self.cols;
         (0..self.cols).map(move |c| row * self.cols + c)
     }
 }
@@ -60,8 +60,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn grids_follow_the_thesis_cost_formula() {
-        // n = 36 (thesis Fig. 4.12): frequencies within 1.5x -> 6 x 6.
+    fn grids_follow_the_cost_formula() {
+        // n = 36 (Rödiger, Fig. 4.12): frequencies within 1.5x -> 6 x 6.
         assert_eq!(choose_grid(36, 1.0, 1.0), Grid { rows: 6, cols: 6 });
         assert_eq!(choose_grid(36, 1.0, 1.5), Grid { rows: 6, cols: 6 });
         // Slightly above 1.5x the 9 x 4 grid (fewer S copies) wins.
@@ -80,14 +80,15 @@ mod tests {
         for (n, g) in [
             (4, choose_grid(4, 1.0, 1.0)),
             (6, Grid { rows: 2, cols: 3 }),
+            (8, choose_grid(8, 1.0, 30.0)),
         ] {
-            for r in 0..50u64 {
-                for s in 0..50u64 {
-                    let a: Vec<usize> = g.build_targets(r).collect();
-                    let b: Vec<usize> = g.probe_targets(s + 1000).collect();
-                    let meet = a.iter().filter(|x| b.contains(x)).count();
-                    assert_eq!(meet, 1, "n = {n}");
-                    assert!(a.iter().all(|&x| x < n));
+            for a in 0..n {
+                for b in 0..n {
+                    let build: Vec<usize> = g.build_targets(a).collect();
+                    let probe: Vec<usize> = g.probe_targets(b).collect();
+                    let meet = build.iter().filter(|x| probe.contains(x)).count();
+                    assert_eq!(meet, 1, "n = {n}, {g:?}");
+                    assert!(build.iter().chain(&probe).all(|&x| x < n));
                 }
             }
         }
