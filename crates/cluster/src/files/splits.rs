@@ -274,17 +274,18 @@ fn cut_runs(pieces: &[Piece], runs: usize) -> Vec<Vec<Piece>> {
     let total: u64 = pieces.iter().map(Piece::bytes).sum();
     let mut out = vec![Vec::new(); runs];
     let mut done = 0u64;
-    let mut run = 0;
     for p in pieces {
+        // The run whose share of the bytes holds the piece's middle: each run ends
+        // within half a piece of its share. (Moving on only once a run had reached
+        // its share let a run overshoot by a whole row group: 3 of 8 equal row groups
+        // on one worker and 1 on another.)
+        let middle = done as u128 + p.bytes() as u128 / 2;
+        let run = (middle * runs as u128)
+            .checked_div(total as u128)
+            .unwrap_or(0)
+            .min(runs as u128 - 1) as usize;
         out[run].push(*p);
         done += p.bytes();
-        // Move on once this run reached its share of the bytes.
-        while total > 0
-            && run + 1 < runs
-            && (done as u128) * (runs as u128) >= (total as u128) * (run as u128 + 1)
-        {
-            run += 1;
-        }
     }
     out
 }
@@ -451,5 +452,32 @@ mod tests {
         assert_eq!(bounds, vec![(0, 1000), (1000, 5000), (5000, 6000)]);
         // A range [1000, 5000) holds the row group starting at 1000 only.
         assert_eq!(row_group_pieces(0, &[], 77)[0].end, 77);
+    }
+
+    /// Four files of two row groups each, of slightly different sizes, over four
+    /// runs: two row groups per run. Moving on only once a run had its share put the
+    /// third row group on the first run (its first two fell 7 bytes short).
+    #[test]
+    fn row_groups_go_to_the_run_their_middle_falls_in() {
+        let sizes = [(1_000, 990), (1_010, 1_000), (1_000, 1_000), (1_000, 990)];
+        let pieces: Vec<Piece> = sizes
+            .iter()
+            .enumerate()
+            .flat_map(|(file, &(a, b))| {
+                [(0, a), (a, a + b)].map(|(start, end)| Piece { file, start, end })
+            })
+            .collect();
+        let runs = cut_runs(&pieces, 4);
+        let counts: Vec<usize> = runs.iter().map(Vec::len).collect();
+        assert_eq!(counts, vec![2, 2, 2, 2]);
+        // Consecutive: each run's pieces follow the previous run's.
+        let order: Vec<(usize, u64)> = runs.iter().flatten().map(|p| (p.file, p.start)).collect();
+        let mut sorted = order.clone();
+        sorted.sort();
+        assert_eq!(order, sorted);
+        // One piece larger than a share: the other runs stay empty, nothing is lost.
+        let one = cut_runs(&pieces[..1], 4);
+        assert_eq!(one.iter().map(Vec::len).sum::<usize>(), 1);
+        assert!(cut_runs(&[], 3).iter().all(Vec::is_empty));
     }
 }
