@@ -107,7 +107,8 @@ enum NodeProto {
         left_key: usize,
         right_key: usize,
         kernel: CycloKernel,
-        rotating: CycloSide,
+        /// Whether the left input travels the ring (else the right one).
+        rotating_left: bool,
         join_type: CycloJoinType,
         exchange: Option<u32>,
         filter: Option<FilterProto>,
@@ -507,7 +508,7 @@ impl PhysicalExtensionCodec for GyreCodec {
                 left_key,
                 right_key,
                 kernel,
-                rotating,
+                rotating_left,
                 join_type,
                 exchange,
                 filter,
@@ -526,7 +527,11 @@ impl PhysicalExtensionCodec for GyreCodec {
                     right_key,
                     kernel,
                     filter,
-                    rotating,
+                    if rotating_left {
+                        CycloSide::Left
+                    } else {
+                        CycloSide::Right
+                    },
                     join_type,
                     exchange,
                 )?)
@@ -647,7 +652,7 @@ impl PhysicalExtensionCodec for GyreCodec {
                 left_key,
                 right_key,
                 kernel: c.kernel(),
-                rotating: c.rotating(),
+                rotating_left: c.rotating() == CycloSide::Left,
                 join_type: c.join_type(),
                 exchange: c.exchange(),
                 filter: c.filter().map(|f| filter_proto(f, self)).transpose()?,

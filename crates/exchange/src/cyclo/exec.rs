@@ -92,21 +92,9 @@ const BATCH_ROWS: usize = 8192;
 /// Output batches buffered between the join entity and the consumer.
 const OUTPUT_QUEUE: usize = 16;
 
-/// Which input of the join travels the ring.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum CycloSide {
-    Left,
-    Right,
-}
-
-impl fmt::Display for CycloSide {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            CycloSide::Left => write!(f, "left"),
-            CycloSide::Right => write!(f, "right"),
-        }
-    }
-}
+/// Which input of the join travels the ring: the join crate's input side, the one
+/// enum for it.
+pub use gyre_join::cyclo::Side as CycloSide;
 
 /// What a cyclo-join returns. Outer, semi and anti joins preserve or filter the
 /// stationary input (the rotating input's rows meet a different worker's rows at every

@@ -35,6 +35,15 @@ pub enum Side {
     Right,
 }
 
+impl std::fmt::Display for Side {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Side::Left => "left",
+            Side::Right => "right",
+        })
+    }
+}
+
 impl Side {
     pub fn other(self) -> Side {
         match self {
