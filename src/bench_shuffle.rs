@@ -416,74 +416,37 @@ fn emit(args: &ShuffleArgs, r: &ShuffleBenchReport) -> Result<(), BoxError> {
 
 /// Per run, per worker: send and receive rates as bars, the capacity as a line.
 fn plot_svg(r: &ShuffleBenchReport) -> String {
-    let bars: usize = r.runs.iter().map(|x| x.workers.len()).sum();
-    let (left, bottom, top) = (70.0, 60.0, 50.0);
-    let (w, h) = (
-        // Wide enough for the bars and for the title.
-        (left + 40.0 + 36.0 * bars as f64 + 30.0 * r.runs.len() as f64).max(720.0),
-        380.0,
-    );
-    let max = r
-        .runs
-        .iter()
-        .flat_map(|x| {
-            x.workers
-                .iter()
-                .flat_map(|w| [w.send_rate(), w.recv_rate()])
-        })
-        .chain(r.capacity_bytes_per_sec)
-        .fold(1.0, f64::max)
-        / 1e6;
-    let scale = (h - bottom - top) / max;
-    let mut s = format!(
-        "<svg xmlns='http://www.w3.org/2000/svg' width='{w:.0}' height='{h:.0}' font-family='sans-serif' font-size='11'>\n\
-         <rect width='100%' height='100%' fill='white'/>\n\
-         <text x='{left}' y='20' font-size='13'>gyre bench shuffle: {} workers, {} links; send (blue) and receive (green) MB/s per worker</text>\n",
-        r.nodes, r.link
-    );
-    for i in 0..=4 {
-        let v = max * i as f64 / 4.0;
-        let y = h - bottom - v * scale;
-        s += &format!(
-            "<line x1='{left}' x2='{w:.0}' y1='{y:.1}' y2='{y:.1}' stroke='#ddd'/><text x='5' y='{:.1}'>{v:.0} MB/s</text>\n",
-            y + 4.0
-        );
-    }
-    if let Some(c) = r.capacity_bytes_per_sec {
-        let y = h - bottom - c / 1e6 * scale;
-        s += &format!(
-            "<line x1='{left}' x2='{w:.0}' y1='{y:.1}' y2='{y:.1}' stroke='#d33' stroke-dasharray='6,3'/>\
-             <text x='{:.0}' y='{:.1}' fill='#d33'>link capacity {:.0} MB/s</text>\n",
-            w - 170.0,
-            y - 4.0,
-            c / 1e6
-        );
-    }
-    let mut x = left + 20.0;
+    let mut labels = vec![];
+    let mut values = vec![];
     for run in &r.runs {
-        s += &format!(
-            "<text x='{x:.0}' y='{:.0}'>{} / {}</text>\n",
-            h - 20.0,
-            run.pattern,
-            run.schedule
-        );
         for wk in &run.workers {
-            let (sh, rh) = (wk.send_rate() / 1e6 * scale, wk.recv_rate() / 1e6 * scale);
-            s += &format!(
-                "<rect x='{x:.1}' y='{:.1}' width='14' height='{sh:.1}' fill='#3b6fd4'/>\
-                 <rect x='{:.1}' y='{:.1}' width='14' height='{rh:.1}' fill='#3a9d5d'/>\
-                 <text x='{x:.1}' y='{:.1}'>w{}</text>\n",
-                h - bottom - sh,
-                x + 14.0,
-                h - bottom - rh,
-                h - bottom + 14.0,
-                wk.node
-            );
-            x += 36.0;
+            labels.push(format!("{}/{} w{}", run.pattern, run.schedule, wk.node));
+            values.push(vec![wk.send_rate() / 1e6, wk.recv_rate() / 1e6]);
         }
-        x += 30.0;
     }
-    s + "</svg>\n"
+    let capacity = r
+        .capacity_bytes_per_sec
+        .map(|c| (c / 1e6, format!("link capacity {:.0} MB/s", c / 1e6)));
+    crate::plot::grouped_bars_with_reference(
+        &format!(
+            "gyre bench shuffle: {} workers, {} links; MB/s per worker",
+            r.nodes, r.link
+        ),
+        "MB/s",
+        &[
+            crate::plot::Series {
+                name: "send",
+                color: "#3b6fd4",
+            },
+            crate::plot::Series {
+                name: "receive",
+                color: "#3a9d5d",
+            },
+        ],
+        &labels,
+        &values,
+        capacity.as_ref().map(|(v, l)| (*v, l.as_str())),
+    )
 }
 
 #[cfg(test)]

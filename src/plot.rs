@@ -1,4 +1,5 @@
-//! Grouped bar charts as SVG, for the benchmarks' `--plot`.
+//! The benchmarks' `--plot` charts as SVG: grouped bars (optionally with a reference
+//! line) and lines over a numeric axis.
 
 /// One series of bars: its name in the legend and its colour.
 pub struct Series<'a> {
@@ -15,6 +16,19 @@ pub fn grouped_bars(
     labels: &[String],
     values: &[Vec<f64>],
 ) -> String {
+    grouped_bars_with_reference(title, unit, series, labels, values, None)
+}
+
+/// [`grouped_bars`] with a dashed horizontal line at `reference.0`, labelled
+/// `reference.1` (a capacity, a baseline).
+pub fn grouped_bars_with_reference(
+    title: &str,
+    unit: &str,
+    series: &[Series<'_>],
+    labels: &[String],
+    values: &[Vec<f64>],
+    reference: Option<(f64, &str)>,
+) -> String {
     let bar = 14.0;
     let widest_label = labels.iter().map(|l| l.chars().count()).max().unwrap_or(0) as f64;
     let group = (bar * series.len() as f64 + 12.0).max(6.5 * widest_label + 12.0);
@@ -30,6 +44,7 @@ pub fn grouped_bars(
         .iter()
         .flatten()
         .copied()
+        .chain(reference.map(|r| r.0))
         .filter(|v| v.is_finite())
         .fold(0.0, f64::max);
     let step = nice_step(max / 4.0);
@@ -94,6 +109,112 @@ pub fn grouped_bars(
             escape(label)
         );
     }
+    if let Some((v, label)) = reference.filter(|r| r.0.is_finite()) {
+        let y = base - v * scale;
+        s += &format!(
+            "<line x1='{left}' x2='{w:.0}' y1='{y:.1}' y2='{y:.1}' stroke='#d33' \
+             stroke-dasharray='6,3'/><text x='{:.0}' y='{:.1}' fill='#d33'>{}</text>\n",
+            w - 7.0 * label.chars().count() as f64 - 10.0,
+            y - 4.0,
+            escape(label)
+        );
+    }
+    s + "</svg>\n"
+}
+
+/// Colours for series in order.
+pub const COLOURS: [&str; 6] = ["#3b6fd4", "#d33", "#3a9d5d", "#b8860b", "#8a2be2", "#555"];
+
+/// A line per series over a numeric x axis, named by `x_label`, values in `unit`.
+/// Points repeated at one x (repeated runs) are each drawn as a dot, and the line
+/// joins their medians.
+pub fn lines(title: &str, x_label: &str, unit: &str, series: &[(&str, Vec<(f64, f64)>)]) -> String {
+    let points = || series.iter().flat_map(|(_, p)| p.iter().copied());
+    let (x0, x1) = points().fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), (x, _)| {
+        (lo.min(x), hi.max(x))
+    });
+    let max = points()
+        .map(|p| p.1)
+        .filter(|v| v.is_finite())
+        .fold(0.0, f64::max);
+    let step = nice_step(max / 4.0);
+    let ticks = (max / step).ceil().max(1.0) as usize;
+    let y1 = step * ticks as f64;
+    let (w, h, left, right, top, bottom) = (640.0, 400.0, 70.0, 160.0, 40.0, 50.0);
+    let px = |x: f64| {
+        if x1 > x0 {
+            left + (x - x0) / (x1 - x0) * (w - left - right)
+        } else {
+            left + (w - left - right) / 2.0
+        }
+    };
+    let py = |y: f64| h - bottom - y / y1 * (h - top - bottom);
+    let mut s = format!(
+        "<svg xmlns='http://www.w3.org/2000/svg' width='{w}' height='{h}' \
+         font-family='sans-serif' font-size='11'>\n\
+         <rect width='100%' height='100%' fill='white'/>\n\
+         <text x='{left}' y='20' font-size='13'>{}</text>\n",
+        escape(title)
+    );
+    for i in 0..=ticks {
+        let v = step * i as f64;
+        s += &format!(
+            "<line x1='{left}' x2='{:.0}' y1='{:.1}' y2='{:.1}' stroke='#ddd'/>\
+             <text x='5' y='{:.1}'>{} {}</text>\n",
+            w - right,
+            py(v),
+            py(v),
+            py(v) + 4.0,
+            tick(v),
+            escape(unit)
+        );
+    }
+    let mut xs: Vec<f64> = points().map(|p| p.0).collect();
+    xs.sort_by(f64::total_cmp);
+    xs.dedup();
+    for x in xs {
+        s += &format!(
+            "<text x='{:.1}' y='{:.0}' text-anchor='middle'>{}</text>\n",
+            px(x),
+            h - bottom + 16.0,
+            tick(x)
+        );
+    }
+    s += &format!(
+        "<text x='{:.0}' y='{:.0}' text-anchor='middle' fill='#555'>{}</text>\n",
+        (left + w - right) / 2.0,
+        h - 10.0,
+        escape(x_label)
+    );
+    for (i, (name, points)) in series.iter().enumerate() {
+        let c = COLOURS[i % COLOURS.len()];
+        let mut points = points.clone();
+        points.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.total_cmp(&b.1)));
+        let path: Vec<String> = points
+            .chunk_by(|a, b| a.0 == b.0)
+            .map(|runs| {
+                let (x, y) = runs[runs.len() / 2];
+                format!("{:.1},{:.1}", px(x), py(y))
+            })
+            .collect();
+        s += &format!(
+            "<polyline fill='none' stroke='{c}' stroke-width='2' points='{}'/>\n",
+            path.join(" ")
+        );
+        for (x, y) in &points {
+            s += &format!(
+                "<circle cx='{:.1}' cy='{:.1}' r='3' fill='{c}'/>\n",
+                px(*x),
+                py(*y)
+            );
+        }
+        s += &format!(
+            "<text x='{:.0}' y='{:.0}' fill='{c}'>{}</text>\n",
+            w - right + 10.0,
+            top + 16.0 * (i as f64 + 1.0),
+            escape(name)
+        );
+    }
     s + "</svg>\n"
 }
 
@@ -155,5 +276,35 @@ mod tests {
         );
         assert_eq!(nice_step(0.43), 0.5);
         assert_eq!(nice_step(3.0), 5.0);
+        let with_line = grouped_bars_with_reference(
+            "t",
+            "MB/s",
+            &series,
+            &["x".into()],
+            &[vec![1.0, 2.0]],
+            Some((8.0, "capacity")),
+        );
+        // The reference line raises the scale to its value.
+        assert!(with_line.contains("stroke-dasharray") && with_line.contains(">8</text>"));
+    }
+
+    #[test]
+    fn lines_join_the_medians_and_dot_every_point() {
+        let svg = lines(
+            "t",
+            "Zipf exponent",
+            "s",
+            &[
+                ("hash", vec![(0.0, 1.0), (1.0, 3.0), (1.0, 2.0), (1.0, 9.0)]),
+                ("flow", vec![(0.0, 1.1), (1.0, 1.0)]),
+            ],
+        );
+        assert_eq!(svg.matches("<circle").count(), 6);
+        assert_eq!(svg.matches("<polyline").count(), 2);
+        // The hash line's second point is the median run (3 s), not the 9 s outlier.
+        let hash = svg.split("<polyline").nth(1).unwrap();
+        let y_of = |v: f64| 400.0 - 50.0 - v / 10.0 * 310.0;
+        assert!(hash.contains(&format!("{:.1}", y_of(3.0))), "{hash}");
+        assert!(svg.contains("Zipf exponent") && svg.ends_with("</svg>\n"));
     }
 }

@@ -329,78 +329,13 @@ fn plot_svg(r: &JoinBenchReport) -> String {
             .or_default()
             .push((x_of(run), run.elapsed_s));
     }
-    let xs: Vec<f64> = r.runs.iter().map(x_of).collect();
-    let (x0, x1) = (
-        xs.iter().copied().fold(f64::INFINITY, f64::min),
-        xs.iter().copied().fold(f64::NEG_INFINITY, f64::max),
-    );
-    let y1 = r.runs.iter().map(|x| x.elapsed_s).fold(1e-9, f64::max) * 1.1;
-    let (w, h, left, right, top, bottom) = (640.0, 400.0, 70.0, 160.0, 40.0, 50.0);
-    let px = |x: f64| {
-        if x1 > x0 {
-            left + (x - x0) / (x1 - x0) * (w - left - right)
-        } else {
-            left + (w - left - right) / 2.0
-        }
-    };
-    let py = |y: f64| h - bottom - y / y1 * (h - top - bottom);
-    let colours = ["#3b6fd4", "#d33", "#3a9d5d", "#b8860b", "#8a2be2", "#555"];
-    let mut s = format!(
-        "<svg xmlns='http://www.w3.org/2000/svg' width='{w}' height='{h}' font-family='sans-serif' font-size='11'>\n\
-         <rect width='100%' height='100%' fill='white'/>\n\
-         <text x='{left}' y='20' font-size='13'>gyre bench join ({} links): time over {}</text>\n",
-        r.link,
-        if by_nodes { "workers" } else { "Zipf exponent" }
-    );
-    for i in 0..=4 {
-        let v = y1 * i as f64 / 4.0;
-        s += &format!(
-            "<line x1='{left}' x2='{:.0}' y1='{:.1}' y2='{:.1}' stroke='#ddd'/><text x='5' y='{:.1}'>{v:.2} s</text>\n",
-            w - right,
-            py(v),
-            py(v),
-            py(v) + 4.0
-        );
-    }
-    let mut ticks: Vec<f64> = xs.clone();
-    ticks.sort_by(f64::total_cmp);
-    ticks.dedup();
-    for t in ticks {
-        s += &format!(
-            "<text x='{:.1}' y='{:.0}' text-anchor='middle'>{t}</text>\n",
-            px(t),
-            h - bottom + 16.0
-        );
-    }
-    for (i, (name, mut points)) in series.into_iter().enumerate() {
-        let c = colours[i % colours.len()];
-        points.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.total_cmp(&b.1)));
-        // Repeated runs: the line joins the medians, every run is a dot.
-        let path: Vec<String> = points
-            .chunk_by(|a, b| a.0 == b.0)
-            .map(|runs| {
-                let (x, y) = runs[runs.len() / 2];
-                format!("{:.1},{:.1}", px(x), py(y))
-            })
-            .collect();
-        s += &format!(
-            "<polyline fill='none' stroke='{c}' stroke-width='2' points='{}'/>\n",
-            path.join(" ")
-        );
-        for (x, y) in &points {
-            s += &format!(
-                "<circle cx='{:.1}' cy='{:.1}' r='3' fill='{c}'/>\n",
-                px(*x),
-                py(*y)
-            );
-        }
-        s += &format!(
-            "<text x='{:.0}' y='{:.0}' fill='{c}'>{name}</text>\n",
-            w - right + 10.0,
-            top + 16.0 * (i as f64 + 1.0)
-        );
-    }
-    s + "</svg>\n"
+    let x_label = if by_nodes { "workers" } else { "Zipf exponent" };
+    crate::plot::lines(
+        &format!("gyre bench join ({} links): time over {x_label}", r.link),
+        x_label,
+        "s",
+        &series.into_iter().collect::<Vec<_>>(),
+    )
 }
 
 #[cfg(test)]
