@@ -18,36 +18,30 @@ impl Coordinator {
     /// that does not answer within 10 s fails the call, naming it.
     pub async fn worker_stats(&self) -> Result<Vec<(NodeId, String, WorkerStats)>> {
         let workers = self.live_workers();
-        let replies = tokio::time::timeout(
-            Duration::from_secs(10),
-            self.broadcast(&workers, Request::Stats),
-        )
-        .await
-        .map_err(|_| exec_err("a worker did not report its counters within 10 s"))??;
-        let addresses: Vec<String> = {
-            let members = self.members.read();
-            workers
-                .iter()
-                .map(|w| {
-                    members
-                        .get(w)
-                        .map(|m| m.control.addr().to_string())
-                        .unwrap_or_default()
-                })
-                .collect()
-        };
-        workers
+        let stats = self
+            .gather(
+                &workers,
+                Request::Stats,
+                "counters",
+                Some(Duration::from_secs(10)),
+                |r| match r {
+                    Response::Stats(s) => Ok(s),
+                    other => Err(Box::new(other)),
+                },
+            )
+            .await?;
+        let members = self.members.read();
+        Ok(workers
             .into_iter()
-            .zip(addresses)
-            .zip(replies)
-            .map(|((w, addr), reply)| match reply {
-                Response::Stats(stats) => Ok((w, addr, stats)),
-                other => Err(exec_err(format!(
-                    "{} answered a counters request with {other:?}",
-                    node_name(w)
-                ))),
+            .zip(stats)
+            .map(|(w, stats)| {
+                let addr = members
+                    .get(&w)
+                    .map(|m| m.control.addr().to_string())
+                    .unwrap_or_default();
+                (w, addr, stats)
             })
-            .collect()
+            .collect())
     }
 
     /// Waits until at least `n` workers are registered.
@@ -184,28 +178,26 @@ impl Coordinator {
                 run.nodes = self.bench_nodes(run.nodes, 2, "a shuffle benchmark")?;
                 run.run_id = self.next_query.fetch_add(1, Ordering::SeqCst);
                 let nodes = run.nodes.clone();
-                let replies = self.broadcast(&nodes, Request::BenchShuffle(run)).await?;
-                let figures = replies
-                    .into_iter()
-                    .map(|r| match r {
+                let request = Request::BenchShuffle(run);
+                let figures = self
+                    .gather(&nodes, request, "shuffle", None, |r| match r {
                         Response::Shuffled(f) => Ok(f),
-                        other => Err(exec_err(format!("unexpected shuffle reply {other:?}"))),
+                        other => Err(Box::new(other)),
                     })
-                    .collect::<Result<Vec<_>>>()?;
+                    .await?;
                 Ok(Response::ShuffleResults(figures))
             }
             Request::BenchJoin(mut run) => {
                 run.nodes = self.bench_nodes(run.nodes, 1, "a join benchmark")?;
                 run.run_id = self.next_query.fetch_add(1, Ordering::SeqCst);
                 let nodes = run.nodes.clone();
-                let replies = self.broadcast(&nodes, Request::BenchJoin(run)).await?;
-                let figures = replies
-                    .into_iter()
-                    .map(|r| match r {
+                let request = Request::BenchJoin(run);
+                let figures = self
+                    .gather(&nodes, request, "join", None, |r| match r {
                         Response::Joined(f) => Ok(f),
-                        other => Err(exec_err(format!("unexpected join reply {other:?}"))),
+                        other => Err(Box::new(other)),
                     })
-                    .collect::<Result<Vec<_>>>()?;
+                    .await?;
                 Ok(Response::JoinResults(figures))
             }
             Request::QueryFailed { query, error, .. } => {
@@ -258,6 +250,44 @@ impl Coordinator {
             .get(&node)
             .map(|m| m.control.clone())
             .ok_or_else(|| exec_err(format!("unknown worker {node}")))
+    }
+
+    /// Sends `req` to `workers` (each within `timeout`, if given) and takes each
+    /// reply's payload with `pick`; a reply it refuses, or a worker that does not
+    /// answer in time, is an error naming the worker and the `what` request.
+    pub(super) async fn gather<T>(
+        &self,
+        workers: &[NodeId],
+        req: Request,
+        what: &str,
+        timeout: Option<Duration>,
+        pick: impl Fn(Response) -> std::result::Result<T, Box<Response>>,
+    ) -> Result<Vec<T>> {
+        let pick = &pick;
+        let calls = workers.iter().map(|w| {
+            let req = req.clone();
+            async move {
+                let c = self.control(*w)?;
+                let call = c.call(&req);
+                let reply = match timeout {
+                    Some(t) => tokio::time::timeout(t, call).await.map_err(|_| {
+                        exec_err(format!(
+                            "{} did not answer a {what} request within {t:?}",
+                            node_name(*w)
+                        ))
+                    })?,
+                    None => call.await,
+                }
+                .map_err(|e| exec_err(format!("{}: {e}", node_name(*w))))?;
+                pick(reply).map_err(|other| {
+                    exec_err(format!(
+                        "{} answered a {what} request with {other:?}",
+                        node_name(*w)
+                    ))
+                })
+            }
+        });
+        futures::future::try_join_all(calls).await
     }
 
     pub(super) async fn broadcast(
