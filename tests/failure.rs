@@ -278,18 +278,10 @@ async fn a_worker_that_joins_after_a_load_holds_none_of_the_old_tables() {
     }
     // Writing would spread the table over workers it was not placed on: refused,
     // with the way out named.
-    let e = c
-        .sql("INSERT INTO h VALUES (0, 0)")
-        .await
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("reload the table"), "{e}");
-    let e = c
-        .sql("DELETE FROM h WHERE k = 1")
-        .await
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("reload the table"), "{e}");
+    for write in ["INSERT INTO h VALUES (0, 0)", "DELETE FROM h WHERE k = 1"] {
+        let e = c.sql(write).await.unwrap_err().to_string();
+        assert!(e.contains("reload the table"), "{write}: {e}");
+    }
     // Reloaded, the table spans all three workers.
     c.sql("CREATE TABLE h3 (k BIGINT, g BIGINT) PARTITION BY k; INSERT INTO h3 SELECT * FROM h")
         .await

@@ -107,7 +107,8 @@ pub struct JoinResult {
     pub build_rows: u64,
     pub probe_rows: u64,
     pub zipf: f64,
-    /// Slowest worker's elapsed time.
+    /// The join query's time as its client saw it (hash, flow), or the slowest
+    /// worker's elapsed time (cyclo-join).
     pub elapsed_s: f64,
     /// (build + probe) tuples per second of `elapsed_s`.
     pub tuples_per_sec: f64,
