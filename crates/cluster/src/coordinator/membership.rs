@@ -110,27 +110,6 @@ impl Coordinator {
         }
     }
 
-    /// The workers of a benchmark run: the ones named, else all live ones; at least `min`.
-    pub(super) fn bench_nodes(
-        &self,
-        nodes: Vec<NodeId>,
-        min: usize,
-        what: &str,
-    ) -> Result<Vec<NodeId>> {
-        let nodes = if nodes.is_empty() {
-            self.live_workers()
-        } else {
-            nodes
-        };
-        if nodes.len() < min {
-            return plan_err!(
-                "{what} needs at least {min} workers, {} are alive",
-                nodes.len()
-            );
-        }
-        Ok(nodes)
-    }
-
     /// Handles a control message from a worker.
     pub async fn handle_control(self: &Arc<Self>, req: Request) -> Result<Response> {
         match req {
@@ -174,31 +153,8 @@ impl Coordinator {
                     None => Err(exec_err(format!("unknown worker {node}"))),
                 }
             }
-            Request::BenchShuffle(mut run) => {
-                run.nodes = self.bench_nodes(run.nodes, 2, "a shuffle benchmark")?;
-                run.run_id = self.next_query.fetch_add(1, Ordering::SeqCst);
-                let nodes = run.nodes.clone();
-                let request = Request::BenchShuffle(run);
-                let figures = self
-                    .gather(&nodes, request, "shuffle", None, |r| match r {
-                        Response::Shuffled(f) => Ok(f),
-                        other => Err(Box::new(other)),
-                    })
-                    .await?;
-                Ok(Response::ShuffleResults(figures))
-            }
-            Request::BenchJoin(mut run) => {
-                run.nodes = self.bench_nodes(run.nodes, 1, "a join benchmark")?;
-                run.run_id = self.next_query.fetch_add(1, Ordering::SeqCst);
-                let nodes = run.nodes.clone();
-                let request = Request::BenchJoin(run);
-                let figures = self
-                    .gather(&nodes, request, "join", None, |r| match r {
-                        Response::Joined(f) => Ok(f),
-                        other => Err(Box::new(other)),
-                    })
-                    .await?;
-                Ok(Response::JoinResults(figures))
+            Request::BenchShuffle(_) | Request::BenchJoin(_) => {
+                super::bench::relay(self, req).await
             }
             Request::QueryFailed { query, error, .. } => {
                 if let Some(q) = self.running.lock().get(&query) {

@@ -7,6 +7,7 @@
 //! - [`queries`]: a query's lifecycle on the workers;
 //! - [`catalog`]: tables, in memory and following their files.
 
+mod bench;
 mod catalog;
 mod membership;
 mod planning;

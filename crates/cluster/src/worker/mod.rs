@@ -1,12 +1,11 @@
 //! A worker: holds its partition of every table and runs the stage plans the
 //! coordinator sends it.
 
+mod bench;
+
 use crate::codec::GyreCodec;
 use crate::progress::ReadCounters;
-use crate::protocol::{
-    ACTION, ControlClient, JoinFigures, JoinRun, Request, Response, ShuffleFigures, ShuffleRun,
-    WorkerStats, decode, encode,
-};
+use crate::protocol::{ACTION, ControlClient, Request, Response, WorkerStats, decode, encode};
 use crate::session::worker_session;
 use crate::storage::WorkerStorage;
 use arrow_flight::flight_service_server::{FlightService, FlightServiceServer};
@@ -22,8 +21,6 @@ use datafusion::physical_plan::display::DisplayableExecutionPlan;
 use futures::FutureExt;
 use futures::stream::BoxStream;
 use gyre_exchange::QueryContext;
-use gyre_join::cyclo;
-use gyre_transport::bench::{ShuffleSpec, run_shuffle};
 use gyre_transport::{NodeId, TcpTransport, Transport, TransportConfig, node_name};
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -294,24 +291,7 @@ impl Worker {
                 commit,
                 metrics,
             } => Ok(self.finish_query(query, commit, metrics)),
-            Request::BenchShuffle(run) => {
-                let me = Arc::clone(self);
-                let figures = self
-                    .runtime
-                    .spawn(async move { me.bench_shuffle(run).await })
-                    .await
-                    .map_err(|e| DataFusionError::Execution(format!("shuffle benchmark: {e}")))??;
-                Ok(Response::Shuffled(figures))
-            }
-            Request::BenchJoin(run) => {
-                let me = Arc::clone(self);
-                let figures = self
-                    .runtime
-                    .spawn(async move { me.bench_join(run).await })
-                    .await
-                    .map_err(|e| DataFusionError::Execution(format!("join benchmark: {e}")))??;
-                Ok(Response::Joined(figures))
-            }
+            Request::BenchShuffle(_) | Request::BenchJoin(_) => bench::serve(self, req).await,
             other => Err(DataFusionError::Execution(format!(
                 "workers do not handle {other:?}"
             ))),
@@ -404,103 +384,6 @@ impl Worker {
             .lock()
             .insert(query, RunningQuery { tasks, plans, read });
         Ok(())
-    }
-
-    /// Takes part in a synthetic shuffle between the workers of `run`.
-    async fn bench_shuffle(&self, run: ShuffleRun) -> Result<ShuffleFigures> {
-        let bad = |e: String| DataFusionError::Execution(format!("shuffle benchmark: {e}"));
-        let index = run
-            .nodes
-            .iter()
-            .position(|n| *n == self.node)
-            .ok_or_else(|| bad(format!("{} is not one of its nodes", node_name(self.node))))?;
-        let spec = ShuffleSpec {
-            nodes: run.nodes,
-            index,
-            pattern: run.pattern.parse().map_err(bad)?,
-            total_bytes: run.total_bytes,
-            message_size: run.message_size as usize,
-            schedule: run.schedule.parse().map_err(bad)?,
-            run_id: run.run_id,
-        };
-        let r = run_shuffle(&self.transport, &spec)
-            .await
-            .map_err(|e| bad(format!("{} failed: {e}", node_name(self.node))))?;
-        Ok(ShuffleFigures {
-            node: r.node,
-            bytes_sent: r.bytes_sent,
-            bytes_received: r.bytes_received,
-            messages_sent: r.messages_sent,
-            messages_received: r.messages_received,
-            wire_bytes_sent: r.wire_bytes_sent,
-            wire_bytes_received: r.wire_bytes_received,
-            elapsed_s: r.elapsed.as_secs_f64(),
-            send_elapsed_s: r.send_elapsed.as_secs_f64(),
-            recv_elapsed_s: r.recv_elapsed.as_secs_f64(),
-            process_cpu_s: r.process_cpu.map(|d| d.as_secs_f64()),
-            mux_cpu_s: r.mux_cpu.map(|d| d.as_secs_f64()),
-        })
-    }
-
-    /// Takes part in a synthetic cyclo-join between the workers of `run`.
-    async fn bench_join(&self, run: JoinRun) -> Result<JoinFigures> {
-        let bad = |e: String| DataFusionError::Execution(format!("join benchmark: {e}"));
-        let index = run
-            .nodes
-            .iter()
-            .position(|n| *n == self.node)
-            .ok_or_else(|| bad(format!("{} is not one of its nodes", node_name(self.node))))?;
-        let Some(algorithm) = run.strategy.strip_prefix("cyclo-") else {
-            return Err(bad(format!(
-                "'{}' is not a cyclo-join; the partitioned joins run as SQL",
-                run.strategy
-            )));
-        };
-        let algorithm = cyclo::parse_algorithm(algorithm).map_err(|e| bad(e.to_string()))?;
-        let mut spec = cyclo::CycloSpec::new(run.nodes, index, algorithm);
-        spec.r_rows = run.probe_rows;
-        spec.s_rows = run.build_rows;
-        spec.zipf = run.zipf;
-        spec.seed = run.seed;
-        spec.options.threads = run.threads as usize;
-        spec.run_id = run.run_id;
-        let f = cyclo::run_cyclo(&spec, &self.transport)
-            .await
-            .map_err(|e| bad(format!("{} failed: {e}", node_name(self.node))))?;
-        let ring = &f.ring;
-        Ok(JoinFigures {
-            node: f.node,
-            strategy: run.strategy,
-            build_rows_local: f.s_rows_local,
-            probe_rows_local: f.r_rows_local,
-            elapsed_s: (f.setup.total() + ring.elapsed).as_secs_f64(),
-            setup_s: f.setup.total().as_secs_f64(),
-            join_s: ring.join.as_secs_f64(),
-            sync_s: Some(ring.sync.as_secs_f64()),
-            tuples_joined: ring.rows_joined,
-            bytes_sent: f.wire_bytes_sent,
-            bytes_received: f.wire_bytes_received,
-            results: f.results,
-            checksum: f.checksum,
-            details: vec![
-                (
-                    "rotating_is_probe".into(),
-                    f64::from(u8::from(f.rotating == cyclo::Side::Left)),
-                ),
-                (
-                    "setup_stationary_s".into(),
-                    f.setup.stationary.as_secs_f64(),
-                ),
-                ("setup_rotating_s".into(), f.setup.rotating.as_secs_f64()),
-                ("ring_s".into(), ring.elapsed.as_secs_f64()),
-                ("transmit_wait_s".into(), ring.transmit_wait.as_secs_f64()),
-                ("fragments_joined".into(), ring.fragments_joined as f64),
-                ("fragment_bytes_sent".into(), ring.bytes_sent as f64),
-                ("buffers_high_water".into(), ring.buffers_high_water as f64),
-                ("generate_s".into(), f.generate.as_secs_f64()),
-            ],
-            process_cpu_s: None,
-        })
     }
 
     fn finish_query(&self, query: u64, commit: bool, metrics: bool) -> Response {
