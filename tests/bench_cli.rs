@@ -61,8 +61,8 @@ fn bench_join_cyclo_strategies_agree_on_every_cluster_size() {
 }
 
 /// The partitioned joins run as SQL: the same count and checksum for the plain hash
-/// join and Flow-Join (the command checks that), and Flow-Join finds heavy hitters only
-/// under skew.
+/// join and Flow-Join with a global list or fetching on demand (the command checks
+/// that), and Flow-Join finds heavy hitters only under skew.
 #[test]
 fn bench_join_partitioned_strategies_agree_with_and_without_skew() {
     let report = json_of(&[
@@ -77,14 +77,14 @@ fn bench_join_partitioned_strategies_agree_with_and_without_skew() {
         "--probe",
         "300K",
         "--strategy",
-        "hash,flow",
+        "hash,flow,flow-fetch",
         "--zipf",
         "0,1.25",
         "--json",
         "-",
     ]);
     let runs = report["runs"].as_array().unwrap();
-    assert_eq!(runs.len(), 2 * 2);
+    assert_eq!(runs.len(), 2 * 3);
     for run in runs {
         // Unique build keys, every probe key among them: one result per probe row.
         assert_eq!(run["results"].as_u64().unwrap(), 300_000, "{run}");
@@ -106,7 +106,9 @@ fn bench_join_partitioned_strategies_agree_with_and_without_skew() {
         ) {
             ("hash", _) => assert_eq!(found, None, "{run}"),
             ("flow", true) => assert!(found.unwrap() >= 50, "{run}"),
-            ("flow", false) => assert_eq!(found, Some(0), "{run}"),
+            // Each worker's own list (the first worker's is shown), its own keys left out.
+            ("flow-fetch", true) => assert!(found.unwrap() >= 20, "{run}"),
+            ("flow" | "flow-fetch", false) => assert_eq!(found, Some(0), "{run}"),
             _ => panic!("{run}"),
         }
     }
@@ -114,10 +116,10 @@ fn bench_join_partitioned_strategies_agree_with_and_without_skew() {
 
 #[test]
 fn bench_join_refuses_an_unknown_strategy() {
-    // An unknown cyclo kernel, and fetch on demand, which the SQL operator lacks.
+    // An unknown cyclo kernel, and an unknown partitioned join.
     for (strategy, named) in [
         ("cyclo-zigzag", "zigzag"),
-        ("hash,flow-fetch", "flow-fetch"),
+        ("hash,flow-broadcast", "flow-broadcast"),
     ] {
         let out = gyre()
             .args([

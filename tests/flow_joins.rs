@@ -297,10 +297,19 @@ const QUERIES: &[(&str, Plan)] = &[
 ];
 
 async fn check(workers: usize) {
+    check_with(workers, false).await
+}
+
+/// Every query on `workers` workers, with the global heavy-hitter list or (`fetch`)
+/// fetch on demand, where keys heavy on both sides are broadcast instead of SFR.
+async fn check_with(workers: usize, fetch: bool) {
     let (cluster, reference) = start(workers, SETUP).await;
     let c = &cluster.coordinator;
     c.sql("SET gyre.join_strategy = 'shuffle'").await.unwrap();
     c.sql("SET gyre.skew_build_preserving = all").await.unwrap();
+    if fetch {
+        c.sql("SET gyre.skew_fetch = on").await.unwrap();
+    }
     let mut failures = vec![];
     for &(q, expected) in QUERIES {
         let plan = text(c.sql_one(&format!("EXPLAIN {q}")).await.unwrap());
@@ -308,17 +317,19 @@ async fn check(workers: usize) {
         let tracked = plan.contains("build matches combined across workers");
         let build = plan.contains("skew detection on build and probe hashes");
         let probe_tracked = plan.contains("probe matches combined across workers");
-        let sfr = plan.contains("SFR for keys heavy on both sides");
-        let planned = match expected {
-            Plan::Flow => flow,
-            Plan::FlowTracked => flow && tracked,
-            Plan::FlowBuild => flow && build,
-            Plan::FlowBuildProbeTracked => flow && build && probe_tracked && !tracked,
-            Plan::FlowBothTracked => flow && build && probe_tracked && tracked && sfr,
-            Plan::FlowSfr => flow && build && sfr && !tracked,
-            Plan::FlowTrackedSfr => flow && build && sfr && tracked,
-            Plan::Plain => !flow,
-        };
+        let sfr = plan.contains("SFR for keys heavy on both sides") || fetch;
+        let planned = (!fetch || !flow || plan.contains("fetch on demand"))
+            && match expected {
+                Plan::Flow => flow,
+                Plan::FlowTracked => flow && tracked,
+                Plan::FlowBuild => flow && build,
+                Plan::FlowBuildProbeTracked => flow && build && probe_tracked && !tracked,
+                Plan::FlowBothTracked => flow && build && probe_tracked && tracked && sfr,
+                Plan::FlowSfr => flow && build && sfr && !tracked,
+                Plan::FlowTrackedSfr => flow && build && sfr && tracked,
+                Plan::Plain => !flow,
+            };
+        let planned = planned && !(fetch && plan.contains("SFR for keys heavy on both sides"));
         if workers > 1 && !planned {
             failures.push(format!("{q}\n  not planned as expected in:\n{plan}"));
         }
@@ -347,6 +358,59 @@ async fn flow_joins_match_datafusion_on_three_workers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flow_joins_match_datafusion_on_four_workers() {
     check(4).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fetch_on_demand_matches_datafusion_on_three_workers() {
+    check_with(3, true).await;
+}
+
+/// Fetch on demand: each worker keeps the keys it finds heavy without waiting for
+/// anyone, and receives only the build rows of those keys.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fetch_on_demand_keeps_heavy_keys_where_they_are_found() {
+    let (cluster, reference) = start(3, SETUP).await;
+    let c = &cluster.coordinator;
+    c.sql("SET gyre.join_strategy = 'shuffle'").await.unwrap();
+    c.sql("SET gyre.skew_fetch = on").await.unwrap();
+    let q = QUERIES[0].0;
+    let analyzed = analyze(c, q).await;
+    assert!(analyzed.contains("fetch on demand"), "{analyzed}");
+    // Keys 7 and 11 are heavy from the start, on every worker but their owner.
+    assert!(analyzed.contains("7 (~"), "{analyzed}");
+    assert!(analyzed.contains("11 (~"), "{analyzed}");
+    let heavy = metric(&analyzed, "heavy_hitters");
+    assert_eq!(heavy.len(), 3, "{analyzed}");
+    assert!(heavy.iter().filter(|&&h| h > 0).count() >= 2, "{heavy:?}");
+    let kept = metric(&analyzed, "probe_rows_kept_local");
+    assert!(kept.iter().sum::<u64>() > 100_000, "{kept:?}\n{analyzed}");
+    // No router waited for an announcement: their timers never ran (a timer that
+    // never ran shows 1ns).
+    let waits: Vec<&str> = analyzed
+        .match_indices("first_round_wait=")
+        .map(|(at, m)| {
+            let v = &analyzed[at + m.len()..];
+            &v[..v.find([',', ']']).unwrap()]
+        })
+        .collect();
+    assert_eq!(waits.len(), 3, "{analyzed}");
+    assert!(
+        waits.iter().all(|w| w.ends_with("ns")),
+        "{waits:?}\n{analyzed}"
+    );
+    // Each heavy build row went to each worker that asked for it, and to no other:
+    // every row sent arrived once (a broadcast would arrive on all 3 workers).
+    let sent: u64 = metric(&analyzed, "build_rows_broadcast").iter().sum();
+    let received: u64 = metric(&analyzed, "heavy_build_rows_received").iter().sum();
+    assert!(sent > 0 && sent == received, "{analyzed}");
+    assert_eq!(differs(c, &reference, q).await, None);
+    // A key heavy only late is found in a later round, by whoever sees it.
+    let late = "SELECT count(*), count(d.name) FROM dim d RIGHT JOIN fact f ON d.k = f.k";
+    let analyzed = analyze(c, late).await;
+    assert!(analyzed.contains("40000 (~"), "{analyzed}");
+    assert_eq!(differs(c, &reference, late).await, None);
+    let err = c.sql("SET gyre.skew_fetch = sometimes").await.unwrap_err();
+    assert!(err.to_string().contains("on or off"), "{err}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -59,8 +59,9 @@ pub struct JoinArgs {
     #[arg(long, default_value = "0")]
     zipf: String,
     /// Strategies separated by commas: hash (SQL with DataFusion's partitioned hash
-    /// join), flow (SQL with Flow-Join: heavy hitters detected on the fly, selective
-    /// broadcast), cyclo-hash, cyclo-sort-merge,
+    /// join), flow (SQL with Flow-Join: heavy hitters detected on the fly, one global
+    /// list, selective broadcast), flow-fetch (Flow-Join fetching on demand: each
+    /// worker's own heavy hitters, their build rows fetched), cyclo-hash, cyclo-sort-merge,
     /// cyclo-band:C, cyclo-lt|le|gt|ge, cyclo-nl-band:C, cyclo-theta:M:K (cyclo-join on
     /// the Data Roundabout with that local algorithm).
     #[arg(long, default_value = "hash,flow")]
@@ -230,11 +231,12 @@ fn check_strategy(strategy: &str) -> Result<(), BoxError> {
         Some(algorithm) => {
             gyre_join::cyclo::parse_algorithm(algorithm).map_err(|e| format!("--strategy: {e}"))?;
         }
-        None if sql::STRATEGIES.iter().any(|(name, _)| *name == strategy) => {}
+        None if sql::STRATEGIES.iter().any(|(name, ..)| *name == strategy) => {}
         None => {
-            return Err(
-                format!("--strategy: '{strategy}' is not hash, flow or cyclo-ALGORITHM").into(),
-            );
+            return Err(format!(
+                "--strategy: '{strategy}' is not hash, flow, flow-fetch or cyclo-ALGORITHM"
+            )
+            .into());
         }
     }
     Ok(())

@@ -1,8 +1,9 @@
-//! The partitioned joins of `gyre bench join` (`hash`, `flow`) as SQL users run them:
-//! the workload written as Parquet files, loaded with `CREATE EXTERNAL TABLE`, and
-//! one join query per run through Flight SQL (or the embedded cluster's SQL entry),
-//! with `SET gyre.skew_detection` choosing between DataFusion's partitioned hash join
-//! and Flow-Join.
+//! The partitioned joins of `gyre bench join` (`hash`, `flow`, `flow-fetch`) as SQL
+//! users run them: the workload written as Parquet files, loaded with `CREATE EXTERNAL
+//! TABLE`, and one join query per run through Flight SQL (or the embedded cluster's SQL
+//! entry), with `SET gyre.skew_detection` choosing between DataFusion's partitioned
+//! hash join and Flow-Join, and `SET gyre.skew_fetch` between Flow-Join's global
+//! heavy-hitter list and fetch on demand.
 //!
 //! The workload is the one of *Scalable Distributed Query Processing in Parallel
 //! Main-Memory Database Systems* (Rödiger), chapter 4: 64-bit keys and 64-bit
@@ -34,8 +35,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-/// The strategies this path runs, with their `gyre.skew_detection` setting.
-pub const STRATEGIES: [(&str, &str); 2] = [("hash", "off"), ("flow", "on")];
+/// The strategies this path runs, with their `gyre.skew_detection` and
+/// `gyre.skew_fetch` settings.
+pub const STRATEGIES: [(&str, &str, &str); 3] = [
+    ("hash", "off", "off"),
+    ("flow", "on", "off"),
+    ("flow-fetch", "on", "on"),
+];
 
 /// The query every run times.
 const QUERY: &str = "SELECT count(*) AS n, sum((b.pay * 1000003 + p.pay) % 1000000007) AS checksum \
@@ -72,8 +78,9 @@ pub struct SqlJoins<'a> {
     /// Where the workload's files go: a directory every worker reads at the same path.
     dir: PathBuf,
     loaded: Option<Workload>,
-    /// Per loaded workload: the heavy hitters Flow-Join found (from `EXPLAIN ANALYZE`).
-    heavy_hitters: Option<String>,
+    /// Per loaded workload and Flow-Join strategy: the heavy hitters it found on the
+    /// first worker (from `EXPLAIN ANALYZE`).
+    heavy_hitters: BTreeMap<String, String>,
     /// Per loaded workload: the strategies whose plan was checked (once each).
     plans_checked: Vec<String>,
 }
@@ -86,43 +93,50 @@ impl<'a> SqlJoins<'a> {
             processes,
             dir: dir.to_path_buf(),
             loaded: None,
-            heavy_hitters: None,
+            heavy_hitters: BTreeMap::new(),
             plans_checked: vec![],
         }
     }
 
-    /// One run of `run.strategy` (`hash` or `flow`), loading its workload first if
-    /// another one is loaded.
+    /// One run of `run.strategy` (`hash`, `flow` or `flow-fetch`), loading its workload
+    /// first if another one is loaded.
     pub async fn run(&mut self, run: &JoinRun) -> Result<JoinResult, BoxError> {
-        let detection = STRATEGIES
+        let (detection, fetch) = STRATEGIES
             .iter()
-            .find(|(name, _)| *name == run.strategy)
-            .map(|(_, on)| *on)
+            .find(|(name, ..)| *name == run.strategy)
+            .map(|(_, detection, fetch)| (*detection, *fetch))
             .ok_or_else(|| format!("'{}' is not a SQL join strategy", run.strategy))?;
         let workload = Workload::of(run);
         if self.loaded.as_ref() != Some(&workload) {
             self.load(&workload).await?;
         }
         self.sql(&format!(
-            "SET gyre.join_strategy = 'shuffle'; SET gyre.skew_detection = '{detection}'"
+            "SET gyre.join_strategy = 'shuffle'; SET gyre.skew_detection = '{detection}'; \
+             SET gyre.skew_fetch = '{fetch}'"
         ))
         .await?;
         let flow = detection == "on";
         if !self.plans_checked.contains(&run.strategy) {
             let plan = self.plan_text(&format!("EXPLAIN {QUERY}")).await?;
-            if plan.contains("FlowJoinExec") != flow {
+            let fetches = plan.contains("fetch on demand");
+            if plan.contains("FlowJoinExec") != flow || fetches != (flow && fetch == "on") {
                 return Err(format!(
-                    "the {} run's plan {} a Flow-Join:\n{plan}",
+                    "the {} run's plan is not a {}:\n{plan}",
                     run.strategy,
-                    if flow { "lacks" } else { "has" }
+                    match (flow, fetch) {
+                        (false, _) => "plain partitioned hash join",
+                        (true, "on") => "Flow-Join fetching on demand",
+                        _ => "Flow-Join with a global heavy-hitter list",
+                    }
                 )
                 .into());
             }
             self.plans_checked.push(run.strategy.clone());
         }
-        if flow && self.heavy_hitters.is_none() {
+        if flow && !self.heavy_hitters.contains_key(&run.strategy) {
             let analyzed = self.plan_text(&format!("EXPLAIN ANALYZE {QUERY}")).await?;
-            self.heavy_hitters = Some(heavy_hitters_of(&analyzed));
+            self.heavy_hitters
+                .insert(run.strategy.clone(), heavy_hitters_of(&analyzed));
         }
         let before = self.counters().await?;
         let start = Instant::now();
@@ -187,7 +201,7 @@ impl<'a> SqlJoins<'a> {
             cpu_s,
             results,
             checksum,
-            heavy_hitters: flow.then(|| self.heavy_hitters.clone()).flatten(),
+            heavy_hitters: self.heavy_hitters.get(&run.strategy).cloned(),
             workers,
         })
     }
@@ -195,7 +209,7 @@ impl<'a> SqlJoins<'a> {
     /// Writes `w` as Parquet (one file per worker and table) and loads it.
     async fn load(&mut self, w: &Workload) -> Result<(), BoxError> {
         self.loaded = None;
-        self.heavy_hitters = None;
+        self.heavy_hitters.clear();
         self.plans_checked.clear();
         self.sql("DROP TABLE IF EXISTS bench_build; DROP TABLE IF EXISTS bench_probe")
             .await?;

@@ -63,7 +63,7 @@ pub struct GyreOptions {
     /// `gyre.skew_detection`: whether shuffled hash joins become Flow-Joins.
     pub skew_detection: bool,
     /// `gyre.skew_threshold`, `_first`, `_every`, `_sample`, `_build_preserving`,
-    /// `_build_side` and `_sfr`: how Flow-Join detects and handles heavy keys.
+    /// `_build_side`, `_sfr` and `_fetch`: how Flow-Join detects and handles heavy keys.
     pub skew: SkewSettings,
 }
 
@@ -84,7 +84,7 @@ impl ConfigExtension for GyreOptions {
 }
 
 /// Every setting with its description, in the order `SHOW ALL` lists them.
-const SETTINGS: [(&str, &str); 10] = [
+const SETTINGS: [(&str, &str); 11] = [
     (
         "compression",
         "Arrow IPC compression of data sent between workers: none, lz4, zstd, or auto \
@@ -131,6 +131,13 @@ const SETTINGS: [(&str, &str); 10] = [
         "on: keys heavy on both sides are joined by Symmetric Fragment Replicate; off: \
          their probe rows are broadcast.",
     ),
+    (
+        "skew_fetch",
+        "on: each worker decides its own heavy keys and fetches their build rows from \
+         their owners (fetch on demand; keys heavy on both sides are broadcast, not \
+         SFR); off: worker 0 forms one global list whose build rows every owner \
+         broadcasts.",
+    ),
 ];
 
 impl GyreOptions {
@@ -161,6 +168,7 @@ impl GyreOptions {
             "skew_build_preserving" => s.build_preserving.name().to_string(),
             "skew_build_side" => on_off(s.build_side),
             "skew_sfr" => on_off(s.sfr),
+            "skew_fetch" => on_off(s.fetch),
             _ => unreachable!("every key of SETTINGS has a value"),
         }
     }
@@ -206,6 +214,7 @@ impl ExtensionOptions for GyreOptions {
             "skew_build_preserving" => s.build_preserving = BuildPreserving::parse(value)?,
             "skew_build_side" => s.build_side = parse_on_off(&name, value)?,
             "skew_sfr" => s.sfr = parse_on_off(&name, value)?,
+            "skew_fetch" => s.fetch = parse_on_off(&name, value)?,
             _ => {
                 let known: Vec<String> =
                     SETTINGS.iter().map(|(k, _)| format!("gyre.{k}")).collect();

@@ -10,8 +10,12 @@
 //! ANALYZE`, appends the hashes to the side's list, tells the owner which build rows to
 //! broadcast (probe-side rounds, empty ones included), and then counts the round as
 //! applied, which releases a router waiting for round 0 or for the final build list.
+//!
+//! With fetch on demand, probe-side rounds are not announced: the *request listener*
+//! hands every worker's fetch requests to the owner, which answers each to its sender.
 
 use super::HeavyHitter;
+use super::owner::Wanted;
 use super::shared::{HeavySet, Shared, control_of, send_control};
 use crate::sender::transport_err;
 use datafusion::common::{Result, internal_datafusion_err};
@@ -25,7 +29,7 @@ use tokio::sync::mpsc;
 pub(super) async fn listen(
     sh: Arc<Shared>,
     ep: ReceiveEndpoint,
-    owner_tx: mpsc::UnboundedSender<(u32, Vec<u64>)>,
+    owner_tx: mpsc::UnboundedSender<Wanted>,
 ) -> Result<()> {
     while let Some(msg) = ep.get().await.map_err(transport_err)? {
         if msg.data().is_empty() {
@@ -69,11 +73,49 @@ pub(super) async fn listen(
             Side::Probe => {
                 sh.m.heavy_hitters.add(keys.len());
                 // An empty round still counts: the owner ends that round's broadcast.
-                let _ = owner_tx.send((iteration, hashes));
+                let _ = owner_tx.send(Wanted {
+                    round: iteration,
+                    hashes,
+                    to: To::All,
+                });
             }
         }
         // A router waiting for round 0, or for the final build-side list, goes on.
         sh.rounds(side).send_modify(|r| *r += 1);
+    }
+    Ok(())
+}
+
+/// Fetch on demand: hands every worker's requests to the owner, each to be answered to
+/// its sender.
+pub(super) async fn requests(
+    ep: ReceiveEndpoint,
+    owner_tx: mpsc::UnboundedSender<Wanted>,
+) -> Result<()> {
+    while let Some(msg) = ep.get().await.map_err(transport_err)? {
+        if msg.data().is_empty() {
+            ep.release(msg);
+            continue;
+        }
+        let control = control_of(&msg)?;
+        let from = msg.node;
+        ep.release(msg);
+        let Control::Fetch {
+            side: Side::Probe,
+            iteration,
+            keys,
+        } = control
+        else {
+            return Err(internal_datafusion_err!(
+                "Flow-Join expected a fetch request from {}, got {control:?}",
+                node_name(from)
+            ));
+        };
+        let _ = owner_tx.send(Wanted {
+            round: iteration,
+            hashes: keys.into_iter().map(|k| k.0).collect(),
+            to: To::Node(from),
+        });
     }
     Ok(())
 }

@@ -15,6 +15,8 @@ pub(super) struct FlowMetrics {
     /// Probe rows this worker had routed when its first heavy hitter took effect.
     pub(super) first_heavy_after_rows: Gauge,
     pub(super) detection_rounds: Count,
+    /// Build rows of heavy keys this owner sent: once per row broadcast for the global
+    /// list, once per row and asking worker with fetch on demand.
     pub(super) build_rows_broadcast: Count,
     pub(super) heavy_build_rows_received: Count,
     pub(super) routing_time: Time,

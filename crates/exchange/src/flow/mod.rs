@@ -36,12 +36,17 @@
 //! Heavy hitters are detected on hashes, not key values: a collision only makes a key
 //! take the heavy path too, which stays correct.
 //!
+//! With fetch on demand (`SET gyre.skew_fetch = on`, thesis 4.2.4) there is no global
+//! probe-side list: each worker takes the keys its own detection finds heavy at once,
+//! keeps their probe rows, and asks every owner for their build rows, which come to it
+//! alone. A worker fetches only the keys it sees, and no router ever waits for worker 0.
+//!
 //! The join uses [`FlowJoinExec::exchanges`] consecutive exchange ids: the probe
 //! shuffle, detection reports (to worker 0), announcements (from it), and one heavy
 //! build broadcast per detection round, so that each round's heavy join can start as
 //! soon as its build rows are complete; then, as the join needs them, the exchange of
-//! build matches, the build shuffle, the broadcast of probe rows of build-heavy keys
-//! and the exchange of probe matches.
+//! build matches, the build shuffle, the broadcast of probe rows of build-heavy keys,
+//! the exchange of probe matches, SFR's two and the fetch requests.
 
 mod announcements;
 mod combine;
@@ -111,6 +116,13 @@ pub struct SkewSettings {
     /// (`SET gyre.skew_sfr`), rather than by broadcasting their probe rows.
     #[serde(default = "on")]
     pub sfr: bool,
+    /// Fetch on demand (`SET gyre.skew_fetch`, thesis 4.2.4): each worker decides its
+    /// own probe-side heavy hitters and asks their owners for their build rows, instead
+    /// of reporting to worker 0 and waiting for one global list that every owner
+    /// broadcasts. Keys heavy on both sides then have their probe rows broadcast (SFR
+    /// needs one agreed list).
+    #[serde(default)]
+    pub fetch: bool,
 }
 
 fn on() -> bool {
@@ -174,6 +186,7 @@ impl Default for SkewSettings {
             build_preserving: BuildPreserving::default(),
             build_side: true,
             sfr: true,
+            fetch: false,
         }
     }
 }
@@ -398,6 +411,16 @@ impl FlowJoinExec {
 
     /// How many consecutive exchange ids the join uses.
     pub fn exchanges(&self) -> u32 {
+        self.fetch_exchange() + u32::from(self.fetch())
+    }
+
+    /// Whether each worker fetches the build rows of its own heavy hitters.
+    fn fetch(&self) -> bool {
+        self.settings.fetch
+    }
+
+    /// Offset of the fetch requests (every worker to every worker), the last exchange.
+    fn fetch_exchange(&self) -> u32 {
         self.sfr_exchanges_from() + 2 * u32::from(self.sfr())
     }
 
@@ -417,7 +440,7 @@ impl FlowJoinExec {
     /// Whether keys heavy on both sides take Symmetric Fragment Replicate, on two more
     /// exchanges (build and probe rows), the last ones.
     fn sfr(&self) -> bool {
-        self.inputs.routes_build && self.settings.sfr
+        self.inputs.routes_build && self.settings.sfr && !self.fetch()
     }
 
     /// Offset of the build shuffle, then the broadcast of probe rows of build-heavy
@@ -480,6 +503,9 @@ impl DisplayAs for FlowJoinExec {
         }
         if self.sfr() {
             write!(f, ", SFR for keys heavy on both sides")?;
+        }
+        if self.fetch() {
+            write!(f, ", fetch on demand")?;
         }
         if let Some(e) = self.exchange {
             write!(f, ", exchanges={}..{}", e, e + self.exchanges() - 1)?;

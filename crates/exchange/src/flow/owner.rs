@@ -8,16 +8,18 @@
 //!   build-preserving join numbers the rows. The partition goes to the usual join.
 //! - *Broadcasting*: for each announced round, in order, sends the partition's rows of
 //!   that round's heavy hashes to every worker and ends the round's exchange (also when
-//!   the round named none).
-//! - *Done* once every round was announced; an announcement stream that ends earlier
-//!   is an error.
+//!   the round named none). With fetch on demand, each worker's request of a round is
+//!   answered to that worker alone, with the rows of the keys it named, and the round's
+//!   exchange ends once every worker asked (rounds may interleave).
+//! - *Done* once every round was announced (or requested by every worker); a stream
+//!   of them that ends earlier is an error.
 //!
 //! A drain (one per round) collects the heavy build rows all owners broadcast for its
 //! round. It answers as soon as the round is announced without heavy hitters, or
 //! otherwise when every owner ended the round's broadcast.
 
 use super::announcements::announced_empty;
-use super::lookup::HashSetU64;
+use super::lookup::{HashSetU64, Modulo};
 use super::matches::number_rows;
 use super::shared::{Hashed, Shared, name_heavy_hitter};
 use crate::sender::SendMetrics;
@@ -34,9 +36,18 @@ use gyre_transport::{SendEndpoint, To};
 use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
 
-/// Collects the build partition for the usual join, then broadcasts, for every
-/// detection round, the rows of the hashes announced in it (and ends that round's
-/// broadcast, also when it names none). With `numbered` (build-preserving joins), the
+/// What an owner is asked to send in one detection round: the rows of `hashes`, to
+/// every worker (an announcement of the global list) or to one (a fetch request).
+pub(super) struct Wanted {
+    pub(super) round: u32,
+    pub(super) hashes: Vec<u64>,
+    pub(super) to: To,
+}
+
+/// Collects the build partition for the usual join, then sends, for every detection
+/// round, the rows of the hashes wanted in it, and ends that round's exchange after
+/// `askers` requests of the round (1: the announcement of the global list; every
+/// worker with fetch on demand), also when they name none. With `numbered` (build-preserving joins), the
 /// rows get their ids first, and the numbered partition also goes to the end phase.
 /// With `kept` (joins that route their build input), the rows of build-heavy keys go
 /// there instead, once the build side's heavy hitters are final.
@@ -49,7 +60,8 @@ pub(super) async fn own(
     numbered: Option<(SchemaRef, oneshot::Sender<Result<Vec<RecordBatch>>>)>,
     kept: Option<mpsc::UnboundedSender<RecordBatch>>,
     eps: Vec<SendEndpoint>,
-    mut heavy_rx: mpsc::UnboundedReceiver<(u32, Vec<u64>)>,
+    mut wanted_rx: mpsc::UnboundedReceiver<Wanted>,
+    askers: usize,
 ) -> Result<()> {
     let fail_all = |e: DataFusionError| {
         let text = e.to_string();
@@ -90,15 +102,25 @@ pub(super) async fn own(
     let result = async {
         let mut hashed: Option<Vec<Hashed>> = None;
         let metrics = SendMetrics::new(&ExecutionPlanMetricsSet::new(), sh.partition);
-        let mut done = vec![false; eps.len()];
-        while let Some((round, new)) = heavy_rx.recv().await {
+        let mut asked = vec![0usize; eps.len()];
+        let mine = Modulo::new(sh.n() as u64);
+        while let Some(Wanted { round, hashes, to }) = wanted_rx.recv().await {
             let Some(ep) = eps.get(round as usize) else {
                 return Err(internal_datafusion_err!(
-                    "heavy hitters announced for round {round} of {}",
+                    "heavy hitters wanted for round {round} of {}",
                     eps.len()
                 ));
             };
-            let new: HashSetU64 = new.into_iter().collect();
+            if asked[round as usize] == askers {
+                return Err(internal_datafusion_err!(
+                    "more than {askers} requests for the heavy build rows of round {round}"
+                ));
+            }
+            // Only the keys this worker owns have rows here.
+            let new: HashSetU64 = hashes
+                .into_iter()
+                .filter(|&h| mine.of(h) == sh.partition as u64)
+                .collect();
             if !new.is_empty() {
                 // Hashed once, on the first announcement that names any key.
                 let hashed = match &mut hashed {
@@ -110,7 +132,7 @@ pub(super) async fn own(
                             .collect::<Result<_>>()?,
                     ),
                 };
-                let mut outlet = sh.outlet(To::All, &schema, ep)?;
+                let mut outlet = sh.outlet(to, &schema, ep)?;
                 for h in hashed.iter() {
                     let idx: Vec<u32> = h
                         .hashes
@@ -138,10 +160,12 @@ pub(super) async fn own(
                 }
                 outlet.flush(ep, &metrics).await?;
             }
-            ep.finish();
-            done[round as usize] = true;
+            asked[round as usize] += 1;
+            if asked[round as usize] == askers {
+                ep.finish();
+            }
         }
-        if let Some(r) = done.iter().position(|d| !d) {
+        if let Some(r) = asked.iter().position(|&a| a < askers) {
             return Err(internal_datafusion_err!(
                 "Flow-Join detection ended before round {r} was announced"
             ));

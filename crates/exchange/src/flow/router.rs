@@ -3,13 +3,15 @@
 //!
 //! Every batch is hashed (DataFusion's repartition hash) and a sample of the hashes is
 //! counted in the SpaceSaving histogram; at each detection point the router reports its
-//! candidates to worker 0. Its states:
+//! candidates to worker 0, or, with fetch on demand, takes them as heavy at once and
+//! asks every owner for their build rows ([`Control::Fetch`]). Its states:
 //!
 //! - *Routing*: each row goes to its owner, or, when its hash is heavy, to the local
 //!   join of the round that found it (probe side), to every worker (probe rows of keys
 //!   heavy on the build side), aside for SFR (keys heavy on both sides), or to the
 //!   local join of build-heavy keys (build side).
-//! - *Holding for round 0*: after reporting round 0 with candidates of its own, the
+//! - *Holding for round 0* (global list only): after reporting round 0 with candidates
+//!   of its own, the
 //!   router keeps reading but holds the rows back, so that the first heavy hitters
 //!   apply to nearly all of them. At `HOLD_MIN_ROWS` (or 5% of the expected input) or
 //!   at the end of the input it waits at most `FIRST_ROUND_WAIT` for the answer, since a
@@ -113,6 +115,9 @@ pub(super) struct Router {
     next_counted: usize,
     /// Rows held back after reporting round 0, until its answer (see `run`).
     hold_limit: u64,
+    /// Fetch on demand (probe side): where this worker asks every owner for the build
+    /// rows of the keys it found heavy.
+    fetch: Option<SendEndpoint>,
 }
 
 impl Router {
@@ -127,6 +132,7 @@ impl Router {
         bcast: Option<ProbeBroadcast>,
         config: &gyre_join::flow::DetectionConfig,
         expected: u64,
+        fetch: Option<SendEndpoint>,
     ) -> Result<Self> {
         let n = sh.n();
         let outlets = sh
@@ -153,6 +159,7 @@ impl Router {
             routed: 0,
             next_counted: 0,
             hold_limit: (expected / 20).max(HOLD_MIN_ROWS),
+            fetch,
         })
     }
 
@@ -245,8 +252,9 @@ impl Router {
                 // table) is held for its answer too.
                 for r in self.detector.advance(rows as u64) {
                     // Only with candidates of its own: see `FIRST_ROUND_WAIT`.
-                    awaiting |= r.iteration == 0 && !r.candidates.is_empty();
-                    self.report(&reports.ep, r).await?;
+                    awaiting |=
+                        r.iteration == 0 && !r.candidates.is_empty() && self.fetch.is_none();
+                    self.report(&reports.ep, r, true).await?;
                 }
                 if build_pending && self.sh.build_list_is_final() {
                     self.take_build_list();
@@ -275,8 +283,9 @@ impl Router {
                     self.route(&hashed).await?;
                 }
             }
+            let rows_to_come = !held.is_empty();
             for r in self.detector.finish() {
-                self.report(&reports.ep, r).await?;
+                self.report(&reports.ep, r, rows_to_come).await?;
             }
             if build_pending {
                 self.wait_build_list().await;
@@ -294,22 +303,20 @@ impl Router {
             Ok(())
         }
         .await;
-        let bcast_ep = self.bcast.as_ref().map(|b| &b.ep);
+        let others = [self.bcast.as_ref().map(|b| &b.ep), self.fetch.as_ref()];
         match result {
             Ok(()) => {
                 self.ep.finish();
-                if let Some(ep) = bcast_ep {
-                    ep.finish();
-                }
+                others.into_iter().flatten().for_each(SendEndpoint::finish);
                 reports.done();
                 Ok(())
             }
             Err(e) => {
                 let e = self.sh.fail(&self.ep, e);
-                let e = match bcast_ep {
-                    Some(ep) => self.sh.fail(ep, e),
-                    None => e,
-                };
+                let e = others
+                    .into_iter()
+                    .flatten()
+                    .fold(e, |e, ep| self.sh.fail(ep, e));
                 Err(self.sh.fail(&reports.ep, e))
             }
         }
@@ -445,9 +452,14 @@ impl Router {
             }
         }
     }
-    async fn report(&mut self, ep: &SendEndpoint, r: NodeReport) -> Result<()> {
+    /// Reports a detection round's candidates to worker 0, or, with fetch on demand,
+    /// fetches them ([`Router::fetch`]).
+    async fn report(&mut self, ep: &SendEndpoint, r: NodeReport, rows_to_come: bool) -> Result<()> {
         self.sh.m.quiet_windows.add(usize::from(r.quiet));
         self.sh.m.detection_rounds.add(1);
+        if self.fetch.is_some() {
+            return self.fetch(r, rows_to_come).await;
+        }
         let msg = Control::Report {
             side: self.side,
             iteration: r.iteration,
@@ -456,5 +468,51 @@ impl Router {
             candidates: r.candidates,
         };
         send_control(ep, To::Node(self.sh.detector_node), &msg).await
+    }
+
+    /// Fetch on demand: the round's candidates not known yet and owned by others become
+    /// this worker's heavy hitters of the round at once (its later rows of those keys
+    /// stay here), and every owner is asked for their build rows. Every round sends a
+    /// request, also an empty one, so that the owners can end the round; once no rows
+    /// are left to route (the input's end), it asks for nothing.
+    async fn fetch(&mut self, r: NodeReport, rows_to_come: bool) -> Result<()> {
+        self.refresh();
+        let me = self.sh.partition as u64;
+        let keys: Vec<(u64, u64)> = match rows_to_come {
+            true => r
+                .candidates
+                .into_iter()
+                .filter(|&(h, _)| self.heavy.get(h).is_none() && self.owner.of(h) != me)
+                .collect(),
+            false => Vec::new(),
+        };
+        {
+            let mut report = self.sh.report.lock();
+            let heavy = report.heavy_of(Side::Probe);
+            for &(hash, estimate) in &keys {
+                heavy.entry(hash).or_insert(super::HeavyHitter {
+                    iteration: r.iteration,
+                    estimate,
+                    key: None,
+                });
+            }
+        }
+        let hashes: Vec<u64> = keys.iter().map(|k| k.0).collect();
+        self.sh.heavy.extend(&hashes, r.iteration);
+        self.sh.m.heavy_hitters.add(keys.len());
+        let msg = Control::Fetch {
+            side: Side::Probe,
+            iteration: r.iteration,
+            keys,
+        };
+        let Some(ep) = &self.fetch else {
+            return Err(internal_datafusion_err!(
+                "a Flow-Join router fetched without requests"
+            ));
+        };
+        send_control(ep, To::All, &msg).await?;
+        // The round is decided: its drain may answer, and `refresh` takes the keys in.
+        self.sh.rounds.send_modify(|n| *n += 1);
+        Ok(())
     }
 }

@@ -8,7 +8,9 @@
 //!   and broadcasts the build rows of every announced heavy hash, one broadcast per
 //!   round; *drain* (one per round) collects those broadcasts;
 //! - *listener* and *detector* ([`super::announcements`]): worker 0 sums the reports
-//!   and announces the global heavy hitters; every worker applies them in order;
+//!   and announces the global heavy hitters; every worker applies them in order; with
+//!   fetch on demand the *request listener* passes each worker's requests to the owner
+//!   instead;
 //! - *SFR* ([`super::sfr`]): replicates the rows of keys heavy on both sides on a grid;
 //! - *match combination* ([`super::combine`]): build- or probe-preserving joins
 //!   exchange the matches of rows that were joined on several workers, then emit the
@@ -25,11 +27,11 @@
 //! broadcasts as they come, and the usual join consumes the probe shuffle as any
 //! partitioned hash join does.
 
-use super::announcements::{detect, listen};
+use super::announcements::{detect, listen, requests};
 use super::combine::{Tracker, combine_matches, track, tracked_join};
 use super::matches::{Matches, RowIds, Shape, Tracked, row_id_schema, with_row_id};
 use super::metrics::FlowMetrics;
-use super::owner::{drain, own};
+use super::owner::{Wanted, drain, own};
 use super::router::{ProbeBroadcast, Reports, Router};
 use super::sfr::replicate_sfr;
 use super::shared::{HeavySet, Shared, recompute};
@@ -600,10 +602,21 @@ impl<'a> Wiring<'a> {
         let announce_rx = sh.open_receive(ex + 2, vec![(0, sh.detector_node)])?;
         let detector_eps = match self.partition {
             0 => Some((
-                sh.open_receive(ex + 1, all)?,
+                sh.open_receive(ex + 1, all.clone())?,
                 sh.open_send(ex + 2, self.workers())?,
             )),
             _ => None,
+        };
+        // Fetch on demand: every worker's requests to every owner.
+        let fetch_eps = match self.exec.fetch() {
+            true => {
+                let fetch_ex = ex + self.exec.fetch_exchange();
+                Some((
+                    sh.open_send(fetch_ex, self.workers())?,
+                    sh.open_receive(fetch_ex, all.clone())?,
+                ))
+            }
+            false => None,
         };
         let bcast_eps = (0..self.rounds())
             .map(|r| sh.open_send(ex + HEAVY_EXCHANGES_FROM + r, self.workers()))
@@ -613,8 +626,10 @@ impl<'a> Wiring<'a> {
             None => (None, None, None),
         };
         let mut tasks = Tasks::default();
-        // The listener tells the owner each round's heavy hashes.
-        let (owner_tx, owner_rx) = mpsc::unbounded_channel::<(u32, Vec<u64>)>();
+        // The listener (or, with fetch on demand, the request listener) tells the owner
+        // which build rows each round wants.
+        let (owner_tx, owner_rx) = mpsc::unbounded_channel::<Wanted>();
+        let (fetch_ep, fetch_rx) = fetch_eps.unzip();
         let reports = Arc::new(Reports {
             ep: report_ep,
             users: std::sync::atomic::AtomicUsize::new(1 + usize::from(build_router.is_some())),
@@ -630,6 +645,7 @@ impl<'a> Wiring<'a> {
             probe_bcast,
             &self.config,
             expected.unwrap_or(DEFAULT_PROBE_ROWS_PER_WORKER),
+            fetch_ep,
         )?;
         tasks.spawn(Box::pin(router.run(probe_input, Arc::clone(&reports))));
         if let Some((input, ep)) = build_router {
@@ -644,6 +660,7 @@ impl<'a> Wiring<'a> {
                 None,
                 &self.config,
                 expected.unwrap_or(DEFAULT_PROBE_ROWS_PER_WORKER),
+                None,
             )?;
             tasks.spawn(Box::pin(router.run(input, reports)));
         }
@@ -656,7 +673,11 @@ impl<'a> Wiring<'a> {
             kept_tx,
             bcast_eps,
             owner_rx,
+            if fetch_rx.is_some() { self.n } else { 1 },
         )));
+        if let Some(rx) = fetch_rx {
+            tasks.spawn(Box::pin(requests(rx, owner_tx.clone())));
+        }
         tasks.spawn(Box::pin(listen(Arc::clone(sh), announce_rx, owner_tx)));
         if let Some(task) = sfr_task {
             tasks.spawn(task);
@@ -669,7 +690,12 @@ impl<'a> Wiring<'a> {
                 Arc::clone(sh),
                 reports,
                 announce_ep,
-                self.rounds() as usize,
+                // With fetch on demand no probe-side round is reported here.
+                if self.exec.fetch() {
+                    0
+                } else {
+                    self.rounds() as usize
+                },
                 self.config.threshold,
             )));
         }

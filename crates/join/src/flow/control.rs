@@ -1,6 +1,7 @@
 //! The control messages of Flow-Join's heavy-hitter detection, little-endian:
-//! detection reports (every node to the detecting node) and heavy-hitter announcements
-//! (the detecting node to all).
+//! detection reports (every node to the detecting node), heavy-hitter announcements
+//! (the detecting node to all) and, in fetch on demand, requests for the build rows of
+//! the keys a node found heavy on its own (that node to every owner).
 
 use std::fmt;
 
@@ -11,7 +12,7 @@ pub enum Side {
     Probe,
 }
 
-/// A control message of the global consensus on heavy hitters.
+/// A control message of heavy-hitter detection.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Control {
     /// A node's candidates for one detection iteration: `window` rows were counted
@@ -25,6 +26,15 @@ pub enum Control {
     },
     /// New global heavy hitters of one iteration, with estimated global frequencies.
     Announce {
+        side: Side,
+        iteration: u32,
+        keys: Vec<(u64, u64)>,
+    },
+    /// Fetch on demand (thesis 4.2.4): the heavy hitters one node found on its own in
+    /// one iteration, with its estimates; every owner answers with its build rows of
+    /// these keys, to that node only. Sent in every iteration, also without keys, so
+    /// that the owners know when an iteration's requests are complete.
+    Fetch {
         side: Side,
         iteration: u32,
         keys: Vec<(u64, u64)>,
@@ -45,6 +55,7 @@ impl std::error::Error for Malformed {}
 
 const REPORT: u8 = 1;
 const ANNOUNCE: u8 = 3;
+const FETCH: u8 = 4;
 
 impl Control {
     pub fn encode(&self) -> Vec<u8> {
@@ -78,8 +89,17 @@ impl Control {
                 side: s,
                 iteration,
                 keys,
+            }
+            | Control::Fetch {
+                side: s,
+                iteration,
+                keys,
             } => {
-                out.extend_from_slice(&[ANNOUNCE, side(s)]);
+                let tag = match self {
+                    Control::Announce { .. } => ANNOUNCE,
+                    _ => FETCH,
+                };
+                out.extend_from_slice(&[tag, side(s)]);
                 out.extend_from_slice(&iteration.to_le_bytes());
                 pairs(&mut out, keys);
             }
@@ -128,6 +148,14 @@ impl Control {
                     keys: pairs(6)?,
                 })
             }
+            FETCH => {
+                need(6)?;
+                Ok(Control::Fetch {
+                    side,
+                    iteration: u32_at(2),
+                    keys: pairs(6)?,
+                })
+            }
             _ => Err(bad()),
         }
     }
@@ -151,6 +179,11 @@ mod tests {
                 side: Side::Build,
                 iteration: 0,
                 keys: vec![(9, 99)],
+            },
+            Control::Fetch {
+                side: Side::Probe,
+                iteration: 2,
+                keys: vec![(7, 70), (8, 80)],
             },
         ];
         for m in msgs {
