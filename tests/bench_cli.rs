@@ -106,7 +106,7 @@ fn bench_join_partitioned_strategies_agree_with_and_without_skew() {
         ) {
             ("hash", _) => assert_eq!(found, None, "{run}"),
             ("flow", true) => assert!(found.unwrap() >= 50, "{run}"),
-            // Each worker's own list (the first worker's is shown), its own keys left out.
+            // Each worker's own list (the first worker's is shown).
             ("flow-fetch", true) => assert!(found.unwrap() >= 20, "{run}"),
             ("flow" | "flow-fetch", false) => assert_eq!(found, Some(0), "{run}"),
             _ => panic!("{run}"),

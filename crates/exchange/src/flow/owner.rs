@@ -33,6 +33,7 @@ use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
 use futures::{StreamExt, TryStreamExt};
 use gyre_join::flow::control::Side;
 use gyre_transport::{SendEndpoint, To};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
 
@@ -100,7 +101,7 @@ pub(super) async fn own(
         let _ = tx.send(Ok(batches.clone()));
     }
     let result = async {
-        let mut hashed: Option<Vec<Hashed>> = None;
+        let mut index: Option<ByHash> = None;
         let metrics = SendMetrics::new(&ExecutionPlanMetricsSet::new(), sh.partition);
         let mut asked = vec![0usize; eps.len()];
         let mine = Modulo::new(sh.n() as u64);
@@ -117,46 +118,34 @@ pub(super) async fn own(
                 ));
             }
             // Only the keys this worker owns have rows here.
-            let new: HashSetU64 = hashes
+            let mut wanted: Vec<u64> = hashes
                 .into_iter()
                 .filter(|&h| mine.of(h) == sh.partition as u64)
                 .collect();
-            if !new.is_empty() {
-                // Hashed once, on the first announcement that names any key.
-                let hashed = match &mut hashed {
-                    Some(h) => h,
-                    None => hashed.insert(
-                        batches
-                            .iter()
-                            .map(|b| Hashed::new(&keys, b.clone()))
-                            .collect::<Result<_>>()?,
-                    ),
+            if !wanted.is_empty() {
+                // Indexed once, on the first request that names any key.
+                let index = match &mut index {
+                    Some(i) => i,
+                    None => index.insert(ByHash::new(&keys, &batches)?),
                 };
+                wanted.sort_unstable();
+                wanted.dedup();
                 let mut outlet = sh.outlet(to, &schema, ep)?;
-                for h in hashed.iter() {
-                    let idx: Vec<u32> = h
-                        .hashes
-                        .iter()
-                        .enumerate()
-                        .filter(|(_, x)| new.contains(x))
-                        .map(|(i, _)| i as u32)
-                        .collect();
-                    if !idx.is_empty() {
-                        for &i in &idx {
-                            name_heavy_hitter(
-                                &sh,
-                                Side::Probe,
-                                h.hashes[i as usize],
-                                &h.keys,
-                                i as usize,
-                            );
-                        }
-                        sh.m.build_rows_broadcast.add(idx.len());
-                        sh.build_rows_shared
-                            .store(true, std::sync::atomic::Ordering::Relaxed);
-                        let part = take_record_batch(&h.batch, &UInt32Array::from(idx))?;
-                        outlet.push(ep, part, &metrics).await?;
+                for (h, idx) in index.rows_of(&wanted) {
+                    for &i in &idx {
+                        name_heavy_hitter(
+                            &sh,
+                            Side::Probe,
+                            h.hashes[i as usize],
+                            &h.keys,
+                            i as usize,
+                        );
                     }
+                    sh.m.build_rows_broadcast.add(idx.len());
+                    sh.build_rows_shared
+                        .store(true, std::sync::atomic::Ordering::Relaxed);
+                    let part = take_record_batch(&h.batch, &UInt32Array::from(idx))?;
+                    outlet.push(ep, part, &metrics).await?;
                 }
                 outlet.flush(ep, &metrics).await?;
             }
@@ -174,6 +163,54 @@ pub(super) async fn own(
     }
     .await;
     result.map_err(fail_all)
+}
+
+/// The build partition's rows by partitioning hash, sorted once, so that each request
+/// finds its rows by binary search: with fetch on demand every worker asks in every
+/// round, and a scan of the partition per request would read it `workers x rounds`
+/// times.
+struct ByHash {
+    batches: Vec<Hashed>,
+    /// (hash, batch, row), sorted.
+    rows: Vec<(u64, u32, u32)>,
+}
+
+impl ByHash {
+    fn new(keys: &[PhysicalExprRef], batches: &[RecordBatch]) -> Result<Self> {
+        let batches: Vec<Hashed> = batches
+            .iter()
+            .map(|b| Hashed::new(keys, b.clone()))
+            .collect::<Result<_>>()?;
+        let mut rows = Vec::with_capacity(batches.iter().map(|h| h.hashes.len()).sum());
+        for (b, h) in batches.iter().enumerate() {
+            rows.extend(
+                h.hashes
+                    .iter()
+                    .enumerate()
+                    .map(|(r, &x)| (x, b as u32, r as u32)),
+            );
+        }
+        rows.sort_unstable();
+        Ok(Self { batches, rows })
+    }
+
+    /// The rows of `wanted` (sorted hashes), by batch, in row order.
+    fn rows_of(&self, wanted: &[u64]) -> Vec<(&Hashed, Vec<u32>)> {
+        let mut by_batch: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+        for &x in wanted {
+            let from = self.rows.partition_point(|r| r.0 < x);
+            for &(_, b, r) in self.rows[from..].iter().take_while(|r| r.0 == x) {
+                by_batch.entry(b).or_default().push(r);
+            }
+        }
+        by_batch
+            .into_iter()
+            .map(|(b, mut idx)| {
+                idx.sort_unstable();
+                (&self.batches[b as usize], idx)
+            })
+            .collect()
+    }
 }
 
 /// The owner's part in a join that routes its build input: once the build side's heavy
@@ -254,5 +291,56 @@ pub(super) async fn drain(
             "{rows} heavy build rows arrived for detection round {round}, announced without heavy hitters"
         )),
         None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::Int64Array;
+    use arrow::datatypes::{DataType, Field, Schema};
+    use datafusion::physical_expr::expressions::Column;
+
+    /// The index finds exactly the rows a scan of every batch finds, in row order.
+    #[test]
+    fn rows_by_hash_are_the_rows_a_scan_finds() {
+        let schema = Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, true)]));
+        let batches: Vec<RecordBatch> = (0..3)
+            .map(|b| {
+                let keys: Int64Array = (0..1000)
+                    .map(|i| match i % 7 {
+                        0 => None,
+                        _ => Some((i * (b + 1)) % 50),
+                    })
+                    .collect();
+                RecordBatch::try_new(Arc::clone(&schema), vec![Arc::new(keys)]).unwrap()
+            })
+            .collect();
+        let keys: Vec<PhysicalExprRef> = vec![Arc::new(Column::new("k", 0))];
+        let index = ByHash::new(&keys, &batches).unwrap();
+        let all: Vec<u64> = {
+            let mut h: Vec<u64> = index.rows.iter().map(|r| r.0).collect();
+            h.dedup();
+            h
+        };
+        // Every third hash, plus one no row has.
+        let mut wanted: Vec<u64> = all.iter().step_by(3).copied().collect();
+        wanted.push(all.iter().max().unwrap().wrapping_add(1));
+        wanted.sort_unstable();
+        let found = index.rows_of(&wanted);
+        let mut scanned = 0;
+        for (b, h) in index.batches.iter().enumerate() {
+            let expected: Vec<u32> = (0..h.hashes.len() as u32)
+                .filter(|&i| wanted.binary_search(&h.hashes[i as usize]).is_ok())
+                .collect();
+            scanned += expected.len();
+            let got = found
+                .iter()
+                .find(|(f, _)| std::ptr::eq(*f, h))
+                .map(|(_, idx)| idx.clone())
+                .unwrap_or_default();
+            assert_eq!(got, expected, "batch {b}");
+        }
+        assert!(scanned > 100);
     }
 }

@@ -470,19 +470,20 @@ impl Router {
         send_control(ep, To::Node(self.sh.detector_node), &msg).await
     }
 
-    /// Fetch on demand: the round's candidates not known yet and owned by others become
-    /// this worker's heavy hitters of the round at once (its later rows of those keys
-    /// stay here), and every owner is asked for their build rows. Every round sends a
+    /// Fetch on demand: the round's candidates not known yet become this worker's heavy
+    /// hitters of the round at once (its later rows of those keys stay here, in the
+    /// round's heavy join), and every owner is asked for their build rows. Its own keys
+    /// are asked for too: their rows then skip the exchange to itself, as the global
+    /// list's do (without that, 17% more CPU at Zipf 1.25 on 4 workers). Every round sends a
     /// request, also an empty one, so that the owners can end the round; once no rows
     /// are left to route (the input's end), it asks for nothing.
     async fn fetch(&mut self, r: NodeReport, rows_to_come: bool) -> Result<()> {
         self.refresh();
-        let me = self.sh.partition as u64;
         let keys: Vec<(u64, u64)> = match rows_to_come {
             true => r
                 .candidates
                 .into_iter()
-                .filter(|&(h, _)| self.heavy.get(h).is_none() && self.owner.of(h) != me)
+                .filter(|&(h, _)| self.heavy.get(h).is_none())
                 .collect(),
             false => Vec::new(),
         };
