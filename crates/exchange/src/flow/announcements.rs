@@ -21,7 +21,8 @@ use crate::sender::transport_err;
 use datafusion::common::{Result, internal_datafusion_err};
 use gyre_join::flow::control::{Control, Side};
 use gyre_join::flow::detect::Coordinator;
-use gyre_transport::{ReceiveEndpoint, SendEndpoint, To, node_name};
+use gyre_transport::{NodeId, ReceiveEndpoint, SendEndpoint, To, node_name};
+use std::collections::HashSet;
 use std::sync::Arc;
 use tokio::sync::mpsc;
 
@@ -87,11 +88,15 @@ pub(super) async fn listen(
 }
 
 /// Fetch on demand: hands every worker's requests to the owner, each to be answered to
-/// its sender.
+/// its sender. A request for a round that does not run, or a second one from the same
+/// worker for a round, is an error naming the sender: the owner ends a round's answers
+/// once every worker asked, so a repeat would end them before another worker's turn.
 pub(super) async fn requests(
+    rounds: u32,
     ep: ReceiveEndpoint,
     owner_tx: mpsc::UnboundedSender<Wanted>,
 ) -> Result<()> {
+    let mut asked: Vec<HashSet<NodeId>> = vec![HashSet::new(); rounds as usize];
     while let Some(msg) = ep.get().await.map_err(transport_err)? {
         if msg.data().is_empty() {
             ep.release(msg);
@@ -111,6 +116,18 @@ pub(super) async fn requests(
                 node_name(from)
             ));
         };
+        let Some(senders) = asked.get_mut(iteration as usize) else {
+            return Err(internal_datafusion_err!(
+                "{} asked for heavy build rows of detection round {iteration}, but only {rounds} run",
+                node_name(from)
+            ));
+        };
+        if !senders.insert(from) {
+            return Err(internal_datafusion_err!(
+                "{} asked twice for the heavy build rows of detection round {iteration}",
+                node_name(from)
+            ));
+        }
         let _ = owner_tx.send(Wanted {
             round: iteration,
             hashes: keys.into_iter().map(|k| k.0).collect(),
@@ -204,7 +221,58 @@ pub(super) async fn detect(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gyre_transport::{ReceiveSpec, SendSpec, TcpTransport, Transport, TransportConfig};
     use std::time::Duration;
+
+    /// A worker's fetch requests, as a peer would send them, through the request
+    /// listener: a repeat for a round and a round that does not run are refused, naming
+    /// the sender, before the owner could end a round early.
+    #[tokio::test]
+    async fn a_repeated_or_unknown_fetch_request_is_refused() {
+        let any = "127.0.0.1:0".parse().unwrap();
+        let t = TcpTransport::bind(1, any, TransportConfig::default())
+            .await
+            .unwrap();
+        for (query, rounds_sent, named) in [
+            (1, [0, 0], "asked twice"),
+            (2, [1, 5], "round 5, but only 3 run"),
+        ] {
+            let send = t
+                .open_send(SendSpec {
+                    query,
+                    exchange: 0,
+                    from: 0,
+                    destinations: vec![1],
+                    groups: vec![],
+                })
+                .unwrap();
+            let recv = t
+                .open_receive(ReceiveSpec {
+                    query,
+                    exchange: 0,
+                    sources: vec![(0, 1)],
+                })
+                .unwrap();
+            for iteration in rounds_sent {
+                let msg = Control::Fetch {
+                    side: Side::Probe,
+                    iteration,
+                    keys: vec![(42, 1000)],
+                };
+                send_control(&send, To::Node(1), &msg).await.unwrap();
+            }
+            send.finish();
+            let (tx, mut rx) = mpsc::unbounded_channel();
+            let err = requests(3, recv, tx).await.unwrap_err().to_string();
+            assert!(err.contains(named) && err.contains("worker"), "{err}");
+            // The first request went to the owner, to its sender alone.
+            let first = rx.recv().await.unwrap();
+            assert_eq!(
+                (first.round, first.hashes, first.to),
+                (rounds_sent[0], vec![42], To::Node(1))
+            );
+        }
+    }
 
     /// A drain learns that a round is empty from the announcements alone.
     #[tokio::test]

@@ -126,7 +126,7 @@ pub(super) async fn own(
                 // Indexed once, on the first request that names any key.
                 let index = match &mut index {
                     Some(i) => i,
-                    None => index.insert(ByHash::new(&keys, &batches)?),
+                    None => index.insert(ByHash::new(&keys, &batches, askers > 1)?),
                 };
                 wanted.sort_unstable();
                 wanted.dedup();
@@ -156,7 +156,11 @@ pub(super) async fn own(
         }
         if let Some(r) = asked.iter().position(|&a| a < askers) {
             return Err(internal_datafusion_err!(
-                "Flow-Join detection ended before round {r} was announced"
+                "Flow-Join detection ended before round {r} was {}",
+                match askers {
+                    1 => "announced".to_string(),
+                    n => format!("asked for by all {n} workers (only {} did)", asked[r]),
+                }
             ));
         }
         Ok(())
@@ -165,37 +169,55 @@ pub(super) async fn own(
     result.map_err(fail_all)
 }
 
-/// The build partition's rows by partitioning hash, sorted once, so that each request
-/// finds its rows by binary search: with fetch on demand every worker asks in every
-/// round, and a scan of the partition per request would read it `workers x rounds`
-/// times.
+/// The build partition's rows with their partitioning hashes, computed once. With
+/// fetch on demand every worker asks in every round, and a scan of the partition per
+/// request would read it `workers x rounds` times: there the rows are also sorted by
+/// hash once (16 bytes per row), and each request finds its rows by binary search.
+/// The global list's few announcements scan.
 struct ByHash {
     batches: Vec<Hashed>,
-    /// (hash, batch, row), sorted.
+    /// (hash, batch, row), sorted; empty when not indexed.
     rows: Vec<(u64, u32, u32)>,
 }
 
 impl ByHash {
-    fn new(keys: &[PhysicalExprRef], batches: &[RecordBatch]) -> Result<Self> {
+    fn new(keys: &[PhysicalExprRef], batches: &[RecordBatch], indexed: bool) -> Result<Self> {
         let batches: Vec<Hashed> = batches
             .iter()
             .map(|b| Hashed::new(keys, b.clone()))
             .collect::<Result<_>>()?;
-        let mut rows = Vec::with_capacity(batches.iter().map(|h| h.hashes.len()).sum());
-        for (b, h) in batches.iter().enumerate() {
-            rows.extend(
-                h.hashes
-                    .iter()
-                    .enumerate()
-                    .map(|(r, &x)| (x, b as u32, r as u32)),
-            );
+        let mut rows = Vec::new();
+        if indexed {
+            rows.reserve(batches.iter().map(|h| h.hashes.len()).sum());
+            for (b, h) in batches.iter().enumerate() {
+                rows.extend(
+                    h.hashes
+                        .iter()
+                        .enumerate()
+                        .map(|(r, &x)| (x, b as u32, r as u32)),
+                );
+            }
+            rows.sort_unstable();
         }
-        rows.sort_unstable();
         Ok(Self { batches, rows })
     }
 
     /// The rows of `wanted` (sorted hashes), by batch, in row order.
     fn rows_of(&self, wanted: &[u64]) -> Vec<(&Hashed, Vec<u32>)> {
+        if self.rows.is_empty() {
+            let wanted: HashSetU64 = wanted.iter().copied().collect();
+            return self
+                .batches
+                .iter()
+                .map(|h| {
+                    let idx: Vec<u32> = (0..h.hashes.len() as u32)
+                        .filter(|&i| wanted.contains(&h.hashes[i as usize]))
+                        .collect();
+                    (h, idx)
+                })
+                .filter(|(_, idx)| !idx.is_empty())
+                .collect();
+        }
         let mut by_batch: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
         for &x in wanted {
             let from = self.rows.partition_point(|r| r.0 < x);
@@ -301,7 +323,8 @@ mod tests {
     use arrow::datatypes::{DataType, Field, Schema};
     use datafusion::physical_expr::expressions::Column;
 
-    /// The index finds exactly the rows a scan of every batch finds, in row order.
+    /// The index finds exactly the rows a scan of every batch finds, in row order, and
+    /// so does the unindexed scan.
     #[test]
     fn rows_by_hash_are_the_rows_a_scan_finds() {
         let schema = Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, true)]));
@@ -317,7 +340,8 @@ mod tests {
             })
             .collect();
         let keys: Vec<PhysicalExprRef> = vec![Arc::new(Column::new("k", 0))];
-        let index = ByHash::new(&keys, &batches).unwrap();
+        let index = ByHash::new(&keys, &batches, true).unwrap();
+        let scan = ByHash::new(&keys, &batches, false).unwrap();
         let all: Vec<u64> = {
             let mut h: Vec<u64> = index.rows.iter().map(|r| r.0).collect();
             h.dedup();
@@ -328,6 +352,11 @@ mod tests {
         wanted.push(all.iter().max().unwrap().wrapping_add(1));
         wanted.sort_unstable();
         let found = index.rows_of(&wanted);
+        let scanned_rows = scan.rows_of(&wanted);
+        assert_eq!(found.len(), scanned_rows.len());
+        for ((_, a), (_, b)) in found.iter().zip(&scanned_rows) {
+            assert_eq!(a, b);
+        }
         let mut scanned = 0;
         for (b, h) in index.batches.iter().enumerate() {
             let expected: Vec<u32> = (0..h.hashes.len() as u32)

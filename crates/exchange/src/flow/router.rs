@@ -250,15 +250,17 @@ impl Router {
                 // Reported before this batch is routed, so that a batch that reaches
                 // round 0 (with the first batches, often the whole input of a small
                 // table) is held for its answer too.
+                // The final build list first: fetch on demand does not ask for keys
+                // whose probe rows are broadcast.
+                if build_pending && self.sh.build_list_is_final() {
+                    self.take_build_list();
+                    build_pending = false;
+                }
                 for r in self.detector.advance(rows as u64) {
                     // Only with candidates of its own: see `FIRST_ROUND_WAIT`.
                     awaiting |=
                         r.iteration == 0 && !r.candidates.is_empty() && self.fetch.is_none();
                     self.report(&reports.ep, r, true).await?;
-                }
-                if build_pending && self.sh.build_list_is_final() {
-                    self.take_build_list();
-                    build_pending = false;
                 }
                 if awaiting || build_pending {
                     held_rows += rows as u64;

@@ -676,7 +676,7 @@ impl<'a> Wiring<'a> {
             if fetch_rx.is_some() { self.n } else { 1 },
         )));
         if let Some(rx) = fetch_rx {
-            tasks.spawn(Box::pin(requests(rx, owner_tx.clone())));
+            tasks.spawn(Box::pin(requests(self.rounds(), rx, owner_tx.clone())));
         }
         tasks.spawn(Box::pin(listen(Arc::clone(sh), announce_rx, owner_tx)));
         if let Some(task) = sfr_task {
