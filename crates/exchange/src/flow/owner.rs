@@ -9,8 +9,9 @@
 //! - *Broadcasting*: for each announced round, in order, sends the partition's rows of
 //!   that round's heavy hashes to every worker and ends the round's exchange (also when
 //!   the round named none). With fetch on demand, each worker's request of a round is
-//!   answered to that worker alone, with the rows of the keys it named, and the round's
-//!   exchange ends once every worker asked (rounds may interleave).
+//!   answered to that worker alone, with the rows of the keys it named, and its stream
+//!   to that worker ends there, so the worker's heavy join of the round waits for no
+//!   other worker's progress (rounds may interleave).
 //! - *Done* once every round was announced (or requested by every worker); a stream
 //!   of them that ends earlier is an error.
 //!
@@ -22,7 +23,7 @@ use super::announcements::announced_empty;
 use super::lookup::{HashSetU64, Modulo};
 use super::matches::number_rows;
 use super::shared::{Hashed, Shared, name_heavy_hitter};
-use crate::sender::SendMetrics;
+use crate::sender::{SendMetrics, transport_err};
 use arrow::array::{RecordBatch, UInt32Array};
 use arrow::compute::take_record_batch;
 use arrow::datatypes::SchemaRef;
@@ -148,6 +149,12 @@ pub(super) async fn own(
                     outlet.push(ep, part, &metrics).await?;
                 }
                 outlet.flush(ep, &metrics).await?;
+            }
+            // A fetch request's answer is complete: that worker's heavy join of the
+            // round need not wait for the others' requests.
+            if let To::Node(_) = to {
+                let end = ep.acquire(to).await.map_err(transport_err)?;
+                ep.put(end, true).map_err(transport_err)?;
             }
             asked[round as usize] += 1;
             if asked[round as usize] == askers {
