@@ -240,9 +240,47 @@ fn int(r: &gyre_cluster::coordinator::StatementResult, row: usize, col: usize) -
     arrow::array::AsArray::as_primitive::<arrow::datatypes::Int64Type>(c.as_ref()).value(row)
 }
 
-/// A `gyre local --listen` cluster serves Flight SQL before its workers are in, so a
-/// client could load a table on some workers and query it after the others joined:
-/// the newcomers used to fail the scan ("no partition on this worker").
+/// A cluster that starts its own workers serves its port before they register
+/// (through it): a statement that comes first waits for all of them, so a table it
+/// loads spans every worker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statements_wait_for_a_starting_clusters_workers() {
+    let mut cluster = LocalCluster::start(0, 1, "127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let c = std::sync::Arc::clone(&cluster.coordinator);
+    c.expect_workers(3);
+    let load = tokio::spawn({
+        let c = std::sync::Arc::clone(&c);
+        async move {
+            c.sql("CREATE TABLE early AS SELECT value AS k FROM generate_series(1, 100000)")
+                .await
+        }
+    });
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        assert!(
+            !load.is_finished(),
+            "a statement ran before every worker registered"
+        );
+        cluster.start_worker(1).await.unwrap();
+    }
+    load.await.unwrap().unwrap();
+    let r = c
+        .sql_one("SELECT count(*) FROM gyre_workers() WHERE tables > 0")
+        .await
+        .unwrap();
+    assert_eq!(int(&r, 0, 0), 3, "the table spans every worker");
+    let r = c
+        .sql_one("SELECT count(*), sum(k) FROM early")
+        .await
+        .unwrap();
+    assert_eq!((int(&r, 0, 0), int(&r, 0, 1)), (100_000, 5_000_050_000));
+}
+
+/// A worker can join a running cluster (a standalone coordinator's workers come and
+/// go) after a table was loaded on the others: a query then runs on it too, and the
+/// newcomer used to fail the scan ("no partition on this worker").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_that_joins_after_a_load_holds_none_of_the_old_tables() {
     let mut cluster = LocalCluster::start(2, 1, "127.0.0.1:0".parse().unwrap())

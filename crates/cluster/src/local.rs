@@ -37,6 +37,8 @@ impl LocalCluster {
             ..Default::default()
         };
         let coordinator = Coordinator::start(config).await?;
+        // Its workers register through the port it serves: statements wait for them.
+        coordinator.expect_workers(workers);
         let listener = tokio::net::TcpListener::bind(listen).await?;
         let addr = serve(Arc::clone(&coordinator), listener);
         let mut cluster = Self {

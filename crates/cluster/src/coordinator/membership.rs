@@ -3,6 +3,9 @@
 
 use super::*;
 
+/// How long statements wait for a starting cluster's workers.
+pub const STARTING_WAIT: Duration = Duration::from_secs(30);
+
 impl Coordinator {
     /// Workers currently alive, in id order: partition `i` of a query runs on the `i`-th.
     pub fn live_workers(&self) -> Vec<NodeId> {
@@ -45,6 +48,31 @@ impl Coordinator {
     }
 
     /// Waits until at least `n` workers are registered.
+    /// A cluster that starts `n` workers of its own (`gyre local`) serves its port
+    /// before they are in, since they register through it: until `n` registered,
+    /// statements wait (at most [`STARTING_WAIT`]), so that no table is loaded onto
+    /// fewer workers than the cluster has.
+    pub fn expect_workers(&self, n: usize) {
+        self.expected_workers.store(n, Ordering::SeqCst);
+    }
+
+    /// Waits until the workers [`Coordinator::expect_workers`] named have registered;
+    /// once they have, the cluster counts as started and this returns at once.
+    pub(super) async fn started(&self) -> Result<()> {
+        let n = self.expected_workers.load(Ordering::SeqCst);
+        if n == 0 {
+            return Ok(());
+        }
+        self.wait_for_workers(n, STARTING_WAIT).await.map_err(|_| {
+            exec_err(format!(
+                "the cluster is starting: {} of its {n} workers registered within {STARTING_WAIT:?}",
+                self.live_workers().len()
+            ))
+        })?;
+        self.expected_workers.store(0, Ordering::SeqCst);
+        Ok(())
+    }
+
     pub async fn wait_for_workers(&self, n: usize, timeout: Duration) -> Result<()> {
         let deadline = Instant::now() + timeout;
         while self.live_workers().len() < n {

@@ -132,6 +132,9 @@ pub struct Coordinator {
     next_query: AtomicU64,
     /// Set by [`Coordinator::shutdown`]: connections ending now are no deaths.
     stopping: AtomicBool,
+    /// Workers a starting cluster waits for before it runs statements (0: none, or
+    /// started): see [`Coordinator::expect_workers`].
+    expected_workers: std::sync::atomic::AtomicUsize,
     running: Mutex<HashMap<u64, RunningQuery>>,
     /// Names of tables a statement is creating right now (two may not race).
     creating: Arc<Mutex<std::collections::HashSet<String>>>,
@@ -211,6 +214,7 @@ impl Coordinator {
             next_node: AtomicU32::new(1),
             next_query: AtomicU64::new(1),
             stopping: AtomicBool::new(false),
+            expected_workers: std::sync::atomic::AtomicUsize::new(0),
             running: Mutex::new(HashMap::new()),
             creating: Arc::new(Mutex::new(std::collections::HashSet::new())),
             modifying: tokio::sync::Mutex::new(()),

@@ -39,6 +39,7 @@ impl Coordinator {
         session: &SessionContext,
         sql: &str,
     ) -> Result<Vec<StatementResult>> {
+        self.started().await?;
         let statements = self.parse(session, sql)?;
         let mut out = Vec::with_capacity(statements.len());
         for stmt in statements {
@@ -49,6 +50,7 @@ impl Coordinator {
 
     /// The schema a statement's result will have, found by planning it (not running it).
     pub async fn result_schema(&self, session: &SessionContext, sql: &str) -> Result<SchemaRef> {
+        self.started().await?;
         let workers = self.live_workers();
         let state = self.query_state(session, &workers);
         let plan = state.create_logical_plan(sql).await?;
@@ -72,6 +74,7 @@ impl Coordinator {
         session: &SessionContext,
         sql: &str,
     ) -> Result<Outcome> {
+        self.started().await?;
         let mut statements = self.parse(session, sql)?;
         let Some(mut last) = statements.pop_back() else {
             return plan_err!("no statement to run");
