@@ -15,6 +15,8 @@ echo "== cargo fmt"
 cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --release --workspace --all-targets -- -D warnings
+# A server built without the benchmark handlers (cargo feature `bench`) still builds.
+cargo clippy --release -p gyre-cluster --no-default-features -- -D warnings
 echo "== cargo test"
 cargo test --release --workspace
 if [ "${GYRE_QUICK:-0}" != "1" ]; then
