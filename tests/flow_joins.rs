@@ -386,13 +386,7 @@ async fn fetch_on_demand_keeps_heavy_keys_where_they_are_found() {
     assert!(kept.iter().sum::<u64>() > 100_000, "{kept:?}\n{analyzed}");
     // No router waited for an announcement: their timers never ran (a timer that
     // never ran shows 1ns).
-    let waits: Vec<&str> = analyzed
-        .match_indices("first_round_wait=")
-        .map(|(at, m)| {
-            let v = &analyzed[at + m.len()..];
-            &v[..v.find([',', ']']).unwrap()]
-        })
-        .collect();
+    let waits = first_round_waits(&analyzed);
     assert_eq!(waits.len(), 3, "{analyzed}");
     assert!(
         waits.iter().all(|w| w.ends_with("ns")),
@@ -438,13 +432,7 @@ async fn analyze_shows_heavy_hitters_and_the_setting_switches_it_off() {
     let analyzed = analyze(c, uniform).await;
     assert!(analyzed.contains("FlowJoinExec"), "{analyzed}");
     assert_eq!(metric(&analyzed, "heavy_hitters"), [0, 0, 0], "{analyzed}");
-    let waits: Vec<&str> = analyzed
-        .match_indices("first_round_wait=")
-        .map(|(at, m)| {
-            let v = &analyzed[at + m.len()..];
-            &v[..v.find([',', ']']).unwrap()]
-        })
-        .collect();
+    let waits = first_round_waits(&analyzed);
     assert_eq!(waits.len(), 3, "{analyzed}");
     // A timer that never ran shows 1ns; the wait for an answer takes microseconds at least.
     assert!(
@@ -643,6 +631,17 @@ async fn analyze(c: &Arc<Coordinator>, q: &str) -> String {
 
 /// The per-worker values of metric `name` in an `EXPLAIN ANALYZE` text (in the
 /// `metrics=[..]` lists, as a whole name: `heavy_hitters` is not `build_heavy_hitters`).
+/// Each worker's `first_round_wait` timer as `EXPLAIN ANALYZE` shows it.
+fn first_round_waits(analyzed: &str) -> Vec<&str> {
+    analyzed
+        .match_indices("first_round_wait=")
+        .map(|(at, m)| {
+            let v = &analyzed[at + m.len()..];
+            &v[..v.find([',', ']']).unwrap()]
+        })
+        .collect()
+}
+
 fn metric(analyzed: &str, name: &str) -> Vec<u64> {
     let pattern = format!("{name}=");
     analyzed

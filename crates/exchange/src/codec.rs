@@ -195,9 +195,10 @@ impl BatchDecoder {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tests::{lone_node, stream_to_self};
     use arrow::array::{DictionaryArray, Int64Array, StringArray};
     use arrow::datatypes::Int32Type;
-    use gyre_transport::{ReceiveSpec, SendSpec, TcpTransport, To, Transport, TransportConfig};
+    use gyre_transport::To;
     use std::sync::Arc;
 
     #[test]
@@ -230,13 +231,7 @@ mod tests {
             ("d", Arc::new(dict) as _),
         ])
         .unwrap();
-        let t = TcpTransport::bind(
-            1,
-            "127.0.0.1:0".parse().unwrap(),
-            TransportConfig::default(),
-        )
-        .await
-        .unwrap();
+        let t = lone_node().await;
         for (q, compression) in [
             None,
             Some(CompressionType::LZ4_FRAME),
@@ -246,22 +241,7 @@ mod tests {
         .enumerate()
         {
             let q = q as u64;
-            let send = t
-                .open_send(SendSpec {
-                    query: q,
-                    exchange: 0,
-                    from: 0,
-                    destinations: vec![1],
-                    groups: vec![],
-                })
-                .unwrap();
-            let recv = t
-                .open_receive(ReceiveSpec {
-                    query: q,
-                    exchange: 0,
-                    sources: vec![(0, 1)],
-                })
-                .unwrap();
+            let (send, recv) = stream_to_self(&t, q);
             let mut enc = BatchEncoder::try_new(&batch.schema(), compression).unwrap();
             let mut dec = BatchDecoder::default();
             for _ in 0..3 {
@@ -283,22 +263,7 @@ mod tests {
                 RecordBatch::try_new_with_options(Arc::clone(&empty), vec![], &options).unwrap()
             };
             let mut dec = BatchDecoder::default();
-            let recv2 = t
-                .open_receive(ReceiveSpec {
-                    query: q + 100,
-                    exchange: 0,
-                    sources: vec![(0, 1)],
-                })
-                .unwrap();
-            let send2 = t
-                .open_send(SendSpec {
-                    query: q + 100,
-                    exchange: 0,
-                    from: 0,
-                    destinations: vec![1],
-                    groups: vec![],
-                })
-                .unwrap();
+            let (send2, recv2) = stream_to_self(&t, q + 100);
             let buf = send2.acquire(To::Node(1)).await.unwrap();
             let buf = enc.encode_into(&rows_only(7), buf).unwrap();
             let buf = enc.encode_into(&rows_only(0), buf).unwrap();

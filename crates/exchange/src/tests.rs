@@ -12,11 +12,44 @@ use datafusion::execution::TaskContext;
 use datafusion::physical_expr::expressions::col;
 use datafusion::physical_plan::{ExecutionPlan, Partitioning, common};
 use datafusion::prelude::SessionConfig;
-use gyre_transport::{COORDINATOR, NodeId, Schedule, TcpTransport, Transport, TransportConfig};
+use gyre_transport::{
+    COORDINATOR, NodeId, ReceiveEndpoint, ReceiveSpec, Schedule, SendEndpoint, SendSpec,
+    TcpTransport, Transport, TransportConfig,
+};
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
+
+/// Node 1 alone on loopback, for tests that send to themselves.
+pub(crate) async fn lone_node() -> TcpTransport {
+    let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    TcpTransport::bind(1, any, TransportConfig::default())
+        .await
+        .unwrap()
+}
+
+/// One stream from `t` to itself: `query`, exchange 0, sender slot 0.
+pub(crate) fn stream_to_self(t: &TcpTransport, query: u64) -> (SendEndpoint, ReceiveEndpoint) {
+    let me = t.node_id();
+    let send = t
+        .open_send(SendSpec {
+            query,
+            exchange: 0,
+            from: 0,
+            destinations: vec![me],
+            groups: vec![],
+        })
+        .unwrap();
+    let recv = t
+        .open_receive(ReceiveSpec {
+            query,
+            exchange: 0,
+            sources: vec![(0, me)],
+        })
+        .unwrap();
+    (send, recv)
+}
 
 fn schema() -> SchemaRef {
     Arc::new(Schema::new(vec![

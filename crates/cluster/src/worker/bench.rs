@@ -53,14 +53,18 @@ mod runs {
     use gyre_transport::node_name;
 
     impl Worker {
+        /// This worker's place among a run's nodes.
+        fn index_in(&self, nodes: &[gyre_transport::NodeId]) -> Result<usize, String> {
+            nodes
+                .iter()
+                .position(|n| *n == self.node)
+                .ok_or_else(|| format!("{} is not one of its nodes", node_name(self.node)))
+        }
+
         /// Takes part in a synthetic shuffle between the workers of `run`.
         pub(super) async fn bench_shuffle(&self, run: ShuffleRun) -> Result<ShuffleFigures> {
             let bad = |e: String| DataFusionError::Execution(format!("shuffle benchmark: {e}"));
-            let index = run
-                .nodes
-                .iter()
-                .position(|n| *n == self.node)
-                .ok_or_else(|| bad(format!("{} is not one of its nodes", node_name(self.node))))?;
+            let index = self.index_in(&run.nodes).map_err(bad)?;
             let spec = ShuffleSpec {
                 nodes: run.nodes,
                 index,
@@ -92,11 +96,7 @@ mod runs {
         /// Takes part in a synthetic cyclo-join between the workers of `run`.
         pub(super) async fn bench_join(&self, run: JoinRun) -> Result<JoinFigures> {
             let bad = |e: String| DataFusionError::Execution(format!("join benchmark: {e}"));
-            let index = run
-                .nodes
-                .iter()
-                .position(|n| *n == self.node)
-                .ok_or_else(|| bad(format!("{} is not one of its nodes", node_name(self.node))))?;
+            let index = self.index_in(&run.nodes).map_err(bad)?;
             let Some(algorithm) = run.strategy.strip_prefix("cyclo-") else {
                 return Err(bad(format!(
                     "'{}' is not a cyclo-join; the partitioned joins run as SQL",

@@ -14,10 +14,8 @@
 //! With fetch on demand, probe-side rounds are not announced: the *request listener*
 //! hands every worker's fetch requests to the owner, which answers each to its sender.
 
-use super::HeavyHitter;
 use super::owner::Wanted;
-use super::shared::{HeavySet, Shared, control_of, send_control};
-use crate::sender::transport_err;
+use super::shared::{HeavySet, Shared, next_control, send_control};
 use datafusion::common::{Result, internal_datafusion_err};
 use gyre_join::flow::control::{Control, Side};
 use gyre_join::flow::detect::Coordinator;
@@ -32,13 +30,7 @@ pub(super) async fn listen(
     ep: ReceiveEndpoint,
     owner_tx: mpsc::UnboundedSender<Wanted>,
 ) -> Result<()> {
-    while let Some(msg) = ep.get().await.map_err(transport_err)? {
-        if msg.data().is_empty() {
-            ep.release(msg);
-            continue;
-        }
-        let control = control_of(&msg)?;
-        ep.release(msg);
+    while let Some((control, _)) = next_control(&ep).await? {
         let Control::Announce {
             side,
             iteration,
@@ -49,37 +41,19 @@ pub(super) async fn listen(
                 "Flow-Join expected a heavy-hitter announcement, got {control:?}"
             ));
         };
-        {
-            let mut report = sh.report.lock();
-            let heavy = report.heavy_of(side);
-            for &(hash, estimate) in &keys {
-                heavy.entry(hash).or_insert(HeavyHitter {
-                    iteration,
-                    estimate,
-                    key: None,
-                });
-            }
+        if side == Side::Build && sh.build_iterations == 0 {
+            return Err(internal_datafusion_err!(
+                "build-side heavy hitters announced to a Flow-Join that does not route its build input"
+            ));
         }
-        let hashes: Vec<u64> = keys.iter().map(|k| k.0).collect();
-        sh.heavy(side).extend(&hashes, iteration);
-        match side {
-            Side::Build => {
-                if sh.build_iterations == 0 {
-                    return Err(internal_datafusion_err!(
-                        "build-side heavy hitters announced to a Flow-Join that does not route its build input"
-                    ));
-                }
-                sh.m.build_heavy_hitters.add(keys.len());
-            }
-            Side::Probe => {
-                sh.m.heavy_hitters.add(keys.len());
-                // An empty round still counts: the owner ends that round's broadcast.
-                let _ = owner_tx.send(Wanted {
-                    round: iteration,
-                    hashes,
-                    to: To::All,
-                });
-            }
+        let hashes = sh.adopt_heavy(side, iteration, &keys);
+        if side == Side::Probe {
+            // An empty round still counts: the owner ends that round's broadcast.
+            let _ = owner_tx.send(Wanted {
+                round: iteration,
+                hashes,
+                to: To::All,
+            });
         }
         // A router waiting for round 0, or for the final build-side list, goes on.
         sh.rounds(side).send_modify(|r| *r += 1);
@@ -97,14 +71,7 @@ pub(super) async fn requests(
     owner_tx: mpsc::UnboundedSender<Wanted>,
 ) -> Result<()> {
     let mut asked: Vec<HashSet<NodeId>> = vec![HashSet::new(); rounds as usize];
-    while let Some(msg) = ep.get().await.map_err(transport_err)? {
-        if msg.data().is_empty() {
-            ep.release(msg);
-            continue;
-        }
-        let control = control_of(&msg)?;
-        let from = msg.node;
-        ep.release(msg);
+    while let Some((control, from)) = next_control(&ep).await? {
         let Control::Fetch {
             side: Side::Probe,
             iteration,
@@ -165,14 +132,7 @@ pub(super) async fn detect(
     let result = async {
         let mut coordinator = Coordinator::new(sh.n(), iterations, threshold);
         let mut build = Coordinator::new(sh.n(), sh.build_iterations as usize, threshold);
-        while let Some(msg) = reports.get().await.map_err(transport_err)? {
-            if msg.data().is_empty() {
-                reports.release(msg);
-                continue;
-            }
-            let control = control_of(&msg)?;
-            let from = msg.node;
-            reports.release(msg);
+        while let Some((control, from)) = next_control(&reports).await? {
             let Control::Report {
                 side,
                 iteration,
@@ -221,7 +181,7 @@ pub(super) async fn detect(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gyre_transport::{ReceiveSpec, SendSpec, TcpTransport, Transport, TransportConfig};
+    use crate::tests::{lone_node, stream_to_self};
     use std::time::Duration;
 
     /// A worker's fetch requests, as a peer would send them, through the request
@@ -229,30 +189,12 @@ mod tests {
     /// the sender, before the owner could end a round early.
     #[tokio::test]
     async fn a_repeated_or_unknown_fetch_request_is_refused() {
-        let any = "127.0.0.1:0".parse().unwrap();
-        let t = TcpTransport::bind(1, any, TransportConfig::default())
-            .await
-            .unwrap();
+        let t = lone_node().await;
         for (query, rounds_sent, named) in [
             (1, [0, 0], "asked twice"),
             (2, [1, 5], "round 5, but only 3 run"),
         ] {
-            let send = t
-                .open_send(SendSpec {
-                    query,
-                    exchange: 0,
-                    from: 0,
-                    destinations: vec![1],
-                    groups: vec![],
-                })
-                .unwrap();
-            let recv = t
-                .open_receive(ReceiveSpec {
-                    query,
-                    exchange: 0,
-                    sources: vec![(0, 1)],
-                })
-                .unwrap();
+            let (send, recv) = stream_to_self(&t, query);
             for iteration in rounds_sent {
                 let msg = Control::Fetch {
                     side: Side::Probe,

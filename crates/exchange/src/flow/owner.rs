@@ -49,8 +49,9 @@ pub(super) struct Wanted {
 /// Collects the build partition for the usual join, then sends, for every detection
 /// round, the rows of the hashes wanted in it, and ends that round's exchange after
 /// `askers` requests of the round (1: the announcement of the global list; every
-/// worker with fetch on demand), also when they name none. With `numbered` (build-preserving joins), the
-/// rows get their ids first, and the numbered partition also goes to the end phase.
+/// worker with fetch on demand), also when they name none. With `numbered`
+/// (build-preserving joins), the rows get their ids first, and the numbered partition
+/// also goes to the end phase.
 /// With `kept` (joins that route their build input), the rows of build-heavy keys go
 /// there instead, once the build side's heavy hitters are final.
 #[allow(clippy::too_many_arguments)]

@@ -489,20 +489,7 @@ impl Router {
                 .collect(),
             false => Vec::new(),
         };
-        {
-            let mut report = self.sh.report.lock();
-            let heavy = report.heavy_of(Side::Probe);
-            for &(hash, estimate) in &keys {
-                heavy.entry(hash).or_insert(super::HeavyHitter {
-                    iteration: r.iteration,
-                    estimate,
-                    key: None,
-                });
-            }
-        }
-        let hashes: Vec<u64> = keys.iter().map(|k| k.0).collect();
-        self.sh.heavy.extend(&hashes, r.iteration);
-        self.sh.m.heavy_hitters.add(keys.len());
+        self.sh.adopt_heavy(Side::Probe, r.iteration, &keys);
         let msg = Control::Fetch {
             side: Side::Probe,
             iteration: r.iteration,

@@ -6,8 +6,8 @@
 //! that side's counter, so a task that sees counter `r` sees every hash of rounds
 //! `0..r`.
 
-use super::FlowReport;
 use super::metrics::FlowMetrics;
+use super::{FlowReport, HeavyHitter};
 use crate::codec::BatchEncoder;
 use crate::context::QueryContext;
 use crate::sender::{Outlet, SendMetrics, transport_err};
@@ -79,6 +79,31 @@ impl Shared {
             Side::Build => &self.build_rounds,
             Side::Probe => &self.rounds,
         }
+    }
+
+    /// Takes `keys` (hash, estimated rows) as `side`'s heavy hitters of round
+    /// `iteration`, whether announced by worker 0 or found here (fetch on demand):
+    /// recorded for `EXPLAIN ANALYZE`, appended to the side's list, counted. Returns
+    /// their hashes; the caller counts the round as applied once it acted on them.
+    pub(super) fn adopt_heavy(&self, side: Side, iteration: u32, keys: &[(u64, u64)]) -> Vec<u64> {
+        {
+            let mut report = self.report.lock();
+            let heavy = report.heavy_of(side);
+            for &(hash, estimate) in keys {
+                heavy.entry(hash).or_insert(HeavyHitter {
+                    iteration,
+                    estimate,
+                    key: None,
+                });
+            }
+        }
+        let hashes: Vec<u64> = keys.iter().map(|k| k.0).collect();
+        self.heavy(side).extend(&hashes, iteration);
+        match side {
+            Side::Build => self.m.build_heavy_hitters.add(keys.len()),
+            Side::Probe => self.m.heavy_hitters.add(keys.len()),
+        }
+        hashes
     }
 
     /// Waits until the build-side heavy hitters are final (every round announced).
@@ -186,13 +211,25 @@ pub(super) async fn send_control(ep: &SendEndpoint, to: To, msg: &Control) -> Re
     ep.put(buf, false).map_err(transport_err)
 }
 
-pub(super) fn control_of(r: &gyre_transport::Received) -> Result<Control> {
-    Control::decode(r.data()).map_err(|e| {
-        internal_datafusion_err!(
-            "bad Flow-Join control message from {}: {e}",
-            node_name(r.node)
-        )
-    })
+/// The next control message on `ep` and its sender, skipping empty messages (the
+/// ends of streams); `None` once every source has ended.
+pub(super) async fn next_control(ep: &ReceiveEndpoint) -> Result<Option<(Control, NodeId)>> {
+    while let Some(msg) = ep.get().await.map_err(transport_err)? {
+        if msg.data().is_empty() {
+            ep.release(msg);
+            continue;
+        }
+        let (control, from) = (Control::decode(msg.data()), msg.node);
+        ep.release(msg);
+        let control = control.map_err(|e| {
+            internal_datafusion_err!(
+                "bad Flow-Join control message from {}: {e}",
+                node_name(from)
+            )
+        })?;
+        return Ok(Some((control, from)));
+    }
+    Ok(None)
 }
 
 pub(super) fn recompute() -> ReplaceChildrenOptions {
