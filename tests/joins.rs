@@ -164,6 +164,66 @@ async fn explain_shows_fragments_exchanges_and_join_strategies() {
     }
 }
 
+/// Column statistics (ranges, null and distinct counts) follow every insert and
+/// delete, EXPLAIN shows them with `datafusion.explain.show_statistics`, and they let
+/// the planner see that a join of two large tables is large.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn column_statistics_follow_changes_and_orient_joins() {
+    let cluster = LocalCluster::start(3, 1, "127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let c = &cluster.coordinator;
+    c.sql("SET datafusion.explain.show_statistics = true")
+        .await
+        .unwrap();
+    let estimates = |sql: &'static str| async move {
+        let plan = text(c.sql_one(&format!("EXPLAIN {sql}")).await.unwrap());
+        let scan = plan
+            .lines()
+            .rev()
+            .find(|l| l.contains("GyreScanExec") && l.contains("statistics="))
+            .unwrap_or_else(|| panic!("no estimates:\n{plan}"))
+            .to_string();
+        scan
+    };
+    c.sql("CREATE TABLE t (a BIGINT, b VARCHAR) PARTITION BY a; \
+           INSERT INTO t SELECT value, CASE WHEN value % 10 = 0 THEN NULL ELSE 'x' || (value % 7) END \
+           FROM generate_series(1, 2000) AS s(value)")
+        .await
+        .unwrap();
+    let scan = estimates("SELECT a, b FROM t").await;
+    assert!(
+        scan.contains("Min=Inexact(Int64(1)) Max=Inexact(Int64(2000))"),
+        "{scan}"
+    );
+    assert!(scan.contains("Null=Inexact(200)"), "{scan}");
+    assert!(scan.contains("Distinct=Inexact(7)"), "{scan}");
+    c.sql("INSERT INTO t VALUES (5000, 'y')").await.unwrap();
+    let scan = estimates("SELECT a FROM t").await;
+    assert!(scan.contains("Max=Inexact(Int64(5000))"), "{scan}");
+    c.sql("DELETE FROM t WHERE a > 100").await.unwrap();
+    let scan = estimates("SELECT a FROM t").await;
+    assert!(scan.contains("Max=Inexact(Int64(100))"), "{scan}");
+    // Estimates never stand in for the rows: the answer comes from the table.
+    c.sql("INSERT INTO t VALUES (7000, NULL)").await.unwrap();
+    let max = c.sql_one("SELECT max(a), count(b) FROM t").await.unwrap();
+    assert_eq!(canonical_rows(&max.batches).unwrap(), vec!["7000|90"]);
+
+    // TPC-H Q18's shape: the orders-lineitem join is far larger than the orders
+    // whose quantities pass the HAVING, so the subquery's side builds the hash table.
+    c.load_tpch(0.01).await.unwrap();
+    let plan = text(
+        c.sql_one(
+            "EXPLAIN SELECT o_orderkey, sum(l_quantity) FROM orders JOIN lineitem \
+             ON o_orderkey = l_orderkey WHERE o_orderkey IN (SELECT l_orderkey FROM lineitem \
+             GROUP BY l_orderkey HAVING sum(l_quantity) > 300) GROUP BY o_orderkey",
+        )
+        .await
+        .unwrap(),
+    );
+    assert!(plan.contains("join_type=RightSemi"), "{plan}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn external_csv_and_parquet_files_load_and_bad_files_fail_clearly() {
     let dir = tempfile::tempdir().unwrap();

@@ -9,7 +9,7 @@ use arrow::datatypes::{Schema, SchemaRef};
 use datafusion::common::JoinSide;
 use datafusion::common::parsers::CompressionTypeVariant;
 use datafusion::common::tree_node::{Transformed, TreeNode};
-use datafusion::common::{Result, internal_datafusion_err, internal_err};
+use datafusion::common::{ColumnStatistics, Result, internal_datafusion_err, internal_err};
 use datafusion::datasource::file_format::file_compression_type::FileCompressionType;
 use datafusion::datasource::physical_plan::FileScanConfig;
 use datafusion::datasource::sink::DataSinkExec;
@@ -20,6 +20,7 @@ use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::aggregates::{AggregateExec, PhysicalGroupBy};
 use datafusion::physical_plan::joins::utils::{ColumnIndex, JoinFilter};
 use datafusion::physical_plan::sorts::partitioned_topk::{PartitionedTopKExec, WindowFnKind};
+use datafusion_proto::generated::datafusion_common::ColumnStats;
 use datafusion_proto::physical_plan::from_proto::parse_physical_expr;
 use datafusion_proto::physical_plan::to_proto::serialize_physical_expr;
 use datafusion_proto::physical_plan::{
@@ -44,6 +45,8 @@ enum NodeProto {
         hash_key: Option<String>,
         rows: u64,
         column_bytes: Vec<u64>,
+        /// The table's column statistics, each a protobuf `ColumnStats`.
+        column_stats: Vec<Vec<u8>>,
     },
     Insert {
         table: String,
@@ -194,6 +197,17 @@ pub fn schema_from_bytes(bytes: &[u8]) -> Result<SchemaRef> {
     Ok(Arc::new(Schema::try_from(&proto)?))
 }
 
+fn column_stats_from_bytes(encoded: &[Vec<u8>]) -> Result<Vec<ColumnStatistics>> {
+    encoded
+        .iter()
+        .map(|bytes| {
+            ColumnStats::decode(bytes.as_slice())
+                .map(|c| ColumnStatistics::from(&c))
+                .map_err(|e| internal_datafusion_err!("bad column statistics in a scan: {e}"))
+        })
+        .collect()
+}
+
 fn expr_bytes(e: &Arc<dyn PhysicalExpr>, codec: &GyreCodec) -> Result<Vec<u8>> {
     Ok(serialize_physical_expr(e, codec)?.encode_to_vec())
 }
@@ -336,15 +350,19 @@ impl PhysicalExtensionCodec for GyreCodec {
                 hash_key,
                 rows,
                 column_bytes,
-            } => Arc::new(GyreScanExec::new(
-                table,
-                schema_from_bytes(&schema)?,
-                projection,
-                holders,
-                hash_key,
-                rows,
-                column_bytes,
-            )?),
+                column_stats,
+            } => Arc::new(
+                GyreScanExec::new(
+                    table,
+                    schema_from_bytes(&schema)?,
+                    projection,
+                    holders,
+                    hash_key,
+                    rows,
+                    column_bytes,
+                )?
+                .with_column_statistics(column_stats_from_bytes(&column_stats)?),
+            ),
             NodeProto::Insert { table, key } => {
                 let input = inputs
                     .first()
@@ -554,6 +572,11 @@ impl PhysicalExtensionCodec for GyreCodec {
                 hash_key: s.hash_key.clone(),
                 rows: s.rows,
                 column_bytes: s.column_bytes.clone(),
+                column_stats: s
+                    .column_stats
+                    .iter()
+                    .map(|c| ColumnStats::from(c).encode_to_vec())
+                    .collect(),
             }
         } else if let Some(i) = node.downcast_ref::<GyreInsertExec>() {
             NodeProto::Insert {

@@ -3,6 +3,7 @@
 
 pub mod client_sessions;
 pub mod codec;
+pub mod column_stats;
 pub mod coordinator;
 pub mod execution;
 pub mod files;

@@ -1,5 +1,6 @@
 //! A worker's share of every table, held in memory.
 
+use crate::column_stats::{ColumnSketch, sketch_columns};
 use arrow::array::RecordBatch;
 use arrow::compute::cast;
 use arrow::datatypes::SchemaRef;
@@ -15,6 +16,8 @@ use std::sync::Arc;
 pub struct TablePart {
     pub schema: SchemaRef,
     pub batches: Vec<RecordBatch>,
+    /// One per column, over `batches`: extended as rows are appended.
+    pub sketches: Vec<ColumnSketch>,
 }
 
 /// Size figures of a table part, reported to the coordinator for planning.
@@ -23,10 +26,41 @@ pub struct PartStats {
     pub rows: u64,
     /// In-memory bytes of each column.
     pub column_bytes: Vec<u64>,
+    /// Per column: what the planner's estimates need (see [`crate::column_stats`]).
+    pub columns: Vec<ColumnSketch>,
 }
 
 impl TablePart {
-    pub fn stats(&self) -> PartStats {
+    fn new(schema: SchemaRef, batches: Vec<RecordBatch>) -> Self {
+        let sketches = sketch_columns(&batches, &schema);
+        Self {
+            schema,
+            batches,
+            sketches,
+        }
+    }
+
+    /// Appends committed rows and adds them to the column sketches.
+    fn append(&mut self, batches: Vec<RecordBatch>) {
+        let added = sketch_columns(&batches, &self.schema);
+        for ((sketch, extra), field) in self
+            .sketches
+            .iter_mut()
+            .zip(&added)
+            .zip(self.schema.fields())
+        {
+            sketch.merge(extra, field.data_type());
+        }
+        self.batches.extend(batches);
+    }
+
+    /// Rows and bytes, without the column sketches.
+    fn size(&self) -> (u64, u64) {
+        let stats = self.sizes();
+        (stats.0, stats.1.iter().sum())
+    }
+
+    fn sizes(&self) -> (u64, Vec<u64>) {
         let mut column_bytes = vec![0u64; self.schema.fields().len()];
         let mut rows = 0;
         for b in &self.batches {
@@ -35,7 +69,16 @@ impl TablePart {
                 column_bytes[i] += c.get_array_memory_size() as u64;
             }
         }
-        PartStats { rows, column_bytes }
+        (rows, column_bytes)
+    }
+
+    pub fn stats(&self) -> PartStats {
+        let (rows, column_bytes) = self.sizes();
+        PartStats {
+            rows,
+            column_bytes,
+            columns: self.sketches.clone(),
+        }
     }
 }
 
@@ -114,13 +157,9 @@ pub struct WorkerStorage {
 
 impl WorkerStorage {
     pub fn create_table(&self, name: &str, schema: SchemaRef) {
-        self.tables.write().insert(
-            name.to_string(),
-            Arc::new(TablePart {
-                schema,
-                batches: vec![],
-            }),
-        );
+        self.tables
+            .write()
+            .insert(name.to_string(), Arc::new(TablePart::new(schema, vec![])));
     }
 
     pub fn drop_table(&self, name: &str) {
@@ -143,9 +182,9 @@ impl WorkerStorage {
         let tables = self.tables.read();
         let (mut rows, mut bytes) = (0, 0);
         for part in tables.values() {
-            let stats = part.stats();
-            rows += stats.rows;
-            bytes += stats.column_bytes.iter().sum::<u64>();
+            let (r, b) = part.size();
+            rows += r;
+            bytes += b;
         }
         (tables.len() as u64, rows, bytes)
     }
@@ -199,17 +238,19 @@ impl WorkerStorage {
         let mut changed = vec![];
         for (name, change) in staged {
             if let Some(part) = tables.get_mut(&name) {
-                let mut new = TablePart::clone(part);
-                match change {
-                    Staged::Append(batches) => new.batches.extend(batches),
-                    Staged::Replace { base, batches } => {
+                let new = match change {
+                    Staged::Append(batches) => {
+                        let mut new = TablePart::clone(part);
+                        new.append(batches);
+                        new
+                    }
+                    Staged::Replace { base, mut batches } => {
                         // Inserts only append: what the part holds beyond `base` came
                         // after the change was computed and stays.
-                        let later = appended_since(&base, part);
-                        new.batches = batches;
-                        new.batches.extend(later);
+                        batches.extend(appended_since(&base, part));
+                        TablePart::new(Arc::clone(&part.schema), batches)
                     }
-                }
+                };
                 *part = Arc::new(new);
                 if !changed.contains(&name) {
                     changed.push(name);

@@ -64,6 +64,8 @@ pub struct TableMeta {
     pub workers: Vec<NodeId>,
     pub rows: u64,
     pub column_bytes: Vec<u64>,
+    /// Per column, for the planner's estimates (unknown until rows are committed).
+    pub columns: Vec<ColumnStatistics>,
     pub rules: TableRules,
 }
 
@@ -155,15 +157,18 @@ impl TableProvider for DistributedTable {
         } else {
             None
         };
-        Ok(Arc::new(GyreScanExec::new(
-            meta.name.clone(),
-            Arc::clone(&meta.schema),
-            projection.cloned(),
-            holders,
-            hash_key,
-            meta.rows,
-            meta.column_bytes.clone(),
-        )?))
+        Ok(Arc::new(
+            GyreScanExec::new(
+                meta.name.clone(),
+                Arc::clone(&meta.schema),
+                projection.cloned(),
+                holders,
+                hash_key,
+                meta.rows,
+                meta.column_bytes.clone(),
+            )?
+            .with_column_statistics(meta.columns.clone()),
+        ))
     }
 
     async fn delete_from(
@@ -291,6 +296,8 @@ pub struct GyreScanExec {
     pub hash_key: Option<String>,
     pub rows: u64,
     pub column_bytes: Vec<u64>,
+    /// The whole table's column statistics (not projected); empty when unknown.
+    pub column_stats: Vec<ColumnStatistics>,
     props: Arc<PlanProperties>,
 }
 
@@ -335,8 +342,17 @@ impl GyreScanExec {
             hash_key,
             rows,
             column_bytes,
+            column_stats: vec![],
             props,
         })
+    }
+
+    /// The scan with the table's column statistics (one per table column, or none).
+    pub fn with_column_statistics(mut self, column_stats: Vec<ColumnStatistics>) -> Self {
+        if column_stats.len() == self.table_schema.fields().len() {
+            self.column_stats = column_stats;
+        }
+        self
     }
 
     fn projected_columns(&self) -> Vec<usize> {
@@ -448,8 +464,15 @@ impl ExecutionPlan for GyreScanExec {
         let mut stats = Statistics::default()
             .with_num_rows(Precision::Inexact((self.rows / share) as usize))
             .with_total_byte_size(Precision::Inexact((bytes / share) as usize));
-        for _ in &cols {
-            stats = stats.add_column_statistics(ColumnStatistics::new_unknown());
+        for &i in &cols {
+            let column = match self.column_stats.get(i) {
+                Some(c) => ColumnStatistics {
+                    null_count: c.null_count.map(|n| n / share as usize),
+                    ..c.clone()
+                },
+                None => ColumnStatistics::new_unknown(),
+            };
+            stats = stats.add_column_statistics(column);
         }
         Ok(Arc::new(stats))
     }

@@ -115,6 +115,7 @@ impl Coordinator {
         self.register(TableMeta {
             name: name.to_string(),
             column_bytes: vec![0; schema.fields().len()],
+            columns: vec![],
             schema,
             placement,
             workers: workers.to_vec(),

@@ -2,6 +2,7 @@
 //! collecting its result, ending it everywhere, and its metrics.
 
 use super::*;
+use crate::column_stats;
 
 impl Coordinator {
     /// The coordinator's task context for a query planned in `state`: the session's
@@ -186,6 +187,10 @@ impl Coordinator {
                     .sum()
             })
             .collect();
+        meta.columns = column_stats::merge_parts(
+            per_worker.values().map(|s| s.columns.as_slice()),
+            &meta.schema,
+        );
         let provider = Arc::new(DistributedTable { meta: meta.clone() });
         drop(tables);
         let _ = self.ctx.deregister_table(TableReference::bare(table));

@@ -169,6 +169,14 @@ impl Coordinator {
             }
             LogicalPlan::Explain(e) => {
                 let physical = state.create_physical_plan(&e.plan).await?;
+                // The estimates the planner chose by, before the plan is cut into
+                // stages (an exchange's receiver knows nothing of its sender's input).
+                let estimates = state.config_options().explain.show_statistics.then(|| {
+                    DisplayableExecutionPlan::new(physical.as_ref())
+                        .set_show_statistics(true)
+                        .indent(true)
+                        .to_string()
+                });
                 let dplan = self.distribute(state.config_options(), physical, workers.len())?;
                 let mut text = format!(
                     "distributed plan over {} workers ({})\n",
@@ -180,6 +188,12 @@ impl Coordinator {
                         .join(", ")
                 );
                 text.push_str(&dplan.display());
+                if let Some(estimates) = estimates {
+                    text.push_str(
+                        "estimated statistics of the plan before it is cut into stages:\n",
+                    );
+                    text.push_str(&estimates);
+                }
                 text_result("plan", text.lines().map(String::from).collect())
             }
             LogicalPlan::Analyze(a) => {
