@@ -178,13 +178,11 @@ async fn column_statistics_follow_changes_and_orient_joins() {
         .unwrap();
     let estimates = |sql: &'static str| async move {
         let plan = text(c.sql_one(&format!("EXPLAIN {sql}")).await.unwrap());
-        let scan = plan
-            .lines()
+        plan.lines()
             .rev()
             .find(|l| l.contains("GyreScanExec") && l.contains("statistics="))
             .unwrap_or_else(|| panic!("no estimates:\n{plan}"))
-            .to_string();
-        scan
+            .to_string()
     };
     c.sql("CREATE TABLE t (a BIGINT, b VARCHAR) PARTITION BY a; \
            INSERT INTO t SELECT value, CASE WHEN value % 10 = 0 THEN NULL ELSE 'x' || (value % 7) END \

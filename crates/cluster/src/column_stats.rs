@@ -57,8 +57,6 @@ impl Figure {
     /// A fresh accumulator of this figure for values of `data_type`; `None` where
     /// DataFusion has none for that type.
     fn accumulator(self, data_type: &DataType) -> Option<Box<dyn Accumulator>> {
-        // Types of at most 16 bits count distinct values exactly, in a state whose
-        // merge does not check its input; their few values need no estimate.
         // Ranges of strings and nested values help few estimates, and comparing
         // every long string costs more than the rest of the sketch.
         if matches!(self, Figure::Min | Figure::Max)
@@ -66,6 +64,8 @@ impl Figure {
         {
             return None;
         }
+        // Types of at most 16 bits count distinct values exactly, in a state whose
+        // merge does not check its input; their few values need no estimate.
         if matches!(self, Figure::Distinct)
             && matches!(
                 data_type,
@@ -197,7 +197,7 @@ impl ColumnSketch {
     /// Adds `other`'s rows (a sketch of the same column) to this sketch. A figure
     /// either side does not know, or that does not merge, becomes unknown.
     pub fn merge(&mut self, other: &ColumnSketch, data_type: &DataType) {
-        self.nulls += other.nulls;
+        self.nulls = self.nulls.saturating_add(other.nulls);
         for (i, figure) in FIGURES.into_iter().enumerate() {
             let merged = match (&self.states[i], &other.states[i]) {
                 (Some(a), Some(b)) => merge_states(figure, data_type, a, b),

@@ -153,15 +153,22 @@ impl Coordinator {
             }
         });
         let mut out = BTreeMap::new();
+        let mut changed = BTreeSet::new();
         for (w, resp) in futures::future::join_all(calls).await {
             if let Some(Response::Finished { stages, tables }) = resp {
                 let mut stats = self.part_stats.lock();
                 for (table, s) in tables {
                     stats.entry(table.clone()).or_default().insert(w, s);
-                    self.refresh_table_stats(&table, &stats);
+                    changed.insert(table);
                 }
                 out.insert(w, stages);
             }
+        }
+        // Once per table, after every worker's figures are in: merging the
+        // parts' column sketches is the costly part.
+        let stats = self.part_stats.lock();
+        for table in changed {
+            self.refresh_table_stats(&table, &stats);
         }
         out
     }
