@@ -222,6 +222,36 @@ async fn column_statistics_follow_changes_and_orient_joins() {
     assert!(plan.contains("join_type=RightSemi"), "{plan}");
 }
 
+/// partsupp is placed on ps_partkey alone; a join on (partkey, suppkey) with a
+/// small input moves only that input, by part key, instead of broadcasting it or
+/// shuffling partsupp, and finds the same rows as the join on both keys.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_join_on_more_keys_than_the_placement_moves_only_the_other_input() {
+    let cluster = LocalCluster::start(3, 1, "127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let c = &cluster.coordinator;
+    c.load_tpch(0.01).await.unwrap();
+    // A plain shuffle (a Flow-Join would route the same rows itself).
+    c.sql("SET gyre.skew_detection = off").await.unwrap();
+    let query = "SELECT count(*), sum(ps_supplycost * l_quantity) \
+                 FROM (SELECT * FROM lineitem WHERE l_quantity < 3) l \
+                 JOIN partsupp ON l_partkey = ps_partkey AND l_suppkey = ps_suppkey";
+    let plan = text(c.sql_one(&format!("EXPLAIN {query}")).await.unwrap());
+    assert_eq!(plan.matches("shuffle hash").count(), 1, "{plan}");
+    assert!(plan.contains("shuffle hash([l_partkey"), "{plan}");
+    assert!(!plan.contains("broadcast"), "{plan}");
+    assert!(plan.contains("filter=l_suppkey@"), "{plan}");
+    let narrowed = c.sql_one(query).await.unwrap();
+    c.sql("SET gyre.join_strategy = 'shuffle'").await.unwrap();
+    let plan = text(c.sql_one(&format!("EXPLAIN {query}")).await.unwrap());
+    assert_eq!(plan.matches("shuffle hash").count(), 2, "{plan}");
+    let both_keys = c.sql_one(query).await.unwrap();
+    let rows = canonical_rows(&narrowed.batches).unwrap();
+    assert_eq!(rows, canonical_rows(&both_keys.batches).unwrap());
+    assert_ne!(rows, vec!["0|NULL"], "the join finds rows");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn external_csv_and_parquet_files_load_and_bad_files_fail_clearly() {
     let dir = tempfile::tempdir().unwrap();

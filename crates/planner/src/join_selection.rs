@@ -9,6 +9,7 @@
 //! side: inner joins and joins that preserve only the probe side.
 
 use crate::cyclo::JoinStrategy;
+use crate::placed_keys::narrow_to_placed_keys;
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
 use datafusion::common::{JoinType, Result};
@@ -143,6 +144,34 @@ impl PhysicalOptimizerRule for DistributedJoinSelection {
             }
             let left_keys: Vec<_> = join.on().iter().map(|(l, _)| Arc::clone(l)).collect();
             let right_keys: Vec<_> = join.on().iter().map(|(_, r)| Arc::clone(r)).collect();
+            if strategy == JoinStrategy::Auto
+                && !co_located(join.left(), &left_keys, n)
+                && !co_located(join.right(), &right_keys, n)
+                && let Some(narrowed) = narrow_to_placed_keys(join, n)?
+            {
+                let keys = |left: bool| -> Vec<_> {
+                    narrowed
+                        .on()
+                        .iter()
+                        .map(|(l, r)| Arc::clone(if left { l } else { r }))
+                        .collect()
+                };
+                let decision = choose(
+                    estimated_bytes(join.left()),
+                    estimated_bytes(join.right()),
+                    co_located(join.left(), &keys(true), n),
+                    co_located(join.right(), &keys(false), n),
+                    *join.join_type(),
+                    n,
+                );
+                if decision == JoinDistribution::Repartition {
+                    let partitioned = narrowed
+                        .builder()
+                        .with_partition_mode(PartitionMode::Partitioned)
+                        .build()?;
+                    return Ok(Transformed::yes(Arc::new(partitioned)));
+                }
+            }
             let decision = match strategy {
                 JoinStrategy::Shuffle => JoinDistribution::Repartition,
                 JoinStrategy::Broadcast => choose_broadcast(

@@ -14,6 +14,7 @@ pub mod cyclo;
 pub mod flow;
 pub mod join_selection;
 pub mod options;
+pub mod placed_keys;
 pub mod replay;
 pub mod stages;
 
