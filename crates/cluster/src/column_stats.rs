@@ -206,28 +206,34 @@ impl ColumnSketch {
             self.states[i] = merged;
         }
     }
+}
 
-    /// DataFusion's statistics of the column, every figure inexact.
-    pub fn statistics(&self, data_type: &DataType) -> ColumnStatistics {
-        let value = |i: usize| -> Option<ScalarValue> {
-            let state = self.states[i].as_ref()?;
-            let mut acc = FIGURES[i].accumulator(data_type)?;
+/// DataFusion's statistics (every figure inexact) of a column over the rows of
+/// all `sketches`: each figure's
+/// states go into one accumulator, evaluated once. A figure some sketch does not
+/// know, or whose state does not decode or merge, is unknown.
+fn statistics_of(sketches: &[&ColumnSketch], data_type: &DataType) -> ColumnStatistics {
+    let value = |i: usize| -> Option<ScalarValue> {
+        let mut acc = FIGURES[i].accumulator(data_type)?;
+        for sketch in sketches {
+            let state = sketch.states[i].as_ref()?;
             acc.merge_batch(&decode(FIGURES[i], data_type, state).ok()?)
                 .ok()?;
-            acc.evaluate().ok().filter(|v| !v.is_null())
-        };
-        let inexact = |v: Option<ScalarValue>| v.map_or(Precision::Absent, Precision::Inexact);
-        let distinct = match value(2) {
-            Some(ScalarValue::UInt64(Some(n))) => Precision::Inexact(n as usize),
-            _ => Precision::Absent,
-        };
-        ColumnStatistics {
-            null_count: Precision::Inexact(self.nulls as usize),
-            min_value: inexact(value(0)),
-            max_value: inexact(value(1)),
-            distinct_count: distinct,
-            ..ColumnStatistics::new_unknown()
         }
+        acc.evaluate().ok().filter(|v| !v.is_null())
+    };
+    let inexact = |v: Option<ScalarValue>| v.map_or(Precision::Absent, Precision::Inexact);
+    let distinct = match value(2) {
+        Some(ScalarValue::UInt64(Some(n))) => Precision::Inexact(n as usize),
+        _ => Precision::Absent,
+    };
+    let nulls = sketches.iter().fold(0u64, |n, s| n.saturating_add(s.nulls));
+    ColumnStatistics {
+        null_count: Precision::Inexact(nulls as usize),
+        min_value: inexact(value(0)),
+        max_value: inexact(value(1)),
+        distinct_count: distinct,
+        ..ColumnStatistics::new_unknown()
     }
 }
 
@@ -263,21 +269,12 @@ pub fn merge_parts<'a>(
         .fields()
         .iter()
         .enumerate()
-        .map(|(i, f)| {
-            let mut merged: Option<ColumnSketch> = None;
-            for part in parts.clone() {
-                let Some(s) = part.get(i) else {
-                    return ColumnStatistics::new_unknown();
-                };
-                match &mut merged {
-                    Some(m) => m.merge(s, f.data_type()),
-                    None => merged = Some(s.clone()),
-                }
-            }
-            merged.map_or_else(ColumnStatistics::new_unknown, |m| {
-                m.statistics(f.data_type())
-            })
-        })
+        .map(
+            |(i, f)| match parts.clone().map(|p| p.get(i)).collect::<Option<Vec<_>>>() {
+                Some(sketches) if !sketches.is_empty() => statistics_of(&sketches, f.data_type()),
+                _ => ColumnStatistics::new_unknown(),
+            },
+        )
         .collect()
 }
 
