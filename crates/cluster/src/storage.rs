@@ -1,9 +1,9 @@
 //! A worker's share of every table, held in memory.
 
 use crate::column_stats::{ColumnSketch, sketch_columns};
-use arrow::array::RecordBatch;
+use arrow::array::{Array, AsArray, RecordBatch};
 use arrow::compute::cast;
-use arrow::datatypes::SchemaRef;
+use arrow::datatypes::{DataType, SchemaRef};
 use datafusion::common::{Result, exec_err};
 use datafusion::physical_plan::execution_plan::check_not_null_constraints;
 use parking_lot::{Mutex, RwLock};
@@ -66,7 +66,7 @@ impl TablePart {
         for b in &self.batches {
             rows += b.num_rows() as u64;
             for (i, c) in b.columns().iter().enumerate() {
-                column_bytes[i] += c.get_array_memory_size() as u64;
+                column_bytes[i] += column_bytes_of(c.as_ref());
             }
         }
         (rows, column_bytes)
@@ -80,6 +80,31 @@ impl TablePart {
             columns: self.sketches.clone(),
         }
     }
+}
+
+/// The bytes of `column`'s own rows. Batches read from files are often slices of one
+/// larger decoded buffer, and a slice's `get_array_memory_size` is the whole buffer's:
+/// summed over the slices, a table would seem many times its size to the planner.
+fn column_bytes_of(column: &dyn Array) -> u64 {
+    // A view holds strings of up to 12 bytes itself; longer ones live in data
+    // buffers, which Arrow's slice size leaves out.
+    let views = match column.data_type() {
+        DataType::Utf8View => Some(column.as_string_view().views()),
+        DataType::BinaryView => Some(column.as_binary_view().views()),
+        _ => None,
+    };
+    let outside_views: usize = views.map_or(0, |views| {
+        views
+            .iter()
+            .map(|&v| v as u32 as usize)
+            .filter(|&len| len > 12)
+            .sum()
+    });
+    let own = column
+        .to_data()
+        .get_slice_memory_size()
+        .unwrap_or_else(|_| column.get_array_memory_size());
+    (own + outside_views) as u64
 }
 
 /// `batch` with the column types of `schema` (the table `table`'s), refused when a
@@ -288,8 +313,29 @@ fn appended_since(base: &TablePart, now: &TablePart) -> Vec<RecordBatch> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use arrow::array::{Int32Array, StringArray, StringViewArray};
+    use arrow::array::{ArrayRef, Int32Array, StringArray, StringViewArray};
     use arrow::datatypes::{DataType, Field, Schema};
+
+    #[test]
+    fn column_sizes_count_a_slice_s_own_rows() {
+        let ints: ArrayRef = Arc::new(Int32Array::from_iter_values(0..1000));
+        let long = "a string longer than twelve bytes";
+        let views: ArrayRef = Arc::new(StringViewArray::from_iter_values(
+            (0..1000).map(|i| if i % 2 == 0 { "short" } else { long }),
+        ));
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("i", DataType::Int32, false),
+            Field::new("s", DataType::Utf8View, false),
+        ]));
+        let batch = RecordBatch::try_new(Arc::clone(&schema), vec![ints, views]).unwrap();
+        // Ten slices of one batch, as a file reader hands them out.
+        let slices: Vec<RecordBatch> = (0..10).map(|i| batch.slice(i * 100, 100)).collect();
+        let part = TablePart::new(schema, slices);
+        let (rows, bytes) = part.sizes();
+        assert_eq!(rows, 1000);
+        assert_eq!(bytes[0], 4000);
+        assert_eq!(bytes[1], 16 * 1000 + 500 * long.len() as u64);
+    }
 
     #[test]
     fn inserted_rows_take_the_tables_column_types() {
