@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The test command: formatting, lints, unit and end-to-end tests (TPC-H at SF 0.1
-# for 1-4 workers, SF 1 against the official answers), an ADBC client test, and
-# tables on an S3-compatible server (moto's). Installs what it needs. Set
+# for 1-4 workers, SF 1 against the official answers), an ADBC client test, TPC-DS
+# answers at SF 0.01, and tables on an S3-compatible server (moto's). Installs what it needs. Set
 # GYRE_QUICK=1 to skip the SF 1, Python and S3 tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,6 +25,8 @@ if [ "${GYRE_QUICK:-0}" != "1" ]; then
   echo "== ADBC (Python) client"
   python3 -m pip install --quiet --disable-pip-version-check adbc-driver-flightsql pyarrow
   GYRE_BIN="$CARGO_TARGET_DIR/release/gyre" python3 tests/python/test_adbc.py
+  echo "== TPC-DS SF 0.01: the 99 queries' answers against DataFusion (DuckDB makes the data)"
+  "$CARGO_TARGET_DIR/release/gyre" bench tpcds --sf 0.01 --iterations 1 --no-duckdb
   echo "== S3 tables on moto's S3 server"
   python3 -m pip install --quiet --disable-pip-version-check 'moto[server]' boto3
   port=$((20000 + RANDOM % 20000))

@@ -15,6 +15,7 @@
 use crate::bench_cluster::{BoxError, EmulatedCluster, human_bytes, list, write_outputs};
 use crate::client::{RemoteClient, SqlRunner};
 use crate::plot::{Series, grouped_bars};
+use crate::python::PythonProcess;
 use clap::Args;
 use datafusion::parquet::arrow::ArrowWriter;
 use datafusion::parquet::basic::Compression;
@@ -24,9 +25,7 @@ use gyre_cluster::{LocalCluster, tpch};
 use gyre_testbed::{ClusterName, CpuQuota, LinkRate};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::Instant;
 
 #[derive(Args)]
@@ -365,11 +364,7 @@ async fn load_datafusion(t: &TableFiles, partitions: usize) -> Result<(f64, u64)
 }
 
 /// A Python process with DuckDB that loads tables on request and answers with the time.
-struct DuckDb {
-    child: Child,
-    stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
-}
+struct DuckDb(PythonProcess);
 
 const DUCKDB_LOADER: &str = r#"
 import sys, time, duckdb
@@ -387,58 +382,20 @@ for line in sys.stdin:
 
 impl DuckDb {
     fn start(threads: usize) -> Result<Self, BoxError> {
-        let has = Command::new("python3")
-            .args(["-c", "import duckdb"])
-            .stderr(Stdio::null())
-            .status()
-            .map_err(|e| format!("python3 is needed for DuckDB (or --no-duckdb): {e}"))?;
-        if !has.success() {
-            eprintln!("installing DuckDB's Python package...");
-            let ok = Command::new("python3")
-                .args([
-                    "-m",
-                    "pip",
-                    "install",
-                    "--quiet",
-                    "--disable-pip-version-check",
-                    "duckdb",
-                ])
-                .status()?;
-            if !ok.success() {
-                return Err("cannot install duckdb with pip (or pass --no-duckdb)".into());
-            }
-        }
-        let mut child = Command::new("python3")
-            .args(["-c", DUCKDB_LOADER, &threads.to_string()])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()?;
-        let stdin = child.stdin.take().ok_or("no stdin")?;
-        let stdout = BufReader::new(child.stdout.take().ok_or("no stdout")?);
-        Ok(Self {
-            child,
-            stdin,
-            stdout,
-        })
+        PythonProcess::start(DUCKDB_LOADER, &[threads.to_string()])
+            .map(Self)
+            .map_err(|e| format!("{e} (or pass --no-duckdb)").into())
     }
 
     fn load(&mut self, t: &TableFiles) -> Result<(f64, u64), BoxError> {
-        writeln!(self.stdin, "{}\t{}", t.table, t.dir.display())?;
-        self.stdin.flush()?;
-        let mut line = String::new();
-        self.stdout.read_line(&mut line)?;
+        let line = self
+            .0
+            .request(&format!("{}\t{}", t.table, t.dir.display()))?;
         let (seconds, rows) = line
             .trim()
             .split_once('\t')
             .ok_or_else(|| format!("DuckDB failed to load {} ({line:?})", t.table))?;
         Ok((seconds.parse()?, rows.parse()?))
-    }
-}
-
-impl Drop for DuckDb {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

@@ -142,6 +142,13 @@ impl SqlRunner for RemoteClient {
 }
 
 impl RemoteClient {
+    /// Runs one statement and returns its rows, without a progress line.
+    pub async fn query(&self, sql: &str) -> Result<Vec<RecordBatch>, BoxError> {
+        let mut client = self.client.lock().await;
+        let mut results = Self::run_statement(&mut client, sql).await?;
+        Ok(results.pop().map(|r| r.batches).unwrap_or_default())
+    }
+
     async fn run_statement(
         client: &mut FlightSqlServiceClient<Channel>,
         sql: &str,

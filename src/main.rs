@@ -6,11 +6,13 @@ mod bench_join;
 mod bench_kernels;
 mod bench_load;
 mod bench_shuffle;
+mod bench_tpcds;
 mod client;
 mod cluster;
 mod output;
 mod plot;
 mod progress_line;
+mod python;
 mod repl;
 mod stats;
 
@@ -110,6 +112,9 @@ enum BenchCommand {
     /// Loading TPC-H Parquet files: workers reading their own splits, the coordinator
     /// reading every file, single-node DataFusion and DuckDB.
     Load(Box<bench_load::LoadArgs>),
+    /// The 99 TPC-DS queries (data and texts from DuckDB's tpcds extension) on an
+    /// embedded cluster, next to single-node DataFusion and DuckDB.
+    Tpcds(Box<bench_tpcds::TpcdsArgs>),
 }
 
 #[derive(Args, Clone)]
@@ -252,6 +257,7 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
         Command::Bench(BenchCommand::Join(args)) => bench_join::run(*args).await,
         Command::Bench(BenchCommand::Kernels(args)) => bench_kernels::run(args).await,
         Command::Bench(BenchCommand::Load(args)) => bench_load::run(*args).await,
+        Command::Bench(BenchCommand::Tpcds(args)) => bench_tpcds::run(*args).await,
         Command::Sql { connect, input } => {
             let client = client::RemoteClient::connect(&connect).await?;
             run_input(&client, &input).await
