@@ -222,6 +222,65 @@ async fn column_statistics_follow_changes_and_orient_joins() {
     assert!(plan.contains("join_type=RightSemi"), "{plan}");
 }
 
+/// TPC-DS q72's shape: the query joins sales with a larger stock table on the item
+/// before the selective dimensions. Reordered by the tables' statistics, the
+/// dimensions come first and stock joins the few rows left; the answer is the
+/// written order's and DataFusion's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inner_joins_run_in_the_order_that_keeps_intermediates_small() {
+    let setup = "
+        CREATE TABLE sales AS SELECT value AS s_id, value % 500 AS s_item, value % 360 AS s_day,
+            value % 2000 AS s_cust, value % 50 AS s_qty FROM generate_series(1, 20000) AS t(value);
+        CREATE TABLE stock AS SELECT value % 500 AS st_item, value % 37 AS st_qty
+            FROM generate_series(1, 40000) AS t(value);
+        CREATE TABLE day AS SELECT value AS d_day, value / 30 AS d_month
+            FROM generate_series(0, 359) AS t(value);
+        CREATE TABLE cust AS SELECT value AS c_id, CASE WHEN value % 10 = 0 THEN 'D' ELSE 'M' END AS c_flag
+            FROM generate_series(0, 1999) AS t(value)";
+    let (cluster, reference) = start(3, setup).await;
+    let c = &cluster.coordinator;
+    let query = "SELECT d_month, count(*) AS n, sum(st_qty) AS q FROM sales \
+                 JOIN stock ON s_item = st_item \
+                 JOIN day ON s_day = d_day \
+                 JOIN cust ON s_cust = c_id \
+                 WHERE d_month = 3 AND c_flag = 'D' AND st_qty < s_qty GROUP BY d_month";
+    // Plan lines in their order (deeper operators further down).
+    let plan = |r: gyre_cluster::coordinator::StatementResult| -> Vec<String> {
+        r.batches
+            .iter()
+            .flat_map(|b| {
+                (0..b.num_rows())
+                    .map(|i| arrow::util::display::array_value_to_string(b.column(0), i).unwrap())
+            })
+            .collect()
+    };
+    let depth = |lines: &[String], key: &str| {
+        lines
+            .iter()
+            .position(|l| l.contains("HashJoinExec") && l.contains(key))
+            .unwrap_or_else(|| panic!("no join on {key}:\n{}", lines.join("\n")))
+    };
+    let reordered = plan(c.sql_one(&format!("EXPLAIN {query}")).await.unwrap());
+    assert!(
+        depth(&reordered, "st_item") < depth(&reordered, "d_day")
+            && depth(&reordered, "st_item") < depth(&reordered, "c_id"),
+        "stock joins after the dimensions:\n{}",
+        reordered.join("\n")
+    );
+    let answer = text(c.sql_one(query).await.unwrap());
+    assert_ne!(answer, "", "the query finds rows");
+    assert_eq!(differs(c, &reference, query).await, None);
+
+    c.sql("SET gyre.join_reorder = off").await.unwrap();
+    let written = plan(c.sql_one(&format!("EXPLAIN {query}")).await.unwrap());
+    assert!(
+        depth(&written, "st_item") > depth(&written, "d_day"),
+        "as written, stock joins first:\n{}",
+        written.join("\n")
+    );
+    assert_eq!(text(c.sql_one(query).await.unwrap()), answer);
+}
+
 /// partsupp is placed on ps_partkey alone; a join on (partkey, suppkey) with a
 /// small input moves only that input, by part key, instead of broadcasting it or
 /// shuffling partsupp, and finds the same rows as the join on both keys.

@@ -1,16 +1,21 @@
 //! DataFusion session setup shared by the coordinator and the workers.
 
+use crate::table::DistributedTable;
+use datafusion::catalog::default_table_source::source_as_provider;
 use datafusion::common::Result;
+use datafusion::common::Statistics;
 use datafusion::common::config::ConfigOptions;
 use datafusion::execution::SessionStateBuilder;
 use datafusion::execution::cache::cache_manager::CacheManagerConfig;
 use datafusion::execution::context::SessionState;
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use datafusion::logical_expr::TableScan;
+use datafusion::optimizer::{Optimizer, OptimizerRule};
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_optimizer::optimizer::PhysicalOptimizer;
 use datafusion::prelude::{SessionConfig, SessionContext};
 use gyre_exchange::Compression;
-use gyre_planner::{DistributedJoinSelection, GyreOptions};
+use gyre_planner::{DistributedJoinSelection, GyreOptions, JoinReorder};
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock};
 
@@ -49,13 +54,30 @@ pub fn coordinator_context() -> SessionContext {
         .with_cache_manager(CacheManagerConfig::default().with_list_files_cache_limit(0))
         .build_arc()
         .expect("a runtime without a listing cache");
+    // Inner joins are reordered before projections are pruned, so that each pass of
+    // the logical optimiser prunes the columns of the order it chose.
+    let mut logical: Vec<Arc<dyn OptimizerRule + Send + Sync>> = Optimizer::new().rules;
+    let at = logical
+        .iter()
+        .position(|r| r.name() == "optimize_projections")
+        .unwrap_or(logical.len());
+    logical.insert(at, Arc::new(JoinReorder::new(Arc::new(table_statistics))));
     let state = SessionStateBuilder::new()
         .with_config(distributed_config())
         .with_runtime_env(runtime)
         .with_default_features()
+        .with_optimizer_rules(logical)
         .with_physical_optimizer_rules(rules)
         .build();
     SessionContext::new_with_state(state)
+}
+
+/// The statistics of a scanned Gyre table, for the join order: rows and the columns'
+/// figures as the workers last reported them.
+fn table_statistics(scan: &TableScan) -> Option<Statistics> {
+    let provider = source_as_provider(&scan.source).ok()?;
+    let table = provider.downcast_ref::<DistributedTable>()?;
+    Some(table.statistics())
 }
 
 /// A worker's session: function registries for decoding plans, nothing else.

@@ -207,6 +207,17 @@ impl TableProvider for DistributedTable {
 }
 
 impl DistributedTable {
+    /// The table's rows and column figures (inexact), columns in the table's order.
+    pub fn statistics(&self) -> Statistics {
+        let meta = &self.meta;
+        let mut stats = Statistics::new_unknown(&meta.schema)
+            .with_num_rows(Precision::Inexact(meta.rows as usize));
+        if meta.columns.len() == meta.schema.fields().len() {
+            stats.column_statistics = meta.columns.clone();
+        }
+        stats
+    }
+
     /// Changing a table writes on every query worker, so the table must be held by
     /// exactly those: not after a holder died, nor after a worker joined.
     fn require_current_workers(&self, state: &dyn Session, what: &str) -> Result<()> {

@@ -12,6 +12,7 @@
 
 pub mod cyclo;
 pub mod flow;
+pub mod join_order;
 pub mod join_selection;
 pub mod options;
 pub mod placed_keys;
@@ -32,6 +33,7 @@ pub fn network_operator_rules() -> Vec<Arc<dyn PhysicalOptimizerRule + Send + Sy
     vec![Arc::new(CycloJoinRule), Arc::new(FlowJoinRule)]
 }
 pub use flow::{FlowJoinRule, plan_flow_joins};
+pub use join_order::{JoinReorder, TableStatistics};
 pub use join_selection::DistributedJoinSelection;
 pub use options::{GyreOptions, JoinStrategy};
 pub use replay::ReplayExec;

@@ -60,6 +60,8 @@ pub struct GyreOptions {
     pub compression: Compression,
     /// `gyre.join_strategy`.
     pub join_strategy: JoinStrategy,
+    /// `gyre.join_reorder`: whether inner joins are reordered by estimated sizes.
+    pub join_reorder: bool,
     /// `gyre.skew_detection`: whether shuffled hash joins become Flow-Joins.
     pub skew_detection: bool,
     /// `gyre.skew_threshold`, `_first`, `_every`, `_sample`, `_build_preserving`,
@@ -73,6 +75,7 @@ impl Default for GyreOptions {
         Self {
             compression: Compression::default(),
             join_strategy: JoinStrategy::default(),
+            join_reorder: true,
             skew_detection: true,
             skew: SkewSettings::default(),
         }
@@ -84,7 +87,7 @@ impl ConfigExtension for GyreOptions {
 }
 
 /// Every setting with its description, in the order `SHOW ALL` lists them.
-const SETTINGS: [(&str, &str); 11] = [
+const SETTINGS: [(&str, &str); 12] = [
     (
         "compression",
         "Arrow IPC compression of data sent between workers: none, lz4, zstd, or auto \
@@ -95,6 +98,12 @@ const SETTINGS: [(&str, &str); 11] = [
         "How joins are distributed: auto (broadcast or shuffle by size, cyclo-join for \
          large non-equi joins), shuffle, broadcast, or cyclo (inner joins rotate around \
          the workers' ring).",
+    ),
+    (
+        "join_reorder",
+        "on: inner joins run in the order that keeps the estimated intermediate \
+         results smallest (when that order is much cheaper than the written one); off: \
+         in the order the query writes them.",
     ),
     (
         "skew_detection",
@@ -160,6 +169,7 @@ impl GyreOptions {
         match key {
             "compression" => self.compression.name().to_string(),
             "join_strategy" => self.join_strategy.name().to_string(),
+            "join_reorder" => on_off(self.join_reorder),
             "skew_detection" => on_off(self.skew_detection),
             "skew_threshold" => s.threshold.to_string(),
             "skew_first" => s.first.to_string(),
@@ -202,6 +212,7 @@ impl ExtensionOptions for GyreOptions {
                 })?
             }
             "join_strategy" => next.join_strategy = JoinStrategy::parse(value)?,
+            "join_reorder" => next.join_reorder = parse_on_off(&name, value)?,
             "skew_detection" => next.skew_detection = parse_on_off(&name, value)?,
             "skew_threshold" => s.threshold = parse_share(&name, value)?,
             "skew_first" => s.first = parse_share(&name, value)?,
