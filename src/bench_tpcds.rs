@@ -9,9 +9,9 @@
 //! run it; DataFusion and DuckDB in process. Each system runs a query `--iterations`
 //! times in turn and the report gives the medians; Gyre's answer is checked against
 //! DataFusion's (floats to 9 significant digits). DataFusion runs under a memory limit:
-//! a query that exceeds it (q72 joins 940 million rows on in-memory tables, where
-//! DataFusion's dynamic filters do not prune) fails there, and its answer is taken
-//! from DataFusion over the Parquet files instead.
+//! and a time limit: a query that exceeds them (q72 joins 940 million rows on
+//! in-memory tables, where DataFusion's dynamic filters do not prune) is stopped
+//! there, and its answer is taken from DataFusion over the Parquet files instead.
 
 use crate::bench_cluster::{BoxError, write_outputs};
 use crate::client::RemoteClient;
@@ -26,7 +26,8 @@ use gyre_cluster::LocalCluster;
 use gyre_cluster::reference::{canonical_rows_rounded, copy_tables};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::time::{Duration, Instant};
+use tokio::time::timeout;
 
 #[derive(Args)]
 pub struct TpcdsArgs {
@@ -49,6 +50,10 @@ pub struct TpcdsArgs {
     /// machine down, and its answer is checked against DataFusion over the Parquet files.
     #[arg(long, default_value_t = 8.0)]
     datafusion_memory_gib: f64,
+    /// Seconds a DataFusion run may take before it is stopped (its answer then comes
+    /// from DataFusion over the Parquet files, under the same limit).
+    #[arg(long, default_value_t = 60.0)]
+    datafusion_timeout: f64,
     /// Leave DuckDB's timings out (it still generates the data).
     #[arg(long)]
     no_duckdb: bool,
@@ -189,6 +194,7 @@ pub async fn run(args: TpcdsArgs) -> Result<(), BoxError> {
         args.queries.clone()
     };
     let iterations = args.iterations.max(1);
+    let limit = Duration::from_secs_f64(args.datafusion_timeout.max(0.001));
     say(format!(
         "{:>5} {:>10} {:>14} {:>10} {:>7} {:>7} {:>7}",
         "query", "gyre ms", "datafusion ms", "duckdb ms", "g/df", "g/duck", "rows"
@@ -217,13 +223,20 @@ pub async fn run(args: TpcdsArgs) -> Result<(), BoxError> {
         let mut datafusion = (vec![], None);
         for _ in 0..iterations {
             let start = Instant::now();
-            match async { reference.sql(sql).await?.collect().await }.await {
-                Ok(batches) => {
+            match timeout(limit, async { reference.sql(sql).await?.collect().await }).await {
+                Ok(Ok(batches)) => {
                     datafusion.0.push(start.elapsed().as_secs_f64() * 1e3);
                     datafusion.1 = Some(canonical_rows_rounded(&batches, 9)?);
                 }
-                Err(e) => {
+                Ok(Err(e)) => {
                     errors.push(format!("datafusion: {e}"));
+                    break;
+                }
+                Err(_) => {
+                    errors.push(format!(
+                        "datafusion: stopped after {:.0} s",
+                        limit.as_secs_f64()
+                    ));
                     break;
                 }
             }
@@ -240,7 +253,8 @@ pub async fn run(args: TpcdsArgs) -> Result<(), BoxError> {
         let mut checked_against = datafusion.1.is_some().then_some("in-memory tables");
         if datafusion.1.is_none() {
             // DataFusion's pruning works on files, not on in-memory tables.
-            if let Ok(batches) = async { over_files.sql(sql).await?.collect().await }.await {
+            let run = async { over_files.sql(sql).await?.collect().await };
+            if let Ok(Ok(batches)) = timeout(limit, run).await {
                 datafusion.1 = Some(canonical_rows_rounded(&batches, 9)?);
                 checked_against = Some("Parquet files");
             }
