@@ -50,6 +50,8 @@ fn python() -> Result<Command, BoxError> {
                 "install",
                 "--quiet",
                 "--disable-pip-version-check",
+                // A directory left half-installed is replaced rather than kept.
+                "--upgrade",
             ])
             .arg("--target")
             .arg(&dir)
