@@ -54,6 +54,10 @@ pub struct TpcdsArgs {
     /// from DataFusion over the Parquet files, under the same limit).
     #[arg(long, default_value_t = 60.0)]
     datafusion_timeout: f64,
+    /// Seconds a Gyre run may take before the benchmark gives up on the query (it
+    /// then fails): a hung query fails the run instead of stopping it.
+    #[arg(long, default_value_t = 300.0)]
+    gyre_timeout: f64,
     /// Leave DuckDB's timings out (it still generates the data).
     #[arg(long)]
     no_duckdb: bool,
@@ -195,6 +199,7 @@ pub async fn run(args: TpcdsArgs) -> Result<(), BoxError> {
     };
     let iterations = args.iterations.max(1);
     let limit = Duration::from_secs_f64(args.datafusion_timeout.max(0.001));
+    let gyre_limit = Duration::from_secs_f64(args.gyre_timeout.max(0.001));
     say(format!(
         "{:>5} {:>10} {:>14} {:>10} {:>7} {:>7} {:>7}",
         "query", "gyre ms", "datafusion ms", "duckdb ms", "g/df", "g/duck", "rows"
@@ -209,13 +214,20 @@ pub async fn run(args: TpcdsArgs) -> Result<(), BoxError> {
         let mut gyre = (vec![], None);
         for _ in 0..iterations {
             let start = Instant::now();
-            match client.query(sql).await {
-                Ok(batches) => {
+            match timeout(gyre_limit, client.query(sql)).await {
+                Ok(Ok(batches)) => {
                     gyre.0.push(start.elapsed().as_secs_f64() * 1e3);
                     gyre.1 = Some(canonical_rows_rounded(&batches, 9)?);
                 }
-                Err(e) => {
+                Ok(Err(e)) => {
                     errors.push(format!("gyre: {e}"));
+                    break;
+                }
+                Err(_) => {
+                    errors.push(format!(
+                        "gyre: no answer after {:.0} s",
+                        gyre_limit.as_secs_f64()
+                    ));
                     break;
                 }
             }
