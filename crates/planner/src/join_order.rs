@@ -68,21 +68,21 @@ impl JoinReorder {
         Self { statistics }
     }
 
-    /// `plan` with every inner-join group below it reordered; `in_group` when `plan`
-    /// lies inside a group already considered (its joins are that group's).
-    fn visit(&self, plan: LogicalPlan, in_group: bool) -> Result<Transformed<LogicalPlan>> {
-        if !in_group && group_join(&plan).is_some() {
-            let mut group = Group::default();
-            group.flatten(&plan, self)?;
-            // A group that cannot be rebuilt (an error) keeps its written order.
-            if let Ok(Some(better)) = group.reordered(&plan, self) {
-                return Ok(Transformed::yes(better));
-            }
-            // Kept as written: the inputs' own joins may still be reordered.
-            return plan.map_children(|c| self.visit(c, true));
+    /// `plan` with every inner-join group in it reordered.
+    fn visit(&self, plan: LogicalPlan) -> Result<Transformed<LogicalPlan>> {
+        if group_join(&plan).is_none() {
+            return plan.map_children(|c| self.visit(c));
         }
-        let continues_group = in_group && leads_to_group_join(&plan);
-        plan.map_children(|c| self.visit(c, continues_group))
+        // Taking the group apart visits its inputs (their own groups).
+        let (group, written) = Group::of(&plan, self)?;
+        // A group that cannot be rebuilt (an error) keeps its written order.
+        if let Ok(Some(better)) = group.reordered(&plan, &written, self) {
+            return Ok(Transformed::yes(better));
+        }
+        let transformed = group.inputs_transformed;
+        let mut inputs = group.inputs.into_iter();
+        let kept = put_back_inputs(plan, &mut inputs)?;
+        Ok(Transformed::new_transformed(kept, transformed))
     }
 
     /// Estimated rows of `plan`, `None` when nothing is known.
@@ -402,7 +402,7 @@ impl OptimizerRule for JoinReorder {
         if !GyreOptions::of(&config.options()).join_reorder {
             return Ok(Transformed::no(plan));
         }
-        self.visit(plan, false)
+        self.visit(plan)
     }
 }
 
@@ -425,6 +425,22 @@ fn group_join(plan: &LogicalPlan) -> Option<&Join> {
 /// filter over anything else belongs to that input (and to its estimate).
 fn leads_to_group_join(plan: &LogicalPlan) -> bool {
     group_join(plan).is_some() || (transparent(plan) && leads_to_group_join(plan.inputs()[0]))
+}
+
+/// `plan`, a group as written, with its inputs replaced by `inputs` in the order
+/// [`Group::of`] took them out.
+fn put_back_inputs(
+    plan: LogicalPlan,
+    inputs: &mut std::vec::IntoIter<LogicalPlan>,
+) -> Result<LogicalPlan> {
+    if leads_to_group_join(&plan) {
+        return plan
+            .map_children(|c| put_back_inputs(c, inputs).map(Transformed::yes))
+            .map(|t| t.data);
+    }
+    inputs
+        .next()
+        .ok_or_else(|| datafusion::common::internal_datafusion_err!("a group lost an input"))
 }
 
 /// A filter or a projection of plain columns: a group sees through it when a join
@@ -492,22 +508,25 @@ enum Tree {
     Join(Box<Tree>, Box<Tree>),
 }
 
-/// A group of inner joins taken apart: its inputs, its predicates, its written shape.
+/// A group of inner joins taken apart: its inputs (each with its own groups
+/// reordered) and its predicates.
 #[derive(Default)]
 struct Group {
     inputs: Vec<LogicalPlan>,
+    /// Whether reordering changed any input.
+    inputs_transformed: bool,
     predicates: Vec<Expr>,
     key_pairs: Vec<(Expr, Expr)>,
-    written: Option<Tree>,
     /// Set when something in the group cannot be reordered safely.
     refused: bool,
 }
 
 impl Group {
-    fn flatten(&mut self, plan: &LogicalPlan, rule: &JoinReorder) -> Result<()> {
-        let tree = self.take_apart(plan, rule)?;
-        self.written = Some(tree);
-        Ok(())
+    /// The group whose top join is `plan`, and its shape as written.
+    fn of(plan: &LogicalPlan, rule: &JoinReorder) -> Result<(Self, Tree)> {
+        let mut group = Self::default();
+        let written = group.take_apart(plan, rule)?;
+        Ok((group, written))
     }
 
     fn take_apart(&mut self, plan: &LogicalPlan, rule: &JoinReorder) -> Result<Tree> {
@@ -522,15 +541,16 @@ impl Group {
             let right = self.take_apart(&j.right, rule)?;
             return Ok(Tree::Join(Box::new(left), Box::new(right)));
         }
-        if transparent(plan) && leads_to_group_join(plan) {
+        if leads_to_group_join(plan) {
             if let LogicalPlan::Filter(f) = plan {
                 self.add_predicates(&f.predicate);
             }
             return self.take_apart(plan.inputs()[0], rule);
         }
         // An input: its own joins are reordered on their own.
-        let input = rule.visit(plan.clone(), false)?.data;
-        self.inputs.push(input);
+        let input = rule.visit(plan.clone())?;
+        self.inputs_transformed |= input.transformed;
+        self.inputs.push(input.data);
         Ok(Tree::Input(self.inputs.len() - 1))
     }
 
@@ -555,7 +575,12 @@ impl Group {
 
     /// The group joined in the greedy order, when that is cheaper enough than the
     /// written order; `None` keeps `plan` as written.
-    fn reordered(&self, plan: &LogicalPlan, rule: &JoinReorder) -> Result<Option<LogicalPlan>> {
+    fn reordered(
+        &self,
+        plan: &LogicalPlan,
+        written: &Tree,
+        rule: &JoinReorder,
+    ) -> Result<Option<LogicalPlan>> {
         let n = self.inputs.len();
         if self.refused || !(3..=MAX_INPUTS).contains(&n) {
             return Ok(None);
@@ -598,15 +623,7 @@ impl Group {
                 None => return Ok(None),
             }
         }
-        let estimator = Estimator {
-            rule,
-            inputs: &self.inputs,
-            rows: &rows,
-            predicates: &predicates,
-        };
-        let Some(written) = &self.written else {
-            return Ok(None);
-        };
+        let estimator = Estimator::new(rule, &self.inputs, &rows, &predicates);
         let written_cost = estimator.cost(written).2;
         let greedy = estimator.greedy();
         let greedy_cost = estimator.cost(&greedy).2;
@@ -692,13 +709,32 @@ impl Group {
 
 /// Estimates over one group's inputs.
 struct Estimator<'a> {
-    rule: &'a JoinReorder,
     inputs: &'a [LogicalPlan],
     rows: &'a [f64],
     predicates: &'a [Predicate],
+    /// Per predicate: what it keeps as a key equality, `None` for other predicates.
+    key_selectivities: Vec<Option<f64>>,
 }
 
-impl Estimator<'_> {
+impl<'a> Estimator<'a> {
+    fn new(
+        rule: &JoinReorder,
+        inputs: &'a [LogicalPlan],
+        rows: &'a [f64],
+        predicates: &'a [Predicate],
+    ) -> Self {
+        let key_selectivities = predicates
+            .iter()
+            .map(|p| Self::key_selectivity(rule, inputs, rows, p))
+            .collect();
+        Self {
+            inputs,
+            rows,
+            predicates,
+            key_selectivities,
+        }
+    }
+
     /// Estimated rows of joining the parts `a` (of `ra` rows) and `b`, and whether a
     /// predicate connects them.
     fn join(&self, a: u64, ra: f64, b: u64, rb: f64) -> (f64, bool) {
@@ -706,22 +742,27 @@ impl Estimator<'_> {
         let mut strongest_key = 1.0_f64;
         let mut others = 1.0;
         let mut connected = false;
-        for p in self.predicates {
+        for (p, key) in self.predicates.iter().zip(&self.key_selectivities) {
             // Only predicates this join is the first to hold.
             if p.inputs & !both != 0 || p.inputs & !a == 0 || p.inputs & !b == 0 {
                 continue;
             }
             connected = true;
-            match self.key_selectivity(p) {
-                Some(s) => strongest_key = strongest_key.min(s),
+            match key {
+                Some(s) => strongest_key = strongest_key.min(*s),
                 None => others *= JOIN_FILTER_SELECTIVITY,
             }
         }
         ((ra * rb * strongest_key * others).max(1.0), connected)
     }
 
-    /// `1/max(distinct)` for an equality of two columns of single inputs.
-    fn key_selectivity(&self, p: &Predicate) -> Option<f64> {
+    /// What `p` keeps when it is an equality of columns of two different inputs.
+    fn key_selectivity(
+        rule: &JoinReorder,
+        inputs: &[LogicalPlan],
+        rows: &[f64],
+        p: &Predicate,
+    ) -> Option<f64> {
         let (x, y) = match &p.key_pair {
             Some((x, y)) => (x, y),
             None => match &p.expr {
@@ -733,23 +774,15 @@ impl Estimator<'_> {
                 _ => return None,
             },
         };
-        let side = |e: &Expr| -> Option<(usize, Option<f64>)> {
-            let Expr::Column(c) = e else {
-                return None;
-            };
-            let i = self.inputs.iter().position(|p| p.schema().has_column(c))?;
-            Some((i, self.rule.distinct(&self.inputs[i], c, self.rows[i])))
+        let input = |e: &Expr| match e {
+            Expr::Column(c) => inputs.iter().position(|p| p.schema().has_column(c)),
+            _ => None,
         };
-        let ((i, dx), (j, dy)) = (side(x)?, side(y)?);
+        let (i, j) = (input(x)?, input(y)?);
         if i == j {
             return None;
         }
-        let d = match (dx, dy) {
-            (Some(a), Some(b)) => a.max(b),
-            (Some(a), None) | (None, Some(a)) => a,
-            (None, None) => self.rows[i].max(self.rows[j]),
-        };
-        Some(1.0 / d.max(1.0))
+        Some(rule.key_selectivity(x, &inputs[i], rows[i], y, &inputs[j], rows[j]))
     }
 
     /// Estimated rows and sum of intermediate rows (the cost) of `tree`.
@@ -890,6 +923,14 @@ mod tests {
         names
     }
 
+    /// The tables under both inputs of `join`, sorted.
+    fn tables_below(join: &Join) -> Vec<String> {
+        let mut names = tables_under(&join.left);
+        names.extend(tables_under(&join.right));
+        names.sort();
+        names
+    }
+
     /// The join whose keys include `column`.
     fn join_on(plan: &LogicalPlan, column: &str) -> Join {
         let mut found = None;
@@ -973,11 +1014,11 @@ mod tests {
             "the columns stay as written"
         );
         let stock = join_on(&plan, "st_item");
-        let below: Vec<String> = [&stock.left, &stock.right]
-            .iter()
-            .flat_map(|p| tables_under(p))
-            .collect();
-        assert_eq!(below.len(), 4, "stock is joined last:\n{plan}");
+        assert_eq!(
+            tables_below(&stock).len(),
+            4,
+            "stock is joined last:\n{plan}"
+        );
         // The join filter of the written stock join stays with it.
         assert!(stock.filter.is_some(), "{plan}");
         // Each pass of the optimiser sees the same order again.
@@ -1022,13 +1063,8 @@ mod tests {
         let (plan, changed) = reorder(written, stats);
         assert!(changed, "{plan}");
         let cd = join_on(&plan, "cd_id");
-        let mut below: Vec<String> = [&cd.left, &cd.right]
-            .iter()
-            .flat_map(|p| tables_under(p))
-            .collect();
-        below.sort();
         assert_eq!(
-            below,
+            tables_below(&cd),
             vec!["c", "ca", "cd"],
             "the filtered join first:\n{plan}"
         );
