@@ -8,7 +8,7 @@
 //! database it generated, in memory. Gyre runs each query through Flight SQL, as users
 //! run it; DataFusion and DuckDB in process. Each system runs a query `--iterations`
 //! times in turn and the report gives the medians; Gyre's answer is checked against
-//! DataFusion's (floats to 9 significant digits). DataFusion runs under a memory limit:
+//! DataFusion's (floats to 9 significant digits). DataFusion runs under a memory limit
 //! and a time limit: a query that exceeds them (q72 joins 940 million rows on
 //! in-memory tables, where DataFusion's dynamic filters do not prune) is stopped
 //! there, and its answer is taken from DataFusion over the Parquet files instead.
@@ -19,6 +19,7 @@ use crate::plot::{Series, grouped_bars_with_reference};
 use crate::python::PythonProcess;
 use crate::stats::median;
 use clap::Args;
+use datafusion::arrow::array::RecordBatch;
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::prelude::SessionConfig;
 use datafusion::prelude::{ParquetReadOptions, SessionContext};
@@ -211,48 +212,22 @@ pub async fn run(args: TpcdsArgs) -> Result<(), BoxError> {
         let sql = text.trim().trim_end_matches(';');
         let mut errors = vec![];
 
-        let mut gyre = (vec![], None);
-        for _ in 0..iterations {
-            let start = Instant::now();
-            match timeout(gyre_limit, client.query(sql)).await {
-                Ok(Ok(batches)) => {
-                    gyre.0.push(start.elapsed().as_secs_f64() * 1e3);
-                    gyre.1 = Some(canonical_rows_rounded(&batches, 9)?);
-                }
-                Ok(Err(e)) => {
-                    errors.push(format!("gyre: {e}"));
-                    break;
-                }
-                Err(_) => {
-                    errors.push(format!(
-                        "gyre: no answer after {:.0} s",
-                        gyre_limit.as_secs_f64()
-                    ));
-                    break;
-                }
-            }
-        }
-        let mut datafusion = (vec![], None);
-        for _ in 0..iterations {
-            let start = Instant::now();
-            match timeout(limit, async { reference.sql(sql).await?.collect().await }).await {
-                Ok(Ok(batches)) => {
-                    datafusion.0.push(start.elapsed().as_secs_f64() * 1e3);
-                    datafusion.1 = Some(canonical_rows_rounded(&batches, 9)?);
-                }
-                Ok(Err(e)) => {
-                    errors.push(format!("datafusion: {e}"));
-                    break;
-                }
-                Err(_) => {
-                    errors.push(format!(
-                        "datafusion: stopped after {:.0} s",
-                        limit.as_secs_f64()
-                    ));
-                    break;
-                }
-            }
-        }
+        let gyre = timed_runs(
+            ("gyre", "no answer after"),
+            iterations,
+            gyre_limit,
+            &mut errors,
+            || client.query(sql),
+        )
+        .await?;
+        let mut datafusion = timed_runs(
+            ("datafusion", "stopped after"),
+            iterations,
+            limit,
+            &mut errors,
+            || async { reference.sql(sql).await?.collect().await },
+        )
+        .await?;
         let mut duckdb_ms = None;
         if !args.no_duckdb {
             let timed: Timed =
@@ -354,6 +329,46 @@ pub async fn run(args: TpcdsArgs) -> Result<(), BoxError> {
         .into());
     }
     Ok(())
+}
+
+/// Runs `run` up to `iterations` times, each within `limit`: the times (ms) and the
+/// last answer's canonical rows. The first error or timeout ends the runs and goes
+/// into `errors`, prefixed with the system's name (a timeout as "`system`:
+/// `timed_out` N s").
+async fn timed_runs<F, Fut, E>(
+    (system, timed_out): (&str, &str),
+    iterations: usize,
+    limit: Duration,
+    errors: &mut Vec<String>,
+    mut run: F,
+) -> Result<(Vec<f64>, Option<Vec<String>>), BoxError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Vec<RecordBatch>, E>>,
+    E: std::fmt::Display,
+{
+    let (mut times, mut rows) = (vec![], None);
+    for _ in 0..iterations {
+        let start = Instant::now();
+        match timeout(limit, run()).await {
+            Ok(Ok(batches)) => {
+                times.push(start.elapsed().as_secs_f64() * 1e3);
+                rows = Some(canonical_rows_rounded(&batches, 9)?);
+            }
+            Ok(Err(e)) => {
+                errors.push(format!("{system}: {e}"));
+                break;
+            }
+            Err(_) => {
+                errors.push(format!(
+                    "{system}: {timed_out} {:.0} s",
+                    limit.as_secs_f64()
+                ));
+                break;
+            }
+        }
+    }
+    Ok((times, rows))
 }
 
 /// The first column of a Parquet file, the key a TPC-DS table is placed on.
