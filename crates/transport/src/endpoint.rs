@@ -365,8 +365,16 @@ impl SendEndpoint {
         let msg = pool_buf.freeze(Some(crc), Some(self.outstanding_until_released()));
         let len = msg.len();
         // Every hold exists before the first is handed on, so the buffer cannot be
-        // released while some destinations are still to come.
-        let holds: Vec<Held> = targets.iter().map(|_| msg.hold()).collect();
+        // released while some destinations are still to come. This node's own copy
+        // does not keep the send buffer leased (see `Message::local_hold`).
+        let holds: Vec<Held> = targets
+            .iter()
+            .map(|&t| match self.dests[t] == self.hub.node {
+                true => msg.local_hold(),
+                false => msg.hold(),
+            })
+            .collect();
+        msg.end_lease();
         drop(msg);
         for (&t, held) in targets.iter().zip(holds) {
             let (key, dest) = (self.streams[t].key, self.dests[t]);
@@ -455,7 +463,7 @@ impl SendEndpoint {
     }
 
     /// Waits until every message, end-of-stream marker and error sent so far was written
-    /// to its peers (or, locally, released by its consumer).
+    /// to its peers (or, locally, queued for its consumer).
     pub async fn flushed(&self) {
         loop {
             let notified = self.outstanding.notify.notified();

@@ -391,7 +391,35 @@ impl Message {
     /// A hold keeps the buffer leased; the lease ends when the last hold drops.
     pub(crate) fn hold(&self) -> Held {
         self.0.holds.fetch_add(1, Ordering::AcqRel);
-        Held(self.clone())
+        Held {
+            msg: self.clone(),
+            leased: true,
+        }
+    }
+
+    /// A claim on the bytes alone, for a destination on this node: it keeps them alive
+    /// until its consumer releases them but not the buffer's lease, which ends with the
+    /// holds of the remote destinations ([`Message::end_lease`] when there are none).
+    ///
+    /// The send pool is shared by every exchange of the node. Were a message to stay
+    /// leased until a local consumer reads it, consumers that wait for something else
+    /// first (a hash join reads its build side before its probe side) would keep send
+    /// buffers, and with a few such streams (8 credits each against 32 buffers) every
+    /// sender of the node would wait for a buffer, including the ones those consumers
+    /// wait for. Locally queued messages are bounded by their streams' credits, as
+    /// received ones are.
+    pub(crate) fn local_hold(&self) -> Held {
+        Held {
+            msg: self.clone(),
+            leased: false,
+        }
+    }
+
+    /// Ends the lease now if no hold keeps it (a message put only to this node).
+    pub(crate) fn end_lease(&self) {
+        if self.0.holds.load(Ordering::Acquire) == 0 {
+            self.0.release();
+        }
     }
 }
 
@@ -403,25 +431,29 @@ impl AsRef<[u8]> for Message {
 
 /// One party's claim on a message while the transport still needs it: one per
 /// destination of a put (dropped once written or, locally, once released) and one
-/// per received message (dropped when its receiver releases it).
-pub(crate) struct Held(Message);
+/// per received message (dropped when its receiver releases it). Only the claims of
+/// remote destinations keep the buffer leased ([`Message::local_hold`]).
+pub(crate) struct Held {
+    msg: Message,
+    leased: bool,
+}
 
 impl Held {
     pub(crate) fn message(&self) -> &Message {
-        &self.0
+        &self.msg
     }
 }
 
 impl std::fmt::Debug for Held {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.0.fmt(f)
+        self.msg.fmt(f)
     }
 }
 
 impl Drop for Held {
     fn drop(&mut self) {
-        let inner = &self.0.0;
-        if inner.holds.fetch_sub(1, Ordering::AcqRel) == 1 {
+        let inner = &self.msg.0;
+        if self.leased && inner.holds.fetch_sub(1, Ordering::AcqRel) == 1 {
             inner.release();
         }
     }

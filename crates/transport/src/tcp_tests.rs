@@ -248,6 +248,64 @@ async fn credits_bound_what_a_slow_consumer_buffers() {
     assert!(n[0].stats().peer(2).unwrap().credit_wait > Duration::from_millis(200));
 }
 
+/// Streams to this node whose consumers read nothing yet (a hash join reading its build
+/// side before its probe side) fill their windows. That must not take the node's send
+/// buffers: 8 buffers, three such streams of 4 credits each, and a remote stream and a
+/// local one must still send. (With local messages leased until read, the third stream
+/// took the last buffers and every sender of the node waited: a Flow-Join query hang.)
+#[tokio::test]
+async fn unread_local_streams_do_not_take_the_nodes_send_buffers() {
+    let config = small_config();
+    let (window, buffers) = (config.window as usize, config.send_buffers);
+    let n = cluster(&[1, 2], config).await;
+    let stalled: Vec<_> = (0..3u32)
+        .map(|q| n[0].open_send(send_spec(10 + q as u64, 0, &[1])).unwrap())
+        .collect();
+    for ep in &stalled {
+        for _ in 0..window {
+            tokio::time::timeout(
+                Duration::from_secs(1),
+                put(ep, To::Node(1), &[7u8; 1000], false),
+            )
+            .await
+            .expect("a local stream with credits sends at once");
+        }
+    }
+    assert!(3 * window > buffers, "the streams' windows exceed the pool");
+    assert_eq!(
+        n[0].stats().send_pool.in_use,
+        0,
+        "queued locally, not leased"
+    );
+    // Another exchange, remote and local, goes on.
+    let ep = n[0].open_send(send_spec(20, 0, &[1, 2])).unwrap();
+    let at2 = n[1].open_receive(recv_spec(20, &[(0, 1)])).unwrap();
+    let at1 = n[0].open_receive(recv_spec(20, &[(0, 1)])).unwrap();
+    let producer = async {
+        for i in 0..20u8 {
+            put(&ep, To::All, &[i; 1000], false).await;
+        }
+        ep.finish();
+    };
+    let (_, got2, got1) = tokio::time::timeout(Duration::from_secs(5), async {
+        tokio::join!(producer, drain(&at2), drain(&at1))
+    })
+    .await
+    .expect("no sender waits for the unread streams");
+    assert_eq!((got2.unwrap().len(), got1.unwrap().len()), (20, 20));
+    // The unread messages arrive intact once read, each stream in order.
+    for (q, _) in stalled.iter().enumerate() {
+        let rx = n[0]
+            .open_receive(recv_spec(10 + q as u64, &[(0, 1)]))
+            .unwrap();
+        for _ in 0..window {
+            let r = rx.get().await.unwrap().unwrap();
+            assert_eq!(r.data(), &[7u8; 1000][..]);
+            rx.release(r);
+        }
+    }
+}
+
 #[tokio::test]
 async fn consumers_may_keep_what_they_receive() {
     // Like a hash join's build side: every message's bytes are kept after release. The

@@ -347,12 +347,17 @@ impl Worker {
             let (id, plan, ctx, me) = (*id, Arc::clone(plan), Arc::clone(&ctx), Arc::clone(self));
             tasks.push(self.runtime.spawn(async move {
                 let run = async {
-                    match plan.execute(index, ctx) {
+                    tracing::debug!(node = me.node, query, stage = id, "stage starts");
+                    let done = match plan.execute(index, ctx) {
                         Ok(stream) => datafusion::physical_plan::common::collect(stream)
                             .await
                             .map(|_| ()),
                         Err(e) => Err(e),
+                    };
+                    if done.is_ok() {
+                        tracing::debug!(node = me.node, query, stage = id, "stage done");
                     }
+                    done
                 };
                 // A panic in an operator (a reader's bug on a corrupt file) fails the query
                 // like an error, with its message, instead of leaving peers to time out.

@@ -46,6 +46,13 @@ pub(super) async fn listen(
                 "build-side heavy hitters announced to a Flow-Join that does not route its build input"
             ));
         }
+        sh.trace(
+            "listener",
+            format_args!(
+                "{side:?} round {iteration} announced ({} heavy)",
+                keys.len()
+            ),
+        );
         let hashes = sh.adopt_heavy(side, iteration, &keys);
         if side == Side::Probe {
             // An empty round still counts: the owner ends that round's broadcast.
@@ -146,6 +153,10 @@ pub(super) async fn detect(
                     node_name(from)
                 ));
             };
+            sh.trace(
+                "detector",
+                format_args!("{side:?} round {iteration} report from {}", node_name(from)),
+            );
             let announcements = match side {
                 Side::Probe => &mut coordinator,
                 Side::Build => &mut build,
@@ -171,6 +182,7 @@ pub(super) async fn detect(
     .await;
     match result {
         Ok(()) => {
+            sh.trace("detector", format_args!("every round announced"));
             ep.finish();
             Ok(())
         }

@@ -105,6 +105,7 @@ pub(super) async fn combine_matches(
         Side::Probe => (&sh.m.probe_matches_sent, &sh.m.probe_matches_received),
     };
     let schema = reports.schema();
+    sh.trace("match combination", format_args!("{side:?} side starts"));
     let sent = async {
         let by_owner = matches.lock().take_remote();
         for (owner, ids) in by_owner.into_iter().enumerate() {

@@ -97,6 +97,13 @@ pub(super) async fn own(
             return Err(fail_all(DataFusionError::Execution(text)));
         }
     };
+    sh.trace(
+        "owner",
+        format_args!(
+            "build partition collected ({} rows)",
+            batches.iter().map(RecordBatch::num_rows).sum::<usize>()
+        ),
+    );
     let _ = build_tx.send(Ok(batches.clone()));
     if let Some((numbered_schema, tx)) = numbered {
         schema = numbered_schema;
@@ -159,6 +166,7 @@ pub(super) async fn own(
             }
             asked[round as usize] += 1;
             if asked[round as usize] == askers {
+                sh.trace("owner", format_args!("round {round} broadcast ends"));
                 ep.finish();
             }
         }
@@ -311,6 +319,10 @@ pub(super) async fn drain(
         }
     }
     let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
+    sh.trace(
+        "drain",
+        format_args!("round {round} complete ({rows} heavy build rows)"),
+    );
     sh.m.heavy_build_rows_received.add(rows);
     match tx {
         Some(tx) => {

@@ -229,14 +229,19 @@ impl Router {
         mut input: SendableRecordBatchStream,
         reports: Arc<Reports>,
     ) -> Result<()> {
+        let side = self.side;
+        self.sh
+            .trace("router", format_args!("{side:?} side starts"));
         let result = async {
             let mut awaiting = false;
             let mut build_pending = self.bcast.is_some();
             let mut held: Vec<Hashed> = Vec::new();
             let mut held_rows = 0u64;
+            let mut read = 0usize;
             while let Some(batch) = input.next().await {
                 let batch = batch?;
                 let rows = batch.num_rows();
+                read += rows;
                 if rows == 0 {
                     continue;
                 }
@@ -285,6 +290,10 @@ impl Router {
                     self.route(&hashed).await?;
                 }
             }
+            self.sh.trace(
+                "router",
+                format_args!("{side:?} input ended after {read} rows"),
+            );
             let rows_to_come = !held.is_empty();
             for r in self.detector.finish() {
                 self.report(&reports.ep, r, rows_to_come).await?;
@@ -308,12 +317,15 @@ impl Router {
         let others = [self.bcast.as_ref().map(|b| &b.ep), self.fetch.as_ref()];
         match result {
             Ok(()) => {
+                self.sh.trace("router", format_args!("{side:?} side done"));
                 self.ep.finish();
                 others.into_iter().flatten().for_each(SendEndpoint::finish);
                 reports.done();
                 Ok(())
             }
             Err(e) => {
+                self.sh
+                    .trace("router", format_args!("{side:?} side failed: {e}"));
                 let e = self.sh.fail(&self.ep, e);
                 let e = others
                     .into_iter()
@@ -327,7 +339,19 @@ impl Router {
     async fn wait_first_round(&self) {
         let _t = self.sh.m.first_round_wait.timer();
         let mut rounds = self.sh.rounds(self.side).subscribe();
-        let _ = tokio::time::timeout(FIRST_ROUND_WAIT, rounds.wait_for(|r| *r > 0)).await;
+        let answered = tokio::time::timeout(FIRST_ROUND_WAIT, rounds.wait_for(|r| *r > 0)).await;
+        self.sh.trace(
+            "router",
+            format_args!(
+                "{:?} side: round 0 {}",
+                self.side,
+                if answered.is_ok() {
+                    "answered"
+                } else {
+                    "not answered in time"
+                }
+            ),
+        );
     }
 
     /// Probe side of a join that routes its build input: waits for the final build-side
@@ -335,7 +359,12 @@ impl Router {
     async fn wait_build_list(&mut self) {
         {
             let _t = self.sh.m.build_list_wait.timer();
+            self.sh.trace(
+                "router",
+                format_args!("probe side waits for the build list"),
+            );
             self.sh.build_list_final().await;
+            self.sh.trace("router", format_args!("build list final"));
         }
         self.take_build_list();
     }
@@ -457,6 +486,15 @@ impl Router {
     /// Reports a detection round's candidates to worker 0, or, with fetch on demand,
     /// fetches them ([`Router::fetch`]).
     async fn report(&mut self, ep: &SendEndpoint, r: NodeReport, rows_to_come: bool) -> Result<()> {
+        self.sh.trace(
+            "router",
+            format_args!(
+                "{:?} side reports round {} ({} candidates)",
+                self.side,
+                r.iteration,
+                r.candidates.len()
+            ),
+        );
         self.sh.m.quiet_windows.add(usize::from(r.quiet));
         self.sh.m.detection_rounds.add(1);
         if self.fetch.is_some() {

@@ -59,9 +59,22 @@ pub(super) struct Shared {
     /// Whether this worker sent any of its build rows to other workers (the owner
     /// task's heavy broadcasts, SFR's replicas): only then can peers match them.
     pub(super) build_rows_shared: std::sync::atomic::AtomicBool,
+    /// The join's first exchange id, naming it in debug events.
+    pub(super) exchange: u32,
 }
 
 impl Shared {
+    /// A debug event of one of this worker's Flow-Join tasks (`GYRE_LOG=gyre_exchange=debug`):
+    /// the tasks' state changes, which tell where a query that does not end waits.
+    pub(super) fn trace(&self, task: &str, what: std::fmt::Arguments) {
+        tracing::debug!(
+            query = self.qc.query_id,
+            exchange = self.exchange,
+            worker = self.partition,
+            "Flow-Join {task}: {what}"
+        );
+    }
+
     pub(super) fn n(&self) -> usize {
         self.qc.workers.len()
     }

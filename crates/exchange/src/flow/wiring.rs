@@ -232,6 +232,7 @@ impl<'a> Wiring<'a> {
             build_iterations: if exec.inputs.routes_build { rounds } else { 0 },
             probe_iterations: rounds,
             build_rows_shared: Default::default(),
+            exchange: ex,
         });
         Ok(Self {
             exec,
@@ -724,11 +725,17 @@ impl<'a> Wiring<'a> {
                 .try_flatten();
             merged = merged.chain(tail).boxed();
         }
-        let merged = merged.inspect(move |b| {
-            if let Ok(b) = b {
-                output_rows.add(b.num_rows());
-            }
-        });
+        let sh = Arc::clone(&self.sh);
+        let merged = merged
+            .inspect(move |b| {
+                if let Ok(b) = b {
+                    output_rows.add(b.num_rows());
+                }
+            })
+            .chain(futures::stream::poll_fn(move |_| {
+                sh.trace("output", format_args!("ends"));
+                std::task::Poll::Ready(None)
+            }));
         let guarded = futures::stream::unfold((merged, handles), |(mut s, handles)| async move {
             s.next().await.map(|b| (b, (s, handles)))
         });
