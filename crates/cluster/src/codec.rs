@@ -29,7 +29,8 @@ use datafusion_proto::physical_plan::{
 use datafusion_proto::protobuf;
 use gyre_exchange::{
     CycloJoinExec, CycloJoinType, CycloKernel, CycloSide, ExchangeReceiverExec, ExchangeSenderExec,
-    FlowJoinExec, Placement, ReceiveMode, SendMode, SkewSettings, flow::FlowInputs,
+    FilterSourceExec, FilterTargetExec, FlowJoinExec, Placement, ReceiveMode, SendMode,
+    SkewSettings, flow::FlowInputs,
 };
 use prost::Message;
 use serde::{Deserialize, Serialize};
@@ -37,6 +38,15 @@ use std::sync::Arc;
 
 #[derive(Serialize, Deserialize)]
 enum NodeProto {
+    FilterSource {
+        id: u32,
+        columns: Vec<usize>,
+    },
+    FilterTarget {
+        id: u32,
+        columns: Vec<usize>,
+        shared: bool,
+    },
     Scan {
         table: String,
         schema: Vec<u8>,
@@ -431,6 +441,27 @@ impl PhysicalExtensionCodec for GyreCodec {
                     .with_constants(constants),
                 )
             }
+            NodeProto::FilterSource { id, columns } => {
+                let [input] = inputs else {
+                    return internal_err!("a filter source has one input, got {}", inputs.len());
+                };
+                Arc::new(FilterSourceExec::try_new(Arc::clone(input), id, columns)?)
+            }
+            NodeProto::FilterTarget {
+                id,
+                columns,
+                shared,
+            } => {
+                let [input] = inputs else {
+                    return internal_err!("a filter target has one input, got {}", inputs.len());
+                };
+                Arc::new(FilterTargetExec::try_new(
+                    Arc::clone(input),
+                    id,
+                    columns,
+                    shared,
+                )?)
+            }
             NodeProto::Flow {
                 settings,
                 inputs: flow_inputs,
@@ -621,6 +652,17 @@ impl PhysicalExtensionCodec for GyreCodec {
                     .iter()
                     .map(|c| expr_bytes(c, self))
                     .collect::<Result<_>>()?,
+            }
+        } else if let Some(f) = node.downcast_ref::<FilterSourceExec>() {
+            NodeProto::FilterSource {
+                id: f.id(),
+                columns: f.columns().to_vec(),
+            }
+        } else if let Some(f) = node.downcast_ref::<FilterTargetExec>() {
+            NodeProto::FilterTarget {
+                id: f.id(),
+                columns: f.columns().to_vec(),
+                shared: f.shared(),
             }
         } else if let Some(f) = node.downcast_ref::<FlowJoinExec>() {
             NodeProto::Flow {

@@ -39,6 +39,8 @@ pub struct QueryContext {
     /// Arrow IPC buffer compression for data sent by this query (`auto` is resolved by
     /// each sender from its node's link rate).
     pub compression: Compression,
+    /// The run-time filters of this query's stages on this node.
+    pub runtime_filters: crate::runtime_filter::FilterSlots,
 }
 
 impl QueryContext {

@@ -22,6 +22,7 @@ pub mod flow;
 pub mod network;
 pub mod receiver;
 pub mod relayed;
+pub mod runtime_filter;
 pub mod sender;
 mod task;
 
@@ -32,6 +33,7 @@ pub use flow::{BuildPreserving, FlowJoinExec, SkewSettings};
 pub use network::{InputsAt, NetworkOperator, network_operator};
 pub use receiver::{ExchangeReceiverExec, ReceiveMode};
 pub use relayed::{RelayedError, error_place, error_text};
+pub use runtime_filter::{FilterSourceExec, FilterTargetExec};
 pub use sender::{ExchangeSenderExec, SendMode};
 
 #[cfg(test)]

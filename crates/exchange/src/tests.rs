@@ -121,6 +121,7 @@ fn task_ctx(t: &TcpTransport, workers: &[NodeId], compression: Compression) -> A
         transport: Arc::new(t.clone()),
         workers: workers.to_vec(),
         compression,
+        runtime_filters: Default::default(),
     };
     let config = SessionConfig::new().with_extension(Arc::new(qc));
     Arc::new(TaskContext::default().with_session_config(config))

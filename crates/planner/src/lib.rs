@@ -8,7 +8,8 @@
 //! broadcasts), replacing each cut with an exchange sender/receiver pair. In between,
 //! [`plan_cyclo_joins`] turns the joins `gyre.join_strategy` (or their size) sends
 //! around the workers' ring into cyclo-joins, and [`plan_flow_joins`] gives shuffled
-//! partitioned hash joins Flow-Join's skew handling.
+//! partitioned hash joins Flow-Join's skew handling. Last, [`place_runtime_filters`]
+//! gives the worker stages' hash joins run-time filters on their probe inputs.
 
 pub mod cyclo;
 pub mod flow;
@@ -17,6 +18,7 @@ pub mod join_selection;
 pub mod options;
 pub mod placed_keys;
 pub mod replay;
+pub mod runtime_filters;
 pub mod stages;
 
 pub use cyclo::{CycloJoinRule, plan_cyclo_joins};
@@ -37,4 +39,5 @@ pub use join_order::{JoinReorder, TableStatistics};
 pub use join_selection::DistributedJoinSelection;
 pub use options::{GyreOptions, JoinStrategy};
 pub use replay::ReplayExec;
+pub use runtime_filters::place_runtime_filters;
 pub use stages::{DistributedPlan, Stage, split_into_stages};

@@ -64,6 +64,9 @@ pub struct GyreOptions {
     pub join_reorder: bool,
     /// `gyre.skew_detection`: whether shuffled hash joins become Flow-Joins.
     pub skew_detection: bool,
+    /// `gyre.runtime_filters`: whether hash joins prune their probe input by their
+    /// build keys where it is read.
+    pub runtime_filters: bool,
     /// `gyre.skew_threshold`, `_first`, `_every`, `_sample`, `_build_preserving`,
     /// `_build_side`, `_sfr` and `_fetch`: how Flow-Join detects and handles heavy keys.
     pub skew: SkewSettings,
@@ -77,6 +80,7 @@ impl Default for GyreOptions {
             join_strategy: JoinStrategy::default(),
             join_reorder: true,
             skew_detection: true,
+            runtime_filters: true,
             skew: SkewSettings::default(),
         }
     }
@@ -87,7 +91,7 @@ impl ConfigExtension for GyreOptions {
 }
 
 /// Every setting with its description, in the order `SHOW ALL` lists them.
-const SETTINGS: [(&str, &str); 12] = [
+const SETTINGS: [(&str, &str); 13] = [
     (
         "compression",
         "Arrow IPC compression of data sent between workers: none, lz4, zstd, or auto \
@@ -104,6 +108,11 @@ const SETTINGS: [(&str, &str); 12] = [
         "on: inner joins run in the order that keeps the estimated intermediate \
          results smallest (when that order is much cheaper than the written one); off: \
          in the order the query writes them.",
+    ),
+    (
+        "runtime_filters",
+        "on: a hash join's build keys prune its probe input where the worker reads it \
+         (run-time filters); off: every probe row reaches the join.",
     ),
     (
         "skew_detection",
@@ -171,6 +180,7 @@ impl GyreOptions {
             "join_strategy" => self.join_strategy.name().to_string(),
             "join_reorder" => on_off(self.join_reorder),
             "skew_detection" => on_off(self.skew_detection),
+            "runtime_filters" => on_off(self.runtime_filters),
             "skew_threshold" => s.threshold.to_string(),
             "skew_first" => s.first.to_string(),
             "skew_every" => s.every.to_string(),
@@ -214,6 +224,7 @@ impl ExtensionOptions for GyreOptions {
             "join_strategy" => next.join_strategy = JoinStrategy::parse(value)?,
             "join_reorder" => next.join_reorder = parse_on_off(&name, value)?,
             "skew_detection" => next.skew_detection = parse_on_off(&name, value)?,
+            "runtime_filters" => next.runtime_filters = parse_on_off(&name, value)?,
             "skew_threshold" => s.threshold = parse_share(&name, value)?,
             "skew_first" => s.first = parse_share(&name, value)?,
             "skew_every" => s.every = parse_share(&name, value)?,

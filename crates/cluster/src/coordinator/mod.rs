@@ -57,7 +57,9 @@ use datafusion::sql::parser::{DFParserBuilder, Statement as DFStatement};
 use datafusion::sql::sqlparser::ast::{Expr as SqlExpr, Statement as SqlStatement};
 use datafusion::sql::sqlparser::dialect::dialect_from_str;
 use gyre_exchange::{Placement, QueryContext};
-use gyre_planner::{DistributedPlan, GyreOptions, network_operator_rules, split_into_stages};
+use gyre_planner::{
+    DistributedPlan, GyreOptions, network_operator_rules, place_runtime_filters, split_into_stages,
+};
 use gyre_transport::{COORDINATOR, NodeId, TcpTransport, Transport, TransportConfig, node_name};
 use parking_lot::{Mutex, RwLock};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};

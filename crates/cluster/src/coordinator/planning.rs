@@ -65,7 +65,9 @@ impl Coordinator {
         for rule in network_operator_rules() {
             plan = rule.optimize(plan, config)?;
         }
-        split_into_stages(plan, n, &runs_on_workers)
+        let mut plan = split_into_stages(plan, n, &runs_on_workers)?;
+        place_runtime_filters(&mut plan, &GyreOptions::of(config))?;
+        Ok(plan)
     }
 }
 

@@ -30,6 +30,7 @@ impl Coordinator {
             transport: Arc::new(self.transport.clone()),
             workers: workers.to_vec(),
             compression: GyreOptions::of(state.config_options()).compression,
+            runtime_filters: Default::default(),
         };
         let ctx = self.task_ctx(state, qc);
         let (fail_tx, fail_rx) = mpsc::unbounded_channel();

@@ -334,6 +334,7 @@ impl Worker {
             transport: Arc::new(self.transport.clone()),
             workers,
             compression: crate::session::parse_compression(compression.as_deref())?,
+            runtime_filters: Default::default(),
         };
         let read = Arc::new(ReadCounters::default());
         let ctx = self.task_ctx(qc, Arc::clone(&read), execution)?;
