@@ -342,13 +342,23 @@ impl AsyncDB for Gyre {
 }
 
 /// Where cargo unpacked the datafusion-sqllogictest crate.
+///
+/// `cargo metadata` is limited to the host's platform: without the filter it
+/// wants every package of every platform (Android, Windows, ...) on disk, and a
+/// build downloads only the host's, so an offline call fails on a fresh machine.
 fn crate_dir() -> PathBuf {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| env!("CARGO").to_string());
     let out = std::process::Command::new(cargo)
         .args(["metadata", "--format-version", "1", "--offline"])
+        .args(["--filter-platform", &host_triple()])
         .current_dir(manifest_dir())
         .output()
         .expect("cargo metadata");
+    assert!(
+        out.status.success(),
+        "cargo metadata failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let meta: serde_json::Value = serde_json::from_slice(&out.stdout).expect("cargo metadata JSON");
     let manifest = meta["packages"]
         .as_array()
@@ -358,6 +368,21 @@ fn crate_dir() -> PathBuf {
         .and_then(|p| p["manifest_path"].as_str())
         .expect("datafusion-sqllogictest among the packages");
     Path::new(manifest).parent().unwrap().to_path_buf()
+}
+
+/// The host's target triple, as `rustc -vV` names it.
+fn host_triple() -> String {
+    let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".to_string());
+    let out = std::process::Command::new(rustc)
+        .arg("-vV")
+        .output()
+        .expect("rustc -vV");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("host: "))
+        .expect("rustc -vV names the host")
+        .trim()
+        .to_string()
 }
 
 fn copy_dir(from: &Path, to: &Path) {
