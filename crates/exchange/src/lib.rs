@@ -19,6 +19,7 @@ pub mod codec;
 pub mod context;
 pub mod cyclo;
 pub mod flow;
+pub mod key_hash;
 pub mod network;
 pub mod receiver;
 pub mod relayed;

@@ -10,13 +10,12 @@ use super::metrics::FlowMetrics;
 use super::{FlowReport, HeavyHitter};
 use crate::codec::BatchEncoder;
 use crate::context::QueryContext;
+use crate::key_hash::hash_keys;
 use crate::sender::{Outlet, SendMetrics, transport_err};
 use arrow::array::{ArrayRef, RecordBatch};
 use arrow::datatypes::SchemaRef;
-use datafusion::common::hash_utils::create_hashes;
 use datafusion::common::{DataFusionError, Result, ScalarValue, internal_datafusion_err};
 use datafusion::physical_expr::PhysicalExprRef;
-use datafusion::physical_plan::repartition::REPARTITION_RANDOM_STATE;
 use datafusion::physical_plan::{ChildrenPropertiesMode, ReplaceChildrenOptions};
 use gyre_join::flow::control::{Control, Side};
 use gyre_transport::{NodeId, ReceiveEndpoint, ReceiveSpec, SendEndpoint, SendSpec, To, node_name};
@@ -204,12 +203,8 @@ impl Hashed {
             .iter()
             .map(|e| e.evaluate(&batch)?.into_array(batch.num_rows()))
             .collect::<Result<Vec<_>>>()?;
-        let mut hashes = vec![0; batch.num_rows()];
-        create_hashes(
-            &arrays,
-            REPARTITION_RANDOM_STATE.random_state(),
-            &mut hashes,
-        )?;
+        let mut hashes = Vec::new();
+        hash_keys(&arrays, batch.num_rows(), &mut hashes)?;
         Ok(Self {
             batch,
             keys: arrays,

@@ -1,10 +1,10 @@
 //! What a run-time filter knows of a join's build side: the hashes of its keys, and
 //! where each worker's filters wait to be picked up.
 
-use arrow::array::{Array, ArrayRef, BooleanArray, RecordBatch};
-use datafusion::common::hash_utils::create_hashes;
+use crate::key_hash::{hash_keys, keys_valid};
+use arrow::array::{ArrayRef, BooleanArray, RecordBatch};
+use arrow::buffer::BooleanBuffer;
 use datafusion::common::{HashSet, Result};
-use datafusion::physical_plan::repartition::REPARTITION_RANDOM_STATE;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -36,16 +36,23 @@ impl KeyFilter {
 
     /// Which rows of `keys` (the probe key columns) may match; rows with a null key
     /// never match (the joins filtered compare keys with null equal to nothing).
-    pub fn may_match(&self, keys: &[ArrayRef], rows: usize) -> Result<Option<BooleanArray>> {
+    /// `hashes` is scratch space, kept by the caller from batch to batch.
+    pub fn may_match(
+        &self,
+        keys: &[ArrayRef],
+        rows: usize,
+        hashes: &mut Vec<u64>,
+    ) -> Result<Option<BooleanArray>> {
         let Some(set) = &self.hashes else {
             return Ok(None);
         };
-        let mut hashes = vec![0; rows];
-        create_hashes(keys, REPARTITION_RANDOM_STATE.random_state(), &mut hashes)?;
-        let keep: BooleanArray = (0..rows)
-            .map(|i| Some(keys.iter().all(|k| k.is_valid(i)) && set.contains(&hashes[i])))
-            .collect();
-        Ok(Some(keep))
+        hash_keys(keys, rows, hashes)?;
+        let known = BooleanBuffer::collect_bool(rows, |i| set.contains(&hashes[i]));
+        let keep = match keys_valid(keys) {
+            Some(valid) => &known & valid.inner(),
+            None => known,
+        };
+        Ok(Some(BooleanArray::new(keep, None)))
     }
 }
 
@@ -63,13 +70,12 @@ impl KeyFilterBuilder {
         if self.overflowed || rows == 0 {
             return Ok(());
         }
-        self.buf.clear();
-        self.buf.resize(rows, 0);
-        create_hashes(keys, REPARTITION_RANDOM_STATE.random_state(), &mut self.buf)?;
-        for (i, h) in self.buf.iter().enumerate() {
-            if keys.iter().all(|k| k.is_valid(i)) {
-                self.hashes.insert(*h);
-            }
+        hash_keys(keys, rows, &mut self.buf)?;
+        match keys_valid(keys) {
+            Some(valid) => self
+                .hashes
+                .extend(valid.valid_indices().map(|i| self.buf[i])),
+            None => self.hashes.extend(self.buf.iter().copied()),
         }
         if self.hashes.len() > MAX_FILTER_KEYS {
             self.overflowed = true;
@@ -137,7 +143,7 @@ impl FilterSlots {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use arrow::array::Int64Array;
+    use arrow::array::{Array, Int64Array};
 
     fn col(v: Vec<Option<i64>>) -> Vec<ArrayRef> {
         vec![Arc::new(Int64Array::from(v))]
@@ -151,9 +157,29 @@ mod tests {
         let f = b.finish();
         assert_eq!(f.keys(), Some(2), "the null is not a key");
         let probe = col((0..6).map(Some).chain([None]).collect());
-        let keep = f.may_match(&probe, 7).unwrap().unwrap();
+        let keep = f.may_match(&probe, 7, &mut Vec::new()).unwrap().unwrap();
         let kept: Vec<bool> = keep.iter().map(|b| b.unwrap()).collect();
         assert_eq!(kept, [false, true, false, true, false, false, false]);
+    }
+
+    #[test]
+    fn a_row_with_a_null_in_any_key_column_is_neither_a_key_nor_kept() {
+        let two = |a: Vec<Option<i64>>, b: Vec<Option<i64>>| -> Vec<ArrayRef> {
+            vec![Arc::new(Int64Array::from(a)), Arc::new(Int64Array::from(b))]
+        };
+        let mut b = KeyFilterBuilder::default();
+        let build = two(vec![Some(1), Some(2), None], vec![Some(10), None, Some(30)]);
+        b.add(&build, 3).unwrap();
+        let f = b.finish();
+        assert_eq!(f.keys(), Some(1));
+        let probe = two(
+            vec![Some(1), Some(1), Some(2), None, Some(3)],
+            vec![Some(10), None, Some(20), Some(30), Some(10)],
+        );
+        let keep = f.may_match(&probe, 5, &mut Vec::new()).unwrap().unwrap();
+        assert_eq!(keep.null_count(), 0);
+        let kept: Vec<bool> = keep.iter().map(|b| b.unwrap()).collect();
+        assert_eq!(kept, [true, false, false, false, false]);
     }
 
     #[test]
@@ -163,7 +189,11 @@ mod tests {
         b.add(&col((0..n as i64).map(Some).collect()), n).unwrap();
         let f = b.finish();
         assert_eq!(f.keys(), None);
-        assert!(f.may_match(&col(vec![Some(-1)]), 1).unwrap().is_none());
+        assert!(
+            f.may_match(&col(vec![Some(-1)]), 1, &mut Vec::new())
+                .unwrap()
+                .is_none()
+        );
     }
 
     #[tokio::test]

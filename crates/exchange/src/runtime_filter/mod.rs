@@ -135,6 +135,35 @@ impl Drop for Publisher {
     }
 }
 
+/// A source's stream between polls: its input and what it has gathered so far.
+struct Source {
+    input: SendableRecordBatchStream,
+    publisher: Publisher,
+    columns: Vec<usize>,
+    time: Time,
+}
+
+impl Source {
+    /// The input's next batch, its keys added to the filter; at the end the filter is
+    /// complete.
+    async fn next(&mut self) -> Option<Result<RecordBatch>> {
+        let batch = match self.input.next().await {
+            Some(Ok(b)) => b,
+            other => {
+                self.publisher.complete = other.is_none();
+                return other;
+            }
+        };
+        let _t = self.time.timer();
+        if let Some(b) = &mut self.publisher.builder
+            && let Err(e) = b.add(&key_columns(&batch, &self.columns), batch.num_rows())
+        {
+            return Some(Err(e));
+        }
+        Some(Ok(batch))
+    }
+}
+
 impl ExecutionPlan for FilterSourceExec {
     fn name(&self) -> &'static str {
         "FilterSourceExec"
@@ -192,29 +221,19 @@ impl ExecutionPlan for FilterSourceExec {
             complete: false,
             keys,
         };
-        let columns = self.columns.clone();
-        let s = futures::stream::unfold(Some((input, publisher)), move |state| {
-            let (columns, time) = (columns.clone(), time.clone());
-            async move {
-                let (mut input, mut publisher) = state?;
-                match input.next().await {
-                    Some(Ok(batch)) => {
-                        let added = {
-                            let _t = time.timer();
-                            match &mut publisher.builder {
-                                Some(b) => b.add(&key_columns(&batch, &columns), batch.num_rows()),
-                                None => Ok(()),
-                            }
-                        };
-                        Some((added.map(|()| batch), Some((input, publisher))))
-                    }
-                    // Dropping the publisher publishes a filter that keeps every row.
-                    Some(Err(e)) => Some((Err(e), None)),
-                    None => {
-                        publisher.complete = true;
-                        None
-                    }
-                }
+        let source = Source {
+            input,
+            publisher,
+            columns: self.columns.clone(),
+            time,
+        };
+        let s = futures::stream::unfold(Some(source), |source| async move {
+            let mut source = source?;
+            match source.next().await {
+                Some(Ok(batch)) => Some((Ok(batch), Some(source))),
+                // Dropping the publisher publishes a filter that keeps every row.
+                Some(Err(e)) => Some((Err(e), None)),
+                None => None,
             }
         });
         Ok(Box::pin(RecordBatchStreamAdapter::new(schema, s)))
@@ -279,14 +298,84 @@ impl DisplayAs for FilterTargetExec {
     }
 }
 
-/// What a target's stream carries between polls.
+/// A target's stream between polls.
 struct Target {
     input: SendableRecordBatchStream,
+    columns: Vec<usize>,
+    qc: Arc<QueryContext>,
+    id: u32,
+    slot: usize,
+    /// `None` until the first poll has waited for it.
     filter: Option<Arc<KeyFilter>>,
+    /// Scratch space for the key hashes of a batch.
+    hashes: Vec<u64>,
     seen: usize,
     pruned: usize,
     /// Off once the filter proved not to prune.
     active: bool,
+    baseline: BaselineMetrics,
+    rows_pruned: Count,
+    wait: Time,
+}
+
+impl Target {
+    /// The next batch with a row the filter keeps, pruned; the first call waits for the
+    /// filter.
+    async fn next(&mut self) -> Option<Result<RecordBatch>> {
+        let filter = match &self.filter {
+            Some(f) => Arc::clone(f),
+            None => {
+                let _t = self.wait.timer();
+                let f = self.qc.runtime_filters.wait(self.id, self.slot).await;
+                self.active = f.keys().is_some();
+                self.filter = Some(Arc::clone(&f));
+                f
+            }
+        };
+        loop {
+            let batch = match self.input.next().await? {
+                Ok(b) => b,
+                Err(e) => return Some(Err(e)),
+            };
+            if !self.active {
+                self.baseline.record_output(batch.num_rows());
+                return Some(Ok(batch));
+            }
+            let out = {
+                let _t = self.baseline.elapsed_compute().timer();
+                prune(&filter, &batch, &self.columns, &mut self.hashes)
+            };
+            let out = match out {
+                Ok(o) => o,
+                Err(e) => return Some(Err(e)),
+            };
+            let dropped = batch.num_rows() - out.num_rows();
+            self.seen += batch.num_rows();
+            self.pruned += dropped;
+            self.rows_pruned.add(dropped);
+            if self.seen >= CHECK_AFTER_ROWS && self.pruned * 10 < self.seen {
+                self.active = false;
+            }
+            if out.num_rows() > 0 {
+                self.baseline.record_output(out.num_rows());
+                return Some(Ok(out));
+            }
+        }
+    }
+}
+
+/// The rows of `batch` that `filter` keeps, judged by the key `columns`.
+fn prune(
+    filter: &KeyFilter,
+    batch: &RecordBatch,
+    columns: &[usize],
+    hashes: &mut Vec<u64>,
+) -> Result<RecordBatch> {
+    let keys = key_columns(batch, columns);
+    match filter.may_match(&keys, batch.num_rows(), hashes)? {
+        Some(keep) => Ok(filter_record_batch(batch, &keep)?),
+        None => Ok(batch.clone()),
+    }
 }
 
 impl ExecutionPlan for FilterTargetExec {
@@ -337,78 +426,29 @@ impl ExecutionPlan for FilterTargetExec {
         let qc = QueryContext::of(&context)?;
         let input = self.input.execute(partition, context)?;
         let schema = input.schema();
-        let baseline = BaselineMetrics::new(&self.metrics, partition);
-        let pruned_m: Count = MetricBuilder::new(&self.metrics).counter("rows_pruned", partition);
-        let wait: Time = MetricBuilder::new(&self.metrics).subset_time("filter_wait", partition);
-        let (id, slot) = (self.id, if self.shared { 0 } else { partition });
-        let columns = self.columns.clone();
-        let state = Target {
+        let target = Target {
             input,
+            columns: self.columns.clone(),
+            qc,
+            id: self.id,
+            slot: if self.shared { 0 } else { partition },
             filter: None,
+            hashes: Vec::new(),
             seen: 0,
             pruned: 0,
             active: true,
+            baseline: BaselineMetrics::new(&self.metrics, partition),
+            rows_pruned: MetricBuilder::new(&self.metrics).counter("rows_pruned", partition),
+            wait: MetricBuilder::new(&self.metrics).subset_time("filter_wait", partition),
         };
-        let s = futures::stream::unfold(state, move |mut st| {
-            let (qc, columns, baseline, pruned_m, wait) = (
-                Arc::clone(&qc),
-                columns.clone(),
-                baseline.clone(),
-                pruned_m.clone(),
-                wait.clone(),
-            );
-            async move {
-                if st.filter.is_none() {
-                    let _t = wait.timer();
-                    let f = qc.runtime_filters.wait(id, slot).await;
-                    st.active = f.keys().is_some();
-                    st.filter = Some(f);
-                }
-                loop {
-                    let batch = match st.input.next().await? {
-                        Ok(b) => b,
-                        Err(e) => return Some((Err(e), st)),
-                    };
-                    if !st.active {
-                        baseline.record_output(batch.num_rows());
-                        return Some((Ok(batch), st));
-                    }
-                    let out = {
-                        let _t = baseline.elapsed_compute().timer();
-                        prune(&st, &batch, &columns)
-                    };
-                    let out = match out {
-                        Ok(o) => o,
-                        Err(e) => return Some((Err(e), st)),
-                    };
-                    st.seen += batch.num_rows();
-                    st.pruned += batch.num_rows() - out.num_rows();
-                    pruned_m.add(batch.num_rows() - out.num_rows());
-                    if st.seen >= CHECK_AFTER_ROWS && st.pruned * 10 < st.seen {
-                        st.active = false;
-                    }
-                    if out.num_rows() > 0 {
-                        baseline.record_output(out.num_rows());
-                        return Some((Ok(out), st));
-                    }
-                }
-            }
+        let s = futures::stream::unfold(target, |mut target| async move {
+            let next = target.next().await?;
+            Some((next, target))
         });
         Ok(Box::pin(RecordBatchStreamAdapter::new(schema, s)))
     }
 
     fn metrics(&self) -> Option<MetricsSet> {
         Some(self.metrics.clone_inner())
-    }
-}
-
-/// The rows of `batch` the target's filter keeps.
-fn prune(st: &Target, batch: &RecordBatch, columns: &[usize]) -> Result<RecordBatch> {
-    let Some(filter) = &st.filter else {
-        return Ok(batch.clone());
-    };
-    match filter.may_match(&key_columns(batch, columns), batch.num_rows())? {
-        Some(keep) => Ok(filter_record_batch(batch, &keep)?),
-        None => Ok(batch.clone()),
     }
 }
