@@ -29,7 +29,7 @@ use datafusion_proto::physical_plan::{
 use datafusion_proto::protobuf;
 use gyre_exchange::{
     CycloJoinExec, CycloJoinType, CycloKernel, CycloSide, ExchangeReceiverExec, ExchangeSenderExec,
-    FilterSourceExec, FilterTargetExec, FlowJoinExec, Placement, ReceiveMode, SendMode,
+    FilterFrom, FilterSourceExec, FilterTargetExec, FlowJoinExec, Placement, ReceiveMode, SendMode,
     SkewSettings, flow::FlowInputs,
 };
 use prost::Message;
@@ -41,11 +41,12 @@ enum NodeProto {
     FilterSource {
         id: u32,
         columns: Vec<usize>,
+        ship: Option<u32>,
     },
     FilterTarget {
         id: u32,
         columns: Vec<usize>,
-        shared: bool,
+        from: FilterFrom,
     },
     Scan {
         table: String,
@@ -441,17 +442,15 @@ impl PhysicalExtensionCodec for GyreCodec {
                     .with_constants(constants),
                 )
             }
-            NodeProto::FilterSource { id, columns } => {
+            NodeProto::FilterSource { id, columns, ship } => {
                 let [input] = inputs else {
                     return internal_err!("a filter source has one input, got {}", inputs.len());
                 };
-                Arc::new(FilterSourceExec::try_new(Arc::clone(input), id, columns)?)
+                Arc::new(
+                    FilterSourceExec::try_new(Arc::clone(input), id, columns)?.shipped_on(ship),
+                )
             }
-            NodeProto::FilterTarget {
-                id,
-                columns,
-                shared,
-            } => {
+            NodeProto::FilterTarget { id, columns, from } => {
                 let [input] = inputs else {
                     return internal_err!("a filter target has one input, got {}", inputs.len());
                 };
@@ -459,7 +458,7 @@ impl PhysicalExtensionCodec for GyreCodec {
                     Arc::clone(input),
                     id,
                     columns,
-                    shared,
+                    from,
                 )?)
             }
             NodeProto::Flow {
@@ -657,12 +656,13 @@ impl PhysicalExtensionCodec for GyreCodec {
             NodeProto::FilterSource {
                 id: f.id(),
                 columns: f.columns().to_vec(),
+                ship: f.ship(),
             }
         } else if let Some(f) = node.downcast_ref::<FilterTargetExec>() {
             NodeProto::FilterTarget {
                 id: f.id(),
                 columns: f.columns().to_vec(),
-                shared: f.shared(),
+                from: f.from(),
             }
         } else if let Some(f) = node.downcast_ref::<FlowJoinExec>() {
             NodeProto::Flow {

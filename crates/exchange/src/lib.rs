@@ -34,7 +34,7 @@ pub use flow::{BuildPreserving, FlowJoinExec, SkewSettings};
 pub use network::{InputsAt, NetworkOperator, network_operator};
 pub use receiver::{ExchangeReceiverExec, ReceiveMode};
 pub use relayed::{RelayedError, error_place, error_text};
-pub use runtime_filter::{FilterSourceExec, FilterTargetExec};
+pub use runtime_filter::{FilterFrom, FilterSourceExec, FilterTargetExec};
 pub use sender::{ExchangeSenderExec, SendMode};
 
 #[cfg(test)]

@@ -1,25 +1,40 @@
 //! Where run-time filters go (`gyre_exchange::runtime_filter`): each worker stage's
 //! hash joins that drop unmatched probe rows get a filter source on their build input
-//! and a target as deep in their probe input as the key columns can be followed, in
-//! the same stage, with no exchange in between.
+//! and a target as deep in their probe input as the key columns can be followed.
 //!
 //! The target is placed below operators that keep each row's partition: projections
 //! (of plain columns), filters and inner hash joins (through the
 //! probe side, or through the build side of a partitioned one). It stops at anything
-//! else (a scan, an exchange, an aggregate, a `CollectLeft` join's shared build side)
-//! and goes above it. A target that would sit right below its join prunes nothing the
-//! join would not, so none is placed there. Flow-Joins route their probe rows between
+//! else (a scan, an aggregate, a `CollectLeft` join's shared build side) and goes
+//! above it. A target that would sit right below its join prunes nothing the join
+//! would not, so none is placed there. Flow-Joins route their probe rows between
 //! workers: their joins get no filter (their inputs' joins may).
+//!
+//! Where the probe rows come from another worker stage (an exchange receiver), the
+//! target goes into that stage, on the sender's input, and the rows are pruned before
+//! they cross the network:
+//! - a `CollectLeft` join's build side is on every worker whole, so the target waits
+//!   for this node's filter ([`FilterFrom::Shared`]);
+//! - a partitioned join's build side is split by key, so every worker's part goes to
+//!   every worker on a filter exchange of its own and the target unites them
+//!   ([`FilterFrom::Workers`]).
+//!
+//! No wait can close a cycle: a target waits only for the build side of its own join,
+//! which never reads the target's stage (that stage feeds the join's probe side), and
+//! a build side's own targets wait for joins deeper in it.
 
 use crate::options::GyreOptions;
 use crate::stages::DistributedPlan;
-use datafusion::common::{JoinType, NullEquality, Result};
+use datafusion::common::{JoinType, NullEquality, Result, internal_err};
 use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
 use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::{ChildrenPropertiesMode, ExecutionPlan, ReplaceChildrenOptions};
-use gyre_exchange::{FilterSourceExec, FilterTargetExec, FlowJoinExec, Placement};
+use gyre_exchange::{
+    ExchangeId, ExchangeReceiverExec, ExchangeSenderExec, FilterFrom, FilterSourceExec,
+    FilterTargetExec, FlowJoinExec, Placement,
+};
 use std::sync::Arc;
 
 /// Places run-time filters in the worker stages of `plan` (when the session's
@@ -28,13 +43,51 @@ pub fn place_runtime_filters(plan: &mut DistributedPlan, options: &GyreOptions) 
     if !options.runtime_filters {
         return Ok(());
     }
-    let mut next_id = 0;
+    let mut p = Placer {
+        next_id: 0,
+        next_exchange: plan.exchanges,
+        remote: Vec::new(),
+    };
     for stage in &mut plan.stages {
         if stage.placement == Placement::Workers {
-            stage.plan = rewrite(Arc::clone(&stage.plan), &mut next_id)?;
+            stage.plan = p.rewrite(Arc::clone(&stage.plan))?;
         }
     }
+    // Targets in the stages that send probe rows; placing one may lead on to the
+    // stage that sends that stage's rows.
+    while let Some(t) = p.remote.pop() {
+        let Some(stage) = plan.stages.iter_mut().find(|s| {
+            s.plan
+                .downcast_ref::<ExchangeSenderExec>()
+                .is_some_and(|x| x.exchange() == t.exchange)
+        }) else {
+            return internal_err!("no stage sends exchange {}", t.exchange);
+        };
+        let sender = Arc::clone(&stage.plan);
+        let input = Arc::clone(sender.children()[0]);
+        let input = match p.place(&input, &t.columns, t.id, t.from)? {
+            Some(placed) => placed,
+            None => Arc::new(FilterTargetExec::try_new(input, t.id, t.columns, t.from)?),
+        };
+        stage.plan = sender.replace_children(vec![input], recompute())?;
+    }
+    plan.exchanges = p.next_exchange;
     Ok(())
+}
+
+/// A target to place in the stage that sends `exchange`, on `columns` of its sender's
+/// input.
+struct Remote {
+    exchange: ExchangeId,
+    columns: Vec<usize>,
+    id: u32,
+    from: FilterFrom,
+}
+
+struct Placer {
+    next_id: u32,
+    next_exchange: ExchangeId,
+    remote: Vec<Remote>,
 }
 
 fn recompute() -> ReplaceChildrenOptions {
@@ -54,80 +107,116 @@ fn drops_unmatched_probe_rows(t: JoinType) -> bool {
     )
 }
 
-fn rewrite(plan: Arc<dyn ExecutionPlan>, next_id: &mut u32) -> Result<Arc<dyn ExecutionPlan>> {
-    if let Some(flow) = plan.downcast_ref::<FlowJoinExec>() {
-        let join = Arc::clone(flow.join());
-        let children = join
+impl Placer {
+    fn rewrite(&mut self, plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
+        if let Some(flow) = plan.downcast_ref::<FlowJoinExec>() {
+            let join = Arc::clone(flow.join());
+            let children = join
+                .children()
+                .into_iter()
+                .map(|c| self.rewrite(Arc::clone(c)))
+                .collect::<Result<Vec<_>>>()?;
+            let join = join.replace_children(children, recompute())?;
+            return plan.replace_children(vec![join], recompute());
+        }
+        let children = plan
             .children()
             .into_iter()
-            .map(|c| rewrite(Arc::clone(c), next_id))
+            .map(|c| self.rewrite(Arc::clone(c)))
             .collect::<Result<Vec<_>>>()?;
-        let join = join.replace_children(children, recompute())?;
-        return plan.replace_children(vec![join], recompute());
-    }
-    let children = plan
-        .children()
-        .into_iter()
-        .map(|c| rewrite(Arc::clone(c), next_id))
-        .collect::<Result<Vec<_>>>()?;
-    let plan = match children.is_empty() {
-        true => plan,
-        false => plan.replace_children(children, recompute())?,
-    };
-    let Some(hj) = plan.downcast_ref::<HashJoinExec>() else {
-        return Ok(plan);
-    };
-    if !drops_unmatched_probe_rows(*hj.join_type())
-        || hj.null_equality() != NullEquality::NullEqualsNothing
-        || hj.null_aware
-    {
-        return Ok(plan);
-    }
-    let (left, right) = (hj.left().schema(), hj.right().schema());
-    let mut build = Vec::new();
-    let mut probe = Vec::new();
-    for (l, r) in hj.on() {
-        let (Some(l), Some(r)) = (l.downcast_ref::<Column>(), r.downcast_ref::<Column>()) else {
+        let plan = match children.is_empty() {
+            true => plan,
+            false => plan.replace_children(children, recompute())?,
+        };
+        let Some(hj) = plan.downcast_ref::<HashJoinExec>() else {
             return Ok(plan);
         };
-        // Equal types hash alike on both sides.
-        if left.field(l.index()).data_type() != right.field(r.index()).data_type() {
+        if !drops_unmatched_probe_rows(*hj.join_type())
+            || hj.null_equality() != NullEquality::NullEqualsNothing
+            || hj.null_aware
+        {
             return Ok(plan);
         }
-        build.push(l.index());
-        probe.push(r.index());
+        let (left, right) = (hj.left().schema(), hj.right().schema());
+        let mut build = Vec::new();
+        let mut probe = Vec::new();
+        for (l, r) in hj.on() {
+            let (Some(l), Some(r)) = (l.downcast_ref::<Column>(), r.downcast_ref::<Column>())
+            else {
+                return Ok(plan);
+            };
+            // Equal types hash alike on both sides.
+            if left.field(l.index()).data_type() != right.field(r.index()).data_type() {
+                return Ok(plan);
+            }
+            build.push(l.index());
+            probe.push(r.index());
+        }
+        let id = self.next_id;
+        let (from, ship) = match hj.partition_mode() {
+            PartitionMode::CollectLeft => (FilterFrom::Shared, None),
+            _ => (FilterFrom::Partition, Some(self.next_exchange)),
+        };
+        let remote_before = self.remote.len();
+        let Some(probe_input) = self.place(hj.right(), &probe, id, from)? else {
+            return Ok(plan);
+        };
+        self.next_id += 1;
+        // Only a filter with a target in another stage is sent over the network.
+        let ship = ship.filter(|_| {
+            self.remote[remote_before..]
+                .iter()
+                .any(|r| matches!(r.from, FilterFrom::Workers(_)))
+        });
+        if ship.is_some() {
+            self.next_exchange += 1;
+        }
+        let build_input = FilterSourceExec::try_new(Arc::clone(hj.left()), id, build)?;
+        let build_input = Arc::new(build_input.shipped_on(ship));
+        plan.replace_children(vec![build_input, probe_input], recompute())
     }
-    let id = *next_id;
-    let shared = *hj.partition_mode() == PartitionMode::CollectLeft;
-    let Some(probe_input) = below(hj.right(), &probe, id, shared)? else {
-        return Ok(plan);
-    };
-    *next_id += 1;
-    let build_input = Arc::new(FilterSourceExec::try_new(Arc::clone(hj.left()), id, build)?);
-    plan.replace_children(vec![build_input, probe_input], recompute())
-}
 
-/// `node` with a target of filter `id` placed below it, on the input its `columns`
-/// come from; `None` when they cannot be followed into any input.
-fn below(
-    node: &Arc<dyn ExecutionPlan>,
-    columns: &[usize],
-    id: u32,
-    shared: bool,
-) -> Result<Option<Arc<dyn ExecutionPlan>>> {
-    let Some((child, inner, index)) = follow(node.as_ref(), columns) else {
-        return Ok(None);
-    };
-    let placed = match below(&child, &inner, id, shared)? {
-        Some(deeper) => deeper,
-        None => Arc::new(FilterTargetExec::try_new(child, id, inner, shared)?),
-    };
-    let mut children: Vec<Arc<dyn ExecutionPlan>> =
-        node.children().into_iter().map(Arc::clone).collect();
-    children[index] = placed;
-    Ok(Some(
-        Arc::clone(node).replace_children(children, recompute())?,
-    ))
+    /// `node` with a target of filter `id` placed below it, on the input its `columns`
+    /// come from, or (`node` receiving another worker stage's rows) recorded for that
+    /// stage; `None` when they cannot be followed into any input.
+    fn place(
+        &mut self,
+        node: &Arc<dyn ExecutionPlan>,
+        columns: &[usize],
+        id: u32,
+        from: FilterFrom,
+    ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+        if let Some(r) = node.downcast_ref::<ExchangeReceiverExec>()
+            && r.producer() == Placement::Workers
+        {
+            // A partition's filter is this worker's part only: the sending stage's
+            // rows go to every worker, so they need every part.
+            let from = match from {
+                FilterFrom::Partition => FilterFrom::Workers(self.next_exchange),
+                other => other,
+            };
+            self.remote.push(Remote {
+                exchange: r.exchange(),
+                columns: columns.to_vec(),
+                id,
+                from,
+            });
+            return Ok(Some(Arc::clone(node)));
+        }
+        let Some((child, inner, index)) = follow(node.as_ref(), columns) else {
+            return Ok(None);
+        };
+        let placed = match self.place(&child, &inner, id, from)? {
+            Some(deeper) => deeper,
+            None => Arc::new(FilterTargetExec::try_new(child, id, inner, from)?),
+        };
+        let mut children: Vec<Arc<dyn ExecutionPlan>> =
+            node.children().into_iter().map(Arc::clone).collect();
+        children[index] = placed;
+        Ok(Some(
+            Arc::clone(node).replace_children(children, recompute())?,
+        ))
+    }
 }
 
 /// The input of `node` that `columns` of its output come from unchanged, with their
@@ -148,6 +237,9 @@ fn follow(
             })
             .collect::<Option<Vec<_>>>()?;
         return Some((Arc::clone(p.input()), inner, 0));
+    }
+    if node.is::<FilterTargetExec>() || node.is::<FilterSourceExec>() {
+        return Some((Arc::clone(node.children()[0]), columns.to_vec(), 0));
     }
     if let Some(f) = node.downcast_ref::<FilterExec>() {
         let inner = match f.projection() {

@@ -76,6 +76,8 @@ pub struct Stage {
 pub struct DistributedPlan {
     pub stages: Vec<Stage>,
     pub workers: usize,
+    /// Exchange ids in use: `0..exchanges` (a pass that adds one takes the next).
+    pub exchanges: ExchangeId,
 }
 
 impl DistributedPlan {
@@ -185,6 +187,7 @@ pub fn split_into_stages(
     Ok(DistributedPlan {
         stages: s.stages,
         workers,
+        exchanges: s.next_exchange,
     })
 }
 

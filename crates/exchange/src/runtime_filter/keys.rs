@@ -29,9 +29,19 @@ impl KeyFilter {
         Self { hashes: None }
     }
 
+    /// A filter holding `hashes` (`None`: one that lets every row through).
+    pub fn from_hashes(hashes: Option<HashSet<u64>>) -> Self {
+        Self { hashes }
+    }
+
     /// Distinct key hashes held, `None` when the filter lets everything through.
     pub fn keys(&self) -> Option<usize> {
         self.hashes.as_ref().map(HashSet::len)
+    }
+
+    /// The key hashes held, `None` when the filter lets everything through.
+    pub fn hashes(&self) -> Option<&HashSet<u64>> {
+        self.hashes.as_ref()
     }
 
     /// Which rows of `keys` (the probe key columns) may match; rows with a null key
@@ -119,11 +129,11 @@ impl FilterSlots {
     }
 
     /// Publishes filter `id` of `partition` (the first publication stands).
-    pub fn publish(&self, id: u32, partition: usize, filter: KeyFilter) {
+    pub fn publish(&self, id: u32, partition: usize, filter: Arc<KeyFilter>) {
         self.slot(id, partition).send_if_modified(|f| match f {
             Some(_) => false,
             None => {
-                *f = Some(Arc::new(filter));
+                *f = Some(filter);
                 true
             }
         });
@@ -202,11 +212,11 @@ mod tests {
         let s = Arc::clone(&slots);
         let waiter = tokio::spawn(async move { s.wait(7, 2).await.keys() });
         tokio::task::yield_now().await;
-        slots.publish(7, 2, KeyFilter::default());
+        slots.publish(7, 2, Arc::new(KeyFilter::default()));
         assert_eq!(waiter.await.unwrap(), None);
         let mut b = KeyFilterBuilder::default();
         b.add(&col(vec![Some(5)]), 1).unwrap();
-        slots.publish(8, 0, b.finish());
+        slots.publish(8, 0, Arc::new(b.finish()));
         assert_eq!(slots.wait(8, 0).await.keys(), Some(1));
     }
 }

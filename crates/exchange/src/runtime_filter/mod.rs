@@ -2,32 +2,38 @@
 //!
 //! DataFusion pushes a dynamic filter from a hash join's build side into the probe
 //! side's scan, but waits for every partition's build side first, and a Gyre worker
-//! runs one partition of each stage. Gyre's filters are per worker instead:
+//! runs one partition of each stage. Gyre's filters work per worker instead:
 //! - [`FilterSourceExec`] sits on a join's build input and, as the rows pass, collects
 //!   their key hashes ([`KeyFilterBuilder`]); at the end it publishes a [`KeyFilter`]
-//!   in the query's [`FilterSlots`] on this node;
+//!   in the query's [`FilterSlots`] on this node, and when targets elsewhere need it,
+//!   sends it to every worker ([`network`]);
 //! - [`FilterTargetExec`] sits on the probe input where it is read (above the table
-//!   scan, below the projections, filters and inner joins in between) and, on its first
-//!   poll, waits for the filter, then drops every row whose key the build side lacks.
+//!   scan, below the projections, filters and inner joins in between, in the join's
+//!   stage or in the stage that sends it the probe rows) and, on its first poll,
+//!   waits for the filter ([`FilterFrom`]), then drops every row whose key the build
+//!   side lacks.
 //!
-//! The planner places a pair only where this worker's probe rows reach this worker's
-//! join (no exchange between the target and the join): a probe row the local build
-//! side lacks then matches nothing, whatever the partitioning (a broadcast build side
-//! holds every key, a co-partitioned one the keys of this worker's rows). And only for
-//! joins that drop probe rows without a match (inner, left, left semi/anti/mark, right
-//! semi). The wait costs nothing: a hash join reads its build side to the end before it
-//! polls its probe side, and the target is polled only by that probe side. A source
-//! dropped before its end publishes a filter that keeps every row, so no target waits
-//! for ever.
+//! Which filter a target needs depends on where its rows go. In the join's own stage
+//! this worker's probe rows reach this worker's join: a row the local build side lacks
+//! matches nothing, whatever the partitioning. In a stage that sends the probe rows
+//! through an exchange, rows go to every worker: the target needs every key of the
+//! join, which a `CollectLeft` build side holds on each worker and a partitioned one
+//! holds split across the workers (the target unites every worker's part). Filters
+//! serve only joins that drop probe rows without a match (inner, left, left
+//! semi/anti/mark, right semi). A source dropped before its end publishes a filter that
+//! keeps every row, so no target waits for ever.
 //!
-//! A target keeps filtering only while it prunes: after [`CHECK_AFTER_ROWS`] rows, a
-//! filter that dropped less than a tenth of them steps aside.
+//! The wait costs little: a hash join reads its build side to the end before it polls
+//! its probe side, so probe rows could not be joined earlier anyway. A target keeps
+//! filtering only while it prunes: after [`CHECK_AFTER_ROWS`] rows, a filter that
+//! dropped less than a tenth of them steps aside.
 
 mod keys;
+pub mod network;
 
 pub use keys::{FilterSlots, KeyFilter, KeyFilterBuilder, MAX_FILTER_KEYS};
 
-use crate::context::QueryContext;
+use crate::context::{ExchangeId, QueryContext};
 use arrow::array::RecordBatch;
 use arrow::compute::filter_record_batch;
 use datafusion::common::tree_node::TreeNodeRecursion;
@@ -44,6 +50,7 @@ use datafusion::physical_plan::{
 };
 use futures::StreamExt;
 use keys::key_columns;
+use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::sync::Arc;
 
@@ -76,6 +83,8 @@ pub struct FilterSourceExec {
     input: Arc<dyn ExecutionPlan>,
     id: u32,
     columns: Vec<usize>,
+    /// The filter exchange on which this worker's part also goes to every worker.
+    ship: Option<ExchangeId>,
     metrics: ExecutionPlanMetricsSet,
 }
 
@@ -86,8 +95,15 @@ impl FilterSourceExec {
             input,
             id,
             columns,
+            ship: None,
             metrics: ExecutionPlanMetricsSet::new(),
         })
+    }
+    /// The same source, its filter also sent to every worker on filter exchange
+    /// `exchange` (for targets in stages that read the join's probe rows elsewhere).
+    pub fn shipped_on(mut self, exchange: Option<ExchangeId>) -> Self {
+        self.ship = exchange;
+        self
     }
     pub fn input(&self) -> &Arc<dyn ExecutionPlan> {
         &self.input
@@ -98,6 +114,9 @@ impl FilterSourceExec {
     pub fn columns(&self) -> &[usize] {
         &self.columns
     }
+    pub fn ship(&self) -> Option<ExchangeId> {
+        self.ship
+    }
 }
 
 impl DisplayAs for FilterSourceExec {
@@ -107,7 +126,11 @@ impl DisplayAs for FilterSourceExec {
             "FilterSourceExec: run-time filter {} on [{}]",
             self.id,
             names(self.input.as_ref(), &self.columns)
-        )
+        )?;
+        match self.ship {
+            Some(x) => write!(f, ", sent to every worker on exchange {x}"),
+            None => Ok(()),
+        }
     }
 }
 
@@ -117,6 +140,7 @@ struct Publisher {
     qc: Arc<QueryContext>,
     id: u32,
     partition: usize,
+    ship: Option<ExchangeId>,
     builder: Option<KeyFilterBuilder>,
     complete: bool,
     keys: Gauge,
@@ -124,14 +148,27 @@ struct Publisher {
 
 impl Drop for Publisher {
     fn drop(&mut self) {
-        let filter = match (self.complete, self.builder.take()) {
+        let filter = Arc::new(match (self.complete, self.builder.take()) {
             (true, Some(b)) => b.finish(),
             _ => KeyFilter::pass_all(),
-        };
+        });
         self.keys.set(filter.keys().unwrap_or(0));
         self.qc
             .runtime_filters
-            .publish(self.id, self.partition, filter);
+            .publish(self.id, self.partition, Arc::clone(&filter));
+        let (Some(exchange), Ok(rt)) = (self.ship, tokio::runtime::Handle::try_current()) else {
+            return;
+        };
+        let (qc, partition) = (Arc::clone(&self.qc), self.partition);
+        rt.spawn(async move {
+            if let Err(e) = network::ship(&qc, exchange, partition, &filter).await {
+                tracing::debug!(
+                    query = qc.query_id,
+                    exchange,
+                    "run-time filter not sent: {e}"
+                );
+            }
+        });
     }
 }
 
@@ -187,11 +224,9 @@ impl ExecutionPlan for FilterSourceExec {
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let [input] = <[_; 1]>::try_from(children)
             .map_err(|_| internal_datafusion_err!("a filter source has one child"))?;
-        Ok(Arc::new(Self::try_new(
-            input,
-            self.id,
-            self.columns.clone(),
-        )?))
+        Ok(Arc::new(
+            Self::try_new(input, self.id, self.columns.clone())?.shipped_on(self.ship),
+        ))
     }
     fn with_new_children(
         self: Arc<Self>,
@@ -217,6 +252,7 @@ impl ExecutionPlan for FilterSourceExec {
             qc,
             id: self.id,
             partition,
+            ship: self.ship,
             builder: Some(KeyFilterBuilder::default()),
             complete: false,
             keys,
@@ -244,6 +280,19 @@ impl ExecutionPlan for FilterSourceExec {
     }
 }
 
+/// Where a target finds its filter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FilterFrom {
+    /// This node's source of the same partition.
+    Partition,
+    /// This node's source of partition 0: a build side collected once for every
+    /// partition (as `CollectLeft` joins do), which holds every key of the join.
+    Shared,
+    /// Every worker's part, sent on this filter exchange (a partitioned join whose
+    /// probe rows this stage sends).
+    Workers(ExchangeId),
+}
+
 /// The probe side of a run-time filter: on its first poll waits for filter `id`, then
 /// drops the rows of its input whose key `columns` the build side lacks.
 #[derive(Debug)]
@@ -251,9 +300,7 @@ pub struct FilterTargetExec {
     input: Arc<dyn ExecutionPlan>,
     id: u32,
     columns: Vec<usize>,
-    /// The filter comes from partition 0 of the source (a build side collected once
-    /// for every partition, as `CollectLeft` joins do), not from this partition's.
-    shared: bool,
+    from: FilterFrom,
     metrics: ExecutionPlanMetricsSet,
 }
 
@@ -262,14 +309,14 @@ impl FilterTargetExec {
         input: Arc<dyn ExecutionPlan>,
         id: u32,
         columns: Vec<usize>,
-        shared: bool,
+        from: FilterFrom,
     ) -> Result<Self> {
         check_columns(&input, &columns)?;
         Ok(Self {
             input,
             id,
             columns,
-            shared,
+            from,
             metrics: ExecutionPlanMetricsSet::new(),
         })
     }
@@ -282,8 +329,8 @@ impl FilterTargetExec {
     pub fn columns(&self) -> &[usize] {
         &self.columns
     }
-    pub fn shared(&self) -> bool {
-        self.shared
+    pub fn from(&self) -> FilterFrom {
+        self.from
     }
 }
 
@@ -294,7 +341,11 @@ impl DisplayAs for FilterTargetExec {
             "FilterTargetExec: run-time filter {} on [{}]",
             self.id,
             names(self.input.as_ref(), &self.columns)
-        )
+        )?;
+        match self.from {
+            FilterFrom::Workers(x) => write!(f, ", from every worker on exchange {x}"),
+            FilterFrom::Partition | FilterFrom::Shared => Ok(()),
+        }
     }
 }
 
@@ -304,7 +355,8 @@ struct Target {
     columns: Vec<usize>,
     qc: Arc<QueryContext>,
     id: u32,
-    slot: usize,
+    partition: usize,
+    from: FilterFrom,
     /// `None` until the first poll has waited for it.
     filter: Option<Arc<KeyFilter>>,
     /// Scratch space for the key hashes of a batch.
@@ -326,7 +378,15 @@ impl Target {
             Some(f) => Arc::clone(f),
             None => {
                 let _t = self.wait.timer();
-                let f = self.qc.runtime_filters.wait(self.id, self.slot).await;
+                let slots = &self.qc.runtime_filters;
+                let f = match self.from {
+                    FilterFrom::Partition => slots.wait(self.id, self.partition).await,
+                    FilterFrom::Shared => slots.wait(self.id, 0).await,
+                    FilterFrom::Workers(x) => match network::gather(&self.qc, x).await {
+                        Ok(f) => f,
+                        Err(e) => return Some(Err(e)),
+                    },
+                };
                 self.active = f.keys().is_some();
                 self.filter = Some(Arc::clone(&f));
                 f
@@ -405,7 +465,7 @@ impl ExecutionPlan for FilterTargetExec {
             input,
             self.id,
             self.columns.clone(),
-            self.shared,
+            self.from,
         )?))
     }
     fn with_new_children(
@@ -431,7 +491,8 @@ impl ExecutionPlan for FilterTargetExec {
             columns: self.columns.clone(),
             qc,
             id: self.id,
-            slot: if self.shared { 0 } else { partition },
+            partition,
+            from: self.from,
             filter: None,
             hashes: Vec::new(),
             seen: 0,
