@@ -383,6 +383,7 @@ async fn run_time_filters_prune_probe_rows_and_keep_the_answers() {
             FROM generate_series(0, 499) AS t(value)";
     let (cluster, reference) = start(4, setup).await;
     let c = &cluster.coordinator;
+    c.sql("SET gyre.runtime_filters = on").await.unwrap();
     let queries = [
         "SELECT d_month, count(*), sum(f_qty) FROM fact JOIN day ON f_day = d_day \
          JOIN item ON f_item = i_item WHERE d_month = 3 AND i_cat = 'Books' GROUP BY d_month",
@@ -430,6 +431,7 @@ async fn run_time_filters_prune_probe_rows_before_they_cross_the_network() {
             FROM generate_series(0, 4999) AS t(value)";
     let (cluster, reference) = start(4, setup).await;
     let c = &cluster.coordinator;
+    c.sql("SET gyre.runtime_filters = on").await.unwrap();
     c.sql("SET gyre.join_strategy = 'shuffle'").await.unwrap();
     c.sql("SET gyre.skew_detection = off").await.unwrap();
     let queries = [
