@@ -23,8 +23,17 @@ if [ "${GYRE_QUICK:-0}" != "1" ]; then
   echo "== TPC-H SF 1 against DataFusion and the official answers"
   cargo test --release --test tpch_sf1 -- --ignored --test-threads 1
   echo "== ADBC (Python) client"
-  python3 -m pip install --quiet --disable-pip-version-check adbc-driver-flightsql pyarrow
+  python3 -m pip install --quiet --disable-pip-version-check adbc-driver-flightsql pyarrow cryptography
   GYRE_BIN="$CARGO_TARGET_DIR/release/gyre" python3 tests/python/test_adbc.py
+  echo "== ADBC and JDBC clients log in over TLS"
+  # The Flight SQL JDBC driver (Maven fetches it) logs in as ADBC does.
+  if ! command -v java >/dev/null || ! command -v mvn >/dev/null; then
+    apt-get update -qq && apt-get install -y -qq default-jdk-headless maven >/dev/null
+  fi
+  jdbc=org.apache.arrow:flight-sql-jdbc-driver:18.3.0
+  mvn -q dependency:get -Dartifact="$jdbc"
+  GYRE_JDBC_JAR="$HOME/.m2/repository/org/apache/arrow/flight-sql-jdbc-driver/18.3.0/flight-sql-jdbc-driver-18.3.0.jar" \
+    GYRE_BIN="$CARGO_TARGET_DIR/release/gyre" python3 tests/python/test_adbc_auth.py
   echo "== TPC-DS SF 0.01: the 99 queries' answers against DataFusion (DuckDB makes the data)"
   # Three runs each: plans with several Flow-Joins (q75 has four) once hung now and then.
   # Run-time filters (off by default) are on, so that their answers are checked too.

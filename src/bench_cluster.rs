@@ -59,6 +59,9 @@ impl EmulatedCluster {
                 .ok_or("the emulated cluster has no coordinator")?;
             let exe = std::env::current_exe()?;
             let mut cmd = tb.coordinator_host().command(&exe);
+            if let Some(secret) = tb.secret() {
+                cmd.env("GYRE_SECRET", secret);
+            }
             cmd.args(&inner)
                 .args(["--connect", &addr.to_string(), "--json", "-"])
                 .stderr(std::process::Stdio::inherit());

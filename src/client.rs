@@ -100,21 +100,70 @@ pub struct RemoteClient {
     client: Mutex<FlightSqlServiceClient<Channel>>,
 }
 
+/// How a client proves who it is, and whom it trusts.
+#[derive(Default)]
+pub struct Login {
+    /// Log in as this user with `password` (Flight SQL Handshake, HTTP Basic).
+    pub user: Option<String>,
+    pub password: Option<String>,
+    /// Speak TLS, trusting only this CA certificate (PEM).
+    pub tls_ca: Option<Vec<u8>>,
+}
+
 impl RemoteClient {
+    /// Connects to `addr` (host:port, grpc://host:port) without logging in.
     pub async fn connect(addr: &str) -> Result<Self, BoxError> {
-        let url = if addr.contains("://") {
-            addr.replace("grpc://", "http://")
-        } else {
-            format!("http://{addr}")
+        Self::connect_with(addr, &Login::default()).await
+    }
+
+    /// Connects to `addr` (host:port, grpc:// or grpc+tls://) and logs in as `login` says.
+    pub async fn connect_with(addr: &str, login: &Login) -> Result<Self, BoxError> {
+        let (tls, rest) = match addr.split_once("://") {
+            Some(("grpc+tls" | "https", rest)) => (true, rest),
+            Some(("grpc" | "grpc+tcp" | "http", rest)) => (false, rest),
+            Some((scheme, _)) => return Err(format!("unknown scheme {scheme}:// in {addr}").into()),
+            None => (false, addr),
         };
-        let channel = Channel::from_shared(url)?
-            .connect()
-            .await
-            .map_err(|e| format!("cannot connect to the coordinator at {addr}: {e}"))?;
+        let mut endpoint = if tls || login.tls_ca.is_some() {
+            let ca = login.tls_ca.as_deref().ok_or_else(|| {
+                format!("{addr} speaks TLS: give the CA certificate with --tls-ca")
+            })?;
+            Channel::from_shared(format!("https://{rest}"))?
+                .tls_config(gyre_cluster::auth::tls::trusting(ca))?
+        } else {
+            Channel::from_shared(format!("http://{rest}"))?
+        };
+        endpoint = endpoint.connect_timeout(std::time::Duration::from_secs(10));
+        let channel = endpoint.connect().await.map_err(|e| {
+            format!(
+                "cannot connect to the coordinator at {addr}: {}",
+                source_chain(&e)
+            )
+        })?;
+        let mut client = FlightSqlServiceClient::new(channel);
+        if let Some(user) = &login.user {
+            let password = login.password.as_deref().unwrap_or_default();
+            client
+                .handshake(user, password)
+                .await
+                .map_err(|e| format!("cannot log in to {addr} as {user}: {e}"))?;
+        }
         Ok(Self {
-            client: Mutex::new(FlightSqlServiceClient::new(channel)),
+            client: Mutex::new(client),
         })
     }
+}
+
+/// An error with its causes, for errors whose own text says little ("transport error").
+fn source_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
 }
 
 impl SqlRunner for RemoteClient {
@@ -124,13 +173,18 @@ impl SqlRunner for RemoteClient {
             let tag = format!("{:032x}", rand::random::<u128>());
             client.set_header(PROGRESS_HEADER, tag.clone());
             let control = client.inner().clone();
+            let token = client.token().cloned();
             let poll = move || {
-                let (mut control, tag) = (control.clone(), tag.clone());
+                let (mut control, tag, token) = (control.clone(), tag.clone(), token.clone());
                 Box::pin(async move {
-                    let action = Action {
+                    let mut action = tonic::Request::new(Action {
                         r#type: PROGRESS_ACTION.to_string(),
                         body: tag.into_bytes().into(),
-                    };
+                    });
+                    if let Some(token) = token {
+                        let value = format!("Bearer {token}").parse().ok()?;
+                        action.metadata_mut().insert("authorization", value);
+                    }
                     let mut replies = control.do_action(action).await.ok()?.into_inner();
                     let reply = replies.message().await.ok()??;
                     serde_json::from_slice::<ProgressReport>(&reply.body).ok()
@@ -180,6 +234,13 @@ fn flight_error(e: FlightError) -> BoxError {
                 .metadata()
                 .get(ERROR_PLACE_HEADER)
                 .and_then(|v| v.to_str().ok());
+            if status.code() == tonic::Code::Unauthenticated {
+                return format!(
+                    "{} (log in with --user NAME; the password comes from GYRE_PASSWORD or a prompt)",
+                    status.message()
+                )
+                .into();
+            }
             match place {
                 Some(p) => format!("{} (at {p})", status.message()).into(),
                 None => status.message().to_string().into(),

@@ -45,9 +45,10 @@ enum Command {
         /// Data (exchange) address; port 0 picks a free one.
         #[arg(long, default_value = "127.0.0.1:0")]
         data_listen: SocketAddr,
-        /// Cluster secret every node must share.
-        #[arg(long, env = "GYRE_SECRET", default_value = "gyre")]
-        secret: String,
+        #[command(flatten)]
+        secret: SecretArgs,
+        #[command(flatten)]
+        front: FrontDoorArgs,
     },
     /// Run a worker that joins a coordinator.
     Worker {
@@ -62,25 +63,28 @@ enum Command {
         /// Host name or IP other nodes reach this worker at (default: the listen IP).
         #[arg(long)]
         advertise_host: Option<String>,
-        #[arg(long, env = "GYRE_SECRET", default_value = "gyre")]
-        secret: String,
+        #[command(flatten)]
+        secret: SecretArgs,
         /// Threads of this worker's pool.
         #[arg(long, default_value_t = 2)]
         threads: usize,
+        /// The CA certificate (PEM) of a coordinator that serves TLS.
+        #[arg(long)]
+        tls_ca: Option<PathBuf>,
     },
     /// Run a coordinator and N workers in this process (over loopback TCP).
     Local(LocalArgs),
     /// Connect to a coordinator with Flight SQL and run SQL.
     Sql {
-        #[arg(long, default_value = "127.0.0.1:50050")]
-        connect: String,
+        #[command(flatten)]
+        connect: ConnectArgs,
         #[command(flatten)]
         input: SqlInput,
     },
     /// Load Parquet, CSV, JSON or Arrow files (a file or a directory) into a distributed table.
     Load {
-        #[arg(long, default_value = "127.0.0.1:50050")]
-        connect: String,
+        #[command(flatten)]
+        connect: ConnectArgs,
         /// Name of the new table.
         #[arg(long)]
         table: String,
@@ -93,6 +97,9 @@ enum Command {
         /// File or directory (or s3://..., gs://...), readable on every worker.
         path: String,
     },
+    /// Print the users-file line (name:argon2 hash) for NAME with a password read from
+    /// stdin (asked for on a terminal).
+    Passwd { name: String },
     /// Emulated cluster on this machine: namespaces, shaped links, CPU quotas (root).
     #[command(subcommand)]
     Cluster(cluster::ClusterCommand),
@@ -115,6 +122,135 @@ enum BenchCommand {
     /// The 99 TPC-DS queries (data and texts from DuckDB's tpcds extension) on an
     /// embedded cluster, next to single-node DataFusion and DuckDB.
     Tpcds(Box<bench_tpcds::TpcdsArgs>),
+}
+
+/// The cluster secret every node shares: from a file, or from GYRE_SECRET. Never an
+/// argument (other users see command lines in /proc), and no default.
+#[derive(Args, Clone)]
+struct SecretArgs {
+    /// A file holding the cluster secret (else GYRE_SECRET).
+    #[arg(long)]
+    secret_file: Option<PathBuf>,
+}
+
+/// A secret shorter than this is refused: it could be guessed.
+const MIN_SECRET_LEN: usize = 16;
+
+impl SecretArgs {
+    fn secret(&self) -> Result<String, Box<dyn std::error::Error>> {
+        let (secret, origin) = match &self.secret_file {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| format!("cannot read the secret file {}: {e}", path.display()))?;
+                (
+                    text.trim_end_matches(['\n', '\r']).to_string(),
+                    path.display().to_string(),
+                )
+            }
+            None => match std::env::var("GYRE_SECRET") {
+                Ok(s) => (s, "GYRE_SECRET".to_string()),
+                Err(_) => {
+                    return Err(
+                        "no cluster secret: give --secret-file FILE or set GYRE_SECRET \
+                                (the same on every node)"
+                            .into(),
+                    );
+                }
+            },
+        };
+        if secret.len() < MIN_SECRET_LEN {
+            return Err(format!(
+                "the cluster secret in {origin} is shorter than {MIN_SECRET_LEN} characters"
+            )
+            .into());
+        }
+        Ok(secret)
+    }
+}
+
+/// Who may use a coordinator's Flight SQL port (`gyre coordinator`, `gyre local`).
+#[derive(Args, Clone, Default)]
+struct FrontDoorArgs {
+    /// Users who may log in: one `name:hash` line each (`gyre passwd NAME` prints one).
+    #[arg(long)]
+    users: Option<PathBuf>,
+    /// Serve clients without logins on an address other hosts can reach.
+    #[arg(long)]
+    insecure_no_auth: bool,
+    /// Serve TLS with this certificate chain (PEM).
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The TLS certificate's private key (PEM).
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+}
+
+impl FrontDoorArgs {
+    /// The front door for a listener on `listen`. A listener other hosts can reach
+    /// needs users, unless the operator says otherwise.
+    fn front_door(
+        &self,
+        listen: SocketAddr,
+    ) -> Result<gyre_cluster::flight_sql::FrontDoor, Box<dyn std::error::Error>> {
+        let users = match &self.users {
+            Some(path) => Some(Arc::new(gyre_cluster::auth::Users::load(path)?)),
+            None => None,
+        };
+        if users.is_none() && !listen.ip().is_loopback() && !self.insecure_no_auth {
+            return Err(format!(
+                "refusing to serve {listen} without logins: anyone who reaches it could run any \
+                 SQL. Give --users FILE (lines from `gyre passwd NAME`), listen on a loopback \
+                 address, or pass --insecure-no-auth"
+            )
+            .into());
+        }
+        let tls = match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => Some(gyre_cluster::auth::TlsIdentity::load(cert, key)?),
+            _ => None,
+        };
+        Ok(gyre_cluster::flight_sql::FrontDoor { users, tls })
+    }
+}
+
+/// How `gyre sql` and `gyre load` reach a coordinator.
+#[derive(Args, Clone)]
+struct ConnectArgs {
+    /// The coordinator's Flight SQL address (host:port, grpc://host:port or
+    /// grpc+tls://host:port).
+    #[arg(long, default_value = "127.0.0.1:50050")]
+    connect: String,
+    /// Log in as this user; the password comes from GYRE_PASSWORD or a prompt.
+    #[arg(long)]
+    user: Option<String>,
+    /// Speak TLS, trusting the CA certificate (PEM) in this file.
+    #[arg(long)]
+    tls_ca: Option<PathBuf>,
+}
+
+impl ConnectArgs {
+    async fn connect(&self) -> Result<client::RemoteClient, Box<dyn std::error::Error>> {
+        let password = match &self.user {
+            None => None,
+            Some(user) => Some(match std::env::var("GYRE_PASSWORD") {
+                Ok(p) => p,
+                Err(_) => rpassword::prompt_password(format!("Password for {user}: "))
+                    .map_err(|e| format!("cannot read the password: {e}"))?,
+            }),
+        };
+        let tls_ca = match &self.tls_ca {
+            Some(p) => Some(
+                std::fs::read(p)
+                    .map_err(|e| format!("cannot read the CA certificate {}: {e}", p.display()))?,
+            ),
+            None => None,
+        };
+        let login = client::Login {
+            user: self.user.clone(),
+            password,
+            tls_ca,
+        };
+        client::RemoteClient::connect_with(&self.connect, &login).await
+    }
 }
 
 #[derive(Args, Clone)]
@@ -159,6 +295,8 @@ struct LocalArgs {
     #[arg(long)]
     listen: Option<SocketAddr>,
     #[command(flatten)]
+    front: FrontDoorArgs,
+    #[command(flatten)]
     input: SqlInput,
     /// Run a benchmark instead of SQL: `tpch` (after the -c/-f statements, e.g. settings).
     #[arg(long)]
@@ -175,6 +313,13 @@ struct LocalArgs {
     /// Benchmark: draw the results as an SVG plot.
     #[arg(long)]
     plot: Option<PathBuf>,
+}
+
+/// The cluster secret's control key for drivers that send control messages to a running
+/// cluster (benchmarks): GYRE_SECRET, as the cluster's nodes take it.
+pub(crate) fn cluster_key() -> Result<gyre_cluster::auth::NodeKey, Box<dyn std::error::Error>> {
+    let secret = SecretArgs { secret_file: None }.secret()?;
+    Ok(gyre_cluster::auth::NodeKey::from_secret(&secret))
 }
 
 fn main() {
@@ -207,7 +352,10 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             listen,
             data_listen,
             secret,
+            front,
         } => {
+            let secret = secret.secret()?;
+            let front = front.front_door(listen)?;
             let config = CoordinatorConfig {
                 listen,
                 data_listen,
@@ -219,8 +367,13 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             };
             let coordinator = Coordinator::start(config).await?;
             let listener = tokio::net::TcpListener::bind(listen).await?;
-            let addr = gyre_cluster::flight_sql::serve(coordinator, listener);
-            println!("gyre coordinator listening on {addr} (Flight SQL: grpc://{addr})");
+            let addr = gyre_cluster::flight_sql::serve(coordinator, listener, &front)?;
+            let scheme = if front.tls.is_some() {
+                "grpc+tls"
+            } else {
+                "grpc"
+            };
+            println!("gyre coordinator listening on {addr} (Flight SQL: {scheme}://{addr})");
             tokio::signal::ctrl_c().await?;
             Ok(())
         }
@@ -230,8 +383,17 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             data_listen,
             advertise_host,
             secret,
+            tls_ca,
             ..
         } => {
+            let secret = secret.secret()?;
+            let coordinator_ca =
+                match tls_ca {
+                    Some(p) => Some(std::fs::read(&p).map_err(|e| {
+                        format!("cannot read the CA certificate {}: {e}", p.display())
+                    })?),
+                    None => None,
+                };
             let worker = Worker::start(WorkerConfig {
                 coordinator,
                 listen,
@@ -241,6 +403,7 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
                     secret,
                     ..Default::default()
                 },
+                coordinator_ca,
             })
             .await?;
             println!(
@@ -258,8 +421,27 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
         Command::Bench(BenchCommand::Kernels(args)) => bench_kernels::run(args).await,
         Command::Bench(BenchCommand::Load(args)) => bench_load::run(*args).await,
         Command::Bench(BenchCommand::Tpcds(args)) => bench_tpcds::run(*args).await,
+        Command::Passwd { name } => {
+            let password = if std::io::IsTerminal::is_terminal(&std::io::stdin()) {
+                let first = rpassword::prompt_password(format!("Password for {name}: "))?;
+                let again = rpassword::prompt_password("Again: ")?;
+                if first != again {
+                    return Err("the passwords differ".into());
+                }
+                first
+            } else {
+                let mut line = String::new();
+                std::io::stdin().read_line(&mut line)?;
+                line.trim_end_matches(['\n', '\r']).to_string()
+            };
+            println!(
+                "{}",
+                gyre_cluster::auth::users::user_line(&name, &password)?
+            );
+            Ok(())
+        }
         Command::Sql { connect, input } => {
-            let client = client::RemoteClient::connect(&connect).await?;
+            let client = connect.connect().await?;
             run_input(&client, &input).await
         }
         Command::Load {
@@ -269,7 +451,7 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             partition_by,
             path,
         } => {
-            let client = client::RemoteClient::connect(&connect).await?;
+            let client = connect.connect().await?;
             let format = file_format.to_ascii_uppercase();
             let mut options = vec![];
             if format == "CSV" {
@@ -313,9 +495,15 @@ async fn run_local(args: LocalArgs) -> Result<(), Box<dyn std::error::Error>> {
     let listen = args
         .listen
         .unwrap_or_else(|| "127.0.0.1:0".parse().unwrap());
-    let cluster = LocalCluster::start(args.workers, threads, listen).await?;
+    let front = args.front.front_door(listen)?;
+    let cluster = LocalCluster::start_with(args.workers, threads, listen, &front).await?;
     if args.listen.is_some() {
-        println!("Flight SQL: grpc://{}", cluster.addr);
+        let scheme = if front.tls.is_some() {
+            "grpc+tls"
+        } else {
+            "grpc"
+        };
+        println!("Flight SQL: {scheme}://{}", cluster.addr);
     }
     if let Some(sf) = args.tpch {
         let start = std::time::Instant::now();

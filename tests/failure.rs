@@ -29,6 +29,7 @@ fn gyre(args: &[&str]) -> Proc {
     Proc(
         Command::new(env!("CARGO_BIN_EXE_gyre"))
             .args(args)
+            .env("GYRE_SECRET", "failure tests' cluster secret")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .spawn()

@@ -1,6 +1,7 @@
 //! The coordinator's front door: Arrow Flight SQL for clients (ADBC, JDBC,
 //! `gyre sql`), and the control actions workers use to join and report.
 
+use crate::auth::{Clients, Gate, TlsIdentity, Users};
 use crate::client_sessions::{CallSession, ClientSessions};
 use crate::coordinator::{Coordinator, Outcome, StatementResult};
 use crate::progress::{ProgressReport, STATEMENT, StatementProgress};
@@ -224,6 +225,7 @@ impl GyreFlightSql {
     /// only planned here; it runs while the client reads it, so its rows stream through.
     async fn run_and_store(
         &self,
+        descriptor: FlightDescriptor,
         session: &CallSession,
         sql: &str,
         progress: Option<Arc<StatementProgress>>,
@@ -245,7 +247,10 @@ impl GyreFlightSql {
         let ticket = TicketStatementQuery {
             statement_handle: handle.clone().into(),
         };
+        // The call's own descriptor goes back in the answer: the Flight SQL JDBC driver
+        // cannot read a FlightInfo without one.
         let info = FlightInfo::new()
+            .with_descriptor(descriptor)
             .try_with_schema(&schema)
             .map_err(|e| Status::internal(e.to_string()))?
             .with_endpoint(
@@ -304,7 +309,9 @@ impl FlightSqlService for GyreFlightSql {
     ) -> Result<TonicResponse<FlightInfo>, Status> {
         let progress = self.progress_of(request.metadata());
         let session = self.session_of(&request);
-        self.run_and_store(&session, &query.query, progress).await
+        let descriptor = request.get_ref().clone();
+        self.run_and_store(descriptor, &session, &query.query, progress)
+            .await
     }
 
     async fn do_get_statement(
@@ -402,7 +409,9 @@ impl FlightSqlService for GyreFlightSql {
             .cloned()
             .ok_or_else(|| Status::not_found(format!("no prepared statement {handle}")))?;
         let session = self.session_of(&request);
-        self.run_and_store(&session, &sql, progress).await
+        let descriptor = request.get_ref().clone();
+        self.run_and_store(descriptor, &session, &sql, progress)
+            .await
     }
 
     async fn do_put_prepared_statement_update(
@@ -425,9 +434,10 @@ impl FlightSqlService for GyreFlightSql {
     async fn get_flight_info_sql_info(
         &self,
         query: CommandGetSqlInfo,
-        _request: TonicRequest<FlightDescriptor>,
+        request: TonicRequest<FlightDescriptor>,
     ) -> Result<TonicResponse<FlightInfo>, Status> {
         let info = FlightInfo::new()
+            .with_descriptor(request.into_inner())
             .try_with_schema(&self.sql_info.schema())
             .map_err(|e| Status::internal(e.to_string()))?
             .with_endpoint(
@@ -504,15 +514,60 @@ impl FlightSqlService for GyreFlightSql {
     async fn register_sql_info(&self, _id: i32, _result: &SqlInfo) {}
 }
 
-/// Serves Flight SQL and worker control on `listener` until the process ends.
-pub fn serve(coordinator: Arc<Coordinator>, listener: tokio::net::TcpListener) -> SocketAddr {
-    let addr = listener.local_addr().expect("bound listener");
-    let service = FlightServiceServer::new(GyreFlightSql::new(coordinator))
-        .max_decoding_message_size(usize::MAX)
-        .max_encoding_message_size(usize::MAX);
+/// How the coordinator's Flight SQL port admits clients ([`crate::auth`]).
+#[derive(Debug, Clone, Default)]
+pub struct FrontDoor {
+    /// Users who may log in; without them, anyone who reaches the port may run SQL.
+    pub users: Option<Arc<Users>>,
+    /// The certificate and key to serve TLS with; without them, plain gRPC.
+    pub tls: Option<TlsIdentity>,
+}
+
+/// Serves Flight SQL and worker control on `listener` until the process ends. Control
+/// messages must be signed with the cluster secret; clients must log in when
+/// `front.users` is set.
+pub fn serve(
+    coordinator: Arc<Coordinator>,
+    listener: tokio::net::TcpListener,
+    front: &FrontDoor,
+) -> Result<SocketAddr, DataFusionError> {
+    let clients = match &front.users {
+        Some(users) => Clients::Users(Arc::clone(users)),
+        None => Clients::Open,
+    };
+    serve_gated(coordinator, listener, clients, front.tls.as_ref())
+}
+
+/// Serves only the control messages of workers on `listener` (an embedded cluster's
+/// workers register there when its client port speaks TLS).
+pub fn serve_control(
+    coordinator: Arc<Coordinator>,
+    listener: tokio::net::TcpListener,
+) -> Result<SocketAddr, DataFusionError> {
+    serve_gated(coordinator, listener, Clients::NodesOnly, None)
+}
+
+fn serve_gated(
+    coordinator: Arc<Coordinator>,
+    listener: tokio::net::TcpListener,
+    clients: Clients,
+    tls: Option<&TlsIdentity>,
+) -> Result<SocketAddr, DataFusionError> {
+    let addr = listener.local_addr()?;
+    let key = coordinator.node_key();
+    let service =
+        FlightServiceServer::new(Gate::new(GyreFlightSql::new(coordinator), clients, key))
+            .max_decoding_message_size(usize::MAX)
+            .max_encoding_message_size(usize::MAX);
+    let mut server = tonic::transport::Server::builder();
+    if let Some(tls) = tls {
+        server = server.tls_config(tls.server_config()).map_err(|e| {
+            DataFusionError::Configuration(format!("bad TLS certificate or key: {e}"))
+        })?;
+    }
     let incoming = crate::protocol::incoming_nodelay(listener);
     tokio::spawn(async move {
-        if let Err(e) = tonic::transport::Server::builder()
+        if let Err(e) = server
             .add_service(service)
             .serve_with_incoming(incoming)
             .await
@@ -520,5 +575,5 @@ pub fn serve(coordinator: Arc<Coordinator>, listener: tokio::net::TcpListener) -
             tracing::error!("Flight SQL service stopped: {e}");
         }
     });
-    addr
+    Ok(addr)
 }

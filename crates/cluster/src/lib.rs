@@ -1,6 +1,7 @@
 //! The cluster: coordinator, workers, the catalog of distributed tables and
 //! the Arrow Flight SQL front door.
 
+pub mod auth;
 pub mod client_sessions;
 pub mod codec;
 pub mod column_stats;

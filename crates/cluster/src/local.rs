@@ -3,7 +3,7 @@
 //! exactly as separate hosts would.
 
 use crate::coordinator::{Coordinator, CoordinatorConfig};
-use crate::flight_sql::serve;
+use crate::flight_sql::{FrontDoor, serve, serve_control};
 use crate::worker::{Worker, WorkerConfig};
 use datafusion::common::{DataFusionError, Result};
 use gyre_transport::TransportConfig;
@@ -16,6 +16,10 @@ pub struct LocalCluster {
     pub coordinator: Arc<Coordinator>,
     /// Where Flight SQL clients connect.
     pub addr: SocketAddr,
+    /// Where its workers send their control messages (loopback, no TLS).
+    control_addr: SocketAddr,
+    /// The cluster secret, random for each embedded cluster.
+    secret: String,
     workers: Vec<(Arc<Worker>, Option<tokio::runtime::Runtime>)>,
 }
 
@@ -30,20 +34,40 @@ impl std::fmt::Debug for LocalCluster {
 
 impl LocalCluster {
     /// Starts a coordinator listening on `listen` (port 0: any free port) and `workers`
-    /// workers with `threads` threads each.
+    /// workers with `threads` threads each; anyone who reaches `listen` may run SQL.
     pub async fn start(workers: usize, threads: usize, listen: SocketAddr) -> Result<Self> {
+        Self::start_with(workers, threads, listen, &FrontDoor::default()).await
+    }
+
+    /// As [`Self::start`], with clients admitted by `front` (users, TLS).
+    pub async fn start_with(
+        workers: usize,
+        threads: usize,
+        listen: SocketAddr,
+        front: &FrontDoor,
+    ) -> Result<Self> {
+        // Nothing outside this process needs the secret: a random one per cluster.
+        let secret = format!("{:032x}", rand::random::<u128>());
         let config = CoordinatorConfig {
             listen,
+            transport: TransportConfig {
+                secret: secret.clone(),
+                ..Default::default()
+            },
             ..Default::default()
         };
         let coordinator = Coordinator::start(config).await?;
-        // Its workers register through the port it serves: statements wait for them.
+        // Its workers register through a control port of their own: statements wait for them.
         coordinator.expect_workers(workers);
         let listener = tokio::net::TcpListener::bind(listen).await?;
-        let addr = serve(Arc::clone(&coordinator), listener);
+        let addr = serve(Arc::clone(&coordinator), listener, front)?;
+        let control = tokio::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0)).await?;
+        let control_addr = serve_control(Arc::clone(&coordinator), control)?;
         let mut cluster = Self {
             coordinator,
             addr,
+            control_addr,
+            secret,
             workers: Vec::with_capacity(workers),
         };
         for _ in 0..workers {
@@ -65,11 +89,15 @@ impl LocalCluster {
             .enable_all()
             .build()?;
         let cfg = WorkerConfig {
-            coordinator: self.addr.to_string(),
+            coordinator: self.control_addr.to_string(),
             listen: "127.0.0.1:0".parse().unwrap(),
             data_listen: "127.0.0.1:0".parse().unwrap(),
             advertise_host: None,
-            transport: TransportConfig::default(),
+            transport: TransportConfig {
+                secret: self.secret.clone(),
+                ..Default::default()
+            },
+            coordinator_ca: None,
         };
         let worker = rt
             .spawn(Worker::start(cfg))

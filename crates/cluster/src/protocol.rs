@@ -4,6 +4,7 @@
 //! is a postcard-encoded [`Request`] and whose single result is a [`Response`].
 //! Data never goes this way; it moves through the transport.
 
+use crate::auth::{NODE_HEADER, NodeKey};
 use crate::progress::ReadFigures;
 use crate::storage::PartStats;
 use arrow_flight::Action;
@@ -245,23 +246,45 @@ pub fn decode<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Result<T> {
         .map_err(|e| DataFusionError::Execution(format!("malformed control message: {e}")))
 }
 
-/// A connection to a node's control service.
+/// A connection to a node's control service; every message it sends is signed with the
+/// cluster secret ([`crate::auth::node`]).
 #[derive(Debug, Clone)]
 pub struct ControlClient {
     addr: String,
+    key: NodeKey,
     client: FlightServiceClient<Channel>,
 }
 
 impl ControlClient {
-    pub fn connect_lazy(addr: &str) -> Result<Self> {
-        let channel = Channel::from_shared(format!("http://{addr}"))
-            .map_err(|e| DataFusionError::Configuration(format!("bad address {addr}: {e}")))?
+    /// A client of the node at `addr` (`host:port`), connected at its first call.
+    pub fn connect_lazy(addr: &str, key: NodeKey) -> Result<Self> {
+        Self::connect_lazy_tls(addr, key, None)
+    }
+
+    /// As [`Self::connect_lazy`], over TLS when `ca` (PEM) is given: the node's
+    /// certificate must chain to it.
+    pub fn connect_lazy_tls(addr: &str, key: NodeKey, ca: Option<&[u8]>) -> Result<Self> {
+        let bad = |e: &dyn std::fmt::Display| {
+            DataFusionError::Configuration(format!("bad address {addr}: {e}"))
+        };
+        let scheme = if ca.is_some() { "https" } else { "http" };
+        let url = match addr.split_once("://") {
+            Some((_, rest)) => format!("{scheme}://{rest}"),
+            None => format!("{scheme}://{addr}"),
+        };
+        let mut endpoint = Channel::from_shared(url)
+            .map_err(|e| bad(&e))?
             .connect_timeout(Duration::from_secs(5))
-            .tcp_nodelay(true)
-            .connect_lazy();
+            .tcp_nodelay(true);
+        if let Some(ca) = ca {
+            endpoint = endpoint
+                .tls_config(crate::auth::tls::trusting(ca))
+                .map_err(|e| bad(&e))?;
+        }
         Ok(Self {
             addr: addr.to_string(),
-            client: FlightServiceClient::new(channel)
+            key,
+            client: FlightServiceClient::new(endpoint.connect_lazy())
                 .max_decoding_message_size(usize::MAX)
                 .max_encoding_message_size(usize::MAX),
         })
@@ -273,13 +296,19 @@ impl ControlClient {
 
     /// Sends one request and waits for its response.
     pub async fn call(&self, req: &Request) -> Result<Response> {
-        let action = Action {
+        let body = encode(req);
+        let signature = self.key.sign(ACTION, &body);
+        let mut request = tonic::Request::new(Action {
             r#type: ACTION.to_string(),
-            body: encode(req).into(),
-        };
+            body: body.into(),
+        });
+        let signature = signature
+            .parse()
+            .map_err(|_| DataFusionError::Internal("a signature is not a header value".into()))?;
+        request.metadata_mut().insert(NODE_HEADER, signature);
         let mut client = self.client.clone();
         let mut stream = client
-            .do_action(action)
+            .do_action(request)
             .await
             .map_err(|s| status_error(&self.addr, s))?
             .into_inner();
@@ -292,6 +321,11 @@ impl ControlClient {
     }
 }
 
+/// A failed call as an error. A refusal (`Unauthenticated`) is a configuration error:
+/// trying again will not help.
 fn status_error(addr: &str, s: tonic::Status) -> DataFusionError {
+    if s.code() == tonic::Code::Unauthenticated {
+        return DataFusionError::Configuration(format!("{addr} refused: {}", s.message()));
+    }
     DataFusionError::Execution(format!("{addr}: {}", s.message()))
 }

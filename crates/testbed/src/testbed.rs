@@ -313,6 +313,12 @@ impl Testbed {
     }
 
     /// Flight SQL address of the coordinator (reachable from the coordinator's host).
+    /// The cluster secret its Gyre processes share (drivers that send control messages,
+    /// such as benchmarks, need it as `GYRE_SECRET`).
+    pub fn secret(&self) -> Option<&str> {
+        self.state.secret.as_deref()
+    }
+
     pub fn coordinator_addr(&self) -> Option<SocketAddr> {
         self.state.coordinator_addr
     }
@@ -534,7 +540,9 @@ impl Testbed {
         let coordinator = self.coordinator_host().clone();
         let coord_addr = SocketAddr::new(coordinator.addr.into(), base);
         let mut cmd = coordinator.command(&gyre.exe);
+        // Clients reach it from the hosts of this machine's own namespaces only.
         cmd.arg("coordinator")
+            .arg("--insecure-no-auth")
             .arg("--listen")
             .arg(coord_addr.to_string())
             .arg("--data-listen")

@@ -153,7 +153,7 @@ impl Coordinator {
                 self.members.write().insert(
                     id,
                     Member {
-                        control: ControlClient::connect_lazy(&control_addr)?,
+                        control: ControlClient::connect_lazy(&control_addr, self.node_key())?,
                         data_addr: data,
                         alive: true,
                         last_seen: Instant::now(),

@@ -199,6 +199,11 @@ const CONTROL_TIMEOUT: Duration = Duration::from_secs(10);
 const MEMBER_CHECK_INTERVAL: Duration = Duration::from_millis(200);
 
 impl Coordinator {
+    /// The key control messages to and from the workers are signed with.
+    pub fn node_key(&self) -> crate::auth::NodeKey {
+        crate::auth::NodeKey::from_secret(&self.config.transport.secret)
+    }
+
     /// Starts the coordinator's data transport and membership monitor. The Flight SQL
     /// service is started separately with [`crate::flight_sql::serve`].
     pub async fn start(config: CoordinatorConfig) -> Result<Arc<Self>> {

@@ -3,6 +3,7 @@
 
 mod bench;
 
+use crate::auth::{Clients, Gate, NodeKey};
 use crate::codec::GyreCodec;
 use crate::progress::ReadCounters;
 use crate::protocol::{ACTION, ControlClient, Request, Response, WorkerStats, decode, encode};
@@ -42,6 +43,19 @@ pub struct WorkerConfig {
     /// Host name or IP other nodes use to reach this worker.
     pub advertise_host: Option<String>,
     pub transport: TransportConfig,
+    /// The CA (PEM) the coordinator's TLS certificate chains to, when it serves TLS.
+    pub coordinator_ca: Option<Vec<u8>>,
+}
+
+impl WorkerConfig {
+    /// A new connection to the coordinator's control service.
+    fn dial_coordinator(&self) -> Result<ControlClient> {
+        ControlClient::connect_lazy_tls(
+            &self.coordinator,
+            NodeKey::from_secret(&self.transport.secret),
+            self.coordinator_ca.as_deref(),
+        )
+    }
 }
 
 /// The text of a caught panic.
@@ -56,7 +70,11 @@ fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
 /// Serves the worker's control calls on a thread of their own, so that they are answered
 /// at once while the worker's threads compute (a stage that never waits would
 /// otherwise hold them back: a progress question, a query's end, a cancellation).
-fn spawn_control_service(worker: Arc<Worker>, listener: std::net::TcpListener) -> Result<()> {
+fn spawn_control_service(
+    worker: Arc<Worker>,
+    listener: std::net::TcpListener,
+    key: NodeKey,
+) -> Result<()> {
     let name = format!("gyre-control-{}", worker.node);
     std::thread::Builder::new()
         .name(name)
@@ -80,7 +98,9 @@ fn spawn_control_service(worker: Arc<Worker>, listener: std::net::TcpListener) -
                     }
                 };
                 let mut stop = worker.stopped.subscribe();
-                let service = FlightServiceServer::new(WorkerService(Arc::downgrade(&worker)))
+                // Only signed control messages pass: clients never talk to workers.
+                let service = WorkerService(Arc::downgrade(&worker));
+                let service = FlightServiceServer::new(Gate::new(service, Clients::NodesOnly, key))
                     .max_decoding_message_size(usize::MAX)
                     .max_encoding_message_size(usize::MAX);
                 let incoming = crate::protocol::incoming_nodelay(listener);
@@ -150,7 +170,7 @@ impl Worker {
                 ip if ip.is_unspecified() => "127.0.0.1".to_string(),
                 ip => ip.to_string(),
             });
-        let coordinator = ControlClient::connect_lazy(&config.coordinator)?;
+        let coordinator = config.dial_coordinator()?;
         let register = Request::Register {
             control_addr: format!("{host}:{}", control_addr.port()),
             data_addr: format!("{host}:{}", data_addr.port()),
@@ -160,7 +180,12 @@ impl Worker {
         let reply = loop {
             match coordinator.call(&register).await {
                 Ok(reply) => break reply,
-                Err(e) if tokio::time::Instant::now() < deadline => {
+                // A refusal (wrong secret) stays one: only an unreachable coordinator
+                // is worth waiting for.
+                Err(e)
+                    if tokio::time::Instant::now() < deadline
+                        && !matches!(e, DataFusionError::Configuration(_)) =>
+                {
                     tracing::debug!("coordinator not reachable yet: {e}");
                     tokio::time::sleep(Duration::from_millis(200)).await;
                 }
@@ -189,8 +214,9 @@ impl Worker {
             stopped: tokio::sync::watch::Sender::new(false),
             control_addr,
         });
-        spawn_control_service(Arc::clone(&worker), control)?;
-        spawn_heartbeat(Arc::downgrade(&worker), config.coordinator.clone());
+        let key = NodeKey::from_secret(&config.transport.secret);
+        spawn_control_service(Arc::clone(&worker), control, key)?;
+        spawn_heartbeat(Arc::downgrade(&worker), config);
         tracing::info!(node, %control_addr, %data_addr, "worker registered");
         Ok(worker)
     }
@@ -416,7 +442,7 @@ impl Worker {
 
 /// Heartbeats go from a thread of their own with its own connection, so a worker
 /// whose threads are all busy computing is not mistaken for a dead one.
-fn spawn_heartbeat(worker: std::sync::Weak<Worker>, coordinator: String) {
+fn spawn_heartbeat(worker: std::sync::Weak<Worker>, config: WorkerConfig) {
     std::thread::Builder::new()
         .name("gyre-heartbeat".into())
         .spawn(move || {
@@ -425,7 +451,7 @@ fn spawn_heartbeat(worker: std::sync::Weak<Worker>, coordinator: String) {
                 .build()
                 .expect("heartbeat runtime");
             rt.block_on(async move {
-                let Ok(client) = ControlClient::connect_lazy(&coordinator) else {
+                let Ok(client) = config.dial_coordinator() else {
                     return;
                 };
                 loop {

@@ -1,0 +1,324 @@
+//! The door of a node's Flight service: every call passes [`Gate`] first.
+//!
+//! - A client logs in with Flight's `Handshake` and HTTP Basic credentials
+//!   (`authorization: Basic base64(name:password)`, what ADBC's `username`/`password`
+//!   options and the Flight SQL JDBC driver's `user`/`password` send) and gets a bearer
+//!   token in the reply's `authorization` header; its later calls carry
+//!   `authorization: Bearer <token>`.
+//! - Control actions ([`crate::protocol::ACTION`]) must be signed with the cluster secret
+//!   ([`super::node`]), whoever sends them: a logged-in client cannot register a worker
+//!   or cancel a query.
+//!
+//! Refused calls get `Unauthenticated`, are logged with the caller's address, and reach
+//! nothing behind the gate.
+
+use super::node::{NODE_HEADER, NodeKey, NodeVerifier};
+use super::tokens::Tokens;
+use super::users::Users;
+use crate::protocol::ACTION;
+use arrow_flight::flight_service_server::FlightService;
+use arrow_flight::{
+    Action, Criteria, Empty, FlightData, FlightDescriptor, FlightInfo, HandshakeRequest,
+    HandshakeResponse, PollInfo, SchemaResult, Ticket,
+};
+use base64::Engine;
+use futures::stream::BoxStream;
+use std::sync::Arc;
+use tonic::metadata::MetadataMap;
+use tonic::{Request, Response, Status, Streaming};
+
+/// Who may call besides signed control messages.
+#[derive(Clone)]
+pub enum Clients {
+    /// Anyone (a loopback listener, or `--insecure-no-auth`).
+    Open,
+    /// Users who log in with a name and password.
+    Users(Arc<Users>),
+    /// Nobody: a worker's port serves cluster nodes only.
+    NodesOnly,
+}
+
+/// A Flight service behind authentication.
+pub struct Gate<S> {
+    inner: S,
+    clients: Clients,
+    nodes: NodeVerifier,
+    tokens: Tokens,
+    /// Password checks are slow on purpose (Argon2); one runs at a time, so that a
+    /// flood of logins takes one core, not all.
+    logins: tokio::sync::Semaphore,
+}
+
+impl<S> Gate<S> {
+    pub fn new(inner: S, clients: Clients, key: NodeKey) -> Self {
+        Self {
+            inner,
+            clients,
+            nodes: NodeVerifier::new(key),
+            tokens: Tokens::default(),
+            logins: tokio::sync::Semaphore::new(1),
+        }
+    }
+
+    /// `Unauthenticated`, logged with the caller.
+    fn refuse<T>(&self, request: &Request<T>, call: &str, reason: &str) -> Status {
+        let peer = request
+            .remote_addr()
+            .map_or_else(|| "an unknown address".to_string(), |a| a.to_string());
+        tracing::warn!("refused {call} from {peer}: {reason}");
+        Status::unauthenticated(reason.to_string())
+    }
+
+    /// Lets a client's call through, or says why not.
+    fn client<T>(&self, request: &Request<T>, call: &str) -> Result<(), Status> {
+        match &self.clients {
+            Clients::Open => Ok(()),
+            Clients::NodesOnly => Err(self.refuse(
+                request,
+                call,
+                "this port serves cluster nodes only (clients connect to the coordinator)",
+            )),
+            Clients::Users(_) => match bearer(request.metadata()) {
+                None => Err(self.refuse(
+                    request,
+                    call,
+                    "log in first: Flight SQL Handshake with a user name and password",
+                )),
+                Some(token) if self.tokens.user_of(token).is_none() => Err(self.refuse(
+                    request,
+                    call,
+                    "the bearer token is unknown or expired: log in again",
+                )),
+                Some(_) => Ok(()),
+            },
+        }
+    }
+
+    /// Checks a login's credentials and issues its token.
+    async fn login<T>(&self, request: &Request<T>) -> Result<Option<String>, Status> {
+        let users = match &self.clients {
+            Clients::Open => return Ok(None),
+            Clients::NodesOnly => {
+                return Err(self.refuse(
+                    request,
+                    "Handshake",
+                    "this port serves cluster nodes only",
+                ));
+            }
+            Clients::Users(users) => Arc::clone(users),
+        };
+        let (name, password) = basic_credentials(request.metadata())
+            .map_err(|reason| self.refuse(request, "Handshake", reason))?;
+        let permit = self
+            .logins
+            .acquire()
+            .await
+            .map_err(|_| Status::unavailable("the server is shutting down"))?;
+        let who = name.clone();
+        let ok = tokio::task::spawn_blocking(move || users.verify(&who, &password))
+            .await
+            .map_err(|e| Status::internal(format!("password check failed: {e}")))?;
+        drop(permit);
+        if !ok {
+            return Err(self.refuse(
+                request,
+                "Handshake",
+                &format!("wrong user name or password (user {name:?})"),
+            ));
+        }
+        tracing::info!("user {name} logged in");
+        Ok(Some(self.tokens.issue(&name)))
+    }
+}
+
+/// The token of an `authorization: Bearer <token>` header.
+fn bearer(metadata: &MetadataMap) -> Option<&str> {
+    let value = metadata.get("authorization")?.to_str().ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim())
+        .filter(|t| !t.is_empty())
+}
+
+/// Base64 with or without padding: Go's Flight client (under ADBC) sends none.
+const BASE64: base64::engine::GeneralPurpose = base64::engine::GeneralPurpose::new(
+    &base64::alphabet::STANDARD,
+    base64::engine::GeneralPurposeConfig::new()
+        .with_decode_padding_mode(base64::engine::DecodePaddingMode::Indifferent),
+);
+
+/// The name and password of an `authorization: Basic <base64(name:password)>` header.
+fn basic_credentials(metadata: &MetadataMap) -> Result<(String, String), &'static str> {
+    const MISSING: &str = "no credentials: send a user name and password (HTTP Basic)";
+    let value = metadata
+        .get("authorization")
+        .ok_or(MISSING)?
+        .to_str()
+        .map_err(|_| MISSING)?;
+    let (scheme, encoded) = value.split_once(' ').ok_or(MISSING)?;
+    if !scheme.eq_ignore_ascii_case("basic") {
+        return Err(MISSING);
+    }
+    const MALFORMED: &str = "malformed HTTP Basic credentials";
+    if encoded.len() > 4096 {
+        return Err(MALFORMED);
+    }
+    let decoded = BASE64.decode(encoded.trim()).map_err(|_| MALFORMED)?;
+    let text = String::from_utf8(decoded).map_err(|_| MALFORMED)?;
+    let (name, password) = text.split_once(':').ok_or(MALFORMED)?;
+    Ok((name.to_string(), password.to_string()))
+}
+
+#[tonic::async_trait]
+impl<S: FlightService> FlightService for Gate<S> {
+    type HandshakeStream = BoxStream<'static, Result<HandshakeResponse, Status>>;
+    type ListFlightsStream = S::ListFlightsStream;
+    type DoGetStream = S::DoGetStream;
+    type DoPutStream = S::DoPutStream;
+    type DoExchangeStream = S::DoExchangeStream;
+    type DoActionStream = S::DoActionStream;
+    type ListActionsStream = S::ListActionsStream;
+
+    async fn handshake(
+        &self,
+        request: Request<Streaming<HandshakeRequest>>,
+    ) -> Result<Response<Self::HandshakeStream>, Status> {
+        let token = self.login(&request).await?;
+        let reply = HandshakeResponse {
+            protocol_version: 0,
+            payload: token.clone().unwrap_or_default().into_bytes().into(),
+        };
+        let mut response =
+            Response::new(Box::pin(futures::stream::iter([Ok(reply)])) as Self::HandshakeStream);
+        if let Some(token) = token {
+            let value = format!("Bearer {token}")
+                .parse()
+                .map_err(|_| Status::internal("token is not a header value"))?;
+            response.metadata_mut().insert("authorization", value);
+        }
+        Ok(response)
+    }
+
+    async fn list_flights(
+        &self,
+        request: Request<Criteria>,
+    ) -> Result<Response<Self::ListFlightsStream>, Status> {
+        self.client(&request, "ListFlights")?;
+        self.inner.list_flights(request).await
+    }
+
+    async fn get_flight_info(
+        &self,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        self.client(&request, "GetFlightInfo")?;
+        self.inner.get_flight_info(request).await
+    }
+
+    async fn poll_flight_info(
+        &self,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<PollInfo>, Status> {
+        self.client(&request, "PollFlightInfo")?;
+        self.inner.poll_flight_info(request).await
+    }
+
+    async fn get_schema(
+        &self,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<SchemaResult>, Status> {
+        self.client(&request, "GetSchema")?;
+        self.inner.get_schema(request).await
+    }
+
+    async fn do_get(
+        &self,
+        request: Request<Ticket>,
+    ) -> Result<Response<Self::DoGetStream>, Status> {
+        self.client(&request, "DoGet")?;
+        self.inner.do_get(request).await
+    }
+
+    async fn do_put(
+        &self,
+        request: Request<Streaming<FlightData>>,
+    ) -> Result<Response<Self::DoPutStream>, Status> {
+        self.client(&request, "DoPut")?;
+        self.inner.do_put(request).await
+    }
+
+    async fn do_exchange(
+        &self,
+        request: Request<Streaming<FlightData>>,
+    ) -> Result<Response<Self::DoExchangeStream>, Status> {
+        self.client(&request, "DoExchange")?;
+        self.inner.do_exchange(request).await
+    }
+
+    async fn do_action(
+        &self,
+        request: Request<Action>,
+    ) -> Result<Response<Self::DoActionStream>, Status> {
+        let action = request.get_ref();
+        if action.r#type == ACTION {
+            let header = request
+                .metadata()
+                .get(NODE_HEADER)
+                .and_then(|v| v.to_str().ok());
+            if let Err(reason) = self.nodes.check(header, ACTION, &action.body) {
+                return Err(self.refuse(&request, "a control message", &reason));
+            }
+        } else {
+            self.client(&request, "DoAction")?;
+        }
+        self.inner.do_action(request).await
+    }
+
+    async fn list_actions(
+        &self,
+        request: Request<Empty>,
+    ) -> Result<Response<Self::ListActionsStream>, Status> {
+        self.client(&request, "ListActions")?;
+        self.inner.list_actions(request).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn credentials_are_read_from_their_headers_only_when_well_formed() {
+        let mut m = MetadataMap::new();
+        let alice = |s: &str| Ok((s.to_string(), "pa:ss".to_string()));
+        let padded = base64::engine::general_purpose::STANDARD.encode("alice:pa:ss");
+        m.insert("authorization", format!("Basic {padded}").parse().unwrap());
+        assert_eq!(basic_credentials(&m), alice("alice"));
+        assert_eq!(bearer(&m), None);
+        // Go's Flight client (ADBC) sends no padding.
+        let unpadded = base64::engine::general_purpose::STANDARD_NO_PAD.encode("alice:pa:ss");
+        assert_ne!(padded, unpadded);
+        m.insert(
+            "authorization",
+            format!("basic {unpadded}").parse().unwrap(),
+        );
+        assert_eq!(basic_credentials(&m), alice("alice"));
+        m.insert("authorization", "bearer abc".parse().unwrap());
+        assert_eq!(bearer(&m), Some("abc"));
+        assert!(
+            basic_credentials(&m)
+                .unwrap_err()
+                .contains("no credentials")
+        );
+        for bad in ["Basic !!!", "Basic", "Bearer ", "Token x", "Basic YWxpY2U="] {
+            m.insert("authorization", bad.parse().unwrap());
+            assert!(basic_credentials(&m).is_err(), "{bad}");
+            assert_eq!(bearer(&m), None, "{bad}");
+        }
+        assert_eq!(
+            basic_credentials(&MetadataMap::new()).unwrap_err(),
+            "no credentials: send a user name and password (HTTP Basic)"
+        );
+    }
+}

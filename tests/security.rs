@@ -1,0 +1,422 @@
+//! Attacks on a cluster's ports, each of which must fail and leave the cluster as it was:
+//! SQL without a login or with a wrong password, forged control messages on the
+//! coordinator's and the workers' ports, and TLS with a CA of the test's own.
+
+use arrow::array::{Array, Int64Array, RecordBatch};
+use arrow_flight::Action;
+use arrow_flight::flight_service_client::FlightServiceClient;
+use arrow_flight::sql::client::FlightSqlServiceClient;
+use futures::TryStreamExt;
+use gyre_cluster::LocalCluster;
+use gyre_cluster::auth::users::user_line;
+use gyre_cluster::auth::{NodeKey, TlsIdentity, Users};
+use gyre_cluster::flight_sql::FrontDoor;
+use gyre_cluster::protocol::{ACTION, ControlClient, Request};
+use std::net::SocketAddr;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig};
+
+fn users() -> Arc<Users> {
+    let text = format!(
+        "{}\n{}\n",
+        user_line("alice", "correct horse").unwrap(),
+        user_line("bob", "battery staple").unwrap()
+    );
+    Arc::new(Users::parse(&text).unwrap())
+}
+
+async fn client(addr: SocketAddr) -> FlightSqlServiceClient<Channel> {
+    let channel = Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    FlightSqlServiceClient::new(channel)
+}
+
+async fn query(
+    client: &mut FlightSqlServiceClient<Channel>,
+    sql: &str,
+) -> Result<Vec<RecordBatch>, String> {
+    let info = client
+        .execute(sql.to_string(), None)
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut out = vec![];
+    for ep in info.endpoint {
+        let stream = client
+            .do_get(ep.ticket.unwrap())
+            .await
+            .map_err(|e| e.to_string())?;
+        out.extend(
+            stream
+                .try_collect::<Vec<_>>()
+                .await
+                .map_err(|e| e.to_string())?,
+        );
+    }
+    Ok(out)
+}
+
+fn single_i64(batches: &[RecordBatch]) -> i64 {
+    let b = batches.iter().find(|b| b.num_rows() > 0).unwrap();
+    let a = b.column(0).as_any().downcast_ref::<Int64Array>().unwrap();
+    assert_eq!(a.len(), 1);
+    a.value(0)
+}
+
+/// How a client's error shows the code `Unauthenticated`.
+const UNAUTHENTICATED: &str = "does not have valid authentication credentials";
+
+fn assert_refused(result: Result<Vec<RecordBatch>, String>, why: &str) {
+    let e = result.expect_err("an unauthenticated call must fail");
+    assert!(e.contains(UNAUTHENTICATED) && e.contains(why), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_runs_without_a_login_and_logins_need_the_right_password() {
+    let front = FrontDoor {
+        users: Some(users()),
+        tls: None,
+    };
+    let cluster = LocalCluster::start_with(2, 1, "127.0.0.1:0".parse().unwrap(), &front)
+        .await
+        .unwrap();
+    cluster
+        .coordinator
+        .sql("CREATE TABLE t AS SELECT * FROM (VALUES (1), (2), (3)) AS v(x)")
+        .await
+        .unwrap();
+
+    // No login: neither queries nor statements nor other actions run.
+    let mut anonymous = client(cluster.addr).await;
+    assert_refused(
+        query(&mut anonymous, "SELECT count(*) FROM t").await,
+        "log in",
+    );
+    let drop = anonymous.execute_update("DROP TABLE t".into(), None).await;
+    let e = drop.expect_err("DROP without a login").to_string();
+    assert!(e.contains(UNAUTHENTICATED), "{e}");
+    let progress = anonymous
+        .do_action(Action {
+            r#type: "gyre.progress".into(),
+            body: "x".into(),
+        })
+        .await;
+    assert!(progress.is_err());
+
+    // Wrong password, unknown user, made-up token.
+    let mut wrong = client(cluster.addr).await;
+    let e = wrong
+        .handshake("alice", "battery staple")
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("wrong user name or password"), "{e}");
+    let e = wrong
+        .handshake("mallory", "correct horse")
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("wrong user name or password"), "{e}");
+    wrong.set_token(format!("{:032x}", 1u128));
+    assert_refused(query(&mut wrong, "SELECT 1").await, "unknown or expired");
+
+    // The right password: a token, and everything works with it.
+    let mut alice = client(cluster.addr).await;
+    alice.handshake("alice", "correct horse").await.unwrap();
+    assert!(alice.token().is_some());
+    let rows = query(&mut alice, "SELECT count(*) FROM t").await.unwrap();
+    assert_eq!(single_i64(&rows), 3, "the table is untouched");
+    let mut bob = client(cluster.addr).await;
+    bob.handshake("bob", "battery staple").await.unwrap();
+    bob.execute_update("INSERT INTO t VALUES (4)".into(), None)
+        .await
+        .unwrap();
+    let rows = query(&mut alice, "SELECT sum(x) FROM t").await.unwrap();
+    assert_eq!(single_i64(&rows), 10);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn control_messages_need_the_cluster_secret() {
+    let cluster = LocalCluster::start(2, 1, "127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    cluster
+        .coordinator
+        .sql("CREATE TABLE t AS SELECT * FROM (VALUES (1), (2), (3)) AS v(x)")
+        .await
+        .unwrap();
+    let coordinator = cluster.addr.to_string();
+    let guessed = NodeKey::from_secret("gyre");
+    let forged = ControlClient::connect_lazy(&coordinator, guessed.clone()).unwrap();
+
+    // On the coordinator: a fake worker, a cancelled query, a benchmark that allocates.
+    let attacks = [
+        Request::Register {
+            control_addr: "127.0.0.1:9".into(),
+            data_addr: "127.0.0.1:9".into(),
+        },
+        Request::QueryFailed {
+            query: 1,
+            node: 1,
+            error: "forged".into(),
+        },
+        Request::Heartbeat { node: 1 },
+    ];
+    for attack in &attacks {
+        let e = forged.call(attack).await.unwrap_err().to_string();
+        assert!(
+            e.contains("does not match the cluster secret"),
+            "{attack:?}: {e}"
+        );
+    }
+    // Unsigned, through a raw Flight client (what an attacker's own program sends).
+    let channel = Channel::from_shared(format!("http://{coordinator}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut raw = FlightServiceClient::new(channel);
+    let body = gyre_cluster::protocol::encode(&attacks[0]);
+    let e = raw
+        .do_action(Action {
+            r#type: ACTION.into(),
+            body: body.into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e}");
+    assert!(e.message().contains("not signed"), "{e}");
+
+    // On each worker: plans, peers and table drops from anyone but the coordinator.
+    for worker in cluster.workers() {
+        let port = ControlClient::connect_lazy(&worker.control_addr().to_string(), guessed.clone())
+            .unwrap();
+        for attack in [
+            Request::StartQuery {
+                query: 99,
+                workers: vec![1, 2],
+                stages: vec![],
+                compression: None,
+                execution: vec![],
+            },
+            Request::SetPeers {
+                peers: vec![(1, "127.0.0.1:9".into())],
+            },
+            Request::DropTable { name: "t".into() },
+            Request::Stats,
+        ] {
+            let e = port.call(&attack).await.unwrap_err().to_string();
+            assert!(
+                e.contains("does not match the cluster secret"),
+                "{attack:?}: {e}"
+            );
+        }
+        let channel = Channel::from_shared(format!("http://{}", worker.control_addr()))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let mut sql = FlightSqlServiceClient::new(channel);
+        let e = sql.execute("SELECT 1".into(), None).await.unwrap_err();
+        assert!(e.to_string().contains("cluster nodes only"), "{e}");
+    }
+
+    // The cluster is as it was: two workers, the table whole.
+    let workers = cluster
+        .coordinator
+        .sql("SELECT count(*) FROM gyre_workers()")
+        .await
+        .unwrap();
+    assert_eq!(single_i64(&workers.last().unwrap().batches), 2);
+    let rows = cluster
+        .coordinator
+        .sql("SELECT count(*) FROM t")
+        .await
+        .unwrap();
+    assert_eq!(single_i64(&rows.last().unwrap().batches), 3);
+}
+
+/// A CA and a certificate it signs for `localhost` and 127.0.0.1, as PEM: (CA, cert, key).
+fn test_ca() -> (String, String, String) {
+    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate().unwrap()).unwrap();
+    let key = KeyPair::generate().unwrap();
+    let cert = CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()])
+        .unwrap()
+        .signed_by(&key, &ca)
+        .unwrap();
+    (ca.pem(), cert.pem(), key.serialize_pem())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_serves_clients_that_trust_its_ca_only() {
+    let (ca, cert, key) = test_ca();
+    let front = FrontDoor {
+        users: Some(users()),
+        tls: Some(TlsIdentity::from_pem(cert, key)),
+    };
+    let cluster = LocalCluster::start_with(2, 1, "127.0.0.1:0".parse().unwrap(), &front)
+        .await
+        .unwrap();
+    let port = cluster.addr.port();
+    let tls = |ca: &str| ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca));
+    let channel = Channel::from_shared(format!("https://localhost:{port}"))
+        .unwrap()
+        .tls_config(tls(&ca))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut alice = FlightSqlServiceClient::new(channel);
+    alice.handshake("alice", "correct horse").await.unwrap();
+    let rows = query(&mut alice, "SELECT count(*) FROM gyre_workers()")
+        .await
+        .unwrap();
+    assert_eq!(single_i64(&rows), 2);
+
+    // Another CA's client does not get in, nor does plain gRPC.
+    let (other_ca, _, _) = test_ca();
+    let refused = Channel::from_shared(format!("https://localhost:{port}"))
+        .unwrap()
+        .tls_config(tls(&other_ca))
+        .unwrap()
+        .connect()
+        .await;
+    if let Ok(channel) = refused {
+        let mut c = FlightSqlServiceClient::new(channel);
+        assert!(c.handshake("alice", "correct horse").await.is_err());
+    }
+    let plain = Channel::from_shared(format!("http://127.0.0.1:{port}"))
+        .unwrap()
+        .connect_timeout(Duration::from_secs(5))
+        .timeout(Duration::from_secs(5))
+        .connect()
+        .await;
+    if let Ok(channel) = plain {
+        let mut c = FlightSqlServiceClient::new(channel);
+        assert!(c.handshake("alice", "correct horse").await.is_err());
+    }
+}
+
+fn gyre() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_gyre"))
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+struct Server(std::process::Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn the_command_line_logs_in_over_tls_and_refuses_open_public_ports() {
+    // A public address without users does not start.
+    let out = gyre()
+        .args(["local", "--workers", "1", "--listen"])
+        .arg(format!("0.0.0.0:{}", free_port()))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--users") && err.contains("--insecure-no-auth"),
+        "{err}"
+    );
+
+    // `gyre passwd` makes the users file from a password on stdin.
+    let dir = tempfile::tempdir().unwrap();
+    let mut passwd = gyre()
+        .args(["passwd", "alice"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    passwd
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"correct horse\n")
+        .unwrap();
+    let line = passwd.wait_with_output().unwrap();
+    assert!(line.status.success());
+    let users = dir.path().join("users");
+    std::fs::write(&users, &line.stdout).unwrap();
+    assert!(
+        Users::load(&users)
+            .unwrap()
+            .verify("alice", "correct horse")
+    );
+
+    let (ca, cert, key) = test_ca();
+    for (name, pem) in [("ca.pem", &ca), ("cert.pem", &cert), ("key.pem", &key)] {
+        std::fs::write(dir.path().join(name), pem).unwrap();
+    }
+    let port = free_port();
+    let _server = Server(
+        gyre()
+            .args(["local", "--workers", "2", "--listen"])
+            .arg(format!("127.0.0.1:{port}"))
+            .arg("--users")
+            .arg(&users)
+            .arg("--tls-cert")
+            .arg(dir.path().join("cert.pem"))
+            .arg("--tls-key")
+            .arg(dir.path().join("key.pem"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let url = format!("grpc+tls://localhost:{port}");
+    let sql = |user: Option<&str>, password: &str| {
+        let mut c = gyre();
+        c.args(["sql", "--connect", &url, "--format", "csv", "--tls-ca"])
+            .arg(dir.path().join("ca.pem"))
+            .env("GYRE_PASSWORD", password)
+            .stdin(Stdio::null());
+        if let Some(u) = user {
+            c.args(["--user", u]);
+        }
+        c.args(["-c", "SELECT count(*) AS n FROM gyre_workers()"]);
+        c.output().unwrap()
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let out = sql(Some("alice"), "correct horse");
+        if out.status.success() {
+            assert_eq!(String::from_utf8_lossy(&out.stdout), "n\n2\n");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never served: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let out = sql(Some("alice"), "wrong");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("wrong user name or password"), "{err}");
+    let out = sql(None, "");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--user"), "{err}");
+}
