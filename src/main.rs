@@ -208,6 +208,12 @@ impl FrontDoorArgs {
             (Some(cert), Some(key)) => Some(gyre_cluster::auth::TlsIdentity::load(cert, key)?),
             _ => None,
         };
+        if users.is_some() && tls.is_none() && !listen.ip().is_loopback() {
+            eprintln!(
+                "warning: {listen} serves logins without TLS: passwords and tokens cross the \
+                 network in clear text (add --tls-cert FILE --tls-key FILE)"
+            );
+        }
         Ok(gyre_cluster::flight_sql::FrontDoor { users, tls })
     }
 }

@@ -223,6 +223,10 @@ async fn control_messages_need_the_cluster_secret() {
         assert!(e.to_string().contains("cluster nodes only"), "{e}");
     }
 
+    // A TLS address without a CA to check it against is refused, not dialled in clear.
+    let e = ControlClient::connect_lazy("grpc+tls://localhost:1", guessed.clone()).unwrap_err();
+    assert!(e.to_string().contains("--tls-ca"), "{e}");
+
     // The cluster is as it was: two workers, the table whole.
     let workers = cluster
         .coordinator

@@ -267,11 +267,17 @@ impl ControlClient {
         let bad = |e: &dyn std::fmt::Display| {
             DataFusionError::Configuration(format!("bad address {addr}: {e}"))
         };
-        let scheme = if ca.is_some() { "https" } else { "http" };
-        let url = match addr.split_once("://") {
-            Some((_, rest)) => format!("{scheme}://{rest}"),
-            None => format!("{scheme}://{addr}"),
+        let rest = match addr.split_once("://") {
+            Some(("grpc+tls" | "https", _)) if ca.is_none() => {
+                return Err(DataFusionError::Configuration(format!(
+                    "{addr} speaks TLS: give the CA certificate of its certificate (--tls-ca)"
+                )));
+            }
+            Some((_, rest)) => rest,
+            None => addr,
         };
+        let scheme = if ca.is_some() { "https" } else { "http" };
+        let url = format!("{scheme}://{rest}");
         let mut endpoint = Channel::from_shared(url)
             .map_err(|e| bad(&e))?
             .connect_timeout(Duration::from_secs(5))

@@ -312,13 +312,13 @@ impl Testbed {
         self.state.hosts.iter().find(|h| h.name == name)
     }
 
-    /// Flight SQL address of the coordinator (reachable from the coordinator's host).
     /// The cluster secret its Gyre processes share (drivers that send control messages,
     /// such as benchmarks, need it as `GYRE_SECRET`).
     pub fn secret(&self) -> Option<&str> {
         self.state.secret.as_deref()
     }
 
+    /// Flight SQL address of the coordinator (reachable from the coordinator's host).
     pub fn coordinator_addr(&self) -> Option<SocketAddr> {
         self.state.coordinator_addr
     }

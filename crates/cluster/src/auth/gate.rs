@@ -38,6 +38,9 @@ pub enum Clients {
     NodesOnly,
 }
 
+/// How long a login waits for the password checks before it is turned away.
+const LOGIN_QUEUE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// A Flight service behind authentication.
 pub struct Gate<S> {
     inner: S,
@@ -45,8 +48,9 @@ pub struct Gate<S> {
     nodes: NodeVerifier,
     tokens: Tokens,
     /// Password checks are slow on purpose (Argon2); one runs at a time, so that a
-    /// flood of logins takes one core, not all.
-    logins: tokio::sync::Semaphore,
+    /// flood of logins takes one core, not all. The permit goes with the check onto
+    /// its blocking thread: a client that drops its login does not free it early.
+    logins: Arc<tokio::sync::Semaphore>,
 }
 
 impl<S> Gate<S> {
@@ -56,7 +60,7 @@ impl<S> Gate<S> {
             clients,
             nodes: NodeVerifier::new(key),
             tokens: Tokens::default(),
-            logins: tokio::sync::Semaphore::new(1),
+            logins: Arc::new(tokio::sync::Semaphore::new(1)),
         }
     }
 
@@ -109,22 +113,24 @@ impl<S> Gate<S> {
         };
         let (name, password) = basic_credentials(request.metadata())
             .map_err(|reason| self.refuse(request, "Handshake", reason))?;
-        let permit = self
-            .logins
-            .acquire()
-            .await
-            .map_err(|_| Status::unavailable("the server is shutting down"))?;
+        let permit =
+            tokio::time::timeout(LOGIN_QUEUE_WAIT, Arc::clone(&self.logins).acquire_owned())
+                .await
+                .map_err(|_| {
+                    Status::resource_exhausted("too many logins at once: try again later")
+                })?
+                .map_err(|_| Status::unavailable("the server is shutting down"))?;
         let who = name.clone();
-        let ok = tokio::task::spawn_blocking(move || users.verify(&who, &password))
-            .await
-            .map_err(|e| Status::internal(format!("password check failed: {e}")))?;
-        drop(permit);
+        let ok = tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            users.verify(&who, &password)
+        })
+        .await
+        .map_err(|e| Status::internal(format!("password check failed: {e}")))?;
         if !ok {
-            return Err(self.refuse(
-                request,
-                "Handshake",
-                &format!("wrong user name or password (user {name:?})"),
-            ));
+            // The name is logged, not echoed: a password typed into it stays off the wire.
+            tracing::warn!("failed login as {name:?}");
+            return Err(self.refuse(request, "Handshake", "wrong user name or password"));
         }
         tracing::info!("user {name} logged in");
         Ok(Some(self.tokens.issue(&name)))
