@@ -49,6 +49,9 @@ enum Command {
         secret: SecretArgs,
         #[command(flatten)]
         front: FrontDoorArgs,
+        /// Run at most N queries at once; later ones wait their turn.
+        #[arg(long, value_name = "N")]
+        max_concurrent_queries: Option<usize>,
     },
     /// Run a worker that joins a coordinator.
     Worker {
@@ -71,6 +74,10 @@ enum Command {
         /// The CA certificate (PEM) of a coordinator that serves TLS.
         #[arg(long)]
         tls_ca: Option<PathBuf>,
+        /// Memory the worker's queries may hold in operator state (e.g. 4G, 512M):
+        /// sorts and aggregations spill beyond it, other operators fail.
+        #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+        memory_limit: Option<usize>,
     },
     /// Run a coordinator and N workers in this process (over loopback TCP).
     Local(LocalArgs),
@@ -302,6 +309,13 @@ struct LocalArgs {
     listen: Option<SocketAddr>,
     #[command(flatten)]
     front: FrontDoorArgs,
+    /// Run at most N queries at once; later ones wait their turn.
+    #[arg(long, value_name = "N")]
+    max_concurrent_queries: Option<usize>,
+    /// Memory each worker's queries may hold in operator state (e.g. 1G, 512M): sorts
+    /// and aggregations spill beyond it, other operators fail.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    memory_limit: Option<usize>,
     #[command(flatten)]
     input: SqlInput,
     /// Run a benchmark instead of SQL: `tpch` (after the -c/-f statements, e.g. settings).
@@ -319,6 +333,31 @@ struct LocalArgs {
     /// Benchmark: draw the results as an SVG plot.
     #[arg(long)]
     plot: Option<PathBuf>,
+}
+
+/// A size in bytes: a number with an optional K, M, G or T suffix (powers of 1024).
+fn parse_size(text: &str) -> Result<usize, String> {
+    let t = text.trim().to_ascii_uppercase();
+    let t = t
+        .strip_suffix("IB")
+        .or_else(|| t.strip_suffix('B'))
+        .unwrap_or(&t);
+    let (number, shift) = match t.chars().last() {
+        Some('K') => (&t[..t.len() - 1], 10),
+        Some('M') => (&t[..t.len() - 1], 20),
+        Some('G') => (&t[..t.len() - 1], 30),
+        Some('T') => (&t[..t.len() - 1], 40),
+        _ => (t, 0),
+    };
+    let n: f64 = number
+        .trim()
+        .parse()
+        .map_err(|_| format!("'{text}' is not a size such as 512M or 4G"))?;
+    let bytes = n * (1u64 << shift) as f64;
+    if !(1.0..=usize::MAX as f64).contains(&bytes) {
+        return Err(format!("'{text}' is not a size such as 512M or 4G"));
+    }
+    Ok(bytes as usize)
 }
 
 /// The cluster secret's control key for drivers that send control messages to a running
@@ -359,6 +398,7 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             data_listen,
             secret,
             front,
+            max_concurrent_queries,
         } => {
             let secret = secret.secret()?;
             let front = front.front_door(listen)?;
@@ -369,6 +409,7 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
                     secret,
                     ..Default::default()
                 },
+                max_concurrent_queries,
                 ..Default::default()
             };
             let coordinator = Coordinator::start(config).await?;
@@ -390,6 +431,7 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             advertise_host,
             secret,
             tls_ca,
+            memory_limit,
             ..
         } => {
             let secret = secret.secret()?;
@@ -410,6 +452,7 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
                     ..Default::default()
                 },
                 coordinator_ca,
+                memory_limit,
             })
             .await?;
             println!(
@@ -502,7 +545,12 @@ async fn run_local(args: LocalArgs) -> Result<(), Box<dyn std::error::Error>> {
         .listen
         .unwrap_or_else(|| "127.0.0.1:0".parse().unwrap());
     let front = args.front.front_door(listen)?;
-    let cluster = LocalCluster::start_with(args.workers, threads, listen, &front).await?;
+    let limits = gyre_cluster::Limits {
+        max_concurrent_queries: args.max_concurrent_queries,
+        worker_memory: args.memory_limit,
+    };
+    let cluster =
+        LocalCluster::start_limited(args.workers, threads, listen, &front, &limits).await?;
     if args.listen.is_some() {
         let scheme = if front.tls.is_some() {
             "grpc+tls"
@@ -568,4 +616,20 @@ async fn run_input(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes_read_with_binary_suffixes() {
+        assert_eq!(parse_size("512M"), Ok(512 << 20));
+        assert_eq!(parse_size("4g"), Ok(4 << 30));
+        assert_eq!(parse_size("1.5GiB"), Ok(3 << 29));
+        assert_eq!(parse_size("100000"), Ok(100_000));
+        for bad in ["", "lots", "-1G", "0", "1P"] {
+            assert!(parse_size(bad).is_err(), "{bad}");
+        }
+    }
 }

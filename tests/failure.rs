@@ -197,6 +197,67 @@ async fn killed_worker_fails_a_flow_join_too() {
     assert!(result.is_err(), "{result:?}");
 }
 
+/// A stopped worker (SIGSTOP: its sockets stay open, nothing answers) fails the query
+/// it was running and a DDL statement sent to it within 5 s, each naming it, since its
+/// heartbeats stop too; the cluster stays usable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stopped_worker_fails_queries_and_ddl_within_seconds() {
+    let (_coordinator, _w1, w2, mut client) = two_worker_cluster().await;
+    run(
+        &mut client,
+        "CREATE TABLE t AS SELECT value AS k FROM generate_series(1, 3000000) AS s(value)",
+    )
+    .await
+    .unwrap();
+    let mut slow = client.clone();
+    let query = tokio::spawn(async move {
+        run(
+            &mut slow,
+            "SELECT a.k % 1000, count(*) FROM t a JOIN t b ON a.k = b.k GROUP BY 1 ORDER BY 1",
+        )
+        .await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let signal = |sig: &str| {
+        let status = Command::new("kill")
+            .args([sig, &w2.0.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill {sig}");
+    };
+    signal("-STOP");
+    let stopped_at = Instant::now();
+    let mut ddl = client.clone();
+    let ddl = tokio::spawn(async move { run(&mut ddl, "CREATE TABLE u (a BIGINT)").await });
+    let ddl = tokio::time::timeout(Duration::from_secs(10), ddl)
+        .await
+        .expect("DDL must not hang on a stopped worker")
+        .unwrap();
+    let ddl_done = stopped_at.elapsed();
+    let query = tokio::time::timeout(Duration::from_secs(10), query)
+        .await
+        .expect("the query must not hang on a stopped worker")
+        .unwrap();
+    let query_done = stopped_at.elapsed();
+    let e = ddl.expect_err("the DDL needed the stopped worker");
+    assert!(e.contains("worker 2"), "{e}");
+    assert!(
+        ddl_done < Duration::from_secs(5),
+        "DDL failed after {ddl_done:?}"
+    );
+    if let Err(e) = &query {
+        assert!(e.contains("worker 2"), "{e}");
+        assert!(
+            query_done < Duration::from_secs(5),
+            "query failed after {query_done:?}"
+        );
+    }
+    // The cluster answers without the stopped worker.
+    assert_eq!(run(&mut client, "SELECT 1").await.unwrap(), 1);
+    run(&mut client, "CREATE TABLE v (a BIGINT)").await.unwrap();
+    signal("-CONT");
+}
+
 /// A final stage that keeps every coordinator thread busy for longer than the heartbeat
 /// timeout (a nested-loop join on the coordinator did) used to get every worker
 /// declared dead and every table lost: the silence was the coordinator's, not theirs.

@@ -6,6 +6,10 @@
 //! credits, which stops the workers' senders. Memory stays bounded by the
 //! transport's credit window whatever the client's speed. Dropping an
 //! execution before its end (a client that went away) stops every stage.
+//!
+//! A query waits for a turn when the coordinator limits how many run at once, and
+//! the session's `gyre.statement_timeout` bounds the whole of it (waiting, starting
+//! and streaming): when it passes, the query fails and every node stops it.
 
 use crate::coordinator::{Coordinator, RegisteredQuery, StageReports};
 use crate::files::FileSplitScanExec;
@@ -19,7 +23,7 @@ use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{ExecutionPlanProperties, SendableRecordBatchStream};
 use futures::StreamExt;
 use gyre_exchange::{Placement, RelayedError};
-use gyre_planner::DistributedPlan;
+use gyre_planner::{DistributedPlan, GyreOptions};
 use gyre_transport::NodeId;
 use std::sync::Arc;
 use tokio::sync::mpsc;
@@ -50,6 +54,10 @@ pub struct QueryExecution {
     fail_rx: mpsc::UnboundedReceiver<String>,
     root: SendableRecordBatchStream,
     finished: bool,
+    /// When the statement timeout cancels the query, and the timeout itself.
+    deadline: Option<(tokio::time::Instant, std::time::Duration)>,
+    /// The query's turn, when their number is limited: given back when it ends.
+    _slot: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 impl std::fmt::Debug for QueryExecution {
@@ -69,6 +77,17 @@ impl QueryExecution {
         dplan: &DistributedPlan,
         workers: &[NodeId],
     ) -> Result<Self> {
+        let timeout = GyreOptions::of(state.config_options()).statement_timeout;
+        let deadline =
+            (!timeout.is_zero()).then(|| (tokio::time::Instant::now() + timeout, timeout));
+        let slot = match coordinator.query_slots() {
+            Some(slots) => Some(
+                within(deadline, None, slots.acquire_owned())
+                    .await?
+                    .map_err(|_| DataFusionError::Execution("the coordinator stopped".into()))?,
+            ),
+            None => None,
+        };
         let RegisteredQuery {
             id: query,
             ctx,
@@ -80,10 +99,13 @@ impl QueryExecution {
             coordinator.end_query(query, workers, false, false).await;
             e
         };
-        if let Err(e) = coordinator
-            .start_worker_stages(state, query, dplan, workers)
-            .await
-        {
+        let started = within(
+            deadline,
+            Some(query),
+            coordinator.start_worker_stages(state, query, dplan, workers),
+        )
+        .await;
+        if let Err(e) = started.and_then(|r| r) {
             return Err(cleanup(e).await);
         }
         let mut local_tasks = vec![];
@@ -132,14 +154,24 @@ impl QueryExecution {
             fail_rx,
             root,
             finished: false,
+            deadline,
+            _slot: slot,
         })
     }
 
     /// The next batch of the result, or the error that ended the query.
     pub async fn next(&mut self) -> Option<Result<RecordBatch>> {
-        tokio::select! {
-            b = self.root.next() => b,
-            Some(msg) = self.fail_rx.recv() => Some(Err(RelayedError::from_wire(&msg).into_datafusion())),
+        let query = self.query;
+        let timeout = self.deadline;
+        let batch = async {
+            tokio::select! {
+                b = self.root.next() => b,
+                Some(msg) = self.fail_rx.recv() => Some(Err(RelayedError::from_wire(&msg).into_datafusion())),
+            }
+        };
+        match within(timeout, Some(query), batch).await {
+            Ok(b) => b,
+            Err(e) => Some(Err(e)),
         }
     }
 
@@ -176,6 +208,45 @@ impl QueryExecution {
         Box::pin(RecordBatchStreamAdapter::new(schema, stream))
     }
 }
+
+/// Runs `work` until the statement's deadline, if it has one; past it, the error
+/// says the statement timed out (and which query, once it has an id).
+async fn within<T>(
+    deadline: Option<(tokio::time::Instant, std::time::Duration)>,
+    query: Option<u64>,
+    work: impl std::future::Future<Output = T>,
+) -> Result<T> {
+    let Some((at, timeout)) = deadline else {
+        return Ok(work.await);
+    };
+    tokio::time::timeout_at(at, work)
+        .await
+        .map_err(|_| DataFusionError::External(Box::new(StatementTimedOut { query, timeout })))
+}
+
+/// A query canceled by its session's `gyre.statement_timeout` (Flight SQL answers
+/// `DEADLINE_EXCEEDED`).
+#[derive(Debug)]
+pub struct StatementTimedOut {
+    pub query: Option<u64>,
+    pub timeout: std::time::Duration,
+}
+
+impl std::fmt::Display for StatementTimedOut {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let which = match self.query {
+            Some(q) => format!("query {q}"),
+            None => "the query".to_string(),
+        };
+        write!(
+            f,
+            "canceling {which}: it ran longer than gyre.statement_timeout ({:?})",
+            self.timeout
+        )
+    }
+}
+
+impl std::error::Error for StatementTimedOut {}
 
 impl Drop for QueryExecution {
     fn drop(&mut self) {

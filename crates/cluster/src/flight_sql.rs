@@ -77,6 +77,12 @@ fn status(e: DataFusionError) -> Status {
         | DataFusionError::Plan(_)
         | DataFusionError::SchemaError(..)
         | DataFusionError::Configuration(_) => Status::invalid_argument(e.to_string()),
+        DataFusionError::External(ref inner)
+            if inner.is::<crate::execution::StatementTimedOut>() =>
+        {
+            Status::deadline_exceeded(inner.to_string())
+        }
+        DataFusionError::ResourcesExhausted(_) => Status::resource_exhausted(e.to_string()),
         e => {
             let mut status = Status::internal(gyre_exchange::error_text(&e));
             if let Some(place) = gyre_exchange::error_place(&e)

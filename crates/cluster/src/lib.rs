@@ -22,5 +22,5 @@ pub mod worker;
 pub mod workers_table;
 
 pub use coordinator::{Coordinator, CoordinatorConfig};
-pub use local::LocalCluster;
+pub use local::{Limits, LocalCluster};
 pub use worker::{Worker, WorkerConfig};

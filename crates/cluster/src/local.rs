@@ -20,7 +20,18 @@ pub struct LocalCluster {
     control_addr: SocketAddr,
     /// The cluster secret, random for each embedded cluster.
     secret: String,
+    /// Each worker's memory pool.
+    worker_memory: Option<usize>,
     workers: Vec<(Arc<Worker>, Option<tokio::runtime::Runtime>)>,
+}
+
+/// What an embedded cluster lets its queries use.
+#[derive(Debug, Clone, Default)]
+pub struct Limits {
+    /// At most this many queries run at once; the others wait their turn.
+    pub max_concurrent_queries: Option<usize>,
+    /// Bytes of operator state each worker's queries may hold.
+    pub worker_memory: Option<usize>,
 }
 
 impl std::fmt::Debug for LocalCluster {
@@ -46,6 +57,17 @@ impl LocalCluster {
         listen: SocketAddr,
         front: &FrontDoor,
     ) -> Result<Self> {
+        Self::start_limited(workers, threads, listen, front, &Limits::default()).await
+    }
+
+    /// As [`Self::start_with`], with the queries' resources bounded by `limits`.
+    pub async fn start_limited(
+        workers: usize,
+        threads: usize,
+        listen: SocketAddr,
+        front: &FrontDoor,
+        limits: &Limits,
+    ) -> Result<Self> {
         // Nothing outside this process needs the secret: a random one per cluster.
         let secret = format!("{:032x}", rand::random::<u128>());
         let config = CoordinatorConfig {
@@ -54,6 +76,7 @@ impl LocalCluster {
                 secret: secret.clone(),
                 ..Default::default()
             },
+            max_concurrent_queries: limits.max_concurrent_queries,
             ..Default::default()
         };
         let coordinator = Coordinator::start(config).await?;
@@ -68,6 +91,7 @@ impl LocalCluster {
             addr,
             control_addr,
             secret,
+            worker_memory: limits.worker_memory,
             workers: Vec::with_capacity(workers),
         };
         for _ in 0..workers {
@@ -98,6 +122,7 @@ impl LocalCluster {
                 ..Default::default()
             },
             coordinator_ca: None,
+            memory_limit: self.worker_memory,
         };
         let worker = rt
             .spawn(Worker::start(cfg))

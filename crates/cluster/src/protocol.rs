@@ -97,6 +97,27 @@ pub enum Request {
     Stats,
 }
 
+impl Request {
+    /// What the request asks, as errors name it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Register { .. } => "Register",
+            Self::Heartbeat { .. } => "Heartbeat",
+            Self::QueryFailed { .. } => "QueryFailed",
+            Self::SetPeers { .. } => "SetPeers",
+            Self::StartQuery { .. } => "StartQuery",
+            Self::FinishQuery { .. } => "FinishQuery",
+            Self::CreateTable { .. } => "CreateTable",
+            Self::BenchShuffle(_) => "BenchShuffle",
+            Self::BenchJoin(_) => "BenchJoin",
+            Self::DropTable { .. } => "DropTable",
+            Self::RegisterStore { .. } => "RegisterStore",
+            Self::Progress { .. } => "Progress",
+            Self::Stats => "Stats",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum Response {
     Ok,

@@ -8,6 +8,7 @@ use datafusion::common::config::ConfigOptions;
 use datafusion::execution::SessionStateBuilder;
 use datafusion::execution::cache::cache_manager::CacheManagerConfig;
 use datafusion::execution::context::SessionState;
+use datafusion::execution::memory_pool::{GreedyMemoryPool, TrackConsumersPool};
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::logical_expr::TableScan;
 use datafusion::optimizer::{Optimizer, OptimizerRule};
@@ -17,6 +18,7 @@ use datafusion::prelude::{SessionConfig, SessionContext};
 use gyre_exchange::Compression;
 use gyre_planner::{DistributedJoinSelection, GyreOptions, JoinReorder};
 use std::collections::HashMap;
+use std::num::NonZeroUsize;
 use std::sync::{Arc, LazyLock};
 
 /// The configuration every distributed plan is made with, Gyre's settings included.
@@ -80,12 +82,25 @@ fn table_statistics(scan: &TableScan) -> Option<Statistics> {
     Some(table.statistics())
 }
 
-/// A worker's session: function registries for decoding plans, nothing else.
-pub fn worker_session() -> SessionState {
-    SessionStateBuilder::new()
+/// A worker's session: function registries for decoding plans and, with
+/// `memory_limit`, a memory pool of that many bytes shared by every query it runs.
+/// Operators that can spill (sorts, aggregations, sort-merge joins) spill to the
+/// system's temporary directory when their share runs out; the others fail with
+/// "Resources exhausted", naming the largest consumers.
+pub fn worker_session(memory_limit: Option<usize>) -> Result<SessionState> {
+    let mut runtime = RuntimeEnvBuilder::new();
+    if let Some(limit) = memory_limit {
+        let pool = TrackConsumersPool::new(
+            GreedyMemoryPool::new(limit),
+            NonZeroUsize::new(5).expect("five is not zero"),
+        );
+        runtime = runtime.with_memory_pool(Arc::new(pool));
+    }
+    Ok(SessionStateBuilder::new()
         .with_config(distributed_config())
+        .with_runtime_env(runtime.build_arc()?)
         .with_default_features()
-        .build()
+        .build())
 }
 
 /// Parses a compression setting: `none`, `lz4`, `zstd` or `auto`.

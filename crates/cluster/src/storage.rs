@@ -2,7 +2,7 @@
 
 use crate::column_stats::{ColumnSketch, sketch_columns};
 use arrow::array::{Array, AsArray, RecordBatch};
-use arrow::compute::cast;
+use arrow::compute::{BatchCoalescer, cast};
 use arrow::datatypes::{DataType, SchemaRef};
 use datafusion::common::{Result, exec_err};
 use datafusion::physical_plan::execution_plan::check_not_null_constraints;
@@ -214,7 +214,8 @@ impl WorkerStorage {
         (tables.len() as u64, rows, bytes)
     }
 
-    /// Keeps rows inserted by `query` aside until [`WorkerStorage::finish_query`],
+    /// Keeps rows inserted by `query` aside (in batches of at most about
+    /// [`STORED_BATCH_ROWS`] rows) until [`WorkerStorage::finish_query`],
     /// in the table's own column types: a plan may produce another physical type than
     /// its logical schema declares (a string expression as `Utf8View` where the table
     /// says `Utf8`), and every reader relies on the table's types.
@@ -224,6 +225,7 @@ impl WorkerStorage {
             .into_iter()
             .map(|b| conform(b, &schema, table))
             .collect::<Result<Vec<_>>>()?;
+        let batches = in_stored_sizes(batches)?;
         self.staged
             .lock()
             .entry(query)
@@ -308,6 +310,36 @@ fn appended_since(base: &TablePart, now: &TablePart) -> Vec<RecordBatch> {
     } else {
         vec![]
     }
+}
+
+/// Rows of a stored batch (DataFusion's batch size): exchanges deliver rows in batches
+/// as large as their messages, and an operator reserves memory for a whole batch at a
+/// time, so a sort under a worker's memory limit could not spill in steps smaller
+/// than several megabytes. Larger batches are copied into batches of this size once,
+/// when they are inserted.
+pub const STORED_BATCH_ROWS: usize = 8192;
+
+fn in_stored_sizes(batches: Vec<RecordBatch>) -> Result<Vec<RecordBatch>> {
+    if batches
+        .iter()
+        .all(|b| b.num_rows() <= 2 * STORED_BATCH_ROWS)
+    {
+        return Ok(batches);
+    }
+    let mut out = Vec::with_capacity(batches.len());
+    for batch in batches {
+        if batch.num_rows() <= 2 * STORED_BATCH_ROWS {
+            out.push(batch);
+            continue;
+        }
+        let mut chunks = BatchCoalescer::new(batch.schema(), STORED_BATCH_ROWS);
+        chunks.push_batch(batch)?;
+        chunks.finish_buffered_batch()?;
+        while let Some(chunk) = chunks.next_completed_batch() {
+            out.push(chunk);
+        }
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

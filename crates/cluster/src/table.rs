@@ -20,7 +20,8 @@ use datafusion::logical_expr::Expr;
 use datafusion::logical_expr::dml::InsertOp;
 use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExpr};
-use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::coop::make_cooperative;
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType, SchedulingType};
 use datafusion::physical_plan::memory::MemoryStream;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
@@ -339,12 +340,15 @@ impl GyreScanExec {
                 )
             })
             .unwrap_or(Partitioning::UnknownPartitioning(partitions));
-        let props = Arc::new(PlanProperties::new(
-            EquivalenceProperties::new(schema),
-            partitioning,
-            EmissionType::Incremental,
-            Boundedness::Bounded,
-        ));
+        let props = Arc::new(
+            PlanProperties::new(
+                EquivalenceProperties::new(schema),
+                partitioning,
+                EmissionType::Incremental,
+                Boundedness::Bounded,
+            )
+            .with_scheduling_type(SchedulingType::Cooperative),
+        );
         Ok(Self {
             table,
             table_schema,
@@ -443,18 +447,20 @@ impl ExecutionPlan for GyreScanExec {
                 );
             }
         };
+        // Memory never makes the stream wait: it yields to tokio by budget, so that
+        // a canceled query stops however much CPU its operators take per batch.
         let stream = MemoryStream::try_new(batches, self.schema(), self.projection.clone())?;
         let Some(read) = context.session_config().get_extension::<ReadCounters>() else {
-            return Ok(Box::pin(stream));
+            return Ok(make_cooperative(Box::pin(stream)));
         };
         let counted = stream.inspect_ok(move |b| {
             read.add_rows(b.num_rows());
             read.add_bytes(b.get_array_memory_size() as u64);
         });
-        Ok(Box::pin(RecordBatchStreamAdapter::new(
+        Ok(make_cooperative(Box::pin(RecordBatchStreamAdapter::new(
             self.schema(),
             counted,
-        )))
+        ))))
     }
 
     fn statistics_from_inputs(

@@ -11,7 +11,8 @@ use datafusion::execution::TaskContext;
 use datafusion::physical_expr::{
     AcrossPartitions, ConstExpr, EquivalenceProperties, LexOrdering, PhysicalExpr,
 };
-use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::coop::make_cooperative;
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType, SchedulingType};
 use datafusion::physical_plan::metrics::{
     Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet, Time,
 };
@@ -69,12 +70,15 @@ impl ExchangeReceiverExec {
             }
             None => EquivalenceProperties::new(Arc::clone(&schema)),
         };
-        let props = Arc::new(PlanProperties::new(
-            eq,
-            partitioning,
-            EmissionType::Incremental,
-            Boundedness::Bounded,
-        ));
+        let props = Arc::new(
+            PlanProperties::new(
+                eq,
+                partitioning,
+                EmissionType::Incremental,
+                Boundedness::Bounded,
+            )
+            .with_scheduling_type(SchedulingType::Cooperative),
+        );
         Self {
             exchange,
             schema,
@@ -264,10 +268,12 @@ impl ExecutionPlan for ExchangeReceiverExec {
             ready: VecDeque::new(),
             metrics,
         });
-        Ok(Box::pin(RecordBatchStreamAdapter::new(
+        // Arriving messages never make the stream wait once they are queued: it
+        // yields to tokio by budget, so a query on a busy worker can still be stopped.
+        Ok(make_cooperative(Box::pin(RecordBatchStreamAdapter::new(
             Arc::clone(&self.schema),
             stream,
-        )))
+        ))))
     }
 
     fn metrics(&self) -> Option<MetricsSet> {

@@ -70,6 +70,9 @@ pub struct GyreOptions {
     /// `gyre.skew_threshold`, `_first`, `_every`, `_sample`, `_build_preserving`,
     /// `_build_side`, `_sfr` and `_fetch`: how Flow-Join detects and handles heavy keys.
     pub skew: SkewSettings,
+    /// `gyre.statement_timeout`: a query still running after this long is canceled on
+    /// every node (zero: no limit).
+    pub statement_timeout: std::time::Duration,
 }
 
 impl Default for GyreOptions {
@@ -84,6 +87,7 @@ impl Default for GyreOptions {
             skew_detection: true,
             runtime_filters: false,
             skew: SkewSettings::default(),
+            statement_timeout: std::time::Duration::ZERO,
         }
     }
 }
@@ -93,7 +97,7 @@ impl ConfigExtension for GyreOptions {
 }
 
 /// Every setting with its description, in the order `SHOW ALL` lists them.
-const SETTINGS: [(&str, &str); 13] = [
+const SETTINGS: [(&str, &str); 14] = [
     (
         "compression",
         "Arrow IPC compression of data sent between workers: none, lz4, zstd, or auto \
@@ -116,6 +120,11 @@ const SETTINGS: [(&str, &str); 13] = [
         "on: a hash join's build keys prune its probe input where it is read, before \
          it is shuffled if it comes from another stage (run-time filters); off \
          (default): every probe row reaches the join.",
+    ),
+    (
+        "statement_timeout",
+        "A query that runs longer than this is canceled on every node: '30s', '500ms', \
+         '5min', '1h', or a number of milliseconds; 0 (default): no limit.",
     ),
     (
         "skew_detection",
@@ -192,6 +201,7 @@ impl GyreOptions {
             "skew_build_side" => on_off(s.build_side),
             "skew_sfr" => on_off(s.sfr),
             "skew_fetch" => on_off(s.fetch),
+            "statement_timeout" => duration_text(self.statement_timeout),
             _ => unreachable!("every key of SETTINGS has a value"),
         }
     }
@@ -240,6 +250,7 @@ impl ExtensionOptions for GyreOptions {
             "skew_build_side" => s.build_side = parse_on_off(&name, value)?,
             "skew_sfr" => s.sfr = parse_on_off(&name, value)?,
             "skew_fetch" => s.fetch = parse_on_off(&name, value)?,
+            "statement_timeout" => next.statement_timeout = parse_duration(&name, value)?,
             _ => {
                 let known: Vec<String> =
                     SETTINGS.iter().map(|(k, _)| format!("gyre.{k}")).collect();
@@ -281,6 +292,45 @@ fn parse_on_off(name: &str, value: &str) -> Result<bool> {
         "on" | "true" | "1" => Ok(true),
         "off" | "false" | "0" => Ok(false),
         other => Err(invalid(format!("{name} is on or off, not '{other}'"))),
+    }
+}
+
+/// A duration as PostgreSQL writes `statement_timeout`: a number with a unit (`ms`,
+/// `s`, `min`, `h`), or a bare number of milliseconds.
+fn parse_duration(name: &str, value: &str) -> Result<std::time::Duration> {
+    let text = value.trim().to_ascii_lowercase();
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let millis_per = match unit.trim() {
+        "" | "ms" => 1.0,
+        "s" | "sec" | "secs" => 1e3,
+        "min" | "mins" => 60e3,
+        "h" | "hour" | "hours" => 3600e3,
+        _ => f64::NAN,
+    };
+    match number.parse::<f64>() {
+        Ok(n) if n >= 0.0 && millis_per.is_finite() && n * millis_per < 1e15 => Ok(
+            std::time::Duration::from_micros((n * millis_per * 1e3).round() as u64),
+        ),
+        _ => Err(invalid(format!(
+            "{name} is a duration such as '30s', '500ms', '5min' or '1h' (0: no limit), \
+             not '{}'",
+            value.trim()
+        ))),
+    }
+}
+
+/// A duration as `SHOW` lists it, in the largest unit that writes it whole.
+fn duration_text(d: std::time::Duration) -> String {
+    let ms = d.as_millis();
+    match ms {
+        0 => "0".to_string(),
+        ms if ms % 3_600_000 == 0 => format!("{}h", ms / 3_600_000),
+        ms if ms % 60_000 == 0 => format!("{}min", ms / 60_000),
+        ms if ms % 1000 == 0 => format!("{}s", ms / 1000),
+        ms => format!("{ms}ms"),
     }
 }
 
@@ -351,5 +401,30 @@ mod tests {
         }
         // A refused value leaves the setting as it was.
         assert_eq!(GyreOptions::of(&c).skew.threshold, 0.005);
+    }
+
+    #[test]
+    fn statement_timeouts_read_as_postgres_writes_them() {
+        let mut c = with_gyre();
+        for (value, millis, shown) in [
+            ("30s", 30_000, "30s"),
+            ("1500", 1500, "1500ms"),
+            ("2 min", 120_000, "2min"),
+            ("1.5s", 1500, "1500ms"),
+            ("1h", 3_600_000, "1h"),
+            ("0", 0, "0"),
+        ] {
+            c.set("gyre.statement_timeout", value).unwrap();
+            let t = GyreOptions::of(&c).statement_timeout;
+            assert_eq!(t.as_millis(), millis, "{value}");
+            assert_eq!(duration_text(t), shown);
+        }
+        for bad in ["-1s", "soon", "5 days", "1e30h", ""] {
+            let e = c
+                .set("gyre.statement_timeout", bad)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("such as '30s'"), "{bad}: {e}");
+        }
     }
 }

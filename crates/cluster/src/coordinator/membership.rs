@@ -127,6 +127,9 @@ impl Coordinator {
                 }
             }
         }
+        if !died.is_empty() {
+            self.deaths.send_modify(|n| *n += died.len() as u64);
+        }
         for (id, reason) in died {
             tracing::error!("{reason}");
             self.transport.forget_peer(id, &reason);
@@ -237,8 +240,9 @@ impl Coordinator {
     }
 
     /// Sends `req` to `workers` (each within `timeout`, if given) and takes each
-    /// reply's payload with `pick`; a reply it refuses, or a worker that does not
-    /// answer in time, is an error naming the worker and the `what` request.
+    /// reply's payload with `pick`; a reply it refuses, a worker that does not answer
+    /// in time, or one declared dead while it is asked, is an error naming the worker
+    /// and the `what` request.
     pub(super) async fn gather<T>(
         &self,
         workers: &[NodeId],
@@ -251,18 +255,7 @@ impl Coordinator {
         let calls = workers.iter().map(|w| {
             let req = req.clone();
             async move {
-                let c = self.control(*w)?;
-                let call = c.call(&req);
-                let reply = match timeout {
-                    Some(t) => tokio::time::timeout(t, call).await.map_err(|_| {
-                        exec_err(format!(
-                            "{} did not answer a {what} request within {t:?}",
-                            node_name(*w)
-                        ))
-                    })?,
-                    None => call.await,
-                }
-                .map_err(|e| exec_err(format!("{}: {e}", node_name(*w))))?;
+                let reply = self.call_worker(*w, &req, what, timeout).await?;
                 pick(reply).map_err(|other| {
                     exec_err(format!(
                         "{} answered a {what} request with {other:?}",
@@ -274,20 +267,70 @@ impl Coordinator {
         futures::future::try_join_all(calls).await
     }
 
+    /// One control call to worker `w`. It ends when the worker answers, when `timeout`
+    /// (if any) passes, or when the worker is declared dead (a stopped process answers
+    /// nothing, but its heartbeats stop too): so no call waits on a silent worker for
+    /// longer than the heartbeat timeout.
+    pub(super) async fn call_worker(
+        &self,
+        w: NodeId,
+        req: &Request,
+        what: &str,
+        timeout: Option<Duration>,
+    ) -> Result<Response> {
+        let c = self.control(w)?;
+        let call = async {
+            match timeout {
+                Some(t) => tokio::time::timeout(t, c.call(req)).await.map_err(|_| {
+                    exec_err(format!(
+                        "{} did not answer a {what} request within {t:?}",
+                        node_name(w)
+                    ))
+                })?,
+                None => c.call(req).await,
+            }
+            .map_err(|e| exec_err(format!("{}: {e}", node_name(w))))
+        };
+        tokio::select! {
+            reply = call => reply,
+            death = self.death_of(w) => Err(exec_err(format!(
+                "{} failed during a {what} request: {death}",
+                node_name(w)
+            ))),
+        }
+    }
+
+    /// Waits until worker `w` is declared dead (at once if it is) and says why.
+    pub(super) async fn death_of(&self, w: NodeId) -> String {
+        let mut deaths = self.deaths.subscribe();
+        loop {
+            match self.members.read().get(&w) {
+                None => return format!("{} is not a member", node_name(w)),
+                Some(m) if !m.alive => {
+                    return m
+                        .death
+                        .clone()
+                        .unwrap_or_else(|| format!("{} left", node_name(w)));
+                }
+                Some(_) => {}
+            }
+            if deaths.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+        }
+    }
+
+    /// Sends `req` to every one of `workers` and waits for every reply; a worker
+    /// declared dead meanwhile fails the call, naming it.
     pub(super) async fn broadcast(
         &self,
         workers: &[NodeId],
         req: Request,
     ) -> Result<Vec<Response>> {
-        let calls = workers.iter().map(|w| {
-            let req = req.clone();
-            async move {
-                let c = self.control(*w)?;
-                c.call(&req)
-                    .await
-                    .map_err(|e| exec_err(format!("{}: {e}", node_name(*w))))
-            }
-        });
+        let what = req.name();
+        let calls = workers
+            .iter()
+            .map(|w| self.call_worker(*w, &req, what, None));
         futures::future::try_join_all(calls).await
     }
 }

@@ -79,6 +79,8 @@ pub struct CoordinatorConfig {
     pub transport: TransportConfig,
     /// A worker silent for this long is declared dead.
     pub heartbeat_timeout: Duration,
+    /// At most this many queries run at once; later ones wait their turn (None: no limit).
+    pub max_concurrent_queries: Option<usize>,
 }
 
 impl Default for CoordinatorConfig {
@@ -88,6 +90,7 @@ impl Default for CoordinatorConfig {
             data_listen: "127.0.0.1:0".parse().unwrap(),
             transport: TransportConfig::default(),
             heartbeat_timeout: Duration::from_secs(3),
+            max_concurrent_queries: None,
         }
     }
 }
@@ -148,6 +151,10 @@ pub struct Coordinator {
     /// Unbounded external tables: streams the coordinator reads when queried, as
     /// DataFusion does, never loaded.
     streams: RwLock<HashSet<String>>,
+    /// Turns to run a query when `max_concurrent_queries` is set.
+    query_slots: Option<Arc<tokio::sync::Semaphore>>,
+    /// Counts worker deaths, so that calls waiting on a worker learn of its death.
+    deaths: tokio::sync::watch::Sender<u64>,
     config: CoordinatorConfig,
 }
 
@@ -199,6 +206,11 @@ const CONTROL_TIMEOUT: Duration = Duration::from_secs(10);
 const MEMBER_CHECK_INTERVAL: Duration = Duration::from_millis(200);
 
 impl Coordinator {
+    /// Turns to run a query, when their number is limited.
+    pub(crate) fn query_slots(&self) -> Option<Arc<tokio::sync::Semaphore>> {
+        self.query_slots.clone()
+    }
+
     /// The key control messages to and from the workers are signed with.
     pub fn node_key(&self) -> crate::auth::NodeKey {
         crate::auth::NodeKey::from_secret(&self.config.transport.secret)
@@ -227,6 +239,10 @@ impl Coordinator {
             modifying: tokio::sync::Mutex::new(()),
             file_tables: RwLock::new(HashMap::new()),
             streams: RwLock::new(HashSet::new()),
+            query_slots: config
+                .max_concurrent_queries
+                .map(|n| Arc::new(tokio::sync::Semaphore::new(n.max(1)))),
+            deaths: tokio::sync::watch::Sender::new(0),
             config,
         });
         let weak = Arc::downgrade(&coordinator);

@@ -45,6 +45,8 @@ pub struct WorkerConfig {
     pub transport: TransportConfig,
     /// The CA (PEM) the coordinator's TLS certificate chains to, when it serves TLS.
     pub coordinator_ca: Option<Vec<u8>>,
+    /// Bytes the worker's queries may hold in operator state (None: no limit).
+    pub memory_limit: Option<usize>,
 }
 
 impl WorkerConfig {
@@ -120,6 +122,32 @@ fn spawn_control_service(
         })
         .map_err(|e| DataFusionError::Execution(format!("cannot start the control thread: {e}")))?;
     Ok(())
+}
+
+/// Puts a yield point above every DataFusion join of a stage. A join can compute for
+/// seconds per input batch (a nested-loop join's probe batch against every build row)
+/// and the operators above it poll it in a loop, so the budget its scans consume is
+/// not enough: without a yield on its output, a canceled query (statement timeout,
+/// client gone) would keep the worker's threads until the join ran out.
+fn yield_above_joins(plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
+    use datafusion::common::tree_node::{Transformed, TreeNode};
+    use datafusion::physical_plan::coop::CooperativeExec;
+    const JOINS: [&str; 5] = [
+        "NestedLoopJoinExec",
+        "CrossJoinExec",
+        "HashJoinExec",
+        "SortMergeJoinExec",
+        "SymmetricHashJoinExec",
+    ];
+    plan.transform_up(|node| {
+        if JOINS.contains(&node.name()) {
+            let wrapped: Arc<dyn ExecutionPlan> = Arc::new(CooperativeExec::new(node));
+            Ok(Transformed::yes(wrapped))
+        } else {
+            Ok(Transformed::no(node))
+        }
+    })
+    .map(|t| t.data)
 }
 
 struct RunningQuery {
@@ -207,7 +235,7 @@ impl Worker {
             node,
             transport,
             storage: Arc::new(WorkerStorage::default()),
-            state: worker_session(),
+            state: worker_session(config.memory_limit)?,
             coordinator,
             queries: Mutex::new(HashMap::new()),
             runtime: tokio::runtime::Handle::current(),
@@ -367,7 +395,7 @@ impl Worker {
         let codec = GyreCodec;
         let mut plans = Vec::with_capacity(stages.len());
         for (id, bytes) in &stages {
-            plans.push((*id, codec.decode_plan(bytes, &ctx)?));
+            plans.push((*id, yield_above_joins(codec.decode_plan(bytes, &ctx)?)?));
         }
         let mut tasks = Vec::with_capacity(plans.len());
         for (id, plan) in &plans {
