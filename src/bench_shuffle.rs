@@ -174,7 +174,8 @@ pub async fn run(args: ShuffleArgs) -> Result<(), BoxError> {
     }
     let runs = args.runs()?;
     let report = if let Some(addr) = &args.connect {
-        let client = ControlClient::connect_lazy(addr, crate::cluster_key()?)?;
+        let client =
+            ControlClient::connect_lazy(addr, crate::cluster_key()?, gyre_transport::COORDINATOR)?;
         let mut results = vec![];
         for run in runs {
             results.push(remote_run(&client, run).await?);

@@ -137,6 +137,46 @@ async fn nothing_runs_without_a_login_and_logins_need_the_right_password() {
     assert_eq!(single_i64(&rows), 10);
 }
 
+/// Oversized messages are refused before they are read whole, a connection that says
+/// nothing is closed, and the port keeps serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_messages_and_silent_connections_are_turned_away() {
+    let cluster = LocalCluster::start(1, 1, "127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    // A socket that never speaks: closed within the first-bytes window.
+    let mut silent = tokio::net::TcpStream::connect(cluster.addr).await.unwrap();
+    let opened = Instant::now();
+    // One action body larger than any client message may be.
+    let mut big = client(cluster.addr).await;
+    let body = vec![7u8; gyre_cluster::protocol::MAX_CLIENT_MESSAGE + 1024];
+    let e = big
+        .do_action(Action {
+            r#type: "gyre.progress".into(),
+            body: body.into(),
+        })
+        .await
+        .expect_err("an oversized message")
+        .to_string();
+    assert!(e.contains("too large") || e.contains("OutOfRange"), "{e}");
+    let mut ok = client(cluster.addr).await;
+    assert_eq!(
+        single_i64(&query(&mut ok, "SELECT 41 + 1").await.unwrap()),
+        42
+    );
+    use tokio::io::AsyncReadExt;
+    let mut byte = [0u8; 1];
+    let closed = tokio::time::timeout(Duration::from_secs(20), silent.read(&mut byte))
+        .await
+        .expect("a silent connection must be closed");
+    assert!(matches!(closed, Ok(0) | Err(_)), "{closed:?}");
+    let waited = opened.elapsed();
+    assert!(
+        waited >= gyre_cluster::protocol::FIRST_BYTES_WITHIN - Duration::from_secs(1),
+        "{waited:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn control_messages_need_the_cluster_secret() {
     let cluster = LocalCluster::start(2, 1, "127.0.0.1:0".parse().unwrap())
@@ -149,7 +189,7 @@ async fn control_messages_need_the_cluster_secret() {
         .unwrap();
     let coordinator = cluster.addr.to_string();
     let guessed = NodeKey::from_secret("gyre");
-    let forged = ControlClient::connect_lazy(&coordinator, guessed.clone()).unwrap();
+    let forged = ControlClient::connect_lazy(&coordinator, guessed.clone(), 0).unwrap();
 
     // On the coordinator: a fake worker, a cancelled query, a benchmark that allocates.
     let attacks = [
@@ -191,8 +231,8 @@ async fn control_messages_need_the_cluster_secret() {
 
     // On each worker: plans, peers and table drops from anyone but the coordinator.
     for worker in cluster.workers() {
-        let port = ControlClient::connect_lazy(&worker.control_addr().to_string(), guessed.clone())
-            .unwrap();
+        let addr = worker.control_addr().to_string();
+        let port = ControlClient::connect_lazy(&addr, guessed.clone(), worker.node).unwrap();
         for attack in [
             Request::StartQuery {
                 query: 99,
@@ -223,8 +263,25 @@ async fn control_messages_need_the_cluster_secret() {
         assert!(e.to_string().contains("cluster nodes only"), "{e}");
     }
 
+    // A message signed with the real secret for one worker is refused by another:
+    // what an eavesdropper could replay within the clock window.
+    let ids: Vec<_> = cluster.workers().map(|w| w.node).collect();
+    let other = cluster.workers().nth(1).unwrap();
+    let misdirected = ControlClient::connect_lazy(
+        &other.control_addr().to_string(),
+        cluster.coordinator.node_key(),
+        ids[0],
+    )
+    .unwrap();
+    let e = misdirected
+        .call(&Request::DropTable { name: "t".into() })
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("does not match"), "{e}");
+
     // A TLS address without a CA to check it against is refused, not dialled in clear.
-    let e = ControlClient::connect_lazy("grpc+tls://localhost:1", guessed.clone()).unwrap_err();
+    let e = ControlClient::connect_lazy("grpc+tls://localhost:1", guessed.clone(), 0).unwrap_err();
     assert!(e.to_string().contains("--tls-ca"), "{e}");
 
     // The cluster is as it was: two workers, the table whole.

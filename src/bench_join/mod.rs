@@ -258,7 +258,11 @@ pub async fn run(args: JoinArgs) -> Result<(), BoxError> {
         let (warmup, runs) = args.runs(nodes)?;
         let measured = if let Some(addr) = &args.connect {
             let data = DataDir::new(args.data.as_deref())?;
-            let control = ControlClient::connect_lazy(addr, crate::cluster_key()?)?;
+            let control = ControlClient::connect_lazy(
+                addr,
+                crate::cluster_key()?,
+                gyre_transport::COORDINATOR,
+            )?;
             let sql = RemoteClient::connect(addr).await?;
             let mut sql = SqlJoins::new(&sql, nodes, Processes::OnePerWorker, data.path());
             let mut out = vec![];

@@ -553,6 +553,8 @@ pub fn serve_control(
     serve_gated(coordinator, listener, Clients::NodesOnly, None)
 }
 
+use crate::protocol::MAX_CLIENT_MESSAGE;
+
 fn serve_gated(
     coordinator: Arc<Coordinator>,
     listener: tokio::net::TcpListener,
@@ -561,10 +563,14 @@ fn serve_gated(
 ) -> Result<SocketAddr, DataFusionError> {
     let addr = listener.local_addr()?;
     let key = coordinator.node_key();
-    let service =
-        FlightServiceServer::new(Gate::new(GyreFlightSql::new(coordinator), clients, key))
-            .max_decoding_message_size(usize::MAX)
-            .max_encoding_message_size(usize::MAX);
+    let service = FlightServiceServer::new(Gate::new(
+        GyreFlightSql::new(coordinator),
+        clients,
+        key,
+        gyre_transport::COORDINATOR,
+    ))
+    .max_decoding_message_size(MAX_CLIENT_MESSAGE)
+    .max_encoding_message_size(MAX_CLIENT_MESSAGE);
     let mut server = tonic::transport::Server::builder();
     if let Some(tls) = tls {
         server = server.tls_config(tls.server_config()).map_err(|e| {

@@ -13,25 +13,144 @@ use datafusion::common::{DataFusionError, Result};
 use futures::StreamExt;
 use gyre_transport::NodeId;
 use serde::{Deserialize, Serialize};
+use std::sync::Arc;
 use std::time::Duration;
 use tonic::transport::Channel;
 
 /// Accepted connections of a gRPC service, with Nagle's algorithm off: a reply's last
 /// segment would otherwise wait for the peer's delayed ACK (40 ms per statement here).
+/// At most [`MAX_CONNECTIONS`] are open at once, and each must start talking within
+/// [`FIRST_BYTES_WITHIN`]: whoever can reach the port cannot hold all its sockets.
 pub fn incoming_nodelay(
     listener: tokio::net::TcpListener,
-) -> impl futures::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
-    use futures::TryStreamExt;
-    tokio_stream::wrappers::TcpListenerStream::new(listener).map_ok(|s| {
-        if let Err(e) = s.set_nodelay(true) {
-            tracing::warn!("cannot turn Nagle's algorithm off: {e}");
+) -> impl futures::Stream<Item = std::io::Result<Admitted>> {
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let refused = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    tokio_stream::wrappers::TcpListenerStream::new(listener).filter_map(move |s| {
+        let (slots, refused) = (Arc::clone(&slots), Arc::clone(&refused));
+        async move {
+            let s = match s {
+                Ok(s) => s,
+                Err(e) => return Some(Err(e)),
+            };
+            let Ok(slot) = slots.try_acquire_owned() else {
+                // Closed at once; the log says so once per thousand refusals.
+                if refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 1000 == 0 {
+                    tracing::warn!(
+                        "refusing connections from {:?} and others: {MAX_CONNECTIONS} are open",
+                        s.peer_addr().ok()
+                    );
+                }
+                return None;
+            };
+            if let Err(e) = s.set_nodelay(true) {
+                tracing::warn!("cannot turn Nagle's algorithm off: {e}");
+            }
+            Some(Ok(Admitted {
+                stream: s,
+                first_bytes: Some(Box::pin(tokio::time::sleep(FIRST_BYTES_WITHIN))),
+                _slot: slot,
+            }))
         }
-        s
     })
+}
+
+/// Most connections one listener keeps open; more are closed as they come.
+pub const MAX_CONNECTIONS: usize = 1024;
+
+/// A connection that sends nothing for this long after it opens is closed: it would
+/// hold one of the listener's [`MAX_CONNECTIONS`] slots for nothing.
+pub const FIRST_BYTES_WITHIN: Duration = Duration::from_secs(10);
+
+/// An accepted connection: holds its slot of the listener's connections while it is
+/// open, and fails its first read if nothing arrives within [`FIRST_BYTES_WITHIN`].
+pub struct Admitted {
+    stream: tokio::net::TcpStream,
+    first_bytes: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+    _slot: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl tonic::transport::server::Connected for Admitted {
+    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.stream.connect_info()
+    }
+}
+
+impl tokio::io::AsyncRead for Admitted {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        use std::future::Future;
+        use std::task::Poll;
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let read = std::pin::Pin::new(&mut this.stream).poll_read(cx, buf);
+        if let Some(wait) = this.first_bytes.as_mut() {
+            match &read {
+                Poll::Ready(Ok(())) if buf.filled().len() > before => this.first_bytes = None,
+                Poll::Pending if wait.as_mut().poll(cx).is_ready() => {
+                    return Poll::Ready(Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!("nothing arrived within {FIRST_BYTES_WITHIN:?}"),
+                    )));
+                }
+                _ => {}
+            }
+        }
+        read
+    }
+}
+
+impl tokio::io::AsyncWrite for Admitted {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.get_mut().stream).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.get_mut().stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
+    }
 }
 
 /// The Flight action type of Gyre's control messages.
 pub const ACTION: &str = "gyre.control";
+
+/// Largest gRPC message between nodes (a stage plan with its literal rows, a report):
+/// tonic refuses a larger one before reading it whole.
+pub const MAX_CONTROL_MESSAGE: usize = 256 << 20;
+
+/// Largest gRPC message a client may send to the coordinator (one batch of a bulk
+/// insert, say) or receive from it in one piece; results stream in pieces of a few MB.
+pub const MAX_CLIENT_MESSAGE: usize = 64 << 20;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum Request {
@@ -274,17 +393,24 @@ pub struct ControlClient {
     addr: String,
     key: NodeKey,
     client: FlightServiceClient<Channel>,
+    /// The node the calls are for (the coordinator is node 0): they are signed for it.
+    to: NodeId,
 }
 
 impl ControlClient {
-    /// A client of the node at `addr` (`host:port`), connected at its first call.
-    pub fn connect_lazy(addr: &str, key: NodeKey) -> Result<Self> {
-        Self::connect_lazy_tls(addr, key, None)
+    /// A client of node `to` at `addr` (`host:port`), connected at its first call.
+    pub fn connect_lazy(addr: &str, key: NodeKey, to: NodeId) -> Result<Self> {
+        Self::connect_lazy_tls(addr, key, to, None)
     }
 
     /// As [`Self::connect_lazy`], over TLS when `ca` (PEM) is given: the node's
     /// certificate must chain to it.
-    pub fn connect_lazy_tls(addr: &str, key: NodeKey, ca: Option<&[u8]>) -> Result<Self> {
+    pub fn connect_lazy_tls(
+        addr: &str,
+        key: NodeKey,
+        to: NodeId,
+        ca: Option<&[u8]>,
+    ) -> Result<Self> {
         let bad = |e: &dyn std::fmt::Display| {
             DataFusionError::Configuration(format!("bad address {addr}: {e}"))
         };
@@ -312,8 +438,9 @@ impl ControlClient {
             addr: addr.to_string(),
             key,
             client: FlightServiceClient::new(endpoint.connect_lazy())
-                .max_decoding_message_size(usize::MAX)
-                .max_encoding_message_size(usize::MAX),
+                .max_decoding_message_size(MAX_CONTROL_MESSAGE)
+                .max_encoding_message_size(MAX_CONTROL_MESSAGE),
+            to,
         })
     }
 
@@ -324,7 +451,7 @@ impl ControlClient {
     /// Sends one request and waits for its response.
     pub async fn call(&self, req: &Request) -> Result<Response> {
         let body = encode(req);
-        let signature = self.key.sign(ACTION, &body);
+        let signature = self.key.sign(self.to, ACTION, &body);
         let mut request = tonic::Request::new(Action {
             r#type: ACTION.to_string(),
             body: body.into(),

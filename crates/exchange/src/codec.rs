@@ -174,6 +174,7 @@ impl BatchDecoder {
     /// message's memory (no copy); see `gyre_transport::pool` for what that means for
     /// the receive pool.
     pub fn decode(&mut self, message: Bytes) -> Result<Vec<RecordBatch>> {
+        check_ipc_sizes(&message)?;
         let mut buf = Buffer::from(message);
         let mut out = vec![];
         while !buf.is_empty() {
@@ -190,6 +191,92 @@ impl BatchDecoder {
         }
         Ok(out)
     }
+}
+
+/// Most bytes the compressed buffers of one message may say they decompress to.
+/// Arrow allocates what a compressed buffer's length prefix claims before it
+/// decompresses, so a forged prefix could make a worker allocate terabytes and abort:
+/// the prefixes are summed and checked first. A message is at most the transport's
+/// 256 MiB; LZ4 or Zstandard rarely shrinks Arrow data by more than 16 times.
+pub const MAX_DECOMPRESSED_BYTES: u64 = 4 << 30;
+
+/// Most rows one batch may claim (a batch of nulls needs no buffers to claim them).
+const MAX_BATCH_ROWS: i64 = i32::MAX as i64;
+
+/// Checks the sizes the IPC messages in `message` declare before Arrow acts on them:
+/// every message is whole and within the buffer, row counts are bounded, and the
+/// decompressed lengths of compressed buffers add up to at most
+/// [`MAX_DECOMPRESSED_BYTES`]. Gyre's encoder writes whole messages into each
+/// transport message, so a message cut short is an error too.
+pub fn check_ipc_sizes(message: &[u8]) -> Result<()> {
+    let bad = |what: String| DataFusionError::Execution(format!("bad IPC message: {what}"));
+    let mut at = 0usize;
+    let mut decompressed = 0u64;
+    while at < message.len() {
+        let word = |i: usize| -> Result<i32> {
+            message
+                .get(i..i + 4)
+                .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .ok_or_else(|| bad(format!("cut short at byte {i}")))
+        };
+        let mut meta_at = at + 4;
+        let mut meta_len = word(at)?;
+        if meta_len == -1 {
+            meta_len = word(at + 4)?;
+            meta_at += 4;
+        }
+        if meta_len == 0 {
+            // End of stream.
+            at = meta_at;
+            continue;
+        }
+        let meta_len = usize::try_from(meta_len)
+            .map_err(|_| bad(format!("negative metadata length {meta_len}")))?;
+        let meta = message
+            .get(meta_at..meta_at.saturating_add(meta_len))
+            .ok_or_else(|| bad(format!("metadata of {meta_len} bytes cut short")))?;
+        let parsed = arrow::ipc::root_as_message(meta)
+            .map_err(|e| bad(format!("unreadable metadata: {e}")))?;
+        let body_len = usize::try_from(parsed.bodyLength())
+            .map_err(|_| bad(format!("negative body length {}", parsed.bodyLength())))?;
+        let body_at = meta_at + meta_len;
+        let body = message
+            .get(body_at..body_at.saturating_add(body_len))
+            .ok_or_else(|| bad(format!("body of {body_len} bytes cut short")))?;
+        let batch = parsed
+            .header_as_record_batch()
+            .or_else(|| parsed.header_as_dictionary_batch().and_then(|d| d.data()));
+        if let Some(batch) = batch {
+            if !(0..=MAX_BATCH_ROWS).contains(&batch.length()) {
+                return Err(bad(format!("a batch of {} rows", batch.length())));
+            }
+            if batch.compression().is_some() {
+                for b in batch.buffers().into_iter().flatten() {
+                    if b.length() == 0 {
+                        continue;
+                    }
+                    let prefix = usize::try_from(b.offset())
+                        .ok()
+                        .and_then(|o| body.get(o..o.checked_add(8)?))
+                        .ok_or_else(|| bad("a compressed buffer outside its body".into()))?;
+                    let claimed = i64::from_le_bytes(prefix.try_into().expect("eight bytes"));
+                    // -1: the buffer was left uncompressed.
+                    if claimed < -1 {
+                        return Err(bad(format!("a decompressed length of {claimed}")));
+                    }
+                    decompressed = decompressed.saturating_add(claimed.max(0) as u64);
+                }
+                if decompressed > MAX_DECOMPRESSED_BYTES {
+                    return Err(bad(format!(
+                        "its buffers claim {decompressed} bytes decompressed, more than \
+                         {MAX_DECOMPRESSED_BYTES}"
+                    )));
+                }
+            }
+        }
+        at = body_at + body_len;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -278,6 +365,67 @@ mod tests {
                 .collect();
             assert_eq!(got, vec![(0, 7), (0, 0), (0, 3)]);
             recv2.release(r);
+        }
+    }
+
+    /// Where the first non-empty buffer of the first batch in an IPC stream begins.
+    fn first_compressed_buffer(bytes: &[u8]) -> usize {
+        let mut at = 0;
+        loop {
+            let len = i32::from_le_bytes(bytes[at + 4..at + 8].try_into().unwrap()) as usize;
+            let meta = arrow::ipc::root_as_message(&bytes[at + 8..at + 8 + len]).unwrap();
+            let body_at = at + 8 + len;
+            if let Some(b) = meta.header_as_record_batch() {
+                let first = b
+                    .buffers()
+                    .unwrap()
+                    .iter()
+                    .find(|b| b.length() > 0)
+                    .unwrap();
+                return body_at + first.offset() as usize;
+            }
+            at = body_at + meta.bodyLength() as usize;
+        }
+    }
+
+    #[test]
+    fn forged_sizes_are_refused_before_arrow_allocates() {
+        let batch = RecordBatch::try_from_iter([(
+            "k",
+            Arc::new(Int64Array::from_iter_values(0..1000)) as _,
+        )])
+        .unwrap();
+        let mut bytes = vec![];
+        {
+            let options = IpcWriteOptions::default()
+                .try_with_compression(Some(CompressionType::LZ4_FRAME))
+                .unwrap();
+            let mut w =
+                StreamWriter::try_new_with_options(&mut bytes, &batch.schema(), options).unwrap();
+            w.write(&batch).unwrap();
+            w.finish().unwrap();
+        }
+        check_ipc_sizes(&bytes).unwrap();
+        let decoded = BatchDecoder::default()
+            .decode(Bytes::from(bytes.clone()))
+            .unwrap();
+        assert_eq!(decoded, vec![batch]);
+        let cut = check_ipc_sizes(&bytes[..bytes.len() - 9]).unwrap_err();
+        assert!(cut.to_string().contains("cut short"), "{cut}");
+        // A compressed buffer that claims a petabyte is refused, not allocated.
+        let at = first_compressed_buffer(&bytes);
+        bytes[at..at + 8].copy_from_slice(&(1i64 << 50).to_le_bytes());
+        let e = BatchDecoder::default()
+            .decode(Bytes::from(bytes.clone()))
+            .unwrap_err();
+        assert!(e.to_string().contains("decompressed"), "{e}");
+        bytes[at..at + 8].copy_from_slice(&(-7i64).to_le_bytes());
+        assert!(check_ipc_sizes(&bytes).is_err());
+        // Garbage is an error, never a panic.
+        for n in 0..bytes.len() {
+            let mut b = bytes.clone();
+            b[n] ^= 0x5a;
+            let _ = BatchDecoder::default().decode(Bytes::from(b));
         }
     }
 }

@@ -358,6 +358,47 @@ impl Hub {
     }
 
     /// Hands an event from `peer` to its stream. An `Err` names the rule the peer broke.
+    /// Whether `peer` may send a data message on `key` now: checked from the frame's
+    /// header and stream key, before its body is read or any buffer taken for it, with
+    /// the rules [`Hub::deliver`] enforces (the stream is this node's, belongs to the
+    /// peer, has not ended, and has credit; a new stream is within the pending cap).
+    pub fn admits(&self, peer: NodeId, key: StreamKey) -> Result<(), String> {
+        if key.to != self.node {
+            return Err(format!(
+                "sent on stream {key}, which is addressed to node {}, not to this node",
+                key.to
+            ));
+        }
+        let st = self.state.lock();
+        if st.released.contains(&key.query) {
+            return Ok(());
+        }
+        match st.inbound.get(&key) {
+            None => {
+                if st.pending.get(&peer).copied().unwrap_or(0) >= MAX_PENDING_STREAMS {
+                    return Err(format!(
+                        "opened more than {MAX_PENDING_STREAMS} streams no endpoint here expects"
+                    ));
+                }
+                Ok(())
+            }
+            Some(stream) if stream.src != peer => Err(format!(
+                "sent on stream {key}, which belongs to {}",
+                node_name(stream.src)
+            )),
+            Some(stream) if stream.ended => Err(format!("sent on stream {key} after its end")),
+            Some(stream)
+                if stream.buffered >= self.window && !matches!(stream.sink, Sink::Discard) =>
+            {
+                Err(format!(
+                    "flow control violated on stream {key}: more than {} messages without credit",
+                    self.window
+                ))
+            }
+            Some(_) => Ok(()),
+        }
+    }
+
     pub fn deliver(&self, peer: NodeId, key: StreamKey, ev: Event) -> Result<Delivered, String> {
         if key.to != self.node {
             return Err(format!(
@@ -607,6 +648,26 @@ mod tests {
                 .unwrap_err()
                 .contains("after its end")
         );
+    }
+
+    /// `admits` answers, from the stream key alone, what `deliver` would for a data
+    /// message: the multiplexer asks it before it reads a frame's body.
+    #[test]
+    fn admission_before_the_body_agrees_with_delivery() {
+        let h = hub();
+        assert_eq!(h.admits(1, key(0)), Ok(()));
+        let mut elsewhere = key(0);
+        elsewhere.to = 5;
+        assert!(h.admits(1, elsewhere).unwrap_err().contains("node 5"));
+        h.deliver(1, key(0), data(false)).unwrap();
+        assert!(h.admits(3, key(0)).unwrap_err().contains("worker 1"));
+        h.deliver(1, key(0), data(false)).unwrap();
+        assert!(h.admits(1, key(0)).unwrap_err().contains("flow control"));
+        h.open_receive(&[(key(0), 1)]).unwrap();
+        h.released_one(key(0));
+        assert_eq!(h.admits(1, key(0)), Ok(()));
+        h.deliver(1, key(0), data(true)).unwrap();
+        assert!(h.admits(1, key(0)).unwrap_err().contains("after its end"));
     }
 
     #[test]

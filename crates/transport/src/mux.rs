@@ -726,6 +726,11 @@ impl Mux {
                 }
                 let mut kb = [0u8; StreamKey::LEN];
                 read_exact(rd, &mut kb, "stream key", false).await?;
+                // The sender must be allowed to send on this stream before a byte of
+                // the body is buffered for it.
+                self.hub
+                    .admits(peer, StreamKey::from_bytes(&kb))
+                    .map_err(ReadEnd::Protocol)?;
                 let body_len = h.len - StreamKey::LEN;
                 let size = self.hub.recv_pool.message_size();
                 let mut buf = if body_len > size {

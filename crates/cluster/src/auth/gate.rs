@@ -54,11 +54,13 @@ pub struct Gate<S> {
 }
 
 impl<S> Gate<S> {
-    pub fn new(inner: S, clients: Clients, key: NodeKey) -> Self {
+    /// A gate of node `me` (the coordinator is node 0): control messages must be
+    /// signed for it.
+    pub fn new(inner: S, clients: Clients, key: NodeKey, me: gyre_transport::NodeId) -> Self {
         Self {
             inner,
             clients,
-            nodes: NodeVerifier::new(key),
+            nodes: NodeVerifier::new(key, me),
             tokens: Tokens::default(),
             logins: Arc::new(tokio::sync::Semaphore::new(1)),
         }

@@ -4,12 +4,14 @@
 //! that logged in does not know it. Each control message carries, in the
 //! [`NODE_HEADER`] header, `time.nonce.mac`: the sender's clock in milliseconds since
 //! the Unix epoch, 128 random bits, and
-//! HMAC-SHA256(key, "gyre/control" | time | nonce | action type | 0 | body) with a key
-//! derived from the secret. The receiver checks the MAC, that the time is within
-//! [`MAX_SKEW`] of its own clock, and that it has not seen the nonce in that window, so
-//! a message can be neither forged, altered nor replayed. Without TLS the body is
-//! readable on the wire; the secret never is.
+//! HMAC-SHA256(key, "gyre/control" | receiver | time | nonce | action type | 0 | body)
+//! with a key derived from the secret, where the receiver is the node id the message is
+//! for (the coordinator is node 0). The receiver checks the MAC with its own id, that
+//! the time is within [`MAX_SKEW`] of its own clock, and that it has not seen the nonce
+//! in that window, so a message can be neither forged, altered, replayed, nor replayed
+//! to another node. Without TLS the body is readable on the wire; the secret never is.
 
+use gyre_transport::NodeId;
 use hmac::{Hmac, Mac};
 use parking_lot::Mutex;
 use sha2::Sha256;
@@ -43,9 +45,10 @@ impl NodeKey {
         Self(mac.finalize().into_bytes().into())
     }
 
-    fn mac(&self, millis: u64, nonce: u128, action: &str, body: &[u8]) -> HmacSha256 {
+    fn mac(&self, to: NodeId, millis: u64, nonce: u128, action: &str, body: &[u8]) -> HmacSha256 {
         let mut mac = HmacSha256::new_from_slice(&self.0).expect("HMAC accepts any key length");
         mac.update(b"gyre/control");
+        mac.update(&to.to_le_bytes());
         mac.update(&millis.to_le_bytes());
         mac.update(&nonce.to_le_bytes());
         mac.update(action.as_bytes());
@@ -54,12 +57,12 @@ impl NodeKey {
         mac
     }
 
-    /// The header value that signs a control message.
-    pub fn sign(&self, action: &str, body: &[u8]) -> String {
+    /// The header value that signs a control message for node `to`.
+    pub fn sign(&self, to: NodeId, action: &str, body: &[u8]) -> String {
         let millis = now_millis();
         let nonce = rand::random::<u128>();
         let mac = self
-            .mac(millis, nonce, action, body)
+            .mac(to, millis, nonce, action, body)
             .finalize()
             .into_bytes();
         format!("{millis:x}.{nonce:032x}.{}", hex(&mac))
@@ -69,14 +72,17 @@ impl NodeKey {
 /// Checks signed control messages and remembers their nonces.
 pub struct NodeVerifier {
     key: NodeKey,
+    /// This node's id: messages signed for another node are refused.
+    me: NodeId,
     /// Nonces seen within the skew window, with their senders' times.
     seen: Mutex<HashMap<u128, u64>>,
 }
 
 impl NodeVerifier {
-    pub fn new(key: NodeKey) -> Self {
+    pub fn new(key: NodeKey, me: NodeId) -> Self {
         Self {
             key,
+            me,
             seen: Mutex::new(HashMap::new()),
         }
     }
@@ -95,13 +101,14 @@ impl NodeVerifier {
         let mac = unhex(mac).ok_or("malformed signature MAC")?;
         if self
             .key
-            .mac(millis, nonce, action, body)
+            .mac(self.me, millis, nonce, action, body)
             .verify_slice(&mac)
             .is_err()
         {
-            return Err(
-                "the control message's signature does not match the cluster secret".to_string(),
-            );
+            return Err(format!(
+                "the control message's signature does not match the cluster secret and {}",
+                gyre_transport::node_name(self.me)
+            ));
         }
         let now = now_millis();
         let skew = now.abs_diff(millis);
@@ -153,8 +160,8 @@ mod tests {
     #[test]
     fn signatures_bind_the_secret_the_message_and_one_use() {
         let key = NodeKey::from_secret("cluster secret");
-        let verifier = NodeVerifier::new(key.clone());
-        let sig = key.sign("gyre.control", b"body");
+        let verifier = NodeVerifier::new(key.clone(), 3);
+        let sig = key.sign(3, "gyre.control", b"body");
         assert_eq!(verifier.check(Some(&sig), "gyre.control", b"body"), Ok(()));
         // Once only.
         let e = verifier
@@ -162,10 +169,10 @@ mod tests {
             .unwrap_err();
         assert!(e.contains("replay"), "{e}");
         // Another body, another action, another secret, no signature, garbage.
-        let sig = key.sign("gyre.control", b"body");
+        let sig = key.sign(3, "gyre.control", b"body");
         assert!(verifier.check(Some(&sig), "gyre.control", b"bodY").is_err());
         assert!(verifier.check(Some(&sig), "other", b"body").is_err());
-        let forged = NodeKey::from_secret("guess").sign("gyre.control", b"body");
+        let forged = NodeKey::from_secret("guess").sign(3, "gyre.control", b"body");
         let e = verifier
             .check(Some(&forged), "gyre.control", b"body")
             .unwrap_err();
@@ -177,6 +184,12 @@ mod tests {
                 "{bad}"
             );
         }
+        // A message for another node is refused here, whatever else is right.
+        let elsewhere = key.sign(4, "gyre.control", b"body");
+        let e = verifier
+            .check(Some(&elsewhere), "gyre.control", b"body")
+            .unwrap_err();
+        assert!(e.contains("worker 3"), "{e}");
         // The untouched message still passes.
         assert_eq!(verifier.check(Some(&sig), "gyre.control", b"body"), Ok(()));
     }
@@ -184,10 +197,10 @@ mod tests {
     #[test]
     fn old_messages_are_refused_naming_the_clock() {
         let key = NodeKey::from_secret("s");
-        let verifier = NodeVerifier::new(key.clone());
+        let verifier = NodeVerifier::new(key.clone(), 0);
         let old = now_millis() - 2 * MAX_SKEW.as_millis() as u64;
         let nonce = 7u128;
-        let mac = key.mac(old, nonce, "a", b"").finalize().into_bytes();
+        let mac = key.mac(0, old, nonce, "a", b"").finalize().into_bytes();
         let sig = format!("{old:x}.{nonce:032x}.{}", hex(&mac));
         let e = verifier.check(Some(&sig), "a", b"").unwrap_err();
         assert!(e.contains("clock"), "{e}");

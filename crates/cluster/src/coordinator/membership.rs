@@ -156,7 +156,7 @@ impl Coordinator {
                 self.members.write().insert(
                     id,
                     Member {
-                        control: ControlClient::connect_lazy(&control_addr, self.node_key())?,
+                        control: ControlClient::connect_lazy(&control_addr, self.node_key(), id)?,
                         data_addr: data,
                         alive: true,
                         last_seen: Instant::now(),

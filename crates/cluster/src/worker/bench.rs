@@ -52,6 +52,12 @@ mod runs {
     use gyre_transport::bench::{ShuffleSpec, run_shuffle};
     use gyre_transport::node_name;
 
+    /// Most bytes one synthetic shuffle may move: sizes come from the network, so a
+    /// forged run must not keep the cluster busy for days.
+    const MAX_SHUFFLE_BYTES: u64 = 1 << 40;
+    /// Most rows of either side of a synthetic join (16 bytes each, generated in memory).
+    const MAX_JOIN_ROWS: u64 = 1 << 31;
+
     impl Worker {
         /// This worker's place among a run's nodes.
         fn index_in(&self, nodes: &[gyre_transport::NodeId]) -> Result<usize, String> {
@@ -64,6 +70,19 @@ mod runs {
         /// Takes part in a synthetic shuffle between the workers of `run`.
         pub(super) async fn bench_shuffle(&self, run: ShuffleRun) -> Result<ShuffleFigures> {
             let bad = |e: String| DataFusionError::Execution(format!("shuffle benchmark: {e}"));
+            let message_max = gyre_transport::frame::MAX_PAYLOAD as u64 / 2;
+            if run.total_bytes > MAX_SHUFFLE_BYTES {
+                return Err(bad(format!(
+                    "{} bytes is more than the {MAX_SHUFFLE_BYTES} a run may move",
+                    run.total_bytes
+                )));
+            }
+            if !(1..=message_max).contains(&run.message_size) {
+                return Err(bad(format!(
+                    "messages of {} bytes (1 to {message_max})",
+                    run.message_size
+                )));
+            }
             let index = self.index_in(&run.nodes).map_err(bad)?;
             let spec = ShuffleSpec {
                 nodes: run.nodes,
@@ -96,6 +115,18 @@ mod runs {
         /// Takes part in a synthetic cyclo-join between the workers of `run`.
         pub(super) async fn bench_join(&self, run: JoinRun) -> Result<JoinFigures> {
             let bad = |e: String| DataFusionError::Execution(format!("join benchmark: {e}"));
+            if run.build_rows > MAX_JOIN_ROWS || run.probe_rows > MAX_JOIN_ROWS {
+                return Err(bad(format!(
+                    "{} build and {} probe rows: at most {MAX_JOIN_ROWS} each",
+                    run.build_rows, run.probe_rows
+                )));
+            }
+            if !(0.0..=10.0).contains(&run.zipf) || run.threads > 1024 {
+                return Err(bad(format!(
+                    "Zipf {} (0 to 10) with {} threads (at most 1024)",
+                    run.zipf, run.threads
+                )));
+            }
             let index = self.index_in(&run.nodes).map_err(bad)?;
             let Some(algorithm) = run.strategy.strip_prefix("cyclo-") else {
                 return Err(bad(format!(

@@ -55,6 +55,7 @@ impl WorkerConfig {
         ControlClient::connect_lazy_tls(
             &self.coordinator,
             NodeKey::from_secret(&self.transport.secret),
+            gyre_transport::COORDINATOR,
             self.coordinator_ca.as_deref(),
         )
     }
@@ -102,9 +103,10 @@ fn spawn_control_service(
                 let mut stop = worker.stopped.subscribe();
                 // Only signed control messages pass: clients never talk to workers.
                 let service = WorkerService(Arc::downgrade(&worker));
-                let service = FlightServiceServer::new(Gate::new(service, Clients::NodesOnly, key))
-                    .max_decoding_message_size(usize::MAX)
-                    .max_encoding_message_size(usize::MAX);
+                let gate = Gate::new(service, Clients::NodesOnly, key, worker.node);
+                let service = FlightServiceServer::new(gate)
+                    .max_decoding_message_size(crate::protocol::MAX_CONTROL_MESSAGE)
+                    .max_encoding_message_size(crate::protocol::MAX_CONTROL_MESSAGE);
                 let incoming = crate::protocol::incoming_nodelay(listener);
                 drop(worker);
                 // Ends at `Worker::shutdown`, or when the worker is dropped (the sender goes).
@@ -132,6 +134,7 @@ fn spawn_control_service(
 fn yield_above_joins(plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
     use datafusion::common::tree_node::{Transformed, TreeNode};
     use datafusion::physical_plan::coop::CooperativeExec;
+    use datafusion::physical_plan::replace_children_if_necessary;
     const JOINS: [&str; 5] = [
         "NestedLoopJoinExec",
         "CrossJoinExec",
@@ -139,15 +142,27 @@ fn yield_above_joins(plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPl
         "SortMergeJoinExec",
         "SymmetricHashJoinExec",
     ];
-    plan.transform_up(|node| {
-        if JOINS.contains(&node.name()) {
-            let wrapped: Arc<dyn ExecutionPlan> = Arc::new(CooperativeExec::new(node));
-            Ok(Transformed::yes(wrapped))
+    let is_join = |n: &Arc<dyn ExecutionPlan>| JOINS.contains(&n.name());
+    let yielding = |n: &Arc<dyn ExecutionPlan>| -> Arc<dyn ExecutionPlan> {
+        if is_join(n) {
+            Arc::new(CooperativeExec::new(Arc::clone(n)))
         } else {
-            Ok(Transformed::no(node))
+            Arc::clone(n)
         }
-    })
-    .map(|t| t.data)
+    };
+    let plan = plan
+        .transform_up(|node| {
+            // A Flow-Join drives the hash join it wraps itself.
+            if node.name() == "FlowJoinExec" || !node.children().into_iter().any(is_join) {
+                return Ok(Transformed::no(node));
+            }
+            let children = node.children().into_iter().map(yielding).collect();
+            Ok(Transformed::yes(replace_children_if_necessary(
+                node, children,
+            )?))
+        })?
+        .data;
+    Ok(yielding(&plan))
 }
 
 struct RunningQuery {
