@@ -358,7 +358,8 @@ impl Hub {
     }
 
     /// Hands an event from `peer` to its stream. An `Err` names the rule the peer broke.
-    /// Whether `peer` may send a data message on `key` now: checked from the frame's
+    /// Whether `peer` may send a data message with a body on `key` now (a bare
+    /// end-of-stream marker needs no credit): checked from the frame's
     /// header and stream key, before its body is read or any buffer taken for it, with
     /// the rules [`Hub::deliver`] enforces (the stream is this node's, belongs to the
     /// peer, has not ended, and has credit; a new stream is within the pending cap).

@@ -726,12 +726,15 @@ impl Mux {
                 }
                 let mut kb = [0u8; StreamKey::LEN];
                 read_exact(rd, &mut kb, "stream key", false).await?;
-                // The sender must be allowed to send on this stream before a byte of
-                // the body is buffered for it.
-                self.hub
-                    .admits(peer, StreamKey::from_bytes(&kb))
-                    .map_err(ReadEnd::Protocol)?;
                 let body_len = h.len - StreamKey::LEN;
+                // The sender must be allowed to send on this stream before a byte of
+                // the body is buffered for it. A bare end-of-stream marker has no body
+                // and needs no credit: `deliver` checks it.
+                if body_len > 0 {
+                    self.hub
+                        .admits(peer, StreamKey::from_bytes(&kb))
+                        .map_err(ReadEnd::Protocol)?;
+                }
                 let size = self.hub.recv_pool.message_size();
                 let mut buf = if body_len > size {
                     self.oversize_received.fetch_add(1, Ordering::Relaxed);
