@@ -251,18 +251,15 @@ impl Coordinator {
         timeout: Option<Duration>,
         pick: impl Fn(Response) -> std::result::Result<T, Box<Response>>,
     ) -> Result<Vec<T>> {
-        let pick = &pick;
-        let calls = workers.iter().map(|w| {
-            let req = req.clone();
-            async move {
-                let reply = self.call_worker(*w, &req, what, timeout).await?;
-                pick(reply).map_err(|other| {
-                    exec_err(format!(
-                        "{} answered a {what} request with {other:?}",
-                        node_name(*w)
-                    ))
-                })
-            }
+        let (pick, req) = (&pick, &req);
+        let calls = workers.iter().map(|w| async move {
+            let reply = self.call_worker(*w, req, what, timeout).await?;
+            pick(reply).map_err(|other| {
+                exec_err(format!(
+                    "{} answered a {what} request with {other:?}",
+                    node_name(*w)
+                ))
+            })
         });
         futures::future::try_join_all(calls).await
     }
