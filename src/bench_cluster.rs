@@ -22,6 +22,8 @@ pub struct EmulatedCluster {
     pub nodes: usize,
     pub link: LinkRate,
     pub cpus: Option<CpuQuota>,
+    /// Directories the benchmark's nodes read and write files in.
+    pub data_roots: Vec<std::path::PathBuf>,
 }
 
 impl EmulatedCluster {
@@ -39,7 +41,9 @@ impl EmulatedCluster {
         let link = self.link;
         let mut spec = TestbedSpec::new(self.name.clone(), self.nodes, link);
         spec.cpus = self.cpus;
-        spec.gyre = Some(GyreProcesses::current_exe()?);
+        let mut gyre = GyreProcesses::current_exe()?;
+        gyre.data_roots = self.data_roots.clone();
+        spec.gyre = Some(gyre);
         eprintln!(
             "building an emulated cluster of {} hosts with {link} links{}...",
             self.nodes,

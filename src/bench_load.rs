@@ -188,13 +188,14 @@ pub async fn run(args: LoadArgs) -> Result<(), BoxError> {
 
 /// Runs the Gyre part inside an emulated cluster and returns its measurements.
 async fn emulated(args: &LoadArgs) -> Result<Vec<TableLoad>, BoxError> {
+    let dir = std::fs::canonicalize(args.tpch_parquet.as_deref().ok_or("no --tpch-parquet")?)?;
     let cluster = EmulatedCluster {
         name: args.name.clone(),
         nodes: args.workers,
         link: args.link.parse::<LinkRate>()?,
         cpus: args.cpus,
+        data_roots: vec![dir.clone()],
     };
-    let dir = std::fs::canonicalize(args.tpch_parquet.as_deref().ok_or("no --tpch-parquet")?)?;
     let inner = vec![
         "bench".to_string(),
         "load".into(),

@@ -328,6 +328,7 @@ async fn emulated(args: &ShuffleArgs) -> Result<ShuffleBenchReport, BoxError> {
         nodes: args.nodes,
         link: args.link.parse()?,
         cpus: args.cpus,
+        data_roots: Vec::new(),
     };
     let inner: Vec<String> = [
         "bench",

@@ -52,6 +52,8 @@ enum Command {
         /// Run at most N queries at once; later ones wait their turn.
         #[arg(long, value_name = "N")]
         max_concurrent_queries: Option<usize>,
+        #[command(flatten)]
+        files: DataRootArgs,
     },
     /// Run a worker that joins a coordinator.
     Worker {
@@ -78,6 +80,8 @@ enum Command {
         /// sorts and aggregations spill beyond it, other operators fail.
         #[arg(long, value_name = "SIZE", value_parser = parse_size)]
         memory_limit: Option<usize>,
+        #[command(flatten)]
+        files: DataRootArgs,
     },
     /// Run a coordinator and N workers in this process (over loopback TCP).
     Local(LocalArgs),
@@ -225,6 +229,28 @@ impl FrontDoorArgs {
     }
 }
 
+/// Where a node may read and write local files.
+#[derive(Args, Clone, Default)]
+struct DataRootArgs {
+    /// Read and write local files (LOCATION, COPY TO, gyre load) only inside this
+    /// directory (repeatable). Without it, a node other hosts can reach reads and writes
+    /// no local files; one on a loopback address reads and writes any.
+    #[arg(long = "data-root", value_name = "DIR")]
+    data_roots: Vec<PathBuf>,
+}
+
+impl DataRootArgs {
+    fn local_files(
+        &self,
+        listen: SocketAddr,
+    ) -> Result<gyre_cluster::files::LocalFiles, Box<dyn std::error::Error>> {
+        Ok(gyre_cluster::files::LocalFiles::for_listener(
+            listen.ip(),
+            &self.data_roots,
+        )?)
+    }
+}
+
 /// How `gyre sql` and `gyre load` reach a coordinator.
 #[derive(Args, Clone)]
 struct ConnectArgs {
@@ -317,6 +343,8 @@ struct LocalArgs {
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     memory_limit: Option<usize>,
     #[command(flatten)]
+    files: DataRootArgs,
+    #[command(flatten)]
     input: SqlInput,
     /// Run a benchmark instead of SQL: `tpch` (after the -c/-f statements, e.g. settings).
     #[arg(long)]
@@ -399,9 +427,11 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             secret,
             front,
             max_concurrent_queries,
+            files,
         } => {
             let secret = secret.secret()?;
             let front = front.front_door(listen)?;
+            let local_files = files.local_files(listen)?;
             let config = CoordinatorConfig {
                 listen,
                 data_listen,
@@ -410,6 +440,7 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
                     ..Default::default()
                 },
                 max_concurrent_queries,
+                local_files,
                 ..Default::default()
             };
             let coordinator = Coordinator::start(config).await?;
@@ -432,9 +463,11 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             secret,
             tls_ca,
             memory_limit,
+            files,
             ..
         } => {
             let secret = secret.secret()?;
+            let local_files = files.local_files(listen)?;
             let coordinator_ca =
                 match tls_ca {
                     Some(p) => Some(std::fs::read(&p).map_err(|e| {
@@ -453,6 +486,7 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
                 },
                 coordinator_ca,
                 memory_limit,
+                local_files,
             })
             .await?;
             println!(
@@ -548,6 +582,7 @@ async fn run_local(args: LocalArgs) -> Result<(), Box<dyn std::error::Error>> {
     let limits = gyre_cluster::Limits {
         max_concurrent_queries: args.max_concurrent_queries,
         worker_memory: args.memory_limit,
+        local_files: args.files.local_files(listen)?,
     };
     let cluster =
         LocalCluster::start_limited(args.workers, threads, listen, &front, &limits).await?;

@@ -481,3 +481,154 @@ fn the_command_line_logs_in_over_tls_and_refuses_open_public_ports() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--user"), "{err}");
 }
+
+/// The first column of the first row of a statement's last result.
+async fn sql_count(cluster: &LocalCluster, sql: &str) -> Result<u64, String> {
+    let results = cluster
+        .coordinator
+        .sql(sql)
+        .await
+        .map_err(|e| e.to_string())?;
+    let last = results.last().ok_or("no result")?;
+    let b = last
+        .batches
+        .iter()
+        .find(|b| b.num_rows() > 0)
+        .ok_or("no rows")?;
+    let c = arrow::compute::cast(b.column(0), &arrow::datatypes::DataType::UInt64).unwrap();
+    Ok(c.as_any()
+        .downcast_ref::<arrow::array::UInt64Array>()
+        .unwrap()
+        .value(0))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn files_are_read_and_written_only_inside_the_data_roots() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    let outside = dir.path().join("outside");
+    std::fs::create_dir_all(root.join("t")).unwrap();
+    std::fs::create_dir_all(&outside).unwrap();
+    let rows: String = (0..1000).map(|i| format!("{i},{}\n", i % 7)).collect();
+    std::fs::write(root.join("t/a.csv"), format!("k,v\n{rows}")).unwrap();
+    std::fs::write(outside.join("secret.csv"), "k,v\n1,2\n").unwrap();
+    let limits = gyre_cluster::Limits {
+        local_files: gyre_cluster::files::LocalFiles::within(std::slice::from_ref(&root)).unwrap(),
+        ..Default::default()
+    };
+    let cluster = LocalCluster::start_limited(
+        2,
+        1,
+        "127.0.0.1:0".parse().unwrap(),
+        &FrontDoor::default(),
+        &limits,
+    )
+    .await
+    .unwrap();
+    let csv = |name: &str, location: &std::path::Path| {
+        format!(
+            "CREATE EXTERNAL TABLE {name} STORED AS CSV LOCATION '{}' \
+             OPTIONS ('format.has_header' 'true')",
+            location.display()
+        )
+    };
+
+    // Inside: loaded by the workers, written back by them.
+    cluster
+        .coordinator
+        .sql(&csv("t", &root.join("t/")))
+        .await
+        .unwrap();
+    assert_eq!(
+        sql_count(&cluster, "SELECT count(*) FROM t").await,
+        Ok(1000)
+    );
+    let out = root.join("out");
+    let copied = sql_count(
+        &cluster,
+        &format!("COPY t TO '{}/' STORED AS PARQUET", out.display()),
+    )
+    .await;
+    assert_eq!(copied, Ok(1000));
+    assert!(std::fs::read_dir(&out).unwrap().count() >= 1);
+
+    // Outside, directly, through `..`, or through a symlink: refused, naming the path.
+    std::os::unix::fs::symlink(&outside, root.join("link")).unwrap();
+    for (name, location) in [
+        ("a", outside.join("secret.csv")),
+        ("b", root.join("../outside/secret.csv")),
+        ("c", root.join("link/secret.csv")),
+        ("d", std::path::PathBuf::from("/etc/hostname")),
+    ] {
+        let e = sql_count(&cluster, &csv(name, &location))
+            .await
+            .unwrap_err();
+        assert!(e.contains("outside the data roots"), "{location:?}: {e}");
+    }
+    // A directory inside that holds a symlink out: its listing is refused.
+    std::fs::create_dir_all(root.join("mixed")).unwrap();
+    std::fs::copy(root.join("t/a.csv"), root.join("mixed/a.csv")).unwrap();
+    std::os::unix::fs::symlink(outside.join("secret.csv"), root.join("mixed/b.csv")).unwrap();
+    let e = sql_count(&cluster, &csv("m", &root.join("mixed/")))
+        .await
+        .unwrap_err();
+    assert!(e.contains("outside the data roots"), "{e}");
+    let e = sql_count(
+        &cluster,
+        &format!(
+            "COPY t TO '{}/' STORED AS CSV",
+            outside.join("stolen").display()
+        ),
+    )
+    .await
+    .unwrap_err();
+    assert!(e.contains("outside the data roots"), "{e}");
+    assert!(!outside.join("stolen").exists());
+    // Nothing was created; the cluster still answers.
+    assert_eq!(
+        sql_count(&cluster, "SELECT count(*) FROM t").await,
+        Ok(1000)
+    );
+}
+
+#[test]
+fn a_public_coordinator_without_data_roots_touches_no_local_file() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("a.csv"), "k\n1\n").unwrap();
+    let create = format!(
+        "CREATE EXTERNAL TABLE t STORED AS CSV LOCATION '{}/a.csv' \
+         OPTIONS ('format.has_header' 'true'); SELECT count(*) FROM t",
+        dir.path().display()
+    );
+    let run = |args: &[&str]| {
+        let out = gyre()
+            .args(["local", "--workers", "1", "--format", "csv"])
+            .args(args)
+            .args(["-c", &create])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let public = format!("0.0.0.0:{}", free_port());
+    let (ok, _, err) = run(&["--listen", &public, "--insecure-no-auth"]);
+    assert!(!ok && err.contains("without --data-root"), "{err}");
+    let root = dir.path().to_str().unwrap();
+    let public = format!("0.0.0.0:{}", free_port());
+    let (ok, out, err) = run(&[
+        "--listen",
+        &public,
+        "--insecure-no-auth",
+        "--data-root",
+        root,
+    ]);
+    assert!(ok && out.contains('1'), "{out}{err}");
+    // A data root elsewhere: the file is outside it.
+    let other = tempfile::tempdir().unwrap();
+    let (ok, _, err) = run(&["--data-root", other.path().to_str().unwrap()]);
+    assert!(!ok && err.contains("outside the data roots"), "{err}");
+}

@@ -416,11 +416,21 @@ impl DataDir {
 }
 
 async fn emulated(args: &JoinArgs, nodes: usize) -> Result<Vec<JoinResult>, BoxError> {
+    // The workload files go to --data or a temporary directory of the run on the
+    // coordinator's host; the hosts share this machine's file system.
+    let data_root = match &args.data {
+        Some(d) => {
+            std::fs::create_dir_all(d)?;
+            std::fs::canonicalize(d)?
+        }
+        None => std::fs::canonicalize(std::env::temp_dir())?,
+    };
     let cluster = EmulatedCluster {
         name: args.name.clone(),
         nodes,
         link: args.link.parse::<LinkRate>()?,
         cpus: args.cpus,
+        data_roots: vec![data_root],
     };
     let mut inner: Vec<String> = [
         "bench",
@@ -449,6 +459,10 @@ async fn emulated(args: &JoinArgs, nodes: usize) -> Result<Vec<JoinResult>, BoxE
     .collect();
     if args.per_node {
         inner.push("--per-node".into());
+    }
+    if let Some(d) = &args.data {
+        inner.push("--data".into());
+        inner.push(d.display().to_string());
     }
     let (_, stdout) = cluster.run("gyre bench join", false, inner).await?;
     let report: JoinBenchReport = serde_json::from_slice(&stdout)?;

@@ -3,6 +3,7 @@
 //! exactly as separate hosts would.
 
 use crate::coordinator::{Coordinator, CoordinatorConfig};
+use crate::files::LocalFiles;
 use crate::flight_sql::{FrontDoor, serve, serve_control};
 use crate::worker::{Worker, WorkerConfig};
 use datafusion::common::{DataFusionError, Result};
@@ -22,6 +23,8 @@ pub struct LocalCluster {
     secret: String,
     /// Each worker's memory pool.
     worker_memory: Option<usize>,
+    /// The local files every node may touch.
+    local_files: LocalFiles,
     workers: Vec<(Arc<Worker>, Option<tokio::runtime::Runtime>)>,
 }
 
@@ -32,6 +35,8 @@ pub struct Limits {
     pub max_concurrent_queries: Option<usize>,
     /// Bytes of operator state each worker's queries may hold.
     pub worker_memory: Option<usize>,
+    /// The local files statements and plans may read and write, on every node.
+    pub local_files: LocalFiles,
 }
 
 impl std::fmt::Debug for LocalCluster {
@@ -77,6 +82,7 @@ impl LocalCluster {
                 ..Default::default()
             },
             max_concurrent_queries: limits.max_concurrent_queries,
+            local_files: limits.local_files.clone(),
             ..Default::default()
         };
         let coordinator = Coordinator::start(config).await?;
@@ -92,6 +98,7 @@ impl LocalCluster {
             control_addr,
             secret,
             worker_memory: limits.worker_memory,
+            local_files: limits.local_files.clone(),
             workers: Vec::with_capacity(workers),
         };
         for _ in 0..workers {
@@ -123,6 +130,7 @@ impl LocalCluster {
             },
             coordinator_ca: None,
             memory_limit: self.worker_memory,
+            local_files: self.local_files.clone(),
         };
         let worker = rt
             .spawn(Worker::start(cfg))

@@ -1,5 +1,6 @@
 //! DataFusion session setup shared by the coordinator and the workers.
 
+use crate::files::LocalFiles;
 use crate::table::DistributedTable;
 use datafusion::catalog::default_table_source::source_as_provider;
 use datafusion::common::Result;
@@ -86,8 +87,12 @@ fn table_statistics(scan: &TableScan) -> Option<Statistics> {
 /// `memory_limit`, a memory pool of that many bytes shared by every query it runs.
 /// Operators that can spill (sorts, aggregations, sort-merge joins) spill to the
 /// system's temporary directory when their share runs out; the others fail with
-/// "Resources exhausted", naming the largest consumers.
-pub fn worker_session(memory_limit: Option<usize>) -> Result<SessionState> {
+/// "Resources exhausted", naming the largest consumers. Local files are read and
+/// written only as `local_files` allows.
+pub fn worker_session(
+    memory_limit: Option<usize>,
+    local_files: &LocalFiles,
+) -> Result<SessionState> {
     let mut runtime = RuntimeEnvBuilder::new();
     if let Some(limit) = memory_limit {
         let pool = TrackConsumersPool::new(
@@ -96,9 +101,11 @@ pub fn worker_session(memory_limit: Option<usize>) -> Result<SessionState> {
         );
         runtime = runtime.with_memory_pool(Arc::new(pool));
     }
+    let runtime = runtime.build_arc()?;
+    local_files.confine(&runtime);
     Ok(SessionStateBuilder::new()
         .with_config(distributed_config())
-        .with_runtime_env(runtime.build_arc()?)
+        .with_runtime_env(runtime)
         .with_default_features()
         .build())
 }

@@ -91,6 +91,9 @@ pub struct GyreProcesses {
     pub worker_threads: Option<usize>,
     /// How long to wait for the coordinator and all workers to be ready.
     pub ready_timeout: Duration,
+    /// Directories the nodes may read and write local files in (`--data-root`; the
+    /// hosts share this machine's file system). None: no local files.
+    pub data_roots: Vec<PathBuf>,
 }
 
 impl GyreProcesses {
@@ -103,6 +106,7 @@ impl GyreProcesses {
             secret: random_secret()?,
             worker_threads: None,
             ready_timeout: Duration::from_secs(60),
+            data_roots: Vec::new(),
         })
     }
 }
@@ -547,6 +551,9 @@ impl Testbed {
             .arg(coord_addr.to_string())
             .arg("--data-listen")
             .arg(SocketAddr::new(coordinator.addr.into(), base + 1).to_string());
+        for root in &gyre.data_roots {
+            cmd.arg("--data-root").arg(root);
+        }
         let coord_index = self.spawn(&coordinator, "coordinator", cmd, &gyre.secret)?;
         self.wait_ready(coord_index, COORDINATOR_READY, deadline)?;
 
@@ -566,6 +573,9 @@ impl Testbed {
                 .arg(SocketAddr::new(host.addr.into(), base + 1).to_string())
                 .arg("--threads")
                 .arg(threads.to_string());
+            for root in &gyre.data_roots {
+                cmd.arg("--data-root").arg(root);
+            }
             workers.push(self.spawn(&host, "worker", cmd, &gyre.secret)?);
         }
         for index in workers {

@@ -193,6 +193,7 @@ fn a_failed_up_removes_what_it_made() {
         secret: "s".into(),
         worker_threads: None,
         ready_timeout: Duration::from_secs(10),
+        data_roots: Vec::new(),
     });
     let err = match Testbed::up(spec) {
         Ok(_) => panic!("up with a failing coordinator succeeded"),

@@ -16,6 +16,7 @@ mod statements;
 
 use crate::codec::{GyreCodec, schema_to_bytes};
 use crate::execution::{DeferredQuery, QueryExecution};
+use crate::files::LocalFiles;
 use crate::files::follow::{Change, FileTable, is_not_found};
 use crate::files::stores::{register_store, take_store_options};
 use crate::files::{FileCopyExec, FileSplitScanExec, coordinator_must_read, schema_conflict};
@@ -81,6 +82,8 @@ pub struct CoordinatorConfig {
     pub heartbeat_timeout: Duration,
     /// At most this many queries run at once; later ones wait their turn (None: no limit).
     pub max_concurrent_queries: Option<usize>,
+    /// The local files statements may read and write (`--data-root`).
+    pub local_files: LocalFiles,
 }
 
 impl Default for CoordinatorConfig {
@@ -91,6 +94,7 @@ impl Default for CoordinatorConfig {
             transport: TransportConfig::default(),
             heartbeat_timeout: Duration::from_secs(3),
             max_concurrent_queries: None,
+            local_files: LocalFiles::Anywhere,
         }
     }
 }
@@ -222,6 +226,7 @@ impl Coordinator {
         let transport =
             TcpTransport::bind(COORDINATOR, config.data_listen, config.transport.clone()).await?;
         let ctx = coordinator_context();
+        config.local_files.confine(&ctx.runtime_env());
         let default_session = SessionContext::new_with_state(ctx.state());
         let coordinator = Arc::new(Self {
             transport,

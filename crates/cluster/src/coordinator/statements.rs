@@ -155,6 +155,7 @@ impl Coordinator {
             }
             LogicalPlan::Ddl(DdlStatement::DropTable(cmd)) => self.drop_table(cmd, &workers).await,
             LogicalPlan::Copy(mut copy) => {
+                self.config.local_files.check_location(&copy.output_url)?;
                 let store_options = take_store_options(&mut copy.options);
                 register_store(state.runtime_env(), &copy.output_url, &store_options)?;
                 if copy.output_url.contains("://") {

@@ -46,7 +46,7 @@ pub struct FileCopyExec {
 }
 
 /// The file sink of `sink`'s format and options, if Gyre can write it in parallel.
-fn file_sink_config(sink: &dyn DataSink) -> Option<&FileSinkConfig> {
+pub(crate) fn file_sink_config(sink: &dyn DataSink) -> Option<&FileSinkConfig> {
     use datafusion::datasource::physical_plan::FileSink;
     if let Some(s) = sink.downcast_ref::<ParquetSink>() {
         Some(s.config())

@@ -12,11 +12,13 @@
 
 pub mod copy;
 pub mod follow;
+pub mod roots;
 pub mod scan;
 pub mod splits;
 pub mod stores;
 
 pub use copy::FileCopyExec;
+pub use roots::LocalFiles;
 pub use scan::FileSplitScanExec;
 
 use crate::table::QueryWorkers;

@@ -5,6 +5,7 @@ mod bench;
 
 use crate::auth::{Clients, Gate, NodeKey};
 use crate::codec::GyreCodec;
+use crate::files::LocalFiles;
 use crate::progress::ReadCounters;
 use crate::protocol::{ACTION, ControlClient, Request, Response, WorkerStats, decode, encode};
 use crate::session::worker_session;
@@ -47,6 +48,8 @@ pub struct WorkerConfig {
     pub coordinator_ca: Option<Vec<u8>>,
     /// Bytes the worker's queries may hold in operator state (None: no limit).
     pub memory_limit: Option<usize>,
+    /// The local files the worker's plans may read and write (`--data-root`).
+    pub local_files: LocalFiles,
 }
 
 impl WorkerConfig {
@@ -178,6 +181,8 @@ pub struct Worker {
     pub transport: TcpTransport,
     pub storage: Arc<WorkerStorage>,
     state: SessionState,
+    /// The local files its plans may touch: decoded plans are checked against it.
+    local_files: LocalFiles,
     coordinator: ControlClient,
     queries: Mutex<HashMap<u64, RunningQuery>>,
     /// The runtime that runs stages and benchmarks (control calls are served apart).
@@ -250,7 +255,8 @@ impl Worker {
             node,
             transport,
             storage: Arc::new(WorkerStorage::default()),
-            state: worker_session(config.memory_limit)?,
+            state: worker_session(config.memory_limit, &config.local_files)?,
+            local_files: config.local_files.clone(),
             coordinator,
             queries: Mutex::new(HashMap::new()),
             runtime: tokio::runtime::Handle::current(),
@@ -410,7 +416,9 @@ impl Worker {
         let codec = GyreCodec;
         let mut plans = Vec::with_capacity(stages.len());
         for (id, bytes) in &stages {
-            plans.push((*id, yield_above_joins(codec.decode_plan(bytes, &ctx)?)?));
+            let plan = codec.decode_plan(bytes, &ctx)?;
+            self.local_files.check_plan(&plan)?;
+            plans.push((*id, yield_above_joins(plan)?));
         }
         let mut tasks = Vec::with_capacity(plans.len());
         for (id, plan) in &plans {
