@@ -632,3 +632,104 @@ fn a_public_coordinator_without_data_roots_touches_no_local_file() {
     let (ok, _, err) = run(&["--data-root", other.path().to_str().unwrap()]);
     assert!(!ok && err.contains("outside the data roots"), "{err}");
 }
+
+/// A unary call whose message never comes: answered only by a server that judges the
+/// call by its headers.
+async fn call_without_message(
+    addr: SocketAddr,
+    path: &'static str,
+    headers: &[(&'static str, String)],
+) -> Result<tonic::Status, tokio::time::error::Elapsed> {
+    let channel = Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.unwrap();
+    let mut request = tonic::Request::new(futures::stream::pending::<Action>());
+    for (name, value) in headers {
+        request.metadata_mut().insert(*name, value.parse().unwrap());
+    }
+    let codec = tonic_prost::ProstCodec::<Action, arrow_flight::Result>::default();
+    let path = tonic::codegen::http::uri::PathAndQuery::from_static(path);
+    let call = grpc.streaming(request, path, codec);
+    tokio::time::timeout(Duration::from_secs(5), call)
+        .await
+        .map(|r| r.expect_err("a call without credentials must fail"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn strangers_are_turned_away_before_their_messages_are_read() {
+    let front = FrontDoor {
+        users: Some(users()),
+        tls: None,
+    };
+    let cluster = LocalCluster::start_with(1, 1, "127.0.0.1:0".parse().unwrap(), &front)
+        .await
+        .unwrap();
+    const DO_ACTION: &str = "/arrow.flight.protocol.FlightService/DoAction";
+    const GET_INFO: &str = "/arrow.flight.protocol.FlightService/GetFlightInfo";
+    let (worker, node) = cluster
+        .workers()
+        .next()
+        .map(|w| (w.control_addr(), w.node))
+        .unwrap();
+    let key = cluster.coordinator.node_key();
+    type Case = (
+        SocketAddr,
+        &'static str,
+        Vec<(&'static str, String)>,
+        &'static str,
+    );
+    let cases: Vec<Case> = vec![
+        (cluster.addr, GET_INFO, vec![], "log in first"),
+        (
+            cluster.addr,
+            GET_INFO,
+            vec![("authorization", "Bearer 0123".into())],
+            "unknown or expired",
+        ),
+        (
+            cluster.addr,
+            "/arrow.flight.protocol.FlightService/Handshake",
+            vec![("authorization", "Basic !!".into())],
+            "Basic",
+        ),
+        (cluster.addr, DO_ACTION, vec![], "log in first"),
+        (worker, DO_ACTION, vec![], "cluster nodes only"),
+        (worker, GET_INFO, vec![], "cluster nodes only"),
+        (
+            worker,
+            DO_ACTION,
+            vec![(
+                "x-gyre-node-auth",
+                NodeKey::from_secret("guessed secret").sign(node, ACTION, b""),
+            )],
+            "does not match the cluster secret",
+        ),
+        (
+            worker,
+            GET_INFO,
+            vec![("x-gyre-node-auth", key.sign(node, ACTION, b""))],
+            "DoAction only",
+        ),
+    ];
+    for (addr, path, headers, why) in cases {
+        let status = call_without_message(addr, path, &headers)
+            .await
+            .unwrap_or_else(|_| panic!("{path} {headers:?} waited for its message"));
+        assert_eq!(status.code(), tonic::Code::Unauthenticated, "{status}");
+        assert!(
+            status.message().contains(why),
+            "{path} {headers:?}: {status}"
+        );
+    }
+    // A signature that passes the header check is read on: its message never comes.
+    let signed = vec![("x-gyre-node-auth", key.sign(node, ACTION, b""))];
+    assert!(
+        call_without_message(worker, DO_ACTION, &signed)
+            .await
+            .is_err()
+    );
+}

@@ -563,14 +563,17 @@ fn serve_gated(
 ) -> Result<SocketAddr, DataFusionError> {
     let addr = listener.local_addr()?;
     let key = coordinator.node_key();
-    let service = FlightServiceServer::new(Gate::new(
+    let gate = Gate::new(
         GyreFlightSql::new(coordinator),
         clients,
         key,
         gyre_transport::COORDINATOR,
-    ))
-    .max_decoding_message_size(MAX_CLIENT_MESSAGE)
-    .max_encoding_message_size(MAX_CLIENT_MESSAGE);
+    );
+    let service = gate.header_check().around(
+        FlightServiceServer::new(gate)
+            .max_decoding_message_size(MAX_CLIENT_MESSAGE)
+            .max_encoding_message_size(MAX_CLIENT_MESSAGE),
+    );
     let mut server = tonic::transport::Server::builder();
     if let Some(tls) = tls {
         server = server.tls_config(tls.server_config()).map_err(|e| {

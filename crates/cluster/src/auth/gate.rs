@@ -10,7 +10,10 @@
 //!   or cancel a query.
 //!
 //! Refused calls get `Unauthenticated`, are logged with the caller's address, and reach
-//! nothing behind the gate.
+//! nothing behind the gate. [`Admission`] checks a call's headers before its body is
+//! read (a live token, a well-formed login, a control signature whose MAC and time
+//! pass), so that a stranger's request costs no more than its headers; the gate
+//! itself then checks the whole call.
 
 use super::node::{NODE_HEADER, NodeKey, NodeVerifier};
 use super::tokens::Tokens;
@@ -41,12 +44,17 @@ pub enum Clients {
 /// How long a login waits for the password checks before it is turned away.
 const LOGIN_QUEUE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// A Flight service behind authentication.
-pub struct Gate<S> {
-    inner: S,
+/// What the gate and its admission share: who may call, and how they prove it.
+struct Door {
     clients: Clients,
     nodes: NodeVerifier,
     tokens: Tokens,
+}
+
+/// A Flight service behind authentication.
+pub struct Gate<S> {
+    inner: S,
+    door: Arc<Door>,
     /// Password checks are slow on purpose (Argon2); one runs at a time, so that a
     /// flood of logins takes one core, not all. The permit goes with the check onto
     /// its blocking thread: a client that drops its login does not free it early.
@@ -59,50 +67,30 @@ impl<S> Gate<S> {
     pub fn new(inner: S, clients: Clients, key: NodeKey, me: gyre_transport::NodeId) -> Self {
         Self {
             inner,
-            clients,
-            nodes: NodeVerifier::new(key, me),
-            tokens: Tokens::default(),
+            door: Arc::new(Door {
+                clients,
+                nodes: NodeVerifier::new(key, me),
+                tokens: Tokens::default(),
+            }),
             logins: Arc::new(tokio::sync::Semaphore::new(1)),
         }
     }
 
     /// `Unauthenticated`, logged with the caller.
     fn refuse<T>(&self, request: &Request<T>, call: &str, reason: &str) -> Status {
-        let peer = request
-            .remote_addr()
-            .map_or_else(|| "an unknown address".to_string(), |a| a.to_string());
-        tracing::warn!("refused {call} from {peer}: {reason}");
-        Status::unauthenticated(reason.to_string())
+        refusal(request.remote_addr(), call, reason)
     }
 
     /// Lets a client's call through, or says why not.
     fn client<T>(&self, request: &Request<T>, call: &str) -> Result<(), Status> {
-        match &self.clients {
-            Clients::Open => Ok(()),
-            Clients::NodesOnly => Err(self.refuse(
-                request,
-                call,
-                "this port serves cluster nodes only (clients connect to the coordinator)",
-            )),
-            Clients::Users(_) => match bearer(request.metadata()) {
-                None => Err(self.refuse(
-                    request,
-                    call,
-                    "log in first: Flight SQL Handshake with a user name and password",
-                )),
-                Some(token) if self.tokens.user_of(token).is_none() => Err(self.refuse(
-                    request,
-                    call,
-                    "the bearer token is unknown or expired: log in again",
-                )),
-                Some(_) => Ok(()),
-            },
-        }
+        self.door
+            .client(request.metadata())
+            .map_err(|reason| self.refuse(request, call, reason))
     }
 
     /// Checks a login's credentials and issues its token.
     async fn login<T>(&self, request: &Request<T>) -> Result<Option<String>, Status> {
-        let users = match &self.clients {
+        let users = match &self.door.clients {
             Clients::Open => return Ok(None),
             Clients::NodesOnly => {
                 return Err(self.refuse(
@@ -135,8 +123,136 @@ impl<S> Gate<S> {
             return Err(self.refuse(request, "Handshake", "wrong user name or password"));
         }
         tracing::info!("user {name} logged in");
-        Ok(Some(self.tokens.issue(&name)))
+        Ok(Some(self.door.tokens.issue(&name)))
     }
+}
+
+/// `Unauthenticated`, logged with the caller.
+fn refusal(peer: Option<std::net::SocketAddr>, call: &str, reason: &str) -> Status {
+    let peer = peer.map_or_else(|| "an unknown address".to_string(), |a| a.to_string());
+    tracing::warn!("refused {call} from {peer}: {reason}");
+    Status::unauthenticated(reason.to_string())
+}
+
+impl Door {
+    /// Whether a client's call (not a control message) may pass.
+    fn client(&self, metadata: &MetadataMap) -> Result<(), &'static str> {
+        match &self.clients {
+            Clients::Open => Ok(()),
+            Clients::NodesOnly => {
+                Err("this port serves cluster nodes only (clients connect to the coordinator)")
+            }
+            Clients::Users(_) => match bearer(metadata) {
+                None => Err("log in first: Flight SQL Handshake with a user name and password"),
+                Some(token) if self.tokens.user_of(token).is_none() => {
+                    Err("the bearer token is unknown or expired: log in again")
+                }
+                Some(_) => Ok(()),
+            },
+        }
+    }
+
+    /// Whether a call may be read, judged by its path and headers alone.
+    fn admits(&self, path: &str, metadata: &MetadataMap) -> Result<(), String> {
+        if matches!(self.clients, Clients::Open) {
+            return Ok(());
+        }
+        if let Some(signature) = metadata.get(NODE_HEADER) {
+            if path != DO_ACTION {
+                return Err("control signatures go with DoAction only".to_string());
+            }
+            return self.nodes.check_header(signature.to_str().ok()).map(|_| ());
+        }
+        if path == HANDSHAKE && matches!(self.clients, Clients::Users(_)) {
+            return basic_credentials(metadata)
+                .map(|_| ())
+                .map_err(str::to_string);
+        }
+        self.client(metadata).map_err(str::to_string)
+    }
+}
+
+/// The gRPC paths of Flight's login and actions.
+const HANDSHAKE: &str = "/arrow.flight.protocol.FlightService/Handshake";
+const DO_ACTION: &str = "/arrow.flight.protocol.FlightService/DoAction";
+
+/// The gate's first check, before a call's body is read: a call passes only with a
+/// live bearer token, well-formed login credentials (`Handshake`), or a control
+/// signature whose MAC, time and nonce pass. Everything else is answered
+/// `Unauthenticated` at once, its body never buffered.
+#[derive(Clone)]
+pub struct Admission<S> {
+    inner: S,
+    door: Arc<Door>,
+}
+
+/// A gate's header check, to put around the gRPC server that serves the gate.
+#[derive(Clone)]
+pub struct HeaderCheck(Arc<Door>);
+
+impl HeaderCheck {
+    /// `server` (serving the gate this came from) behind the header check.
+    pub fn around<S>(self, server: S) -> Admission<S> {
+        Admission {
+            inner: server,
+            door: self.0,
+        }
+    }
+}
+
+impl<S> Gate<S> {
+    /// The check of this gate's calls by their headers, for [`HeaderCheck::around`].
+    pub fn header_check(&self) -> HeaderCheck {
+        HeaderCheck(Arc::clone(&self.door))
+    }
+}
+
+impl<S> tonic::codegen::Service<tonic::codegen::http::Request<tonic::body::Body>> for Admission<S>
+where
+    S: tonic::codegen::Service<
+            tonic::codegen::http::Request<tonic::body::Body>,
+            Response = tonic::codegen::http::Response<tonic::body::Body>,
+        >,
+{
+    type Response = tonic::codegen::http::Response<tonic::body::Body>;
+    type Error = S::Error;
+    type Future = futures::future::Either<
+        S::Future,
+        futures::future::Ready<Result<Self::Response, Self::Error>>,
+    >;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: tonic::codegen::http::Request<tonic::body::Body>) -> Self::Future {
+        let metadata = MetadataMap::from_headers(request.headers().clone());
+        match self.door.admits(request.uri().path(), &metadata) {
+            Ok(()) => futures::future::Either::Left(self.inner.call(request)),
+            Err(reason) => {
+                use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
+                let extensions = request.extensions();
+                let peer = extensions
+                    .get::<TcpConnectInfo>()
+                    .or_else(|| {
+                        extensions
+                            .get::<TlsConnectInfo<TcpConnectInfo>>()
+                            .map(|i| i.get_ref())
+                    })
+                    .and_then(|i| i.remote_addr());
+                let call = request.uri().path().rsplit('/').next().unwrap_or("a call");
+                let status = refusal(peer, call, &reason);
+                futures::future::Either::Right(futures::future::ready(Ok(status.into_http())))
+            }
+        }
+    }
+}
+
+impl<S: tonic::server::NamedService> tonic::server::NamedService for Admission<S> {
+    const NAME: &'static str = S::NAME;
 }
 
 /// The token of an `authorization: Bearer <token>` header.
@@ -274,7 +390,7 @@ impl<S: FlightService> FlightService for Gate<S> {
                 .metadata()
                 .get(NODE_HEADER)
                 .and_then(|v| v.to_str().ok());
-            if let Err(reason) = self.nodes.check(header, ACTION, &action.body) {
+            if let Err(reason) = self.door.nodes.check(header, ACTION, &action.body) {
                 return Err(self.refuse(&request, "a control message", &reason));
             }
         } else {

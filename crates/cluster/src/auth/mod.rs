@@ -12,7 +12,7 @@ pub mod tls;
 pub mod tokens;
 pub mod users;
 
-pub use gate::{Clients, Gate};
+pub use gate::{Admission, Clients, Gate, HeaderCheck};
 pub use node::{NODE_HEADER, NodeKey};
 pub use tls::TlsIdentity;
 pub use users::Users;

@@ -2,14 +2,16 @@
 //!
 //! Nodes (coordinator, workers, benchmark drivers) share the cluster secret; a client
 //! that logged in does not know it. Each control message carries, in the
-//! [`NODE_HEADER`] header, `time.nonce.mac`: the sender's clock in milliseconds since
-//! the Unix epoch, 128 random bits, and
-//! HMAC-SHA256(key, "gyre/control" | receiver | time | nonce | action type | 0 | body)
-//! with a key derived from the secret, where the receiver is the node id the message is
-//! for (the coordinator is node 0). The receiver checks the MAC with its own id, that
-//! the time is within [`MAX_SKEW`] of its own clock, and that it has not seen the nonce
-//! in that window, so a message can be neither forged, altered, replayed, nor replayed
-//! to another node. Without TLS the body is readable on the wire; the secret never is.
+//! [`NODE_HEADER`] header, `time.nonce.digest.mac`: the sender's clock in milliseconds
+//! since the Unix epoch, 128 random bits, SHA-256(action type | 0 | body), and
+//! HMAC-SHA256(key, "gyre/control" | receiver | time | nonce | digest) with a key
+//! derived from the secret, where the receiver is the node id the message is for (the
+//! coordinator is node 0). The receiver checks the MAC with its own id, that the time
+//! is within [`MAX_SKEW`] of its own clock, and that it has not seen the nonce in that
+//! window, so a message can be neither forged, altered, replayed, nor replayed to
+//! another node. Since the MAC covers the header alone, a node checks it before it
+//! reads the body ([`NodeVerifier::check_header`]), then the body against the digest.
+//! Without TLS the body is readable on the wire; the secret never is.
 
 use gyre_transport::NodeId;
 use hmac::{Hmac, Mac};
@@ -45,28 +47,44 @@ impl NodeKey {
         Self(mac.finalize().into_bytes().into())
     }
 
-    fn mac(&self, to: NodeId, millis: u64, nonce: u128, action: &str, body: &[u8]) -> HmacSha256 {
+    fn mac(&self, to: NodeId, millis: u64, nonce: u128, digest: &[u8; 32]) -> HmacSha256 {
         let mut mac = HmacSha256::new_from_slice(&self.0).expect("HMAC accepts any key length");
         mac.update(b"gyre/control");
         mac.update(&to.to_le_bytes());
         mac.update(&millis.to_le_bytes());
         mac.update(&nonce.to_le_bytes());
-        mac.update(action.as_bytes());
-        mac.update(&[0]);
-        mac.update(body);
+        mac.update(digest);
         mac
     }
 
     /// The header value that signs a control message for node `to`.
     pub fn sign(&self, to: NodeId, action: &str, body: &[u8]) -> String {
-        let millis = now_millis();
-        let nonce = rand::random::<u128>();
-        let mac = self
-            .mac(to, millis, nonce, action, body)
-            .finalize()
-            .into_bytes();
-        format!("{millis:x}.{nonce:032x}.{}", hex(&mac))
+        self.sign_at(to, now_millis(), rand::random(), action, body)
     }
+
+    fn sign_at(&self, to: NodeId, millis: u64, nonce: u128, action: &str, body: &[u8]) -> String {
+        let digest = digest(action, body);
+        let mac = self.mac(to, millis, nonce, &digest).finalize().into_bytes();
+        format!("{millis:x}.{nonce:032x}.{}.{}", hex(&digest), hex(&mac))
+    }
+}
+
+/// What a control message's MAC binds of its body.
+fn digest(action: &str, body: &[u8]) -> [u8; 32] {
+    use sha2::Digest;
+    let mut d = Sha256::new();
+    d.update(action.as_bytes());
+    d.update([0]);
+    d.update(body);
+    d.finalize().into()
+}
+
+/// A header whose MAC, time and nonce passed, before its body was read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SignedHeader {
+    millis: u64,
+    nonce: u128,
+    digest: [u8; 32],
 }
 
 /// Checks signed control messages and remembers their nonces.
@@ -87,21 +105,27 @@ impl NodeVerifier {
         }
     }
 
-    /// Whether `header` signs this message; the error says why not.
-    pub fn check(&self, header: Option<&str>, action: &str, body: &[u8]) -> Result<(), String> {
+    /// Whether `header` signs a message for this node, checked before its body is
+    /// read: the MAC, the time and an unseen nonce. The error says why not.
+    pub fn check_header(&self, header: Option<&str>) -> Result<SignedHeader, String> {
         let header = header.ok_or("the control message is not signed")?;
         let mut parts = header.split('.');
-        let (Some(millis), Some(nonce), Some(mac), None) =
-            (parts.next(), parts.next(), parts.next(), parts.next())
-        else {
+        let (Some(millis), Some(nonce), Some(digest), Some(mac), None) = (
+            parts.next(),
+            parts.next(),
+            parts.next(),
+            parts.next(),
+            parts.next(),
+        ) else {
             return Err("malformed control signature".to_string());
         };
         let millis = u64::from_str_radix(millis, 16).map_err(|_| "malformed signature time")?;
         let nonce = u128::from_str_radix(nonce, 16).map_err(|_| "malformed signature nonce")?;
+        let digest = unhex(digest).ok_or("malformed signature digest")?;
         let mac = unhex(mac).ok_or("malformed signature MAC")?;
         if self
             .key
-            .mac(self.me, millis, nonce, action, body)
+            .mac(self.me, millis, nonce, &digest)
             .verify_slice(&mac)
             .is_err()
         {
@@ -119,6 +143,28 @@ impl NodeVerifier {
                 MAX_SKEW.as_secs()
             ));
         }
+        if self.seen.lock().contains_key(&nonce) {
+            return Err("the control message is a replay".to_string());
+        }
+        Ok(SignedHeader {
+            millis,
+            nonce,
+            digest,
+        })
+    }
+
+    /// Whether `header` signs this message (`action` with `body`); the error says why
+    /// not. A message passes once.
+    pub fn check(&self, header: Option<&str>, action: &str, body: &[u8]) -> Result<(), String> {
+        let SignedHeader {
+            millis,
+            nonce,
+            digest: signed,
+        } = self.check_header(header)?;
+        if digest(action, body) != signed {
+            return Err("the control message's body is not the one its signature covers".into());
+        }
+        let now = now_millis();
         let mut seen = self.seen.lock();
         if seen.contains_key(&nonce) {
             return Err("the control message is a replay".to_string());
@@ -143,14 +189,15 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-fn unhex(text: &str) -> Option<Vec<u8>> {
+fn unhex(text: &str) -> Option<[u8; 32]> {
     if text.len() != 64 || !text.is_ascii() {
         return None;
     }
-    (0..text.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&text[i..i + 2], 16).ok())
-        .collect()
+    let mut out = [0u8; 32];
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = u8::from_str_radix(&text[2 * i..2 * i + 2], 16).ok()?;
+    }
+    Some(out)
 }
 
 #[cfg(test)]
@@ -170,7 +217,12 @@ mod tests {
         assert!(e.contains("replay"), "{e}");
         // Another body, another action, another secret, no signature, garbage.
         let sig = key.sign(3, "gyre.control", b"body");
-        assert!(verifier.check(Some(&sig), "gyre.control", b"bodY").is_err());
+        // The header alone passes before the body is read, and does not use up the nonce.
+        assert!(verifier.check_header(Some(&sig)).is_ok());
+        let e = verifier
+            .check(Some(&sig), "gyre.control", b"bodY")
+            .unwrap_err();
+        assert!(e.contains("body"), "{e}");
         assert!(verifier.check(Some(&sig), "other", b"body").is_err());
         let forged = NodeKey::from_secret("guess").sign(3, "gyre.control", b"body");
         let e = verifier
@@ -178,7 +230,8 @@ mod tests {
             .unwrap_err();
         assert!(e.contains("cluster secret"), "{e}");
         assert!(verifier.check(None, "gyre.control", b"body").is_err());
-        for bad in ["", "a.b.c", "1.2", "1.2.3.4", "zz.1.00", "1.1.éé"] {
+        assert!(verifier.check_header(Some(&forged)).is_err());
+        for bad in ["", "a.b.c", "1.2", "1.2.3.4.5", "zz.1.00.00", "1.1.éé.00"] {
             assert!(
                 verifier.check(Some(bad), "gyre.control", b"").is_err(),
                 "{bad}"
@@ -199,9 +252,7 @@ mod tests {
         let key = NodeKey::from_secret("s");
         let verifier = NodeVerifier::new(key.clone(), 0);
         let old = now_millis() - 2 * MAX_SKEW.as_millis() as u64;
-        let nonce = 7u128;
-        let mac = key.mac(0, old, nonce, "a", b"").finalize().into_bytes();
-        let sig = format!("{old:x}.{nonce:032x}.{}", hex(&mac));
+        let sig = key.sign_at(0, old, 7, "a", b"");
         let e = verifier.check(Some(&sig), "a", b"").unwrap_err();
         assert!(e.contains("clock"), "{e}");
     }

@@ -107,9 +107,11 @@ fn spawn_control_service(
                 // Only signed control messages pass: clients never talk to workers.
                 let service = WorkerService(Arc::downgrade(&worker));
                 let gate = Gate::new(service, Clients::NodesOnly, key, worker.node);
-                let service = FlightServiceServer::new(gate)
-                    .max_decoding_message_size(crate::protocol::MAX_CONTROL_MESSAGE)
-                    .max_encoding_message_size(crate::protocol::MAX_CONTROL_MESSAGE);
+                let service = gate.header_check().around(
+                    FlightServiceServer::new(gate)
+                        .max_decoding_message_size(crate::protocol::MAX_CONTROL_MESSAGE)
+                        .max_encoding_message_size(crate::protocol::MAX_CONTROL_MESSAGE),
+                );
                 let incoming = crate::protocol::incoming_nodelay(listener);
                 drop(worker);
                 // Ends at `Worker::shutdown`, or when the worker is dropped (the sender goes).
