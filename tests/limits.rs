@@ -1,7 +1,8 @@
 //! Resource limits: a statement timeout cancels a query on every worker, a coordinator
 //! that runs at most N queries queues the rest, and a worker's memory limit makes a
 //! sort spill and a hash join's oversized build fail cleanly, with the cluster usable
-//! afterwards.
+//! afterwards; under a cgroup memory limit that kills the process without it, a worker
+//! memory limit makes the same sort spill and the process live.
 
 use arrow::array::{Array, Int64Array, StringArray};
 use arrow_flight::sql::client::FlightSqlServiceClient;
@@ -233,4 +234,108 @@ fn strings(r: &StatementResult) -> Vec<String> {
                 .collect::<Vec<_>>()
         })
         .collect()
+}
+
+/// A memory cgroup (v1) of `limit` bytes under this process's own, removed on drop.
+struct MemoryCgroup(std::path::PathBuf);
+
+impl MemoryCgroup {
+    /// None where memory cgroups cannot be made here (not root, no v1 memory controller).
+    fn new(name: &str, limit: u64) -> Option<Self> {
+        let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+        let path = own
+            .lines()
+            .find_map(|l| l.split_once(":memory:").map(|(_, p)| p.to_string()))?;
+        let dir = std::path::Path::new("/sys/fs/cgroup/memory")
+            .join(path.trim_start_matches('/'))
+            .join(format!("{name}-{}", std::process::id()));
+        std::fs::create_dir(&dir).ok()?;
+        let group = Self(dir);
+        std::fs::write(group.0.join("memory.limit_in_bytes"), limit.to_string()).ok()?;
+        Some(group)
+    }
+
+    /// Runs `gyre ARGS` inside the group; its exit status and output.
+    fn run(&self, args: &[&str]) -> (std::process::ExitStatus, String) {
+        let procs = self.0.join("cgroup.procs");
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!("echo $$ > '{}' && exec \"$@\"", procs.display()))
+            .arg("sh")
+            .arg(env!("CARGO_BIN_EXE_gyre"))
+            .args(args)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status, text)
+    }
+
+    /// Processes of the group the kernel killed for memory so far.
+    fn oom_kills(&self) -> u64 {
+        std::fs::read_to_string(self.0.join("memory.oom_control"))
+            .unwrap()
+            .lines()
+            .find_map(|l| l.strip_prefix("oom_kill "))
+            .map_or(0, |n| n.trim().parse().unwrap())
+    }
+}
+
+impl Drop for MemoryCgroup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+#[test]
+fn under_a_cgroup_memory_limit_a_worker_memory_limit_spills_instead_of_being_killed() {
+    // 3 million rows of about 110 bytes (some 450 MB for the process with its table),
+    // then a sort of all of them on the workers (a window partitioned across them), then
+    // another query. Unbounded, the sort takes the process to some 1.4 GB.
+    let statements = "CREATE TABLE w AS SELECT value AS k, \
+         concat('row-', CAST((value * 7919) % 1000003 AS VARCHAR), repeat('x', 100)) AS s \
+         FROM generate_series(1, 3000000) AS s(value); \
+         EXPLAIN ANALYZE SELECT max(rn) FROM \
+         (SELECT row_number() OVER (PARTITION BY k % 64 ORDER BY s) AS rn FROM w); \
+         SELECT count(*) AS n FROM w";
+    const LIMIT: u64 = 900 << 20;
+    let local = [
+        "local",
+        "--workers",
+        "2",
+        "--format",
+        "csv",
+        "-c",
+        statements,
+    ];
+    let Some(unbounded) = MemoryCgroup::new("gyre-unbounded", LIMIT) else {
+        eprintln!("skipped: cannot make a memory cgroup here (needs root and cgroup v1)");
+        return;
+    };
+    // Without a memory pool the kernel kills the process: the query needs more than
+    // the cgroup holds.
+    let (status, out) = unbounded.run(&local);
+    assert!(
+        !status.success() && unbounded.oom_kills() >= 1,
+        "the sort fit in {LIMIT} bytes without a pool ({status}): the test no longer \
+         needs more memory than its cgroup\n{out}"
+    );
+    drop(unbounded);
+    // With 64 MiB per worker it spills, nothing is killed, and the next query runs.
+    let bounded = MemoryCgroup::new("gyre-bounded", LIMIT).unwrap();
+    let mut args = local.to_vec();
+    args.extend(["--memory-limit", "64M"]);
+    let (status, out) = bounded.run(&args);
+    assert!(status.success(), "{status}\n{out}");
+    assert_eq!(bounded.oom_kills(), 0, "{out}");
+    let spilled = out
+        .split("spill_count=")
+        .skip(1)
+        .any(|rest| !rest.starts_with('0'));
+    assert!(spilled, "nothing spilled:\n{out}");
+    assert!(out.lines().any(|l| l.trim() == "3000000"), "{out}");
 }
