@@ -217,6 +217,25 @@ async fn a_worker_memory_limit_spills_sorts_and_fails_oversized_builds_cleanly()
         .to_string();
     assert!(err.contains("Resources exhausted"), "{err}");
     assert!(workers_idle(&cluster, Duration::from_secs(3)).await);
+    // A cyclo-join holds its inputs whole: beyond the pool it fails naming itself.
+    let err = c
+        .sql("SET gyre.join_strategy = 'cyclo'")
+        .await
+        .and(
+            c.sql_one(
+                "SELECT max(length(a.s) + length(b.s)) \
+                 FROM (SELECT k, s FROM w UNION ALL SELECT k, s FROM w) a JOIN w b ON a.k = b.k",
+            )
+            .await,
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("Resources exhausted") && err.contains("CycloJoinExec"),
+        "{err}"
+    );
+    assert!(workers_idle(&cluster, Duration::from_secs(3)).await);
+    c.sql("SET gyre.join_strategy = 'auto'").await.unwrap();
     // The next query runs.
     let r = c.sql_one("SELECT count(*) AS n FROM w").await.unwrap();
     assert_eq!(int(&r, 0), 1_000_000);

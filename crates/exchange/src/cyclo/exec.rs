@@ -38,6 +38,7 @@ use datafusion::common::{
     internal_err, plan_err,
 };
 use datafusion::execution::TaskContext;
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
 use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::joins::utils::{JoinFilter, build_join_schema};
@@ -370,13 +371,29 @@ fn cyclo_err(me: gyre_transport::NodeId) -> impl Fn(CycloError) -> DataFusionErr
     move |e| DataFusionError::Execution(format!("cyclo-join on {}: {e}", node_name(me)))
 }
 
-async fn collect(mut stream: SendableRecordBatchStream) -> Result<RecordBatch> {
+/// One input, whole, in one batch; its memory counted against the worker's pool as it
+/// arrives (a query whose input does not fit fails with "Resources exhausted" naming
+/// the cyclo-join, instead of the process running out of memory).
+async fn collect(
+    mut stream: SendableRecordBatchStream,
+    reservation: &MemoryReservation,
+) -> Result<RecordBatch> {
     let schema = stream.schema();
     let mut batches = vec![];
+    let mut pieces = 0;
     while let Some(b) = stream.next().await {
-        batches.push(b?);
+        let b = b?;
+        let size = b.get_array_memory_size();
+        reservation.try_grow(size)?;
+        pieces += size;
+        batches.push(b);
     }
-    Ok(concat_batches(&schema, &batches)?)
+    let whole = concat_batches(&schema, &batches)?;
+    // The copy is held beside the pieces until they go.
+    reservation.try_grow(whole.get_array_memory_size())?;
+    drop(batches);
+    reservation.shrink(pieces);
+    Ok(whole)
 }
 
 /// What one partition's task needs.
@@ -410,6 +427,7 @@ impl Job {
         right: SendableRecordBatchStream,
         tx: mpsc::Sender<Result<RecordBatch>>,
         metrics: CycloMetrics,
+        memory: MemoryReservation,
     ) -> Result<()> {
         let me = qc.me();
         if qc.workers.get(partition) != Some(&me) {
@@ -419,7 +437,9 @@ impl Job {
             );
         }
         let err = cyclo_err(me);
-        let (left, right) = futures::try_join!(collect(left), collect(right))?;
+        let (left_memory, right_memory) = (memory.new_empty(), memory.new_empty());
+        let (left, right) =
+            futures::try_join!(collect(left, &left_memory), collect(right, &right_memory))?;
         let (rot, stat, rot_key, stat_key) = match self.rotating {
             CycloSide::Left => (left, right, self.left_key, self.right_key),
             CycloSide::Right => (right, left, self.right_key, self.left_key),
@@ -429,6 +449,8 @@ impl Job {
         let key_err = |e: gyre_join::JoinError| err(CycloError::Join(e));
         let layout = RotatingLayout::new(rot.schema().fields())?;
         let mut encoded = layout.encode(&rot)?;
+        // The rotating rows' words, held until the revolution ends.
+        memory.try_grow(encoded.words.iter().map(|w| w.len() * 8).sum())?;
         if self.join_type.preserves_rotating() {
             // The row numbers travel with the rows, to report matches to the origin.
             encoded.words.push((0..rot.num_rows() as u64).collect());
@@ -965,6 +987,7 @@ impl ExecutionPlan for CycloJoinExec {
         let Some(exchange) = self.exchange else {
             return internal_err!("a cyclo-join ran without ring exchange ids");
         };
+        let context_pool = Arc::clone(context.memory_pool());
         let left = self.left.execute(partition, Arc::clone(&context))?;
         let right = self.right.execute(partition, context)?;
         let job = Job {
@@ -979,12 +1002,14 @@ impl ExecutionPlan for CycloJoinExec {
             schema: Arc::clone(&self.schema),
         };
         let metrics = CycloMetrics::new(&self.metrics, partition);
+        let memory =
+            MemoryConsumer::new(format!("CycloJoinExec[{partition}]")).register(&context_pool);
         let (tx, rx) = mpsc::channel(OUTPUT_QUEUE);
         let task = tokio::spawn({
             let tx = tx.clone();
             async move {
                 if let Err(e) = job
-                    .run(partition, qc, left, right, tx.clone(), metrics)
+                    .run(partition, qc, left, right, tx.clone(), metrics, memory)
                     .await
                 {
                     let _ = tx.send(Err(e)).await;
