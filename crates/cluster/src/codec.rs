@@ -338,7 +338,10 @@ impl GyreCodec {
     pub fn decode_plan(&self, bytes: &[u8], ctx: &TaskContext) -> Result<Arc<dyn ExecutionPlan>> {
         let node = protobuf::PhysicalPlanNode::decode(bytes)
             .map_err(|e| internal_datafusion_err!("bad plan: {e}"))?;
-        restore_empty_grouping_sets(node.try_into_physical_plan(ctx, self)?)
+        let plan = gyre_exchange::codec::contain_panics("a plan", || {
+            node.try_into_physical_plan(ctx, self)
+        })?;
+        restore_empty_grouping_sets(plan)
     }
 }
 

@@ -175,6 +175,10 @@ impl BatchDecoder {
     /// the receive pool.
     pub fn decode(&mut self, message: Bytes) -> Result<Vec<RecordBatch>> {
         check_ipc_sizes(&message)?;
+        contain_panics("an exchange message", || self.decode_checked(message))
+    }
+
+    fn decode_checked(&mut self, message: Bytes) -> Result<Vec<RecordBatch>> {
         let mut buf = Buffer::from(message);
         let mut out = vec![];
         while !buf.is_empty() {
@@ -191,6 +195,23 @@ impl BatchDecoder {
         }
         Ok(out)
     }
+}
+
+/// Runs a decoder of bytes from another node, turning a panic into an error that names
+/// `what` was malformed. Arrow's IPC and row-format readers and DataFusion's plan
+/// decoding assert or index without checking on some malformed inputs (found by
+/// `tests/fuzz.rs`); a node answers those with an error instead of losing a thread.
+pub fn contain_panics<T>(what: &str, decode: impl FnOnce() -> Result<T>) -> Result<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(decode)).unwrap_or_else(|panic| {
+        let why = panic
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| panic.downcast_ref::<&str>().copied())
+            .unwrap_or("the decoder failed");
+        Err(DataFusionError::Execution(format!(
+            "malformed {what}: {why}"
+        )))
+    })
 }
 
 /// Most bytes the compressed buffers of one message may say they decompress to.

@@ -407,6 +407,8 @@ struct Job {
     exchange: ExchangeId,
     unsigned_keys: bool,
     schema: SchemaRef,
+    /// What the partition holds, counted against the worker's memory pool.
+    memory: MemoryReservation,
 }
 
 impl Job {
@@ -427,8 +429,8 @@ impl Job {
         right: SendableRecordBatchStream,
         tx: mpsc::Sender<Result<RecordBatch>>,
         metrics: CycloMetrics,
-        memory: MemoryReservation,
     ) -> Result<()> {
+        let memory = &self.memory;
         let me = qc.me();
         if qc.workers.get(partition) != Some(&me) {
             return internal_err!(
@@ -618,6 +620,12 @@ impl BatchSink {
             let ids = fragment.payload(self.layout.payload_words());
             for &f in f_rows {
                 let id = ids[f as usize] as usize;
+                if id >= gyre_join::MAX_ROWS {
+                    return internal_err!(
+                        "a fragment from ring position {} names row {id}",
+                        fragment.origin()
+                    );
+                }
                 if bits.len() <= id / 64 {
                     bits.resize(id / 64 + 1, 0);
                 }
@@ -1000,16 +1008,16 @@ impl ExecutionPlan for CycloJoinExec {
             exchange,
             unsigned_keys: self.unsigned_keys,
             schema: Arc::clone(&self.schema),
+            memory: MemoryConsumer::new(format!("CycloJoinExec[{partition}]"))
+                .register(&context_pool),
         };
         let metrics = CycloMetrics::new(&self.metrics, partition);
-        let memory =
-            MemoryConsumer::new(format!("CycloJoinExec[{partition}]")).register(&context_pool);
         let (tx, rx) = mpsc::channel(OUTPUT_QUEUE);
         let task = tokio::spawn({
             let tx = tx.clone();
             async move {
                 if let Err(e) = job
-                    .run(partition, qc, left, right, tx.clone(), metrics, memory)
+                    .run(partition, qc, left, right, tx.clone(), metrics)
                     .await
                 {
                     let _ = tx.send(Err(e)).await;

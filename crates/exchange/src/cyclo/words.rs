@@ -251,6 +251,17 @@ impl RotatingLayout {
 
     /// Rebuilds column `c` for the rows `rows` of `fragment`.
     pub fn decode(&self, fragment: &FragmentView<'_>, c: usize, rows: &[u32]) -> Result<ArrayRef> {
+        crate::codec::contain_panics("a cyclo-join fragment", || {
+            self.decode_checked(fragment, c, rows)
+        })
+    }
+
+    fn decode_checked(
+        &self,
+        fragment: &FragmentView<'_>,
+        c: usize,
+        rows: &[u32],
+    ) -> Result<ArrayRef> {
         let field = &self.fields[c];
         let bit = 1u64 << (c % 64);
         let valid = fragment.payload(self.fixed_words + c / 64);

@@ -1,0 +1,524 @@
+//! Fuzzing of every decoder that reads bytes from another node: transport frames and
+//! the handshake, the multiplexer's byte stream after a real handshake, control
+//! messages, exchange (IPC) messages with compression, cyclo-join fragments, Flow-Join
+//! messages and the plan codec.
+//!
+//! Each target starts from valid inputs made by the matching encoder and decodes
+//! mutations of them (bit flips, interesting values written over length fields,
+//! insertions, deletions, splices, truncations, random bytes). Errors are the expected
+//! answer; a panic anywhere in the process (decoder or multiplexer task) fails the
+//! test and prints the input. The mutations are not coverage-guided.
+//!
+//! `GYRE_FUZZ_INPUTS` sets the inputs per target (default: a smoke run of 20 000; the
+//! live multiplexer target runs a hundredth of it, each input being a connection):
+//!
+//! ```sh
+//! GYRE_FUZZ_INPUTS=10000000 cargo test --release --test fuzz -- --nocapture
+//! ```
+
+#[path = "fuzz/engine.rs"]
+mod engine;
+
+use bytes::Bytes;
+use gyre_cluster::protocol::{Request, Response, ShuffleRun, decode, encode};
+use gyre_join::flow::control::{Control as FlowControl, Side};
+use gyre_transport::auth::{self, Challenge, Hello, Role, Transcript, decode_proof};
+use gyre_transport::frame::{Control, FrameHeader, FrameKind, HEADER_LEN, encode_header};
+use gyre_transport::{StreamKey, TcpTransport, TransportConfig};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use std::io::{Read, Write};
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// Inputs per target.
+fn inputs() -> u64 {
+    std::env::var("GYRE_FUZZ_INPUTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20_000)
+}
+
+/// Panics on the transport's threads (its multiplexer and runtimes), which tokio
+/// catches: a task that died is a crash the test must see. Panics of the targets on
+/// the test's own threads are caught by [`fuzz`].
+static PANICS: AtomicU64 = AtomicU64::new(0);
+
+fn count_panics() {
+    static HOOK: std::sync::Once = std::sync::Once::new();
+    HOOK.call_once(|| {
+        let default = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let thread = std::thread::current();
+            let name = thread.name().unwrap_or("");
+            if name.starts_with("gyre-") || name.starts_with("tokio-") {
+                PANICS.fetch_add(1, Ordering::SeqCst);
+            }
+            default(info);
+        }));
+    });
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Values that sit on the edges of lengths and counts.
+const INTERESTING: [u64; 12] = [
+    0,
+    1,
+    0x7f,
+    0x80,
+    0xff,
+    0xffff,
+    0x7fff_ffff,
+    0x8000_0000,
+    0xffff_ffff,
+    0x1_0000_0000,
+    i64::MAX as u64,
+    u64::MAX,
+];
+
+/// One mutation of a seed (or of two, spliced).
+fn mutate(rng: &mut StdRng, seeds: &[Vec<u8>]) -> Vec<u8> {
+    let mut v = seeds[rng.random_range(0..seeds.len())].clone();
+    if rng.random_ratio(1, 50) {
+        let n = rng.random_range(0..256);
+        return (0..n).map(|_| rng.random()).collect();
+    }
+    for _ in 0..rng.random_range(1..=6) {
+        let len = v.len();
+        match rng.random_range(0..9) {
+            0 if len > 0 => {
+                let i = rng.random_range(0..len);
+                v[i] ^= 1 << rng.random_range(0..8);
+            }
+            1 if len > 0 => {
+                let i = rng.random_range(0..len);
+                v[i] = rng.random();
+            }
+            2 if len > 0 => {
+                // An interesting value over 1, 2, 4 or 8 bytes, as a length would be.
+                let width = [1, 2, 4, 8][rng.random_range(0..4)];
+                let at = rng.random_range(0..len);
+                let value = INTERESTING[rng.random_range(0..INTERESTING.len())];
+                let value = if rng.random() {
+                    value
+                } else {
+                    value.wrapping_add_signed(rng.random_range(-2..=2))
+                };
+                for (k, b) in value.to_le_bytes().iter().take(width).enumerate() {
+                    if at + k < len {
+                        v[at + k] = *b;
+                    }
+                }
+            }
+            3 => {
+                let at = rng.random_range(0..=len);
+                let n = rng.random_range(1..=16);
+                let bytes: Vec<u8> = (0..n).map(|_| rng.random()).collect();
+                v.splice(at..at, bytes);
+            }
+            4 if len > 0 => {
+                let at = rng.random_range(0..len);
+                let n = rng.random_range(1..=(len - at).min(64));
+                v.drain(at..at + n);
+            }
+            5 if len > 0 => {
+                let at = rng.random_range(0..len);
+                let n = rng.random_range(1..=(len - at).min(64));
+                let copy = v[at..at + n].to_vec();
+                let to = rng.random_range(0..=len);
+                v.splice(to..to, copy);
+            }
+            6 => v.truncate(rng.random_range(0..=len)),
+            7 => {
+                let other = &seeds[rng.random_range(0..seeds.len())];
+                let cut = rng.random_range(0..=len);
+                let from = rng.random_range(0..=other.len());
+                v.truncate(cut);
+                v.extend_from_slice(&other[from..]);
+            }
+            _ if len > 0 => {
+                let i = rng.random_range(0..len);
+                v[i] = v[i].wrapping_add(rng.random_range(1..=4));
+            }
+            _ => {}
+        }
+    }
+    v
+}
+
+/// Runs `target` on the seeds and then on `n` mutations of them, failing on the first
+/// panic with its input.
+fn fuzz(name: &str, seeds: Vec<Vec<u8>>, n: u64, target: impl Fn(&[u8])) {
+    count_panics();
+    assert!(!seeds.is_empty(), "{name}: no seeds");
+    let mut rng = StdRng::seed_from_u64(0x6779_7265 ^ n);
+    let start = Instant::now();
+    let mut last = start;
+    for i in 0..n {
+        let input = if (i as usize) < seeds.len() {
+            seeds[i as usize].clone()
+        } else {
+            mutate(&mut rng, &seeds)
+        };
+        if std::panic::catch_unwind(AssertUnwindSafe(|| target(&input))).is_err() {
+            panic!("{name}: input {i} panicked: {}", hex(&input));
+        }
+        if last.elapsed() > Duration::from_secs(30) {
+            last = Instant::now();
+            eprintln!(
+                "{name}: {i} inputs in {:.0} s",
+                start.elapsed().as_secs_f64()
+            );
+        }
+    }
+    let s = start.elapsed().as_secs_f64();
+    eprintln!(
+        "{name}: {n} inputs without a panic in {s:.1} s ({:.0}/s)",
+        n as f64 / s.max(1e-9)
+    );
+}
+
+fn frame(kind: FrameKind, flags: u8, payload: &[u8]) -> Vec<u8> {
+    let mut f = encode_header(kind, flags, payload).to_vec();
+    f.extend_from_slice(payload);
+    f
+}
+
+fn key() -> StreamKey {
+    StreamKey {
+        query: 7,
+        exchange: 2,
+        from: 1,
+        to: 0,
+    }
+}
+
+/// Valid frames of every kind, and streams of several.
+fn frame_seeds() -> Vec<Vec<u8>> {
+    let controls = [
+        Control::Error(key(), "the stage failed".into()),
+        Control::Credit(key(), 4),
+        Control::Ready,
+        Control::Grant { phase: 3 },
+        Control::EndTurn { more: true },
+    ];
+    let mut frames: Vec<Vec<u8>> = controls
+        .iter()
+        .map(|c| {
+            let (kind, flags, payload) = c.encode();
+            frame(kind, flags, &payload)
+        })
+        .collect();
+    let hello = Hello {
+        node: 1,
+        window: 8,
+        nonce: [3; auth::NONCE_LEN],
+    };
+    frames.push(frame(FrameKind::Hello, 0, &hello.encode()));
+    let challenge = Challenge {
+        hello,
+        proof: [9; auth::PROOF_LEN],
+    };
+    frames.push(frame(FrameKind::Challenge, 0, &challenge.encode()));
+    frames.push(frame(FrameKind::Proof, 0, &[5; auth::PROOF_LEN]));
+    frames.push(frame(FrameKind::Welcome, 0, &[]));
+    for body in [&b""[..], b"x", &[0xab; 300]] {
+        let mut payload = key().to_bytes().to_vec();
+        payload.extend_from_slice(body);
+        frames.push(frame(FrameKind::Data, 0, &payload));
+        frames.push(frame(FrameKind::Data, 1, &payload));
+    }
+    let stream: Vec<u8> = frames.concat();
+    frames.push(stream);
+    frames
+}
+
+/// What a node does with bytes from a peer, frame by frame: the header, the payload's
+/// checksum (made right, as an attacker would), then the kind's decoder.
+fn decode_frames(input: &[u8]) {
+    let mut rest = input;
+    while rest.len() >= HEADER_LEN {
+        let header: [u8; HEADER_LEN] = rest[..HEADER_LEN].try_into().unwrap();
+        let Ok(h) = FrameHeader::decode(&header) else {
+            return;
+        };
+        let payload = &rest[HEADER_LEN..HEADER_LEN + h.len.min(rest.len() - HEADER_LEN)];
+        let _ = h.verify_crc(crc32fast::hash(payload));
+        let _ = match h.kind {
+            FrameKind::Data => {
+                if payload.len() >= StreamKey::LEN {
+                    let k: [u8; StreamKey::LEN] = payload[..StreamKey::LEN].try_into().unwrap();
+                    let _ = StreamKey::from_bytes(&k);
+                }
+                Ok(())
+            }
+            FrameKind::Hello => Hello::decode(h.kind, payload).map(|_| ()),
+            FrameKind::Challenge => Challenge::decode(h.kind, payload).map(|_| ()),
+            FrameKind::Proof => decode_proof(h.kind, payload).map(|_| ()),
+            FrameKind::Welcome => Ok(()),
+            kind => Control::decode(kind, h.flags, Bytes::copy_from_slice(payload)).map(|_| ()),
+        };
+        rest = &rest[HEADER_LEN + payload.len()..];
+    }
+}
+
+#[test]
+fn transport_frames_and_handshake() {
+    fuzz("transport frames", frame_seeds(), inputs(), decode_frames);
+}
+
+/// Opens a connection to `addr` (node 2) as node 1 and completes the handshake,
+/// retrying while node 2 is not yet listening.
+fn handshake(addr: std::net::SocketAddr, secret: &str) -> std::net::TcpStream {
+    let start = Instant::now();
+    loop {
+        match try_handshake(addr, secret) {
+            Ok(sock) => return sock,
+            Err(e) if start.elapsed() > Duration::from_secs(10) => {
+                panic!("no handshake with the transport within 10 s: {e}")
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(1)),
+        }
+    }
+}
+
+fn try_handshake(addr: std::net::SocketAddr, secret: &str) -> std::io::Result<std::net::TcpStream> {
+    let mut sock = std::net::TcpStream::connect(addr)?;
+    sock.set_nodelay(true)?;
+    sock.set_read_timeout(Some(Duration::from_secs(5)))?;
+    let hello = Hello {
+        node: 1,
+        window: 8,
+        nonce: auth::nonce(),
+    };
+    sock.write_all(&frame(FrameKind::Hello, 0, &hello.encode()))?;
+    let mut header = [0u8; HEADER_LEN];
+    sock.read_exact(&mut header)?;
+    let h = FrameHeader::decode(&header).unwrap();
+    let mut payload = vec![0u8; h.len];
+    sock.read_exact(&mut payload)?;
+    let challenge = Challenge::decode(h.kind, &payload).unwrap();
+    let t = Transcript {
+        dialer: 1,
+        acceptor: 2,
+        dialer_nonce: hello.nonce,
+        acceptor_nonce: challenge.hello.nonce,
+    };
+    assert!(t.verify(secret.as_bytes(), Role::Acceptor, &challenge.proof));
+    sock.write_all(&frame(
+        FrameKind::Proof,
+        0,
+        &t.prove(secret.as_bytes(), Role::Dialer),
+    ))?;
+    sock.read_exact(&mut header)?;
+    assert_eq!(
+        FrameHeader::decode(&header).unwrap().kind,
+        FrameKind::Welcome
+    );
+    Ok(sock)
+}
+
+/// Frames with their checksums made right again after a mutation, so that mutations
+/// reach the decoders behind the checksum.
+fn with_checksums(input: &[u8]) -> Vec<u8> {
+    let mut out = input.to_vec();
+    let mut at = 0;
+    while out.len() >= at + HEADER_LEN {
+        let header: [u8; HEADER_LEN] = out[at..at + HEADER_LEN].try_into().unwrap();
+        let Ok(h) = FrameHeader::decode(&header) else {
+            break;
+        };
+        let end = (at + HEADER_LEN + h.len).min(out.len());
+        let crc = crc32fast::hash(&out[at + HEADER_LEN..end]);
+        out[at + 12..at + 16].copy_from_slice(&crc.to_le_bytes());
+        at = end;
+    }
+    out
+}
+
+#[test]
+fn the_multiplexer_after_a_handshake() {
+    let n = (inputs() / 100).max(200);
+    let secret = "fuzzing secret of the transport".to_string();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let config = TransportConfig {
+        secret: secret.clone(),
+        ..Default::default()
+    };
+    let seeds: Vec<Vec<u8>> = frame_seeds()
+        .into_iter()
+        .filter(|f| {
+            // After the handshake, handshake frames end the connection at once.
+            let h = FrameHeader::decode(&f[..HEADER_LEN].try_into().unwrap()).unwrap();
+            !matches!(
+                h.kind,
+                FrameKind::Hello | FrameKind::Challenge | FrameKind::Proof | FrameKind::Welcome
+            )
+        })
+        .collect();
+    fuzz("multiplexer stream", seeds, n, |input| {
+        // A node that breaks the protocol is lost for good: a fresh node 2 per input,
+        // which accepts node 1 (the lower id dials), a member nobody serves.
+        let transport = rt
+            .block_on(TcpTransport::bind(
+                2,
+                "127.0.0.1:0".parse().unwrap(),
+                config.clone(),
+            ))
+            .unwrap();
+        let addr = transport.local_addr();
+        transport.set_peers(&std::collections::HashMap::from([
+            (1, "127.0.0.1:9".parse().unwrap()),
+            (2, addr),
+        ]));
+        let mut sock = handshake(addr, &secret);
+        let _ = sock.write_all(&with_checksums(input));
+        let _ = sock.shutdown(std::net::Shutdown::Write);
+        // The node answers (credits, errors) or closes; either way it must go on.
+        let mut sink = [0u8; 4096];
+        sock.set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
+        while let Ok(n) = sock.read(&mut sink) {
+            if n == 0 {
+                break;
+            }
+        }
+        transport.shutdown();
+    });
+    assert_eq!(
+        PANICS.load(Ordering::SeqCst),
+        0,
+        "a transport thread panicked"
+    );
+}
+
+fn request_seeds() -> Vec<Vec<u8>> {
+    let requests = [
+        Request::Register {
+            control_addr: "10.0.0.2:50051".into(),
+            data_addr: "10.0.0.2:50052".into(),
+        },
+        Request::Heartbeat { node: 3 },
+        Request::QueryFailed {
+            query: 12,
+            node: 2,
+            error: "worker 2 failed".into(),
+        },
+        Request::SetPeers {
+            peers: vec![(1, "10.0.0.2:1".into()), (2, "10.0.0.3:1".into())],
+        },
+        Request::StartQuery {
+            query: 5,
+            workers: vec![1, 2, 3],
+            stages: vec![(0, vec![1, 2, 3, 4]), (1, vec![0; 40])],
+            compression: Some("lz4".into()),
+            execution: vec![("datafusion.execution.batch_size".into(), "8192".into())],
+        },
+        Request::FinishQuery {
+            query: 5,
+            commit: true,
+            metrics: false,
+        },
+        Request::CreateTable {
+            name: "t".into(),
+            schema: vec![9; 30],
+        },
+        Request::BenchShuffle(ShuffleRun {
+            run_id: 1,
+            nodes: vec![1, 2],
+            pattern: "repartition".into(),
+            total_bytes: 1 << 20,
+            message_size: 1 << 16,
+            schedule: "free".into(),
+        }),
+        Request::DropTable { name: "t".into() },
+        Request::RegisterStore {
+            locations: vec!["s3://bucket/x".into()],
+            options: vec![("aws.region".into(), "eu".into())],
+        },
+        Request::Progress { query: 5 },
+        Request::Stats,
+    ];
+    let mut seeds: Vec<Vec<u8>> = requests.iter().map(encode).collect();
+    seeds.push(encode(&Response::Ok));
+    seeds.push(encode(&Response::Registered { node: 4 }));
+    seeds.push(encode(&Response::Finished {
+        stages: vec![(0, "metrics".into())],
+        tables: vec![],
+    }));
+    seeds
+}
+
+#[test]
+fn control_messages() {
+    fuzz("control messages", request_seeds(), inputs(), |input| {
+        let _ = decode::<Request>(input);
+        let _ = decode::<Response>(input);
+    });
+}
+
+fn flow_seeds() -> Vec<Vec<u8>> {
+    [
+        FlowControl::Report {
+            side: Side::Build,
+            iteration: 1,
+            window: 4096,
+            total: 1 << 20,
+            candidates: vec![(1, 100), (7, 90), (u64::MAX, 3)],
+        },
+        FlowControl::Announce {
+            side: Side::Probe,
+            iteration: 2,
+            keys: vec![(1, 0), (7, 1)],
+        },
+        FlowControl::Fetch {
+            side: Side::Build,
+            iteration: 2,
+            keys: vec![],
+        },
+    ]
+    .iter()
+    .map(FlowControl::encode)
+    .collect()
+}
+
+#[test]
+fn flow_join_messages() {
+    fuzz("Flow-Join messages", flow_seeds(), inputs(), |input| {
+        let _ = FlowControl::decode(input);
+    });
+}
+
+#[test]
+fn exchange_messages_with_compression() {
+    fuzz(
+        "exchange messages",
+        engine::ipc_seeds(),
+        inputs(),
+        engine::ipc_target,
+    );
+}
+
+#[test]
+fn cyclo_join_fragments() {
+    fuzz(
+        "cyclo fragments",
+        engine::cyclo_seeds(),
+        inputs(),
+        engine::cyclo_target,
+    );
+}
+
+#[test]
+fn plans() {
+    fuzz(
+        "plan codec",
+        engine::plan_seeds(),
+        inputs(),
+        engine::plan_target,
+    );
+}
