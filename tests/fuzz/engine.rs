@@ -17,27 +17,23 @@ use arrow::array::{
 use arrow::datatypes::{DataType, Field, Int32Type, Schema, i256};
 use bytes::Bytes;
 use datafusion::common::ScalarValue;
-use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
 use datafusion::execution::TaskContext;
-use datafusion::execution::context::SessionState;
 use datafusion::logical_expr::Operator;
 use datafusion::physical_expr::expressions::{BinaryExpr, Column, Literal};
-use datafusion::physical_plan::repartition::RepartitionExec;
-use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, Partitioning};
+use datafusion::physical_plan::ExecutionPlan;
 use gyre_cluster::LocalCluster;
 use gyre_cluster::codec::GyreCodec;
-use gyre_cluster::files::{FileCopyExec, FileSplitScanExec, LocalFiles};
+use gyre_cluster::files::LocalFiles;
 use gyre_cluster::modify::{GyreModifyExec, Modification};
 use gyre_cluster::progress::ReadCounters;
 use gyre_cluster::storage::WorkerStorage;
-use gyre_cluster::table::{GyreInsertExec, GyreScanExec, QueryWorkers};
+use gyre_cluster::table::GyreInsertExec;
 use gyre_cluster::tpch::TpchGenExec;
 use gyre_exchange::cyclo::words::RotatingLayout;
 use gyre_exchange::{BatchDecoder, BatchEncoder, Compression};
 use gyre_join::KeyDomain;
 use gyre_join::cyclo::fragment::encode_with_bytes;
 use gyre_join::cyclo::{FragmentForm, FragmentView};
-use gyre_planner::{DistributedPlan, GyreOptions, place_runtime_filters, split_into_stages};
 use gyre_transport::{SendEndpoint, SendSpec, TcpTransport, To, Transport, TransportConfig};
 use std::sync::{Arc, LazyLock};
 
@@ -836,60 +832,6 @@ static PLAN_CTX: LazyLock<Arc<TaskContext>> = LazyLock::new(|| {
     state.task_ctx()
 });
 
-/// `Coordinator::runs_on_workers` (crate-private): nodes whose partition `i` runs on
-/// worker `i`.
-fn runs_on_workers(plan: &dyn ExecutionPlan) -> bool {
-    plan.is::<GyreScanExec>()
-        || plan.is::<TpchGenExec>()
-        || plan.is::<FileSplitScanExec>()
-        || plan.is::<GyreInsertExec>()
-        || plan.is::<GyreModifyExec>()
-        || plan.is::<FileCopyExec>()
-}
-
-/// `Coordinator::distribute` (crate-private) for queries and inserts, step by step
-/// with the same public pieces: inserts get one input partition per worker, then the
-/// network operator rules, the stage split and the runtime filters.
-fn distribute(
-    state: &SessionState,
-    plan: Arc<dyn ExecutionPlan>,
-    n: usize,
-) -> datafusion::common::Result<DistributedPlan> {
-    let mut plan = plan
-        .transform_up(|node| {
-            if let Some(ins) = node.downcast_ref::<GyreInsertExec>()
-                && (n == 1 || ins.input.output_partitioning().partition_count() != n)
-            {
-                let partitioning = match ins.key {
-                    Some(k) => {
-                        let name = ins.input.schema().field(k).name().clone();
-                        Partitioning::Hash(vec![Arc::new(Column::new(&name, k))], n)
-                    }
-                    None => Partitioning::RoundRobinBatch(n),
-                };
-                let input = Arc::new(RepartitionExec::try_new(
-                    Arc::clone(&ins.input),
-                    partitioning,
-                )?);
-                return Ok(Transformed::yes(Arc::new(GyreInsertExec::new(
-                    input,
-                    ins.table.clone(),
-                    ins.key,
-                ))
-                    as Arc<dyn ExecutionPlan>));
-            }
-            Ok(Transformed::no(node))
-        })
-        .data()?;
-    let config = state.config_options();
-    for rule in gyre_planner::network_operator_rules() {
-        plan = rule.optimize(plan, config)?;
-    }
-    let mut dplan = split_into_stages(plan, n, &runs_on_workers)?;
-    place_runtime_filters(&mut dplan, &GyreOptions::of(config))?;
-    Ok(dplan)
-}
-
 /// Settings and statements the plan seeds are planned with: every exchange mode, the
 /// join strategies (broadcast, shuffle, Flow-Join, cyclo-join), runtime filters, file
 /// scans, window top-k, inserts.
@@ -1020,14 +962,12 @@ pub fn plan_seeds() -> Vec<Vec<u8>> {
             if !set.is_empty() {
                 c.sql_in(&session, set).await.expect("a setting");
             }
-            // `Coordinator::query_state`: one partition per worker, the query's workers.
-            let mut state = session.state();
-            let config = state.config_mut();
-            config.options_mut().execution.target_partitions = n;
-            config.set_extension(Arc::new(QueryWorkers(workers.clone())));
+            let state = c.query_state(&session, &workers);
             let logical = state.create_logical_plan(sql).await.expect(sql);
             let physical = state.create_physical_plan(&logical).await.expect(sql);
-            let dplan = distribute(&state, physical, n).expect(sql);
+            let dplan = c
+                .distribute(state.config_options(), physical, n)
+                .expect(sql);
             for stage in &dplan.stages {
                 seeds.push(codec.encode_plan(Arc::clone(&stage.plan)).expect(sql));
             }

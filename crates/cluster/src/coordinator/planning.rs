@@ -4,8 +4,9 @@
 use super::*;
 
 impl Coordinator {
-    /// A planning state of `session` for a query over `workers`.
-    pub(super) fn query_state(&self, session: &SessionContext, workers: &[NodeId]) -> SessionState {
+    /// A planning state of `session` for a query over `workers`: one partition per
+    /// worker, and the workers the query runs on.
+    pub fn query_state(&self, session: &SessionContext, workers: &[NodeId]) -> SessionState {
         let mut state = session.state();
         let config = state.config_mut();
         let own = config.options().execution.target_partitions;
@@ -15,8 +16,9 @@ impl Coordinator {
         state
     }
 
-    /// Turns an optimised physical plan into stages.
-    pub(super) fn distribute(
+    /// Turns an optimised physical plan into stages over `n` workers (what `EXPLAIN`
+    /// shows; the workers' stage plans are what they decode).
+    pub fn distribute(
         &self,
         config: &ConfigOptions,
         plan: Arc<dyn ExecutionPlan>,
