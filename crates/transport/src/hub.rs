@@ -357,56 +357,54 @@ impl Hub {
         out
     }
 
-    /// Hands an event from `peer` to its stream. An `Err` names the rule the peer broke.
     /// Whether `peer` may send a data message with a body on `key` now (a bare
-    /// end-of-stream marker needs no credit): checked from the frame's
-    /// header and stream key, before its body is read or any buffer taken for it, with
-    /// the rules [`Hub::deliver`] enforces (the stream is this node's, belongs to the
-    /// peer, has not ended, and has credit; a new stream is within the pending cap).
+    /// end-of-stream marker needs no credit): checked from the frame's header and
+    /// stream key, before its body is read or any buffer taken for it, by the rules
+    /// [`Hub::deliver`] enforces (the stream is this node's, belongs to the peer, has
+    /// not ended, and has credit; a new stream is within the pending cap).
     pub fn admits(&self, peer: NodeId, key: StreamKey) -> Result<(), String> {
-        if key.to != self.node {
-            return Err(format!(
-                "sent on stream {key}, which is addressed to node {}, not to this node",
-                key.to
-            ));
-        }
+        self.addressed_here(key)?;
         let st = self.state.lock();
         if st.released.contains(&key.query) {
             return Ok(());
         }
         match st.inbound.get(&key) {
-            None => {
-                if st.pending.get(&peer).copied().unwrap_or(0) >= MAX_PENDING_STREAMS {
-                    return Err(format!(
-                        "opened more than {MAX_PENDING_STREAMS} streams no endpoint here expects"
-                    ));
+            None => within_pending_cap(&st.pending, peer),
+            Some(stream) => {
+                sent_by(stream, key, peer)?;
+                if stream.ended {
+                    return Err(ended(key));
                 }
-                Ok(())
+                self.within_credit(stream, key)
             }
-            Some(stream) if stream.src != peer => Err(format!(
-                "sent on stream {key}, which belongs to {}",
-                node_name(stream.src)
-            )),
-            Some(stream) if stream.ended => Err(format!("sent on stream {key} after its end")),
-            Some(stream)
-                if stream.buffered >= self.window && !matches!(stream.sink, Sink::Discard) =>
-            {
-                Err(format!(
-                    "flow control violated on stream {key}: more than {} messages without credit",
-                    self.window
-                ))
-            }
-            Some(_) => Ok(()),
         }
     }
 
-    pub fn deliver(&self, peer: NodeId, key: StreamKey, ev: Event) -> Result<Delivered, String> {
+    /// A stream key from a peer must name this node as its receiver.
+    fn addressed_here(&self, key: StreamKey) -> Result<(), String> {
         if key.to != self.node {
             return Err(format!(
                 "sent on stream {key}, which is addressed to node {}, not to this node",
                 key.to
             ));
         }
+        Ok(())
+    }
+
+    /// A data message needs a credit, unless the stream's messages are discarded.
+    fn within_credit(&self, stream: &InStream, key: StreamKey) -> Result<(), String> {
+        if stream.buffered >= self.window && !matches!(stream.sink, Sink::Discard) {
+            return Err(format!(
+                "flow control violated on stream {key}: more than {} messages without credit",
+                self.window
+            ));
+        }
+        Ok(())
+    }
+
+    /// Hands an event from `peer` to its stream. An `Err` names the rule the peer broke.
+    pub fn deliver(&self, peer: NodeId, key: StreamKey, ev: Event) -> Result<Delivered, String> {
+        self.addressed_here(key)?;
         let mut st = self.state.lock();
         if st.released.contains(&key.query) {
             return Ok(Delivered::Dropped);
@@ -415,13 +413,8 @@ impl Hub {
         let stream = match st.inbound.entry(key) {
             Entry::Occupied(e) => e.into_mut(),
             Entry::Vacant(e) => {
-                let n = st.pending.entry(peer).or_default();
-                if *n >= MAX_PENDING_STREAMS {
-                    return Err(format!(
-                        "opened more than {MAX_PENDING_STREAMS} streams no endpoint here expects"
-                    ));
-                }
-                *n += 1;
+                within_pending_cap(&st.pending, peer)?;
+                *st.pending.entry(peer).or_default() += 1;
                 e.insert(InStream {
                     src: peer,
                     buffered: 0,
@@ -430,24 +423,16 @@ impl Hub {
                 })
             }
         };
-        if stream.src != peer {
-            return Err(format!(
-                "sent on stream {key}, which belongs to {}",
-                node_name(stream.src)
-            ));
-        }
+        sent_by(stream, key, peer)?;
         if stream.ended {
             if matches!(ev, Event::Failed(TransportError::PeerLost { .. })) {
                 return Ok(Delivered::Dropped);
             }
-            return Err(format!("sent on stream {key} after its end"));
+            return Err(ended(key));
         }
         let is_data = matches!(ev, Event::Data { .. });
-        if is_data && stream.buffered >= self.window && !matches!(stream.sink, Sink::Discard) {
-            return Err(format!(
-                "flow control violated on stream {key}: more than {} messages without credit",
-                self.window
-            ));
+        if is_data {
+            self.within_credit(stream, key)?;
         }
         if matches!(
             ev,
@@ -585,6 +570,33 @@ impl Hub {
             }
         });
     }
+}
+
+/// A peer may open at most [`MAX_PENDING_STREAMS`] streams that no endpoint here
+/// expects yet (`pending` counts them per peer).
+fn within_pending_cap(pending: &HashMap<NodeId, usize>, peer: NodeId) -> Result<(), String> {
+    if pending.get(&peer).copied().unwrap_or(0) >= MAX_PENDING_STREAMS {
+        return Err(format!(
+            "opened more than {MAX_PENDING_STREAMS} streams no endpoint here expects"
+        ));
+    }
+    Ok(())
+}
+
+/// Only the stream's sender may send on it.
+fn sent_by(stream: &InStream, key: StreamKey, peer: NodeId) -> Result<(), String> {
+    if stream.src != peer {
+        return Err(format!(
+            "sent on stream {key}, which belongs to {}",
+            node_name(stream.src)
+        ));
+    }
+    Ok(())
+}
+
+/// Nothing may be sent on a stream after its end.
+fn ended(key: StreamKey) -> String {
+    format!("sent on stream {key} after its end")
 }
 
 #[cfg(test)]
