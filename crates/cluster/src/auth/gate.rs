@@ -27,7 +27,7 @@ use arrow_flight::{
 use base64::Engine;
 use futures::stream::BoxStream;
 use std::sync::Arc;
-use tonic::metadata::MetadataMap;
+use tonic::codegen::http::HeaderMap;
 use tonic::{Request, Response, Status, Streaming};
 
 /// Who may call besides signed control messages.
@@ -84,7 +84,7 @@ impl<S> Gate<S> {
     /// Lets a client's call through, or says why not.
     fn client<T>(&self, request: &Request<T>, call: &str) -> Result<(), Status> {
         self.door
-            .client(request.metadata())
+            .client(request.metadata().as_ref())
             .map_err(|reason| self.refuse(request, call, reason))
     }
 
@@ -101,7 +101,7 @@ impl<S> Gate<S> {
             }
             Clients::Users(users) => Arc::clone(users),
         };
-        let (name, password) = basic_credentials(request.metadata())
+        let (name, password) = basic_credentials(request.metadata().as_ref())
             .map_err(|reason| self.refuse(request, "Handshake", reason))?;
         let permit =
             tokio::time::timeout(LOGIN_QUEUE_WAIT, Arc::clone(&self.logins).acquire_owned())
@@ -136,13 +136,13 @@ fn refusal(peer: Option<std::net::SocketAddr>, call: &str, reason: &str) -> Stat
 
 impl Door {
     /// Whether a client's call (not a control message) may pass.
-    fn client(&self, metadata: &MetadataMap) -> Result<(), &'static str> {
+    fn client(&self, headers: &HeaderMap) -> Result<(), &'static str> {
         match &self.clients {
             Clients::Open => Ok(()),
             Clients::NodesOnly => {
                 Err("this port serves cluster nodes only (clients connect to the coordinator)")
             }
-            Clients::Users(_) => match bearer(metadata) {
+            Clients::Users(_) => match bearer(headers) {
                 None => Err("log in first: Flight SQL Handshake with a user name and password"),
                 Some(token) if self.tokens.user_of(token).is_none() => {
                     Err("the bearer token is unknown or expired: log in again")
@@ -153,22 +153,22 @@ impl Door {
     }
 
     /// Whether a call may be read, judged by its path and headers alone.
-    fn admits(&self, path: &str, metadata: &MetadataMap) -> Result<(), String> {
+    fn admits(&self, path: &str, headers: &HeaderMap) -> Result<(), String> {
         if matches!(self.clients, Clients::Open) {
             return Ok(());
         }
-        if let Some(signature) = metadata.get(NODE_HEADER) {
+        if let Some(signature) = headers.get(NODE_HEADER) {
             if path != DO_ACTION {
                 return Err("control signatures go with DoAction only".to_string());
             }
             return self.nodes.check_header(signature.to_str().ok()).map(|_| ());
         }
         if path == HANDSHAKE && matches!(self.clients, Clients::Users(_)) {
-            return basic_credentials(metadata)
+            return basic_credentials(headers)
                 .map(|_| ())
                 .map_err(str::to_string);
         }
-        self.client(metadata).map_err(str::to_string)
+        self.client(headers).map_err(str::to_string)
     }
 }
 
@@ -229,8 +229,7 @@ where
     }
 
     fn call(&mut self, request: tonic::codegen::http::Request<tonic::body::Body>) -> Self::Future {
-        let metadata = MetadataMap::from_headers(request.headers().clone());
-        match self.door.admits(request.uri().path(), &metadata) {
+        match self.door.admits(request.uri().path(), request.headers()) {
             Ok(()) => futures::future::Either::Left(self.inner.call(request)),
             Err(reason) => {
                 use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
@@ -256,8 +255,8 @@ impl<S: tonic::server::NamedService> tonic::server::NamedService for Admission<S
 }
 
 /// The token of an `authorization: Bearer <token>` header.
-fn bearer(metadata: &MetadataMap) -> Option<&str> {
-    let value = metadata.get("authorization")?.to_str().ok()?;
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    let value = headers.get("authorization")?.to_str().ok()?;
     let (scheme, token) = value.split_once(' ')?;
     scheme
         .eq_ignore_ascii_case("bearer")
@@ -273,9 +272,9 @@ const BASE64: base64::engine::GeneralPurpose = base64::engine::GeneralPurpose::n
 );
 
 /// The name and password of an `authorization: Basic <base64(name:password)>` header.
-fn basic_credentials(metadata: &MetadataMap) -> Result<(String, String), &'static str> {
+fn basic_credentials(headers: &HeaderMap) -> Result<(String, String), &'static str> {
     const MISSING: &str = "no credentials: send a user name and password (HTTP Basic)";
-    let value = metadata
+    let value = headers
         .get("authorization")
         .ok_or(MISSING)?
         .to_str()
@@ -411,6 +410,7 @@ impl<S: FlightService> FlightService for Gate<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tonic::metadata::MetadataMap;
 
     #[test]
     fn credentials_are_read_from_their_headers_only_when_well_formed() {
@@ -418,8 +418,8 @@ mod tests {
         let alice = |s: &str| Ok((s.to_string(), "pa:ss".to_string()));
         let padded = base64::engine::general_purpose::STANDARD.encode("alice:pa:ss");
         m.insert("authorization", format!("Basic {padded}").parse().unwrap());
-        assert_eq!(basic_credentials(&m), alice("alice"));
-        assert_eq!(bearer(&m), None);
+        assert_eq!(basic_credentials(m.as_ref()), alice("alice"));
+        assert_eq!(bearer(m.as_ref()), None);
         // Go's Flight client (ADBC) sends no padding.
         let unpadded = base64::engine::general_purpose::STANDARD_NO_PAD.encode("alice:pa:ss");
         assert_ne!(padded, unpadded);
@@ -427,21 +427,21 @@ mod tests {
             "authorization",
             format!("basic {unpadded}").parse().unwrap(),
         );
-        assert_eq!(basic_credentials(&m), alice("alice"));
+        assert_eq!(basic_credentials(m.as_ref()), alice("alice"));
         m.insert("authorization", "bearer abc".parse().unwrap());
-        assert_eq!(bearer(&m), Some("abc"));
+        assert_eq!(bearer(m.as_ref()), Some("abc"));
         assert!(
-            basic_credentials(&m)
+            basic_credentials(m.as_ref())
                 .unwrap_err()
                 .contains("no credentials")
         );
         for bad in ["Basic !!!", "Basic", "Bearer ", "Token x", "Basic YWxpY2U="] {
             m.insert("authorization", bad.parse().unwrap());
-            assert!(basic_credentials(&m).is_err(), "{bad}");
-            assert_eq!(bearer(&m), None, "{bad}");
+            assert!(basic_credentials(m.as_ref()).is_err(), "{bad}");
+            assert_eq!(bearer(m.as_ref()), None, "{bad}");
         }
         assert_eq!(
-            basic_credentials(&MetadataMap::new()).unwrap_err(),
+            basic_credentials(MetadataMap::new().as_ref()).unwrap_err(),
             "no credentials: send a user name and password (HTTP Basic)"
         );
     }

@@ -256,8 +256,6 @@ impl Coordinator {
         let locations = cmd.locations.join(", ");
         for location in &cmd.locations {
             self.config.local_files.check_location(location)?;
-        }
-        for location in &cmd.locations {
             register_store(state.runtime_env(), location, &store_options)?;
         }
         let read_on = match (read_on, coordinator_must_read(&cmd.file_type, &cmd.options)) {

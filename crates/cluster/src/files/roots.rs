@@ -130,13 +130,8 @@ impl LocalFiles {
         if *self == Self::Anywhere {
             return Ok(());
         }
-        let path = if let Some(rest) = location.strip_prefix("file://") {
-            let url = url::Url::parse(&format!("file://{rest}")).map_err(|e| {
-                DataFusionError::Plan(format!("'{location}' is not a file URL: {e}"))
-            })?;
-            url.to_file_path().map_err(|_| {
-                DataFusionError::Plan(format!("'{location}' is not a local file URL"))
-            })?
+        let path = if is_local(location) {
+            file_url_path(location).map_err(DataFusionError::Plan)?
         } else if location.contains("://") {
             return Ok(());
         } else {
@@ -215,11 +210,7 @@ impl LocalFiles {
             return Ok(());
         }
         for table in &config.table_paths {
-            let path = url::Url::parse(table.as_str())
-                .ok()
-                .and_then(|u| u.to_file_path().ok())
-                .ok_or_else(|| format!("'{}' is not a local file URL", table.as_str()))?;
-            self.check(&path)?;
+            self.check(&file_url_path(table.as_str())?)?;
         }
         Ok(())
     }
@@ -233,15 +224,23 @@ impl LocalFiles {
         env.register_object_store(
             &url,
             Arc::new(ConfinedFileSystem {
-                inner: LocalFileSystem::new(),
+                inner: Arc::new(LocalFileSystem::new()),
                 files: self.clone(),
             }),
         );
     }
 }
 
-fn is_local(store_url: &str) -> bool {
-    store_url.starts_with("file://")
+fn is_local(url: &str) -> bool {
+    url.starts_with("file://")
+}
+
+/// The local path a `file://` URL names.
+fn file_url_path(url: &str) -> std::result::Result<PathBuf, String> {
+    url::Url::parse(url)
+        .ok()
+        .and_then(|u| u.to_file_path().ok())
+        .ok_or_else(|| format!("'{url}' is not a local file URL"))
 }
 
 /// The directory part of a location that may end in a glob (`/data/*.parquet`), as
@@ -293,9 +292,9 @@ fn resolve(path: &Path) -> io::Result<PathBuf> {
 
 /// DataFusion's local file system, held to a [`LocalFiles`] policy: every path is
 /// resolved and checked before the file system sees it, and every listed file too.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct ConfinedFileSystem {
-    inner: LocalFileSystem,
+    inner: Arc<LocalFileSystem>,
     files: LocalFiles,
 }
 
@@ -361,12 +360,9 @@ impl ObjectStore for ConfinedFileSystem {
         &self,
         locations: BoxStream<'static, object_store::Result<StorePath>>,
     ) -> BoxStream<'static, object_store::Result<StorePath>> {
-        let files = Arc::new(ConfinedFileSystem {
-            inner: LocalFileSystem::new(),
-            files: self.files.clone(),
-        });
+        let me = self.clone();
         let checked = locations
-            .map(move |l| l.and_then(|l| files.check(&l).map(|_| l)))
+            .map(move |l| l.and_then(|l| me.check(&l).map(|_| l)))
             .boxed();
         self.inner.delete_stream(checked)
     }
@@ -380,13 +376,10 @@ impl ObjectStore for ConfinedFileSystem {
         {
             return futures::stream::once(async move { Err(e) }).boxed();
         }
-        let files = ConfinedFileSystem {
-            inner: LocalFileSystem::new(),
-            files: self.files.clone(),
-        };
+        let me = self.clone();
         self.inner
             .list(prefix)
-            .map(move |m| m.and_then(|m| files.check(&m.location).map(|_| m)))
+            .map(move |m| m.and_then(|m| me.check(&m.location).map(|_| m)))
             .boxed()
     }
 
@@ -523,7 +516,7 @@ mod tests {
         std::fs::write(outside.join("secret.csv"), "a\n2\n").unwrap();
         let files = LocalFiles::within(std::slice::from_ref(&root)).unwrap();
         let store = ConfinedFileSystem {
-            inner: LocalFileSystem::new(),
+            inner: Arc::new(LocalFileSystem::new()),
             files,
         };
         let prefix = StorePath::from_filesystem_path(&root).unwrap();
