@@ -24,6 +24,8 @@ pub struct EmulatedCluster {
     pub cpus: Option<CpuQuota>,
     /// Directories the benchmark's nodes read and write files in.
     pub data_roots: Vec<std::path::PathBuf>,
+    /// Seal the data links between its nodes.
+    pub encrypt_links: bool,
 }
 
 impl EmulatedCluster {
@@ -43,6 +45,7 @@ impl EmulatedCluster {
         spec.cpus = self.cpus;
         let mut gyre = GyreProcesses::current_exe()?;
         gyre.data_roots = self.data_roots.clone();
+        gyre.encrypt_links = self.encrypt_links;
         spec.gyre = Some(gyre);
         eprintln!(
             "building an emulated cluster of {} hosts with {link} links{}...",

@@ -195,6 +195,7 @@ async fn emulated(args: &LoadArgs) -> Result<Vec<TableLoad>, BoxError> {
         link: args.link.parse::<LinkRate>()?,
         cpus: args.cpus,
         data_roots: vec![dir.clone()],
+        encrypt_links: false,
     };
     let inner = vec![
         "bench".to_string(),

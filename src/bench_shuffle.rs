@@ -14,6 +14,11 @@
 //!
 //! Utilisation is payload bytes per second over the measured capacity (TCP
 //! payload bytes per second of one raw stream on the same links).
+//!
+//! `--encrypt-links off,on` runs every configuration on clear and on sealed
+//! links (`gyre_transport::seal`): on loopback both clusters run side by side,
+//! each run alternating between them; emulated clusters are built one after
+//! the other.
 
 use crate::bench_cluster::{
     BoxError, EmulatedCluster, human_bytes, list, with_progress, write_outputs,
@@ -50,6 +55,9 @@ pub struct ShuffleArgs {
     /// CPU quota of every emulated host (e.g. 0.5).
     #[arg(long)]
     cpus: Option<CpuQuota>,
+    /// Data links clear (off), sealed (on), or both separated by a comma.
+    #[arg(long, default_value = "off")]
+    encrypt_links: String,
     /// Runs of each configuration.
     #[arg(long, default_value_t = 1)]
     repeat: usize,
@@ -75,6 +83,9 @@ pub struct ShuffleArgs {
 pub struct ShuffleResult {
     pub pattern: String,
     pub schedule: String,
+    /// Whether the data links were sealed.
+    #[serde(default)]
+    pub encrypted: bool,
     pub total_bytes: u64,
     pub message_size: u64,
     pub workers: Vec<ShuffleFigures>,
@@ -137,6 +148,22 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 }
 
 impl ShuffleArgs {
+    /// The `--encrypt-links` settings to run, in order.
+    fn sealing(&self) -> Result<Vec<bool>, BoxError> {
+        let settings = list(&self.encrypt_links)
+            .into_iter()
+            .map(|v| match v.to_ascii_lowercase().as_str() {
+                "off" | "false" | "no" => Ok(false),
+                "on" | "true" | "yes" => Ok(true),
+                _ => Err(format!("--encrypt-links: '{v}' is not off or on")),
+            })
+            .collect::<Result<Vec<bool>, String>>()?;
+        if settings.is_empty() {
+            return Err("--encrypt-links: give off, on, or both".into());
+        }
+        Ok(settings)
+    }
+
     fn runs(&self) -> Result<Vec<ShuffleRun>, BoxError> {
         let total_bytes = parse_size(&self.bytes)?;
         let message_size = parse_size(&self.message_size)?;
@@ -173,19 +200,29 @@ pub async fn run(args: ShuffleArgs) -> Result<(), BoxError> {
         return Err("--nodes: a shuffle needs at least two workers".into());
     }
     let runs = args.runs()?;
+    let sealing = args.sealing()?;
     let report = if let Some(addr) = &args.connect {
+        let [encrypted] = sealing[..] else {
+            return Err(
+                "with --connect, give the one --encrypt-links setting the cluster runs \
+                        with"
+                    .into(),
+            );
+        };
         let client =
             ControlClient::connect_lazy(addr, crate::cluster_key()?, gyre_transport::COORDINATOR)?;
         let mut results = vec![];
         for run in runs {
-            results.push(remote_run(&client, run).await?);
+            let mut r = remote_run(&client, run).await?;
+            r.encrypted = encrypted;
+            results.push(r);
         }
         let capacity = args.capacity.map(|c| c.bits_per_sec() as f64 / 8.0);
         report(&args, capacity, None, results)
     } else if args.link.eq_ignore_ascii_case("loopback") {
-        loopback(&args, runs).await?
+        loopback(&args, runs, &sealing).await?
     } else {
-        emulated(&args).await?
+        emulated(&args, &sealing).await?
     };
     emit(&args, &report)
 }
@@ -222,6 +259,7 @@ fn result(run: &ShuffleRun, workers: Vec<ShuffleFigures>, shared_process: bool) 
     ShuffleResult {
         pattern: run.pattern.clone(),
         schedule: run.schedule.clone(),
+        encrypted: false,
         total_bytes: run.total_bytes,
         message_size: run.message_size,
         elapsed_s,
@@ -258,30 +296,53 @@ fn report(
     }
 }
 
-/// An embedded cluster over loopback, next to a memcpy of the same bytes.
+/// An embedded cluster over loopback per sealing setting, each run alternating between
+/// them, next to a memcpy of the same bytes.
 async fn loopback(
     args: &ShuffleArgs,
     runs: Vec<ShuffleRun>,
+    sealing: &[bool],
 ) -> Result<ShuffleBenchReport, BoxError> {
-    let cluster = LocalCluster::start(args.nodes, 1, "127.0.0.1:0".parse()?).await?;
-    let coordinator: &Arc<Coordinator> = &cluster.coordinator;
-    let mut results = vec![];
-    for run in &runs {
-        let label = format!(
-            "shuffling: {} of {} over {} embedded workers ({})",
-            run.pattern,
-            human_bytes(run.total_bytes as f64),
+    let mut clusters = vec![];
+    for &encrypt_links in sealing {
+        let limits = gyre_cluster::Limits {
+            encrypt_links,
+            ..Default::default()
+        };
+        let cluster = LocalCluster::start_limited(
             args.nodes,
-            run.schedule
-        );
-        let reply = with_progress(
-            &label,
-            coordinator.handle_control(Request::BenchShuffle(run.clone())),
+            1,
+            "127.0.0.1:0".parse()?,
+            &Default::default(),
+            &limits,
         )
         .await?;
-        match reply {
-            Response::ShuffleResults(workers) => results.push(result(run, workers, true)),
-            other => return Err(format!("unexpected reply {other:?}").into()),
+        clusters.push((encrypt_links, cluster));
+    }
+    let mut results = vec![];
+    for run in &runs {
+        for (encrypted, cluster) in &clusters {
+            let coordinator: &Arc<Coordinator> = &cluster.coordinator;
+            let label = format!(
+                "shuffling: {} of {} over {} embedded workers ({}{})",
+                run.pattern,
+                human_bytes(run.total_bytes as f64),
+                args.nodes,
+                run.schedule,
+                if *encrypted { ", sealed links" } else { "" }
+            );
+            let reply = with_progress(
+                &label,
+                coordinator.handle_control(Request::BenchShuffle(run.clone())),
+            )
+            .await?;
+            match reply {
+                Response::ShuffleResults(workers) => results.push(ShuffleResult {
+                    encrypted: *encrypted,
+                    ..result(run, workers, true)
+                }),
+                other => return Err(format!("unexpected reply {other:?}").into()),
+            }
         }
     }
     let memcpy = measure_memcpy(runs[0].total_bytes, runs[0].message_size as usize);
@@ -320,15 +381,33 @@ fn measure_memcpy(total: u64, chunk: usize) -> Memcpy {
     }
 }
 
-/// Builds an emulated cluster, measures its links, runs the shuffles from the
-/// coordinator's host, and removes the cluster.
-async fn emulated(args: &ShuffleArgs) -> Result<ShuffleBenchReport, BoxError> {
+/// Builds an emulated cluster per sealing setting, measures its links, runs the
+/// shuffles from the coordinator's host, and removes the cluster.
+async fn emulated(args: &ShuffleArgs, sealing: &[bool]) -> Result<ShuffleBenchReport, BoxError> {
+    let mut capacity = None;
+    let mut runs = vec![];
+    for &encrypt_links in sealing {
+        let (measured, inner) = emulated_runs(args, encrypt_links).await?;
+        capacity = capacity.or(measured);
+        runs.extend(inner.into_iter().map(|r| ShuffleResult {
+            encrypted: encrypt_links,
+            ..r
+        }));
+    }
+    Ok(report(args, capacity, None, runs))
+}
+
+async fn emulated_runs(
+    args: &ShuffleArgs,
+    encrypt_links: bool,
+) -> Result<(Option<f64>, Vec<ShuffleResult>), BoxError> {
     let cluster = EmulatedCluster {
         name: args.name.clone(),
         nodes: args.nodes,
         link: args.link.parse()?,
         cpus: args.cpus,
         data_roots: Vec::new(),
+        encrypt_links,
     };
     let inner: Vec<String> = [
         "bench",
@@ -351,7 +430,7 @@ async fn emulated(args: &ShuffleArgs) -> Result<ShuffleBenchReport, BoxError> {
     .collect();
     let (capacity, stdout) = cluster.run("gyre bench shuffle", true, inner).await?;
     let inner: ShuffleBenchReport = serde_json::from_slice(&stdout)?;
-    Ok(report(args, capacity, None, inner.runs))
+    Ok((capacity, inner.runs))
 }
 
 fn emit(args: &ShuffleArgs, r: &ShuffleBenchReport) -> Result<(), BoxError> {
@@ -368,11 +447,13 @@ fn emit(args: &ShuffleArgs, r: &ShuffleBenchReport) -> Result<(), BoxError> {
     }
     for run in &r.runs {
         println!(
-            "\n{} of {} over {} workers, {} schedule, {} messages: {:.2} s, {:.1} MB/s in all{}{}",
+            "\n{} of {} over {} workers, {} schedule, {} links, {} messages: {:.2} s, {:.1} MB/s \
+             in all{}{}",
             run.pattern,
             human_bytes(run.total_bytes as f64),
             run.workers.len(),
             run.schedule,
+            if run.encrypted { "sealed" } else { "clear" },
             human_bytes(run.message_size as f64),
             run.elapsed_s,
             run.aggregate_bytes_per_sec / 1e6,
@@ -422,7 +503,11 @@ fn plot_svg(r: &ShuffleBenchReport) -> String {
     let mut values = vec![];
     for run in &r.runs {
         for wk in &run.workers {
-            labels.push(format!("{}/{} w{}", run.pattern, run.schedule, wk.node));
+            let sealed = if run.encrypted { "/sealed" } else { "" };
+            labels.push(format!(
+                "{}/{}{sealed} w{}",
+                run.pattern, run.schedule, wk.node
+            ));
             values.push(vec![wk.send_rate() / 1e6, wk.recv_rate() / 1e6]);
         }
     }

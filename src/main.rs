@@ -48,6 +48,8 @@ enum Command {
         #[command(flatten)]
         secret: SecretArgs,
         #[command(flatten)]
+        links: LinkArgs,
+        #[command(flatten)]
         front: FrontDoorArgs,
         /// Run at most N queries at once; later ones wait their turn.
         #[arg(long, value_name = "N")]
@@ -70,6 +72,8 @@ enum Command {
         advertise_host: Option<String>,
         #[command(flatten)]
         secret: SecretArgs,
+        #[command(flatten)]
+        links: LinkArgs,
         /// Threads of this worker's pool.
         #[arg(long, default_value_t = 2)]
         threads: usize,
@@ -133,6 +137,19 @@ enum BenchCommand {
     /// The 99 TPC-DS queries (data and texts from DuckDB's tpcds extension) on an
     /// embedded cluster, next to single-node DataFusion and DuckDB.
     Tpcds(Box<bench_tpcds::TpcdsArgs>),
+}
+
+/// How the nodes of a cluster talk to each other.
+#[derive(Args, Clone, Copy)]
+struct LinkArgs {
+    /// Encrypt and authenticate everything sent between nodes on data links (AES-256-GCM
+    /// under keys agreed per connection); every node of the cluster needs the same setting.
+    #[arg(
+        long,
+        env = "GYRE_ENCRYPT_LINKS",
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    encrypt_links: bool,
 }
 
 /// The cluster secret every node shares: from a file, or from GYRE_SECRET. Never an
@@ -345,6 +362,8 @@ struct LocalArgs {
     #[command(flatten)]
     files: DataRootArgs,
     #[command(flatten)]
+    links: LinkArgs,
+    #[command(flatten)]
     input: SqlInput,
     /// Run a benchmark instead of SQL: `tpch` (after the -c/-f statements, e.g. settings).
     #[arg(long)]
@@ -425,6 +444,7 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             listen,
             data_listen,
             secret,
+            links,
             front,
             max_concurrent_queries,
             files,
@@ -437,6 +457,7 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
                 data_listen,
                 transport: TransportConfig {
                     secret,
+                    encrypt_links: links.encrypt_links,
                     ..Default::default()
                 },
                 max_concurrent_queries,
@@ -461,6 +482,7 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             data_listen,
             advertise_host,
             secret,
+            links,
             tls_ca,
             memory_limit,
             files,
@@ -482,6 +504,7 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
                 advertise_host,
                 transport: TransportConfig {
                     secret,
+                    encrypt_links: links.encrypt_links,
                     ..Default::default()
                 },
                 coordinator_ca,
@@ -583,6 +606,7 @@ async fn run_local(args: LocalArgs) -> Result<(), Box<dyn std::error::Error>> {
         max_concurrent_queries: args.max_concurrent_queries,
         worker_memory: args.memory_limit,
         local_files: args.files.local_files(listen)?,
+        encrypt_links: args.links.encrypt_links,
     };
     let cluster =
         LocalCluster::start_limited(args.workers, threads, listen, &front, &limits).await?;
@@ -655,7 +679,25 @@ async fn run_input(
 
 #[cfg(test)]
 mod tests {
-    use super::parse_size;
+    use super::{Cli, Command, parse_size};
+    use clap::Parser;
+
+    #[test]
+    fn sealing_is_off_unless_asked_for_by_flag_or_environment() {
+        let sealed = |args: &[&str]| match Cli::try_parse_from(args).unwrap().command {
+            Command::Local(l) => l.links.encrypt_links,
+            _ => unreachable!(),
+        };
+        // The environment is shared by the tests of this binary: only this one sets it.
+        unsafe { std::env::remove_var("GYRE_ENCRYPT_LINKS") };
+        assert!(!sealed(&["gyre", "local"]));
+        assert!(sealed(&["gyre", "local", "--encrypt-links"]));
+        for (value, expected) in [("1", true), ("on", true), ("true", true), ("0", false)] {
+            unsafe { std::env::set_var("GYRE_ENCRYPT_LINKS", value) };
+            assert_eq!(sealed(&["gyre", "local"]), expected, "{value}");
+        }
+        unsafe { std::env::remove_var("GYRE_ENCRYPT_LINKS") };
+    }
 
     #[test]
     fn sizes_read_with_binary_suffixes() {

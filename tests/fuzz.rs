@@ -224,6 +224,8 @@ fn frame_seeds() -> Vec<Vec<u8>> {
         node: 1,
         window: 8,
         nonce: [3; auth::NONCE_LEN],
+        share: [4; auth::SHARE_LEN],
+        seal: false,
     };
     frames.push(frame(FrameKind::Hello, 0, &hello.encode()));
     let challenge = Challenge {
@@ -301,6 +303,8 @@ fn try_handshake(addr: std::net::SocketAddr, secret: &str) -> std::io::Result<st
         node: 1,
         window: 8,
         nonce: auth::nonce(),
+        share: gyre_transport::seal::KeyShare::new().unwrap().public(),
+        seal: false,
     };
     sock.write_all(&frame(FrameKind::Hello, 0, &hello.encode()))?;
     let mut header = [0u8; HEADER_LEN];
@@ -310,10 +314,8 @@ fn try_handshake(addr: std::net::SocketAddr, secret: &str) -> std::io::Result<st
     sock.read_exact(&mut payload)?;
     let challenge = Challenge::decode(h.kind, &payload).unwrap();
     let t = Transcript {
-        dialer: 1,
-        acceptor: 2,
-        dialer_nonce: hello.nonce,
-        acceptor_nonce: challenge.hello.nonce,
+        dialer: hello,
+        acceptor: challenge.hello,
     };
     assert!(t.verify(secret.as_bytes(), Role::Acceptor, &challenge.proof));
     sock.write_all(&frame(

@@ -733,3 +733,66 @@ async fn strangers_are_turned_away_before_their_messages_are_read() {
             .is_err()
     );
 }
+
+/// Runs `sql` and returns its one row of Int64-castable columns.
+async fn sql_row(cluster: &LocalCluster, sql: &str) -> Vec<i64> {
+    let results = cluster.coordinator.sql(sql).await.unwrap();
+    let b = results
+        .last()
+        .and_then(|r| r.batches.iter().find(|b| b.num_rows() > 0))
+        .expect("one row");
+    b.columns()
+        .iter()
+        .map(|c| {
+            let c = arrow::compute::cast(c, &arrow::datatypes::DataType::Int64).unwrap();
+            c.as_any().downcast_ref::<Int64Array>().unwrap().value(0)
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sealed_data_links_give_the_same_answers_as_clear_ones() {
+    let setup = "CREATE TABLE a AS SELECT value AS k, value % 97 AS g \
+                 FROM generate_series(1, 200000) AS s(value); \
+                 CREATE TABLE b AS SELECT value * 2 AS k, value % 13 AS h \
+                 FROM generate_series(1, 100000) AS s(value);";
+    // A join and a grouping on keys the tables are not placed on: rows cross the links.
+    let join = "SELECT count(*), sum(a.g), sum(b.h) FROM a JOIN b ON a.k = b.k";
+    let groups = "SELECT count(*), sum(n) FROM \
+                  (SELECT g, h, count(*) AS n FROM a JOIN b ON a.k = b.k GROUP BY g, h)";
+    let moved = "SELECT sum(bytes_sent) FROM gyre_workers()";
+    let expected_join = vec![
+        100_000,
+        (1..=100_000i64).map(|i| (2 * i) % 97).sum(),
+        (1..=100_000i64).map(|i| i % 13).sum(),
+    ];
+    let mut answers = vec![];
+    for encrypt_links in [false, true] {
+        let limits = gyre_cluster::Limits {
+            encrypt_links,
+            ..Default::default()
+        };
+        let cluster = LocalCluster::start_limited(
+            3,
+            1,
+            "127.0.0.1:0".parse().unwrap(),
+            &FrontDoor::default(),
+            &limits,
+        )
+        .await
+        .unwrap();
+        cluster.coordinator.sql(setup).await.unwrap();
+        let before = sql_row(&cluster, moved).await[0];
+        let j = sql_row(&cluster, join).await;
+        assert_eq!(j, expected_join, "sealed: {encrypt_links}");
+        let after = sql_row(&cluster, moved).await[0];
+        assert!(
+            after - before > 1_000_000,
+            "the join moved only {} bytes between nodes",
+            after - before
+        );
+        answers.push((j, sql_row(&cluster, groups).await));
+    }
+    assert_eq!(answers[0], answers[1]);
+    assert_eq!(answers[1].1, vec![97 * 13, 100_000]);
+}

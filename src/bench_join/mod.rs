@@ -431,6 +431,7 @@ async fn emulated(args: &JoinArgs, nodes: usize) -> Result<Vec<JoinResult>, BoxE
         link: args.link.parse::<LinkRate>()?,
         cpus: args.cpus,
         data_roots: vec![data_root],
+        encrypt_links: false,
     };
     let mut inner: Vec<String> = [
         "bench",

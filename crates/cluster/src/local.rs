@@ -25,10 +25,12 @@ pub struct LocalCluster {
     worker_memory: Option<usize>,
     /// The local files every node may touch.
     local_files: LocalFiles,
+    /// Whether the data links between its nodes are sealed.
+    encrypt_links: bool,
     workers: Vec<(Arc<Worker>, Option<tokio::runtime::Runtime>)>,
 }
 
-/// What an embedded cluster lets its queries use.
+/// What an embedded cluster lets its queries use, and how its nodes talk.
 #[derive(Debug, Clone, Default)]
 pub struct Limits {
     /// At most this many queries run at once; the others wait their turn.
@@ -37,6 +39,8 @@ pub struct Limits {
     pub worker_memory: Option<usize>,
     /// The local files statements and plans may read and write, on every node.
     pub local_files: LocalFiles,
+    /// Seal the data links between the nodes (see `gyre_transport::seal`).
+    pub encrypt_links: bool,
 }
 
 impl std::fmt::Debug for LocalCluster {
@@ -79,6 +83,7 @@ impl LocalCluster {
             listen,
             transport: TransportConfig {
                 secret: secret.clone(),
+                encrypt_links: limits.encrypt_links,
                 ..Default::default()
             },
             max_concurrent_queries: limits.max_concurrent_queries,
@@ -99,6 +104,7 @@ impl LocalCluster {
             secret,
             worker_memory: limits.worker_memory,
             local_files: limits.local_files.clone(),
+            encrypt_links: limits.encrypt_links,
             workers: Vec::with_capacity(workers),
         };
         for _ in 0..workers {
@@ -126,6 +132,7 @@ impl LocalCluster {
             advertise_host: None,
             transport: TransportConfig {
                 secret: self.secret.clone(),
+                encrypt_links: self.encrypt_links,
                 ..Default::default()
             },
             coordinator_ca: None,

@@ -94,6 +94,8 @@ pub struct GyreProcesses {
     /// Directories the nodes may read and write local files in (`--data-root`; the
     /// hosts share this machine's file system). None: no local files.
     pub data_roots: Vec<PathBuf>,
+    /// Seal the data links between the nodes (`--encrypt-links`).
+    pub encrypt_links: bool,
 }
 
 impl GyreProcesses {
@@ -107,6 +109,7 @@ impl GyreProcesses {
             worker_threads: None,
             ready_timeout: Duration::from_secs(60),
             data_roots: Vec::new(),
+            encrypt_links: false,
         })
     }
 }
@@ -554,6 +557,9 @@ impl Testbed {
         for root in &gyre.data_roots {
             cmd.arg("--data-root").arg(root);
         }
+        if gyre.encrypt_links {
+            cmd.arg("--encrypt-links");
+        }
         let coord_index = self.spawn(&coordinator, "coordinator", cmd, &gyre.secret)?;
         self.wait_ready(coord_index, COORDINATOR_READY, deadline)?;
 
@@ -575,6 +581,9 @@ impl Testbed {
                 .arg(threads.to_string());
             for root in &gyre.data_roots {
                 cmd.arg("--data-root").arg(root);
+            }
+            if gyre.encrypt_links {
+                cmd.arg("--encrypt-links");
             }
             workers.push(self.spawn(&host, "worker", cmd, &gyre.secret)?);
         }

@@ -194,6 +194,7 @@ fn a_failed_up_removes_what_it_made() {
         worker_threads: None,
         ready_timeout: Duration::from_secs(10),
         data_roots: Vec::new(),
+        encrypt_links: false,
     });
     let err = match Testbed::up(spec) {
         Ok(_) => panic!("up with a failing coordinator succeeded"),

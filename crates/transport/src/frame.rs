@@ -23,7 +23,7 @@ use std::fmt;
 /// `GYRE` in ASCII.
 pub const MAGIC: [u8; 4] = *b"GYRE";
 /// Bumped whenever the frame layout or a payload layout changes.
-pub const VERSION: u8 = 2;
+pub const VERSION: u8 = 3;
 /// Size of the fixed frame header in bytes.
 pub const HEADER_LEN: usize = 16;
 /// Largest payload a peer may send; larger frames are rejected before allocation.
@@ -102,6 +102,8 @@ pub enum FrameError {
     },
     /// A frame that is not allowed at this point of the protocol.
     Unexpected(FrameKind),
+    /// On a sealed link: a frame that does not open under the link's key and next nonce.
+    Unauthentic,
 }
 
 impl fmt::Display for FrameError {
@@ -133,6 +135,11 @@ impl fmt::Display for FrameError {
                 "truncated frame: connection closed after {got} of {want} bytes of the {what}"
             ),
             Self::Unexpected(k) => write!(f, "unexpected {k:?} frame"),
+            Self::Unauthentic => write!(
+                f,
+                "frame failed authentication on a sealed link (altered, replayed, \
+                 reordered or injected)"
+            ),
         }
     }
 }

@@ -27,6 +27,7 @@ pub(crate) mod hub;
 pub(crate) mod mux;
 pub mod pool;
 pub mod schedule;
+pub mod seal;
 pub mod stats;
 pub mod tcp;
 #[cfg(test)]

@@ -35,6 +35,7 @@ use crate::frame::{
 use crate::hub::{Carrier, Delivered, Event, Hub};
 use crate::pool::{Held, PoolBuffer};
 use crate::schedule::{Action, Schedule, Scheduler};
+use crate::seal::{DATA_OVERHEAD, KeyShare, Opener, Sealer, TAG_LEN};
 use crate::stats::PeerCounters;
 use crate::{NodeId, TransportConfig, TransportError, node_name};
 use bytes::{BufMut, Bytes};
@@ -474,12 +475,25 @@ impl Mux {
     /// Connects and authenticates; on error, also says whether the handshake failed.
     async fn dial(self: Arc<Self>, peer: NodeId, addr: SocketAddr) -> Result<(), (String, bool)> {
         let mut sock = self.connect(addr).await.map_err(|e| (e, false))?;
-        let window = self
+        let (window, keys) = self
             .dial_handshake(peer, addr, &mut sock)
             .await
             .map_err(|e| (e, true))?;
-        self.install(peer, addr, sock, window)
+        self.install(peer, addr, sock, window, keys)
             .map_err(|e| (e, false))
+    }
+
+    /// This node's hello, with a fresh nonce and key share.
+    fn hello(&self) -> Result<(Hello, KeyShare), String> {
+        let share = KeyShare::new()?;
+        let hello = Hello {
+            node: self.node,
+            window: self.hub.window,
+            nonce: auth::nonce(),
+            share: share.public(),
+            seal: self.config.encrypt_links,
+        };
+        Ok((hello, share))
     }
 
     async fn connect(&self, addr: SocketAddr) -> Result<TcpStream, String> {
@@ -498,19 +512,16 @@ impl Mux {
         Ok(sock)
     }
 
-    /// The dialer's half of the handshake; returns the acceptor's receive window.
+    /// The dialer's half of the handshake; returns the acceptor's receive window and,
+    /// on a sealed link, its keys.
     async fn dial_handshake(
         &self,
         peer: NodeId,
         addr: SocketAddr,
         sock: &mut TcpStream,
-    ) -> Result<u32, String> {
+    ) -> Result<(u32, Option<LinkKeys>), String> {
         let secret = self.config.secret.as_bytes();
-        let hello = Hello {
-            node: self.node,
-            window: self.hub.window,
-            nonce: auth::nonce(),
-        };
+        let (hello, share) = self.hello()?;
         write_frame(sock, FrameKind::Hello, 0, &hello.encode())
             .await
             .map_err(|e| e.to_string())?;
@@ -526,14 +537,19 @@ impl Mux {
             ));
         }
         let t = Transcript {
-            dialer: self.node,
-            acceptor: peer,
-            dialer_nonce: hello.nonce,
-            acceptor_nonce: ch.hello.nonce,
+            dialer: hello,
+            acceptor: ch.hello,
         };
         if !t.verify(secret, Role::Acceptor, &ch.proof) {
             return Err("failed the handshake: its proof does not match the cluster secret".into());
         }
+        if ch.hello.seal != hello.seal {
+            return Err(sealing_mismatch(ch.hello.seal));
+        }
+        let keys = hello
+            .seal
+            .then(|| share.link_keys(secret, &t, Role::Dialer))
+            .transpose()?;
         write_frame(sock, FrameKind::Proof, 0, &t.prove(secret, Role::Dialer))
             .await
             .map_err(|e| e.to_string())?;
@@ -543,7 +559,7 @@ impl Mux {
         if kind != FrameKind::Welcome {
             return Err(format!("answered the handshake with a {kind:?} frame"));
         }
-        Ok(ch.hello.window)
+        Ok((ch.hello.window, keys))
     }
 
     async fn accept(
@@ -584,16 +600,10 @@ impl Mux {
             }
         }
         let secret = self.config.secret.as_bytes();
-        let mine = Hello {
-            node: self.node,
-            window: self.hub.window,
-            nonce: auth::nonce(),
-        };
+        let (mine, share) = self.hello().map_err(fail)?;
         let t = Transcript {
-            dialer: peer,
-            acceptor: self.node,
-            dialer_nonce: hello.nonce,
-            acceptor_nonce: mine.nonce,
+            dialer: hello,
+            acceptor: mine,
         };
         let challenge = Challenge {
             hello: mine,
@@ -609,10 +619,19 @@ impl Mux {
         if !t.verify(secret, Role::Dialer, &proof) {
             return Err(fail("failed the handshake: wrong cluster secret".into()));
         }
+        if hello.seal != mine.seal {
+            return Err(fail(sealing_mismatch(hello.seal)));
+        }
+        let keys = mine
+            .seal
+            .then(|| share.link_keys(secret, &t, Role::Acceptor))
+            .transpose()
+            .map_err(fail)?;
         write_frame(&mut sock, FrameKind::Welcome, 0, &[])
             .await
             .map_err(|e| fail(e.to_string()))?;
-        self.install(peer, remote, sock, hello.window).map_err(fail)
+        self.install(peer, remote, sock, hello.window, keys)
+            .map_err(fail)
     }
 
     fn install(
@@ -621,8 +640,10 @@ impl Mux {
         addr: SocketAddr,
         sock: TcpStream,
         window: u32,
+        keys: Option<LinkKeys>,
     ) -> Result<(), String> {
         let (rd, wr) = sock.into_split();
+        let (sealer, opener) = keys.unzip();
         let wake = {
             let mut st = self.state.lock();
             st.dialing.remove(&peer);
@@ -634,8 +655,9 @@ impl Mux {
                 return Err("it is already connected".into());
             }
             let wake = Arc::clone(&link.wake);
-            let writer = tokio::spawn(Arc::clone(self).write_loop(peer, wr, Arc::clone(&wake)));
-            let reader = tokio::spawn(Arc::clone(self).read_loop(peer, rd));
+            let writer =
+                tokio::spawn(Arc::clone(self).write_loop(peer, wr, sealer, Arc::clone(&wake)));
+            let reader = tokio::spawn(Arc::clone(self).read_loop(peer, rd, opener));
             link.conn = Some(Conn {
                 addr,
                 tasks: [writer.abort_handle(), reader.abort_handle()],
@@ -645,11 +667,17 @@ impl Mux {
         self.hub.connected(peer, window);
         wake.notify_one();
         self.changed.notify_waiters();
-        tracing::debug!(node = self.node, peer, %addr, "data connection up");
+        tracing::debug!(node = self.node, peer, %addr, sealed = self.config.encrypt_links, "data connection up");
         Ok(())
     }
 
-    async fn write_loop(self: Arc<Self>, peer: NodeId, wr: OwnedWriteHalf, wake: Arc<Notify>) {
+    async fn write_loop(
+        self: Arc<Self>,
+        peer: NodeId,
+        wr: OwnedWriteHalf,
+        mut sealer: Option<Sealer>,
+        wake: Arc<Notify>,
+    ) {
         let mut w = BufWriter::with_capacity(64 * 1024, wr);
         let counters = self.hub.counters(peer);
         loop {
@@ -663,13 +691,15 @@ impl Mux {
                     wake.notified().await;
                     continue;
                 }
-                Next::Control(c) => write_control(&mut w, &c, &counters).await,
+                Next::Control(c) => write_control(&mut w, &c, &counters, sealer.as_mut()).await,
                 Next::Frame(OutFrame::Error { key, text, .. }) => {
-                    write_control(&mut w, &Control::Error(key, text), &counters).await
+                    let c = Control::Error(key, text);
+                    write_control(&mut w, &c, &counters, sealer.as_mut()).await
                 }
                 Next::Frame(OutFrame::Data { key, msg, last }) => {
                     self.meter.lock().begin();
-                    let r = write_data(&mut w, key, msg.as_ref(), last, &counters).await;
+                    let r = write_data(&mut w, key, msg.as_ref(), last, &counters, sealer.as_mut())
+                        .await;
                     let n = msg.as_ref().map_or(0, |m| m.message().len());
                     self.meter.lock().end(HEADER_LEN + StreamKey::LEN + n);
                     r
@@ -682,11 +712,19 @@ impl Mux {
         }
     }
 
-    async fn read_loop(self: Arc<Self>, peer: NodeId, rd: OwnedReadHalf) {
+    async fn read_loop(
+        self: Arc<Self>,
+        peer: NodeId,
+        rd: OwnedReadHalf,
+        mut opener: Option<Opener>,
+    ) {
         let mut rd = BufReader::with_capacity(64 * 1024, rd);
         let counters = self.hub.counters(peer);
         loop {
-            match self.read_one(peer, &mut rd, &counters).await {
+            match self
+                .read_one(peer, &mut rd, &counters, opener.as_mut())
+                .await
+            {
                 Ok(()) => {}
                 Err(ReadEnd::Closed) => {
                     self.lose(peer, CLEAN_CLOSE.to_string(), false);
@@ -709,6 +747,7 @@ impl Mux {
         peer: NodeId,
         rd: &mut BufReader<OwnedReadHalf>,
         counters: &PeerCounters,
+        mut opener: Option<&mut Opener>,
     ) -> Result<(), ReadEnd> {
         let mut header = [0u8; HEADER_LEN];
         read_exact(rd, &mut header, "header", true).await?;
@@ -717,7 +756,8 @@ impl Mux {
         PeerCounters::add(&counters.bytes_received, (HEADER_LEN + h.len) as u64);
         match h.kind {
             FrameKind::Data => {
-                if h.len < StreamKey::LEN {
+                let overhead = if opener.is_some() { DATA_OVERHEAD } else { 0 };
+                if h.len < StreamKey::LEN + overhead {
                     return Err(FrameError::BadLength {
                         kind: h.kind,
                         len: h.len,
@@ -726,7 +766,11 @@ impl Mux {
                 }
                 let mut kb = [0u8; StreamKey::LEN];
                 read_exact(rd, &mut kb, "stream key", false).await?;
-                let body_len = h.len - StreamKey::LEN;
+                if let Some(o) = opener.as_deref_mut() {
+                    let tag = read_tag(rd).await?;
+                    o.open(&header, &mut kb, &tag)?;
+                }
+                let body_len = h.len - StreamKey::LEN - overhead;
                 // The sender must be allowed to send on this stream before a byte of
                 // the body is buffered for it. A bare end-of-stream marker has no body
                 // and needs no credit: `deliver` checks it.
@@ -745,10 +789,18 @@ impl Mux {
                     PoolBuffer::unpooled(body_len)
                 };
                 read_body(rd, buf.vec_mut(), body_len).await?;
-                let mut crc = crc32fast::Hasher::new();
-                crc.update(&kb);
-                crc.update(buf.as_slice());
-                h.verify_crc(crc.finalize())?;
+                match opener {
+                    Some(o) => {
+                        let tag = read_tag(rd).await?;
+                        o.open(&[], buf.vec_mut(), &tag)?;
+                    }
+                    None => {
+                        let mut crc = crc32fast::Hasher::new();
+                        crc.update(&kb);
+                        crc.update(buf.as_slice());
+                        h.verify_crc(crc.finalize())?;
+                    }
+                }
                 PeerCounters::add(&counters.messages_received, 1);
                 let key = StreamKey::from_bytes(&kb);
                 let last = h.flags & FLAG_LAST != 0;
@@ -771,12 +823,22 @@ impl Mux {
                 Err(FrameError::Unexpected(h.kind).into())
             }
             kind => {
-                if h.len > MAX_CONTROL {
+                let overhead = if opener.is_some() { TAG_LEN } else { 0 };
+                if h.len > MAX_CONTROL || h.len < overhead {
                     return Err(FrameError::BadLength { kind, len: h.len }.into());
                 }
                 let mut p = vec![0u8; h.len];
                 read_exact(rd, &mut p, "payload", false).await?;
-                h.verify_crc(crc32fast::hash(&p))?;
+                match opener {
+                    Some(o) => {
+                        let tag: [u8; TAG_LEN] = p
+                            .split_off(h.len - TAG_LEN)
+                            .try_into()
+                            .expect("TAG_LEN bytes split off");
+                        o.open(&header, &mut p, &tag)?;
+                    }
+                    None => h.verify_crc(crc32fast::hash(&p))?,
+                }
                 let c = Control::decode(kind, h.flags, Bytes::from(p))?;
                 self.on_control(peer, c).map_err(ReadEnd::Protocol)
             }
@@ -866,12 +928,27 @@ async fn write_control(
     w: &mut BufWriter<OwnedWriteHalf>,
     c: &Control,
     counters: &PeerCounters,
+    sealer: Option<&mut Sealer>,
 ) -> std::io::Result<()> {
     let (kind, flags, payload) = c.encode();
-    w.write_all(&encode_header(kind, flags, &payload)).await?;
-    w.write_all(&payload).await?;
+    let len = match sealer {
+        Some(s) => {
+            let header = FrameHeader::encode(kind, flags, payload.len() + TAG_LEN, 0);
+            let mut sealed = payload.to_vec();
+            let tag = s.seal(&header, &mut sealed)?;
+            w.write_all(&header).await?;
+            w.write_all(&sealed).await?;
+            w.write_all(&tag).await?;
+            payload.len() + TAG_LEN
+        }
+        None => {
+            w.write_all(&encode_header(kind, flags, &payload)).await?;
+            w.write_all(&payload).await?;
+            payload.len()
+        }
+    };
     PeerCounters::add(&counters.frames_sent, 1);
-    PeerCounters::add(&counters.bytes_sent, (HEADER_LEN + payload.len()) as u64);
+    PeerCounters::add(&counters.bytes_sent, (HEADER_LEN + len) as u64);
     Ok(())
 }
 
@@ -881,25 +958,62 @@ async fn write_data(
     msg: Option<&Held>,
     last: bool,
     counters: &PeerCounters,
+    sealer: Option<&mut Sealer>,
 ) -> std::io::Result<()> {
-    let kb = key.to_bytes();
+    let mut kb = key.to_bytes();
     let body: &[u8] = msg.map_or(&[], |m| m.message().as_slice());
-    let body_crc = msg
-        .and_then(|m| m.message().crc())
-        .unwrap_or_else(|| crc32fast::hash(body));
-    let crc = data_crc(&kb, body_crc, body.len());
     let flags = if last { FLAG_LAST } else { 0 };
-    let header = FrameHeader::encode(FrameKind::Data, flags, StreamKey::LEN + body.len(), crc);
-    w.write_all(&header).await?;
-    w.write_all(&kb).await?;
-    w.write_all(body).await?;
+    let len = match sealer {
+        Some(s) => {
+            let len = StreamKey::LEN + body.len() + DATA_OVERHEAD;
+            let header = FrameHeader::encode(FrameKind::Data, flags, len, 0);
+            let tag = s.seal(&header, &mut kb)?;
+            w.write_all(&header).await?;
+            w.write_all(&kb).await?;
+            w.write_all(&tag).await?;
+            w.write_all(s.seal_copy(body)?).await?;
+            len
+        }
+        None => {
+            let body_crc = msg
+                .and_then(|m| m.message().crc())
+                .unwrap_or_else(|| crc32fast::hash(body));
+            let crc = data_crc(&kb, body_crc, body.len());
+            let len = StreamKey::LEN + body.len();
+            w.write_all(&FrameHeader::encode(FrameKind::Data, flags, len, crc))
+                .await?;
+            w.write_all(&kb).await?;
+            w.write_all(body).await?;
+            len
+        }
+    };
     PeerCounters::add(&counters.frames_sent, 1);
     PeerCounters::add(&counters.messages_sent, 1);
-    PeerCounters::add(
-        &counters.bytes_sent,
-        (HEADER_LEN + StreamKey::LEN + body.len()) as u64,
-    );
+    PeerCounters::add(&counters.bytes_sent, (HEADER_LEN + len) as u64);
     Ok(())
+}
+
+/// The keys of a sealed link: this end's sealer and opener.
+type LinkKeys = (Sealer, Opener);
+
+/// Why two nodes' links cannot be set up: one seals them, the other does not.
+fn sealing_mismatch(peer_seals: bool) -> String {
+    let (who, other) = if peer_seals {
+        ("it", "this node")
+    } else {
+        ("this node", "it")
+    };
+    format!(
+        "{who} encrypts its data links and {other} does not (every node of a cluster needs \
+         the same --encrypt-links)"
+    )
+}
+
+/// Reads the authentication tag that ends a sealed part of a frame.
+async fn read_tag(rd: &mut (impl AsyncRead + Unpin)) -> Result<[u8; TAG_LEN], ReadEnd> {
+    let mut tag = [0u8; TAG_LEN];
+    read_exact(rd, &mut tag, "authentication tag", false).await?;
+    Ok(tag)
 }
 
 /// Fills `buf`; a clean end of the connection before the first byte of a frame is

@@ -36,6 +36,9 @@ pub struct TransportConfig {
     pub schedule: Schedule,
     /// Link rate in bytes per second to assume until one is measured.
     pub link_rate_hint: Option<f64>,
+    /// Encrypt and authenticate every frame on data links ([`crate::seal`]). Every
+    /// node of a cluster must agree: a node refuses a peer that does not.
+    pub encrypt_links: bool,
 }
 
 impl Default for TransportConfig {
@@ -49,6 +52,7 @@ impl Default for TransportConfig {
             window: 8,
             schedule: Schedule::Free,
             link_rate_hint: None,
+            encrypt_links: false,
         }
     }
 }

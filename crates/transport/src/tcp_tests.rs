@@ -468,6 +468,8 @@ async fn raw_peer(t: &TcpTransport, claimed: NodeId, secret: &str) -> Result<Tcp
         node: claimed,
         window: 4,
         nonce: auth::nonce(),
+        share: crate::seal::KeyShare::new().unwrap().public(),
+        seal: false,
     };
     write_frame(&mut sock, FrameKind::Hello, 0, &hello.encode())
         .await
@@ -475,10 +477,8 @@ async fn raw_peer(t: &TcpTransport, claimed: NodeId, secret: &str) -> Result<Tcp
     let (kind, _, p) = read_handshake(&mut sock).await?;
     let ch = Challenge::decode(kind, &p).map_err(|e| e.to_string())?;
     let tr = Transcript {
-        dialer: claimed,
-        acceptor: t.node_id(),
-        dialer_nonce: hello.nonce,
-        acceptor_nonce: ch.hello.nonce,
+        dialer: hello,
+        acceptor: ch.hello,
     };
     write_frame(
         &mut sock,
@@ -878,7 +878,16 @@ async fn a_join_shaped_dependency_cannot_deadlock_the_free_schedule() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_shuffle_benchmark_verifies_both_patterns_and_measures_the_link() {
-    let n = cluster(&[1, 2, 3], small_config()).await;
+    shuffle_benchmark(small_config()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shuffle_benchmark_runs_over_sealed_links() {
+    shuffle_benchmark(sealed_config()).await;
+}
+
+async fn shuffle_benchmark(config: TransportConfig) {
+    let n = cluster(&[1, 2, 3], config).await;
     for (run_id, pattern) in [(1, Pattern::Repartition), (2, Pattern::Broadcast)] {
         let runs = n.iter().enumerate().map(|(i, t)| {
             let t = t.clone();
@@ -916,4 +925,198 @@ async fn the_shuffle_benchmark_verifies_both_patterns_and_measures_the_link() {
     }
     assert!(n[0].stats().measured_link_rate.is_some());
     assert!(n[0].link_rate().is_some());
+}
+
+// ---------------------------------------------------------------------------------------
+// Sealed links: what an observer or a meddler on the path between two nodes can do.
+
+fn sealed_config() -> TransportConfig {
+    TransportConfig {
+        encrypt_links: true,
+        ..small_config()
+    }
+}
+
+/// Bytes node 1 sends in the handshake: its hello and its proof.
+const DIALER_HANDSHAKE: usize = 2 * HEADER_LEN + Hello::LEN + auth::PROOF_LEN;
+
+/// A TCP relay to `to` that records what its client sends and may XOR one byte of it
+/// (`flip`: offset in that stream, mask).
+async fn relay(to: SocketAddr, flip: Option<(usize, u8)>) -> (SocketAddr, Arc<Mutex<Vec<u8>>>) {
+    use tokio::io::AsyncReadExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let record = Arc::clone(&seen);
+    tokio::spawn(async move {
+        let (inbound, _) = listener.accept().await.unwrap();
+        let outbound = TcpStream::connect(to).await.unwrap();
+        let (mut in_rd, mut in_wr) = inbound.into_split();
+        let (mut out_rd, mut out_wr) = outbound.into_split();
+        tokio::spawn(async move {
+            let _ = tokio::io::copy(&mut out_rd, &mut in_wr).await;
+        });
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut at = 0;
+        loop {
+            let n = match in_rd.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            if let Some((offset, mask)) = flip
+                && (at..at + n).contains(&offset)
+            {
+                buf[offset - at] ^= mask;
+            }
+            at += n;
+            record.lock().unwrap().extend_from_slice(&buf[..n]);
+            if out_wr.write_all(&buf[..n]).await.is_err() {
+                break;
+            }
+        }
+    });
+    (addr, seen)
+}
+
+/// Nodes 1 and 2, node 1 (the dialer) reaching node 2 through a [`relay`].
+async fn relayed_pair(
+    config: TransportConfig,
+    flip: Option<(usize, u8)>,
+) -> (TcpTransport, TcpTransport, Arc<Mutex<Vec<u8>>>) {
+    log();
+    let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    let a = TcpTransport::bind(1, any, config.clone()).await.unwrap();
+    let b = TcpTransport::bind(2, any, config).await.unwrap();
+    let (via, seen) = relay(b.local_addr(), flip).await;
+    a.set_peers(&[(1, a.local_addr()), (2, via)].into());
+    b.set_peers(&[(1, a.local_addr()), (2, b.local_addr())].into());
+    (a, b, seen)
+}
+
+const MARKER: &[u8] = b"card 4111-1111-1111-1111 ";
+/// A query id whose bytes are easy to spot.
+const QUERY: u64 = 0x5ea1_ed11_4c0f_fee5;
+
+/// Node 1 sends five messages of [`MARKER`]s to node 2 through a relay; returns what
+/// node 2 received and what the relay saw.
+async fn send_through_relay(
+    config: TransportConfig,
+    flip: Option<(usize, u8)>,
+) -> (Result<Vec<(u32, Vec<u8>)>, TransportError>, Vec<u8>) {
+    let (a, b, seen) = relayed_pair(config, flip).await;
+    let tx = a.open_send(send_spec(QUERY, 0, &[2])).unwrap();
+    let rx = b.open_receive(recv_spec(QUERY, &[(0, 1)])).unwrap();
+    let body = MARKER.repeat(2000);
+    let (_, got) = tokio::time::timeout(
+        Duration::from_secs(10),
+        futures_join_2(
+            async {
+                for _ in 0..5 {
+                    let Ok(mut buf) = tx.acquire(To::Node(2)).await else {
+                        return;
+                    };
+                    buf.write_all(&body).unwrap();
+                    if tx.put(buf, false).is_err() {
+                        return;
+                    }
+                }
+                tx.finish();
+            },
+            drain(&rx),
+        ),
+    )
+    .await
+    .expect("the receiver must end or fail, not hang");
+    let seen = seen.lock().unwrap().clone();
+    (got, seen)
+}
+
+async fn futures_join_2<A: std::future::Future, B: std::future::Future>(
+    a: A,
+    b: B,
+) -> (A::Output, B::Output) {
+    tokio::join!(a, b)
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+#[tokio::test]
+async fn a_sealed_link_shows_an_observer_neither_rows_nor_stream_ids() {
+    let expected = vec![(0, MARKER.repeat(2000)); 5];
+    // On a clear link the observer reads both, so the check below can fail.
+    let (got, seen) = send_through_relay(small_config(), None).await;
+    assert_eq!(got.unwrap(), expected);
+    assert!(contains(&seen, MARKER));
+    assert!(contains(&seen, &QUERY.to_le_bytes()));
+    let (got, seen) = send_through_relay(sealed_config(), None).await;
+    assert_eq!(got.unwrap(), expected);
+    assert!(
+        seen.len() > 5 * MARKER.len() * 2000,
+        "the data went through"
+    );
+    assert!(!contains(&seen, MARKER));
+    assert!(!contains(&seen, &QUERY.to_le_bytes()));
+}
+
+/// Flips `mask` at `offset` of node 1's stream; node 2 must drop the link for `cause`.
+async fn meddle(config: TransportConfig, offset: usize, mask: u8, cause: &str) {
+    let (got, _) = send_through_relay(config, Some((DIALER_HANDSHAKE + offset, mask))).await;
+    let e = got.expect_err("an altered frame must not be delivered");
+    let text = e.to_string();
+    assert!(
+        matches!(e, TransportError::PeerLost { peer: 1, .. }),
+        "{text}"
+    );
+    assert!(text.contains(cause), "{text}");
+}
+
+#[tokio::test]
+async fn a_sealed_link_catches_any_altered_bit_that_a_checksum_lets_through() {
+    // The first data frame: header, then the sealed stream key and its tag, then the body.
+    let body = HEADER_LEN + StreamKey::LEN + crate::seal::TAG_LEN;
+    let unauthentic = "failed authentication";
+    meddle(sealed_config(), body + 1000, 0x04, unauthentic).await;
+    meddle(sealed_config(), HEADER_LEN + 3, 0x01, unauthentic).await;
+    // A header flag is not covered by an unsealed frame's checksum: setting the last
+    // flag on a clear link silently ends the stream early. Sealed, the header is
+    // authenticated.
+    meddle(sealed_config(), 6, FLAG_LAST, unauthentic).await;
+    let (got, _) =
+        send_through_relay(small_config(), Some((DIALER_HANDSHAKE + 6, FLAG_LAST))).await;
+    assert_eq!(
+        got.unwrap().len(),
+        1,
+        "the clear link lost four messages unnoticed"
+    );
+}
+
+#[tokio::test]
+async fn nodes_that_disagree_about_sealing_do_not_connect() {
+    log();
+    for (dialer_seals, cause) in [
+        (true, "this node encrypts its data links and it does not"),
+        (false, "it encrypts its data links and this node does not"),
+    ] {
+        let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let config = |seal| TransportConfig {
+            encrypt_links: seal,
+            ..small_config()
+        };
+        let a = TcpTransport::bind(1, any, config(dialer_seals))
+            .await
+            .unwrap();
+        let b = TcpTransport::bind(2, any, config(!dialer_seals))
+            .await
+            .unwrap();
+        let peers: HashMap<NodeId, SocketAddr> = [(1, a.local_addr()), (2, b.local_addr())].into();
+        let rx = a.open_receive(recv_spec(1, &[(0, 2)])).unwrap();
+        a.set_peers(&peers);
+        b.set_peers(&peers);
+        let e = rx.get().await.unwrap_err().to_string();
+        assert!(e.contains("worker 2") && e.contains(cause), "{e}");
+        assert!(e.contains("--encrypt-links"), "{e}");
+        assert!(!b.is_connected(1));
+    }
 }
