@@ -235,6 +235,21 @@ async fn a_worker_memory_limit_spills_sorts_and_fails_oversized_builds_cleanly()
         "{err}"
     );
     assert!(workers_idle(&cluster, Duration::from_secs(3)).await);
+    // So does Flow-Join's build partition, held for broadcasting heavy keys.
+    let err = c
+        .sql("SET gyre.join_strategy = 'shuffle'; SET gyre.skew_detection = on")
+        .await
+        .and(
+            c.sql_one("SELECT count(*) FROM w a JOIN w b ON a.s = b.s")
+                .await,
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("Resources exhausted") && err.contains("for FlowJoinExec"),
+        "{err}"
+    );
+    assert!(workers_idle(&cluster, Duration::from_secs(3)).await);
     c.sql("SET gyre.join_strategy = 'auto'").await.unwrap();
     // The next query runs.
     let r = c.sql_one("SELECT count(*) AS n FROM w").await.unwrap();

@@ -1,5 +1,11 @@
 //! The consuming side of an exchange: a leaf of the stage that reads another
 //! stage's output.
+//!
+//! Its memory counts in the worker's pool as `ExchangeReceiverExec[partition]`:
+//! the messages the transport holds for it (at most its sources' credits) and the
+//! batches decoded from the last one. The consumer only grows without checking the
+//! limit: the senders' credits already bound those bytes and refusing them would
+//! free nothing, but the pool sees them, so operators that can spill do so sooner.
 
 use crate::codec::BatchDecoder;
 use crate::context::{ExchangeId, Placement, QueryContext};
@@ -8,6 +14,7 @@ use arrow::datatypes::SchemaRef;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
 use datafusion::physical_expr::{
     AcrossPartitions, ConstExpr, EquivalenceProperties, LexOrdering, PhysicalExpr,
 };
@@ -158,8 +165,32 @@ struct Inflow {
     endpoint: ReceiveEndpoint,
     /// One IPC stream per source.
     decoders: Vec<BatchDecoder>,
-    ready: VecDeque<RecordBatch>,
+    /// Decoded batches not yet passed on, with their sizes.
+    ready: VecDeque<(RecordBatch, usize)>,
+    /// What the transport holds for this partition plus `ready`.
+    memory: MemoryReservation,
     metrics: RecvMetrics,
+}
+
+impl Inflow {
+    /// Brings the reservation to the bytes held now.
+    fn account(&mut self) {
+        let ready: usize = self.ready.iter().map(|(_, n)| n).sum();
+        self.memory.resize(self.endpoint.queued_bytes() + ready);
+    }
+}
+
+/// The bytes a batch's arrays use (slices of a shared message buffer count only their
+/// own part).
+fn batch_bytes(b: &RecordBatch) -> usize {
+    b.columns()
+        .iter()
+        .map(|c| {
+            c.to_data()
+                .get_slice_memory_size()
+                .unwrap_or_else(|_| c.get_array_memory_size())
+        })
+        .sum()
 }
 
 fn transport_err(e: gyre_transport::TransportError) -> DataFusionError {
@@ -169,7 +200,8 @@ fn transport_err(e: gyre_transport::TransportError) -> DataFusionError {
 fn inflow_stream(inflow: Inflow) -> impl futures::Stream<Item = Result<RecordBatch>> + Send {
     futures::stream::try_unfold(inflow, |mut s| async move {
         loop {
-            if let Some(batch) = s.ready.pop_front() {
+            if let Some((batch, _)) = s.ready.pop_front() {
+                s.account();
                 s.metrics.rows.add(batch.num_rows());
                 s.metrics.batches.add(1);
                 return Ok(Some((batch, s)));
@@ -177,7 +209,10 @@ fn inflow_stream(inflow: Inflow) -> impl futures::Stream<Item = Result<RecordBat
             let t = s.metrics.network_wait.timer();
             let msg = s.endpoint.get().await.map_err(transport_err)?;
             t.done();
-            let Some(msg) = msg else { return Ok(None) };
+            let Some(msg) = msg else {
+                s.memory.free();
+                return Ok(None);
+            };
             if msg.data().is_empty() {
                 continue; // a bare end-of-stream marker
             }
@@ -190,7 +225,11 @@ fn inflow_stream(inflow: Inflow) -> impl futures::Stream<Item = Result<RecordBat
             // Released at once: the buffer goes back to the pool, or is replaced in it
             // if the decoded batches are kept (they share its memory).
             s.endpoint.release(msg);
-            s.ready.extend(batches);
+            s.ready.extend(batches.into_iter().map(|b| {
+                let n = batch_bytes(&b);
+                (b, n)
+            }));
+            s.account();
         }
     })
 }
@@ -262,10 +301,13 @@ impl ExecutionPlan for ExchangeReceiverExec {
                 sources,
             })
             .map_err(transport_err)?;
+        let memory = MemoryConsumer::new(format!("ExchangeReceiverExec[{partition}]"))
+            .register(context.memory_pool());
         let stream = inflow_stream(Inflow {
             endpoint,
             decoders,
             ready: VecDeque::new(),
+            memory,
             metrics,
         });
         // Arriving messages never make the stream wait once they are queued: it

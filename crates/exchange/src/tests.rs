@@ -116,6 +116,11 @@ async fn nodes(ids: &[NodeId], schedule: Schedule) -> Vec<TcpTransport> {
 }
 
 fn task_ctx(t: &TcpTransport, workers: &[NodeId], compression: Compression) -> Arc<TaskContext> {
+    Arc::new(query_task(t, workers, compression))
+}
+
+/// The task context of query 1 on `t`, with DataFusion's default runtime.
+fn query_task(t: &TcpTransport, workers: &[NodeId], compression: Compression) -> TaskContext {
     let qc = QueryContext {
         query_id: 1,
         transport: Arc::new(t.clone()),
@@ -124,7 +129,7 @@ fn task_ctx(t: &TcpTransport, workers: &[NodeId], compression: Compression) -> A
         runtime_filters: Default::default(),
     };
     let config = SessionConfig::new().with_extension(Arc::new(qc));
-    Arc::new(TaskContext::default().with_session_config(config))
+    TaskContext::default().with_session_config(config)
 }
 
 fn keys(batches: &[RecordBatch]) -> Vec<i64> {
@@ -246,6 +251,60 @@ async fn shuffle_and_gather_free_schedule() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shuffle_and_gather_phased_schedule_lz4() {
     shuffle_then_gather(Schedule::Phased { quota: 2 }, Compression::Lz4).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_a_receiver_holds_counts_in_the_memory_pool() {
+    use datafusion::execution::memory_pool::{GreedyMemoryPool, MemoryPool};
+    use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+    use futures::StreamExt;
+    let workers: Vec<NodeId> = vec![1];
+    let all = nodes(&[COORDINATOR, 1], Schedule::Free).await;
+    let data = input(1, 40_000);
+    let source = MemorySourceConfig::try_new_exec(&data, schema(), None).unwrap();
+    let gather = Arc::new(ExchangeSenderExec::new(
+        source,
+        1,
+        Placement::Workers,
+        SendMode::Gather,
+    ));
+    let at_coordinator = ExchangeReceiverExec::new(
+        1,
+        schema(),
+        Placement::Workers,
+        1,
+        ReceiveMode::Forward,
+        Partitioning::UnknownPartitioning(1),
+        None,
+    );
+    let ctx = task_ctx(&all[1], &workers, Compression::None);
+    let sender = tokio::spawn(common::collect(gather.execute(0, ctx).unwrap()));
+    let pool: Arc<dyn MemoryPool> = Arc::new(GreedyMemoryPool::new(1 << 30));
+    let runtime = RuntimeEnvBuilder::new()
+        .with_memory_pool(Arc::clone(&pool))
+        .build_arc()
+        .unwrap();
+    let ctx = Arc::new(query_task(&all[0], &workers, Compression::None).with_runtime(runtime));
+    let mut stream = at_coordinator.execute(0, ctx).unwrap();
+    let mut rows = stream.next().await.unwrap().unwrap().num_rows();
+    // The sender fills its credits while nobody reads: those messages are held here.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    rows += stream.next().await.unwrap().unwrap().num_rows();
+    let held = pool.reserved();
+    assert!(
+        held >= 4 * 64 * 1024,
+        "{held} bytes counted with a full window of 64 KiB messages queued"
+    );
+    while let Some(b) = stream.next().await {
+        rows += b.unwrap().num_rows();
+    }
+    assert_eq!(rows, 40_000);
+    assert_eq!(pool.reserved(), 0, "all given back at the end");
+    sender.await.unwrap().unwrap();
+    for t in &all {
+        t.release_query(1);
+        t.shutdown();
+    }
 }
 
 /// Output keys of `rows` build rows (`k` unique, 0..rows) joined with two probe

@@ -629,6 +629,12 @@ impl ReceiveEndpoint {
         ))
     }
 
+    /// Bytes of the messages that arrived and were not taken yet: at most the sources'
+    /// credits' worth, plus oversize messages.
+    pub fn queued_bytes(&self) -> usize {
+        self.queue.bytes.load(Ordering::Relaxed)
+    }
+
     /// Sources whose last message has not arrived yet.
     pub fn remaining(&self) -> usize {
         self.remaining.load(Ordering::Acquire)
@@ -653,6 +659,9 @@ impl ReceiveEndpoint {
             let next = self.queue.events.lock().pop_front();
             match next {
                 Some((i, Event::Data { msg, last })) => {
+                    self.queue
+                        .bytes
+                        .fetch_sub(msg.message().len(), Ordering::Relaxed);
                     if last {
                         self.source_done(i);
                     }

@@ -19,7 +19,7 @@ use parking_lot::Mutex;
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use tokio::sync::{Notify, Semaphore};
 
 /// Streams a peer may open towards this node before any endpoint here expects them.
@@ -53,10 +53,15 @@ pub(crate) enum Event {
 pub(crate) struct RecvQueue {
     pub events: Mutex<VecDeque<(usize, Event)>>,
     pub notify: Notify,
+    /// Bytes of the messages in `events`.
+    pub bytes: AtomicUsize,
 }
 
 impl RecvQueue {
     fn push(&self, source: usize, ev: Event) {
+        if let Event::Data { msg, .. } = &ev {
+            self.bytes.fetch_add(msg.message().len(), Ordering::Relaxed);
+        }
         self.events.lock().push_back((source, ev));
         self.notify.notify_one();
     }
@@ -344,6 +349,7 @@ impl Hub {
                 *credits.entry(keys[source]).or_default() += 1;
             }
         }
+        queue.bytes.store(0, Ordering::Relaxed);
         let mut out = vec![];
         for key in keys {
             if let Some(s) = st.inbound.get_mut(key) {

@@ -15,6 +15,10 @@
 //! - *Done* once every round was announced (or requested by every worker); a stream
 //!   of them that ends earlier is an error.
 //!
+//! The build partition counts against the worker's memory pool (as `FlowJoinExec[p]
+//! build partition`) from its first row until the usual join has it: from then on the
+//! join's hash table holds the same batches and its own reservation counts them.
+//!
 //! A drain (one per round) collects the heavy build rows all owners broadcast for its
 //! round. It answers as soon as the round is announced without heavy hitters, or
 //! otherwise when every owner ended the round's broadcast.
@@ -28,6 +32,7 @@ use arrow::array::{RecordBatch, UInt32Array};
 use arrow::compute::take_record_batch;
 use arrow::datatypes::SchemaRef;
 use datafusion::common::{DataFusionError, Result, internal_datafusion_err};
+use datafusion::execution::memory_pool::MemoryReservation;
 use datafusion::physical_expr::PhysicalExprRef;
 use datafusion::physical_plan::SendableRecordBatchStream;
 use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
@@ -65,6 +70,7 @@ pub(super) async fn own(
     eps: Vec<SendEndpoint>,
     mut wanted_rx: mpsc::UnboundedReceiver<Wanted>,
     askers: usize,
+    memory: MemoryReservation,
 ) -> Result<()> {
     let fail_all = |e: DataFusionError| {
         let text = e.to_string();
@@ -75,7 +81,12 @@ pub(super) async fn own(
     };
     let mut schema = input.schema();
     let collected = async {
-        let b = input.try_collect::<Vec<RecordBatch>>().await?;
+        let mut input = input;
+        let mut b = Vec::new();
+        while let Some(batch) = input.try_next().await? {
+            memory.try_grow(batch.get_array_memory_size())?;
+            b.push(batch);
+        }
         let b = match kept {
             Some(kept) => split_build_heavy(&sh, &keys, b, kept).await?,
             None => b,
@@ -105,6 +116,8 @@ pub(super) async fn own(
         ),
     );
     let _ = build_tx.send(Ok(batches.clone()));
+    // The usual join's reservation counts these batches once it has collected them.
+    memory.free();
     if let Some((numbered_schema, tx)) = numbered {
         schema = numbered_schema;
         let _ = tx.send(Ok(batches.clone()));

@@ -14,6 +14,7 @@ use arrow::array::{RecordBatch, UInt32Array};
 use arrow::compute::take_record_batch;
 use arrow::datatypes::SchemaRef;
 use datafusion::common::{Result, internal_datafusion_err};
+use datafusion::execution::memory_pool::MemoryReservation;
 use datafusion::physical_expr::PhysicalExprRef;
 use futures::StreamExt;
 use gyre_join::flow::control::Side;
@@ -32,23 +33,29 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 /// meets exactly once, on one more join per worker. Build rows take part in the
 /// broadcast join too, which holds the probe rows routed before their key was heavy
 /// on both sides. A build-preserving join's kept build rows carry their ids here, so
-/// that their owner can combine the matches of every copy. `eps` and `schemas`: build,
-/// then probe.
+/// that their owner can combine the matches of every copy. `keys`, `eps` and
+/// `schemas`: build, then probe. The probe rows set aside count in `memory` until
+/// they are sent.
 pub(super) async fn replicate_sfr(
     sh: Arc<Shared>,
-    build_keys: Vec<PhysicalExprRef>,
-    probe_keys: Vec<PhysicalExprRef>,
+    [build_keys, probe_keys]: [Vec<PhysicalExprRef>; 2],
     kept: oneshot::Receiver<Vec<RecordBatch>>,
     set_aside: mpsc::UnboundedReceiver<RecordBatch>,
     eps: [SendEndpoint; 2],
     schemas: [SchemaRef; 2],
+    memory: MemoryReservation,
 ) -> Result<()> {
     let result = async {
         if !sh.any_build_heavy().await {
             return Ok(());
         }
-        // Complete when the probe router is done.
-        let probe: Vec<RecordBatch> = UnboundedReceiverStream::new(set_aside).collect().await;
+        // Complete when the probe router is done; held until they are replicated.
+        let mut probe: Vec<RecordBatch> = Vec::new();
+        let mut set_aside = UnboundedReceiverStream::new(set_aside);
+        while let Some(batch) = set_aside.next().await {
+            memory.try_grow(batch.get_array_memory_size())?;
+            probe.push(batch);
+        }
         let mut rounds = sh.rounds.subscribe();
         let _ = rounds.wait_for(|r| *r >= sh.probe_iterations).await;
         let (n, me) = (sh.n(), sh.partition);

@@ -45,6 +45,7 @@ use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
 use datafusion::common::{DataFusionError, Result, internal_datafusion_err};
 use datafusion::execution::TaskContext;
+use datafusion::execution::memory_pool::MemoryConsumer;
 use datafusion::physical_expr::PhysicalExprRef;
 use datafusion::physical_plan::joins::HashJoinExec;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
@@ -476,8 +477,7 @@ impl<'a> Wiring<'a> {
         let (set_aside_tx, set_aside_rx) = mpsc::unbounded_channel::<RecordBatch>();
         let task = replicate_sfr(
             Arc::clone(&self.sh),
-            self.build_keys.clone(),
-            self.probe_keys.clone(),
+            [self.build_keys.clone(), self.probe_keys.clone()],
             kept_copy_rx,
             set_aside_rx,
             [
@@ -485,6 +485,11 @@ impl<'a> Wiring<'a> {
                 self.sh.open_send(sfr_ex + 1, self.workers())?,
             ],
             [Arc::clone(kept_schema), Arc::clone(&self.bcast_schema)],
+            MemoryConsumer::new(format!(
+                "FlowJoinExec[{}] set-aside probe rows",
+                self.partition
+            ))
+            .register(self.ctx.memory_pool()),
         );
         let build = self.receive(sfr_ex, kept_schema)?;
         let probe = self.receive(sfr_ex + 1, &self.bcast_schema)?;
@@ -675,6 +680,8 @@ impl<'a> Wiring<'a> {
             bcast_eps,
             owner_rx,
             if fetch_rx.is_some() { self.n } else { 1 },
+            MemoryConsumer::new(format!("FlowJoinExec[{}] build partition", self.partition))
+                .register(self.ctx.memory_pool()),
         )));
         if let Some(rx) = fetch_rx {
             tasks.spawn(Box::pin(requests(self.rounds(), rx, owner_tx.clone())));
