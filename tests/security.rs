@@ -144,7 +144,7 @@ async fn oversized_messages_and_silent_connections_are_turned_away() {
     let cluster = LocalCluster::start(1, 1, "127.0.0.1:0".parse().unwrap())
         .await
         .unwrap();
-    // A socket that never speaks: closed within the first-bytes window.
+    // A socket that never speaks: closed when its time to be admitted is up.
     let mut silent = tokio::net::TcpStream::connect(cluster.addr).await.unwrap();
     let opened = Instant::now();
     // One action body larger than any client message may be.
@@ -172,9 +172,92 @@ async fn oversized_messages_and_silent_connections_are_turned_away() {
         .expect("a silent connection must be closed");
     let waited = opened.elapsed();
     assert!(
-        waited >= gyre_cluster::protocol::FIRST_BYTES_WITHIN - Duration::from_secs(1),
+        waited >= gyre_cluster::protocol::ADMITTED_WITHIN - Duration::from_secs(1),
         "{waited:?}"
     );
+}
+
+/// Connections that never log in have slots of their own, which they cannot keep: a
+/// client that logged in keeps working while strangers fill them, and strangers who
+/// keep talking without credentials are cut off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn strangers_cannot_take_the_port_from_clients_who_logged_in() {
+    use gyre_cluster::protocol::{ADMITTED_WITHIN, MAX_STRANGERS};
+    let front = FrontDoor {
+        users: Some(users()),
+        tls: None,
+    };
+    let cluster = LocalCluster::start_with(1, 1, "127.0.0.1:0".parse().unwrap(), &front)
+        .await
+        .unwrap();
+    let opened = Instant::now();
+    let cluster_addr = cluster.addr;
+    let mut alice = client(cluster.addr).await;
+    alice.handshake("alice", "correct horse").await.unwrap();
+    assert_eq!(single_i64(&query(&mut alice, "SELECT 1").await.unwrap()), 1);
+    // A stranger who keeps talking HTTP/2 (pings) but never sends credentials.
+    let chatty = tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(cluster_addr).await.unwrap();
+        s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+            .await
+            .unwrap();
+        let (mut rd, mut wr) = s.into_split();
+        let pings = tokio::spawn(async move {
+            loop {
+                let ping = b"\0\0\x08\x06\0\0\0\0\0pingpong";
+                if wr.write_all(ping).await.is_err() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        });
+        let mut buf = [0u8; 4096];
+        let mut answered = 0;
+        while let Ok(n) = rd.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+            answered += n;
+        }
+        pings.abort();
+        (opened.elapsed(), answered)
+    });
+    // Strangers take every slot left for connections that have not logged in.
+    let mut strangers = vec![];
+    for _ in 0..MAX_STRANGERS {
+        strangers.push(tokio::net::TcpStream::connect(cluster.addr).await.unwrap());
+    }
+    // Accepted and closed at once: a newcomer cannot even start a login now.
+    let newcomer = async move {
+        let mut c = client(cluster_addr).await;
+        c.handshake("bob", "battery staple").await
+    };
+    let refused = tokio::time::timeout(Duration::from_secs(10), tokio::spawn(newcomer))
+        .await
+        .expect("refused, not left hanging");
+    assert!(
+        refused.is_err() || refused.unwrap().is_err(),
+        "a newcomer got in"
+    );
+    // Alice's connection holds a slot of its own.
+    assert_eq!(single_i64(&query(&mut alice, "SELECT 2").await.unwrap()), 2);
+    // Once their time is up, the strangers (the chatty one too) are cut off ...
+    let (cut_after, answered) = tokio::time::timeout(ADMITTED_WITHIN * 2, chatty)
+        .await
+        .expect("a stranger that keeps talking must be cut off")
+        .unwrap();
+    assert!(answered > 0, "the server spoke HTTP/2 with it");
+    assert!(
+        cut_after >= ADMITTED_WITHIN - Duration::from_secs(1),
+        "{cut_after:?}"
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // ... and newcomers get in again, while Alice's connection lives on.
+    let mut bob = client(cluster.addr).await;
+    bob.handshake("bob", "battery staple").await.unwrap();
+    assert_eq!(single_i64(&query(&mut bob, "SELECT 3").await.unwrap()), 3);
+    assert_eq!(single_i64(&query(&mut alice, "SELECT 4").await.unwrap()), 4);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

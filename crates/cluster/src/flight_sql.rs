@@ -569,10 +569,12 @@ fn serve_gated(
         key,
         gyre_transport::COORDINATOR,
     );
+    let standings = crate::protocol::Standings::default();
     let service = gate.header_check().around(
         FlightServiceServer::new(gate)
             .max_decoding_message_size(MAX_CLIENT_MESSAGE)
             .max_encoding_message_size(MAX_CLIENT_MESSAGE),
+        standings.clone(),
     );
     let mut server = tonic::transport::Server::builder();
     if let Some(tls) = tls {
@@ -580,7 +582,7 @@ fn serve_gated(
             DataFusionError::Configuration(format!("bad TLS certificate or key: {e}"))
         })?;
     }
-    let incoming = crate::protocol::incoming_nodelay(listener);
+    let incoming = crate::protocol::incoming_nodelay(listener, standings);
     tokio::spawn(async move {
         if let Err(e) = server
             .add_service(service)

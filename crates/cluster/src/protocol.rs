@@ -13,31 +13,47 @@ use datafusion::common::{DataFusionError, Result};
 use futures::StreamExt;
 use gyre_transport::NodeId;
 use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use tonic::transport::Channel;
 
 /// Accepted connections of a gRPC service, with Nagle's algorithm off: a reply's last
 /// segment would otherwise wait for the peer's delayed ACK (40 ms per statement here).
-/// At most [`MAX_CONNECTIONS`] are open at once, and each must start talking within
-/// [`FIRST_BYTES_WITHIN`]: whoever can reach the port cannot hold all its sockets.
+///
+/// A connection starts as a stranger: at most [`MAX_STRANGERS`] of those are open at
+/// once, and one is closed if no call on it passes the gate within [`ADMITTED_WITHIN`]
+/// (the gate marks it in `standings`: a bearer token, a control signature, or any call
+/// when clients need no login). Admitted connections move to the listener's other
+/// [`MAX_CONNECTIONS`] slots and stay as long as their clients like, so strangers who
+/// fill their slots do not take the port from those who logged in.
 pub fn incoming_nodelay(
     listener: tokio::net::TcpListener,
+    standings: Standings,
 ) -> impl futures::Stream<Item = std::io::Result<Admitted>> {
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let strangers = Arc::new(tokio::sync::Semaphore::new(MAX_STRANGERS));
+    let members = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     let refused = Arc::new(std::sync::atomic::AtomicU64::new(0));
     tokio_stream::wrappers::TcpListenerStream::new(listener).filter_map(move |s| {
-        let (slots, refused) = (Arc::clone(&slots), Arc::clone(&refused));
+        let (strangers, members, refused, standings) = (
+            Arc::clone(&strangers),
+            Arc::clone(&members),
+            Arc::clone(&refused),
+            standings.clone(),
+        );
         async move {
             let s = match s {
                 Ok(s) => s,
                 Err(e) => return Some(Err(e)),
             };
-            let Ok(slot) = slots.try_acquire_owned() else {
+            let (Ok(slot), Ok(peer)) = (strangers.try_acquire_owned(), s.peer_addr()) else {
                 // Closed at once; the log says so once per thousand refusals.
                 if refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 1000 == 0 {
                     tracing::warn!(
-                        "refusing connections from {:?} and others: {MAX_CONNECTIONS} are open",
+                        "refusing connections from {:?} and others: {MAX_STRANGERS} connections \
+                         that have not logged in are open",
                         s.peer_addr().ok()
                     );
                 }
@@ -48,26 +64,89 @@ pub fn incoming_nodelay(
             }
             Some(Ok(Admitted {
                 stream: s,
-                first_bytes: Some(Box::pin(tokio::time::sleep(FIRST_BYTES_WITHIN))),
+                deadline: Some(Box::pin(tokio::time::sleep(ADMITTED_WITHIN))),
                 _slot: slot,
+                admitted: standings.enter(peer),
+                members,
+                standings,
+                peer,
             }))
         }
     })
 }
 
-/// Most connections one listener keeps open; more are closed as they come.
+/// Most admitted connections one listener keeps open; more are closed as they come.
 pub const MAX_CONNECTIONS: usize = 1024;
 
-/// A connection that sends nothing for this long after it opens is closed: it would
-/// hold one of the listener's [`MAX_CONNECTIONS`] slots for nothing.
-pub const FIRST_BYTES_WITHIN: Duration = Duration::from_secs(10);
+/// Most connections without an admitted call one listener keeps open.
+pub const MAX_STRANGERS: usize = 256;
 
-/// An accepted connection: holds its slot of the listener's connections while it is
-/// open, and fails its first read if nothing arrives within [`FIRST_BYTES_WITHIN`].
+/// A connection none of whose calls passed the gate this long after it opened is
+/// closed: it would hold one of the listener's [`MAX_STRANGERS`] slots for nothing.
+pub const ADMITTED_WITHIN: Duration = Duration::from_secs(15);
+
+/// Which open connections of one listener had a call pass its gate, by peer address.
+#[derive(Clone, Default)]
+pub struct Standings(Arc<parking_lot::Mutex<HashMap<SocketAddr, Arc<AtomicBool>>>>);
+
+impl Standings {
+    /// A call from `peer` passed the gate: its connection is admitted.
+    pub fn admit(&self, peer: SocketAddr) {
+        if let Some(a) = self.0.lock().get(&peer) {
+            a.store(true, Ordering::Relaxed);
+        }
+    }
+
+    fn enter(&self, peer: SocketAddr) -> Arc<AtomicBool> {
+        let a = Arc::new(AtomicBool::new(false));
+        self.0.lock().insert(peer, Arc::clone(&a));
+        a
+    }
+}
+
+/// An accepted connection: holds its slot among the listener's connections while it is
+/// open, and fails its next read once [`ADMITTED_WITHIN`] passed without an admitted
+/// call.
 pub struct Admitted {
     stream: tokio::net::TcpStream,
-    first_bytes: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+    /// Until the connection is admitted.
+    deadline: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
     _slot: tokio::sync::OwnedSemaphorePermit,
+    admitted: Arc<AtomicBool>,
+    members: Arc<tokio::sync::Semaphore>,
+    standings: Standings,
+    peer: SocketAddr,
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        self.standings.0.lock().remove(&self.peer);
+    }
+}
+
+impl Admitted {
+    /// Moves an admitted connection to a member slot (it keeps its stranger slot if
+    /// every member slot is taken); fails a stranger past its deadline.
+    fn check_standing(&mut self, cx: &mut std::task::Context<'_>) -> std::io::Result<()> {
+        use std::future::Future;
+        let Some(deadline) = self.deadline.as_mut() else {
+            return Ok(());
+        };
+        if self.admitted.load(Ordering::Relaxed) {
+            self.deadline = None;
+            if let Ok(member) = Arc::clone(&self.members).try_acquire_owned() {
+                self._slot = member;
+            }
+            return Ok(());
+        }
+        if deadline.as_mut().poll(cx).is_ready() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("no call passed the gate within {ADMITTED_WITHIN:?}"),
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl tonic::transport::server::Connected for Admitted {
@@ -84,24 +163,11 @@ impl tokio::io::AsyncRead for Admitted {
         cx: &mut std::task::Context<'_>,
         buf: &mut tokio::io::ReadBuf<'_>,
     ) -> std::task::Poll<std::io::Result<()>> {
-        use std::future::Future;
-        use std::task::Poll;
         let this = self.get_mut();
-        let before = buf.filled().len();
-        let read = std::pin::Pin::new(&mut this.stream).poll_read(cx, buf);
-        if let Some(wait) = this.first_bytes.as_mut() {
-            match &read {
-                Poll::Ready(Ok(())) if buf.filled().len() > before => this.first_bytes = None,
-                Poll::Pending if wait.as_mut().poll(cx).is_ready() => {
-                    return Poll::Ready(Err(std::io::Error::new(
-                        std::io::ErrorKind::TimedOut,
-                        format!("nothing arrived within {FIRST_BYTES_WITHIN:?}"),
-                    )));
-                }
-                _ => {}
-            }
+        if let Err(e) = this.check_standing(cx) {
+            return std::task::Poll::Ready(Err(e));
         }
-        read
+        std::pin::Pin::new(&mut this.stream).poll_read(cx, buf)
     }
 }
 

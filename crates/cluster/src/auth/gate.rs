@@ -18,7 +18,7 @@
 use super::node::{NODE_HEADER, NodeKey, NodeVerifier};
 use super::tokens::Tokens;
 use super::users::Users;
-use crate::protocol::ACTION;
+use crate::protocol::{ACTION, Standings};
 use arrow_flight::flight_service_server::FlightService;
 use arrow_flight::{
     Action, Criteria, Empty, FlightData, FlightDescriptor, FlightInfo, HandshakeRequest,
@@ -152,24 +152,39 @@ impl Door {
         }
     }
 
-    /// Whether a call may be read, judged by its path and headers alone.
-    fn admits(&self, path: &str, headers: &HeaderMap) -> Result<(), String> {
+    /// Whether a call may be read, judged by its path and headers alone, and whether
+    /// its connection is admitted by it (a login is read, but its credentials are
+    /// only checked later).
+    fn admits(&self, path: &str, headers: &HeaderMap) -> Result<Admits, String> {
         if matches!(self.clients, Clients::Open) {
-            return Ok(());
+            return Ok(Admits::Connection);
         }
         if let Some(signature) = headers.get(NODE_HEADER) {
             if path != DO_ACTION {
                 return Err("control signatures go with DoAction only".to_string());
             }
-            return self.nodes.check_header(signature.to_str().ok()).map(|_| ());
+            return self
+                .nodes
+                .check_header(signature.to_str().ok())
+                .map(|_| Admits::Connection);
         }
         if path == HANDSHAKE && matches!(self.clients, Clients::Users(_)) {
             return basic_credentials(headers)
-                .map(|_| ())
+                .map(|_| Admits::Call)
                 .map_err(str::to_string);
         }
-        self.client(headers).map_err(str::to_string)
+        self.client(headers)
+            .map(|_| Admits::Connection)
+            .map_err(str::to_string)
     }
+}
+
+/// What a call that passes the header check admits.
+enum Admits {
+    /// The call only (a login, whose password is checked later).
+    Call,
+    /// The call and its connection (see [`crate::protocol::incoming_nodelay`]).
+    Connection,
 }
 
 /// The gRPC paths of Flight's login and actions.
@@ -184,6 +199,7 @@ const DO_ACTION: &str = "/arrow.flight.protocol.FlightService/DoAction";
 pub struct Admission<S> {
     inner: S,
     door: Arc<Door>,
+    standings: Standings,
 }
 
 /// A gate's header check, to put around the gRPC server that serves the gate.
@@ -191,11 +207,13 @@ pub struct Admission<S> {
 pub struct HeaderCheck(Arc<Door>);
 
 impl HeaderCheck {
-    /// `server` (serving the gate this came from) behind the header check.
-    pub fn around<S>(self, server: S) -> Admission<S> {
+    /// `server` (serving the gate this came from) behind the header check, which
+    /// marks in `standings` the connections its calls admit.
+    pub fn around<S>(self, server: S, standings: Standings) -> Admission<S> {
         Admission {
             inner: server,
             door: self.0,
+            standings,
         }
     }
 }
@@ -205,6 +223,20 @@ impl<S> Gate<S> {
     pub fn header_check(&self) -> HeaderCheck {
         HeaderCheck(Arc::clone(&self.door))
     }
+}
+
+/// The caller's address, as the server recorded it (over TCP or TLS).
+fn caller<B>(request: &tonic::codegen::http::Request<B>) -> Option<std::net::SocketAddr> {
+    use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
+    let extensions = request.extensions();
+    extensions
+        .get::<TcpConnectInfo>()
+        .or_else(|| {
+            extensions
+                .get::<TlsConnectInfo<TcpConnectInfo>>()
+                .map(|i| i.get_ref())
+        })
+        .and_then(|i| i.remote_addr())
 }
 
 impl<S> tonic::codegen::Service<tonic::codegen::http::Request<tonic::body::Body>> for Admission<S>
@@ -230,18 +262,14 @@ where
 
     fn call(&mut self, request: tonic::codegen::http::Request<tonic::body::Body>) -> Self::Future {
         match self.door.admits(request.uri().path(), request.headers()) {
-            Ok(()) => futures::future::Either::Left(self.inner.call(request)),
+            Ok(admits) => {
+                if let (Admits::Connection, Some(peer)) = (admits, caller(&request)) {
+                    self.standings.admit(peer);
+                }
+                futures::future::Either::Left(self.inner.call(request))
+            }
             Err(reason) => {
-                use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
-                let extensions = request.extensions();
-                let peer = extensions
-                    .get::<TcpConnectInfo>()
-                    .or_else(|| {
-                        extensions
-                            .get::<TlsConnectInfo<TcpConnectInfo>>()
-                            .map(|i| i.get_ref())
-                    })
-                    .and_then(|i| i.remote_addr());
+                let peer = caller(&request);
                 let call = request.uri().path().rsplit('/').next().unwrap_or("a call");
                 let status = refusal(peer, call, &reason);
                 futures::future::Either::Right(futures::future::ready(Ok(status.into_http())))

@@ -107,12 +107,14 @@ fn spawn_control_service(
                 // Only signed control messages pass: clients never talk to workers.
                 let service = WorkerService(Arc::downgrade(&worker));
                 let gate = Gate::new(service, Clients::NodesOnly, key, worker.node);
+                let standings = crate::protocol::Standings::default();
                 let service = gate.header_check().around(
                     FlightServiceServer::new(gate)
                         .max_decoding_message_size(crate::protocol::MAX_CONTROL_MESSAGE)
                         .max_encoding_message_size(crate::protocol::MAX_CONTROL_MESSAGE),
+                    standings.clone(),
                 );
-                let incoming = crate::protocol::incoming_nodelay(listener);
+                let incoming = crate::protocol::incoming_nodelay(listener, standings);
                 drop(worker);
                 // Ends at `Worker::shutdown`, or when the worker is dropped (the sender goes).
                 let gone = async move {
