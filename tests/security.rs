@@ -77,13 +77,7 @@ fn assert_refused(result: Result<Vec<RecordBatch>, String>, why: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nothing_runs_without_a_login_and_logins_need_the_right_password() {
-    let front = FrontDoor {
-        users: Some(users()),
-        tls: None,
-    };
-    let cluster = LocalCluster::start_with(2, 1, "127.0.0.1:0".parse().unwrap(), &front)
-        .await
-        .unwrap();
+    let cluster = cluster_with_users(2).await;
     cluster
         .coordinator
         .sql("CREATE TABLE t AS SELECT * FROM (VALUES (1), (2), (3)) AS v(x)")
@@ -183,13 +177,7 @@ async fn oversized_messages_and_silent_connections_are_turned_away() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn strangers_cannot_take_the_port_from_clients_who_logged_in() {
     use gyre_cluster::protocol::{ADMITTED_WITHIN, MAX_STRANGERS};
-    let front = FrontDoor {
-        users: Some(users()),
-        tls: None,
-    };
-    let cluster = LocalCluster::start_with(1, 1, "127.0.0.1:0".parse().unwrap(), &front)
-        .await
-        .unwrap();
+    let cluster = cluster_with_users(1).await;
     let opened = Instant::now();
     let cluster_addr = cluster.addr;
     let mut alice = client(cluster.addr).await;
@@ -566,6 +554,30 @@ fn the_command_line_logs_in_over_tls_and_refuses_open_public_ports() {
 }
 
 /// The first column of the first row of a statement's last result.
+/// An embedded cluster of `workers` workers whose clients must log in as [`users`].
+async fn cluster_with_users(workers: usize) -> LocalCluster {
+    let front = FrontDoor {
+        users: Some(users()),
+        tls: None,
+    };
+    LocalCluster::start_with(workers, 1, "127.0.0.1:0".parse().unwrap(), &front)
+        .await
+        .unwrap()
+}
+
+/// An embedded cluster of `workers` workers set up as `limits` says, open to anyone.
+async fn limited_cluster(workers: usize, limits: &gyre_cluster::Limits) -> LocalCluster {
+    LocalCluster::start_limited(
+        workers,
+        1,
+        "127.0.0.1:0".parse().unwrap(),
+        &FrontDoor::default(),
+        limits,
+    )
+    .await
+    .unwrap()
+}
+
 async fn sql_count(cluster: &LocalCluster, sql: &str) -> Result<u64, String> {
     let results = cluster
         .coordinator
@@ -599,15 +611,7 @@ async fn files_are_read_and_written_only_inside_the_data_roots() {
         local_files: gyre_cluster::files::LocalFiles::within(std::slice::from_ref(&root)).unwrap(),
         ..Default::default()
     };
-    let cluster = LocalCluster::start_limited(
-        2,
-        1,
-        "127.0.0.1:0".parse().unwrap(),
-        &FrontDoor::default(),
-        &limits,
-    )
-    .await
-    .unwrap();
+    let cluster = limited_cluster(2, &limits).await;
     let csv = |name: &str, location: &std::path::Path| {
         format!(
             "CREATE EXTERNAL TABLE {name} STORED AS CSV LOCATION '{}' \
@@ -744,13 +748,7 @@ async fn call_without_message(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn strangers_are_turned_away_before_their_messages_are_read() {
-    let front = FrontDoor {
-        users: Some(users()),
-        tls: None,
-    };
-    let cluster = LocalCluster::start_with(1, 1, "127.0.0.1:0".parse().unwrap(), &front)
-        .await
-        .unwrap();
+    let cluster = cluster_with_users(1).await;
     const DO_ACTION: &str = "/arrow.flight.protocol.FlightService/DoAction";
     const GET_INFO: &str = "/arrow.flight.protocol.FlightService/GetFlightInfo";
     let (worker, node) = cluster
@@ -855,15 +853,7 @@ async fn sealed_data_links_give_the_same_answers_as_clear_ones() {
             encrypt_links,
             ..Default::default()
         };
-        let cluster = LocalCluster::start_limited(
-            3,
-            1,
-            "127.0.0.1:0".parse().unwrap(),
-            &FrontDoor::default(),
-            &limits,
-        )
-        .await
-        .unwrap();
+        let cluster = limited_cluster(3, &limits).await;
         cluster.coordinator.sql(setup).await.unwrap();
         let before = sql_row(&cluster, moved).await[0];
         let j = sql_row(&cluster, join).await;

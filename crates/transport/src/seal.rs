@@ -190,15 +190,18 @@ mod tests {
     use super::*;
     use crate::auth::{Hello, nonce};
 
-    fn handshake(secret_d: &[u8], secret_a: &[u8]) -> ((Sealer, Opener), (Sealer, Opener)) {
-        let (d, a) = (KeyShare::new().unwrap(), KeyShare::new().unwrap());
-        let hello = |node, share| Hello {
+    fn hello(node: u32, share: Share) -> Hello {
+        Hello {
             node,
             window: 8,
             nonce: nonce(),
             share,
             seal: true,
-        };
+        }
+    }
+
+    fn handshake(secret_d: &[u8], secret_a: &[u8]) -> ((Sealer, Opener), (Sealer, Opener)) {
+        let (d, a) = (KeyShare::new().unwrap(), KeyShare::new().unwrap());
         let t = Transcript {
             dialer: hello(1, d.public()),
             acceptor: hello(2, a.public()),
@@ -274,13 +277,6 @@ mod tests {
     #[test]
     fn an_invalid_share_is_refused() {
         let d = KeyShare::new().unwrap();
-        let hello = |node, share| Hello {
-            node,
-            window: 8,
-            nonce: nonce(),
-            share,
-            seal: true,
-        };
         let t = Transcript {
             dialer: hello(1, d.public()),
             acceptor: hello(2, [0; SHARE_LEN]),
