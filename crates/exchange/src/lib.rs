@@ -20,6 +20,7 @@ pub mod context;
 pub mod cyclo;
 pub mod flow;
 pub mod key_hash;
+mod memory;
 pub mod network;
 pub mod receiver;
 pub mod relayed;

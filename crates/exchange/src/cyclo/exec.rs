@@ -24,6 +24,7 @@
 use crate::context::{ExchangeId, QueryContext};
 use crate::cyclo::kernel::CycloKernel;
 use crate::cyclo::words::{RotatingLayout, key_array, key_type_supported, travels};
+use crate::memory::collect_counted;
 use crate::network::{InputsAt, NetworkOperator};
 use arrow::array::{
     Array, ArrayRef, BooleanArray, RecordBatch, RecordBatchOptions, UInt32Array, UInt64Array,
@@ -50,7 +51,6 @@ use datafusion::physical_plan::{
     ChildrenPropertiesMode, DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties,
     Partitioning, PlanProperties, ReplaceChildrenOptions, SendableRecordBatchStream,
 };
-use futures::StreamExt;
 use gyre_join::JoinPairs;
 use gyre_join::Keys;
 use gyre_join::cyclo::{
@@ -379,15 +379,9 @@ async fn collect(
     reservation: &MemoryReservation,
 ) -> Result<RecordBatch> {
     let schema = stream.schema();
-    let mut batches = vec![];
-    let mut pieces = 0;
-    while let Some(b) = stream.next().await {
-        let b = b?;
-        let size = b.get_array_memory_size();
-        reservation.try_grow(size)?;
-        pieces += size;
-        batches.push(b);
-    }
+    let before = reservation.size();
+    let batches = collect_counted(&mut stream, reservation).await?;
+    let pieces = reservation.size() - before;
     let whole = concat_batches(&schema, &batches)?;
     // The copy is held beside the pieces until they go.
     reservation.try_grow(whole.get_array_memory_size())?;

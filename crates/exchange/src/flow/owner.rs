@@ -27,6 +27,7 @@ use super::announcements::announced_empty;
 use super::lookup::{HashSetU64, Modulo};
 use super::matches::number_rows;
 use super::shared::{Hashed, Shared, name_heavy_hitter};
+use crate::memory::collect_counted;
 use crate::sender::{SendMetrics, transport_err};
 use arrow::array::{RecordBatch, UInt32Array};
 use arrow::compute::take_record_batch;
@@ -36,7 +37,7 @@ use datafusion::execution::memory_pool::MemoryReservation;
 use datafusion::physical_expr::PhysicalExprRef;
 use datafusion::physical_plan::SendableRecordBatchStream;
 use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
-use futures::{StreamExt, TryStreamExt};
+use futures::StreamExt;
 use gyre_join::flow::control::Side;
 use gyre_transport::{SendEndpoint, To};
 use std::collections::BTreeMap;
@@ -81,12 +82,7 @@ pub(super) async fn own(
     };
     let mut schema = input.schema();
     let collected = async {
-        let mut input = input;
-        let mut b = Vec::new();
-        while let Some(batch) = input.try_next().await? {
-            memory.try_grow(batch.get_array_memory_size())?;
-            b.push(batch);
-        }
+        let b = collect_counted(input, &memory).await?;
         let b = match kept {
             Some(kept) => split_build_heavy(&sh, &keys, b, kept).await?,
             None => b,

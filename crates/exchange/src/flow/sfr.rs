@@ -10,6 +10,7 @@
 
 use super::lookup::HashSetU64;
 use super::shared::{Hashed, Shared, name_heavy_hitter};
+use crate::memory::collect_counted;
 use arrow::array::{RecordBatch, UInt32Array};
 use arrow::compute::take_record_batch;
 use arrow::datatypes::SchemaRef;
@@ -50,12 +51,8 @@ pub(super) async fn replicate_sfr(
             return Ok(());
         }
         // Complete when the probe router is done; held until they are replicated.
-        let mut probe: Vec<RecordBatch> = Vec::new();
-        let mut set_aside = UnboundedReceiverStream::new(set_aside);
-        while let Some(batch) = set_aside.next().await {
-            memory.try_grow(batch.get_array_memory_size())?;
-            probe.push(batch);
-        }
+        let set_aside = UnboundedReceiverStream::new(set_aside).map(Ok);
+        let probe = collect_counted(set_aside, &memory).await?;
         let mut rounds = sh.rounds.subscribe();
         let _ = rounds.wait_for(|r| *r >= sh.probe_iterations).await;
         let (n, me) = (sh.n(), sh.partition);
