@@ -120,7 +120,14 @@ pub struct Admitted {
 
 impl Drop for Admitted {
     fn drop(&mut self) {
-        self.standings.0.lock().remove(&self.peer);
+        // A new connection from the same address may have entered meanwhile.
+        let mut standings = self.standings.0.lock();
+        if standings
+            .get(&self.peer)
+            .is_some_and(|a| Arc::ptr_eq(a, &self.admitted))
+        {
+            standings.remove(&self.peer);
+        }
     }
 }
 
