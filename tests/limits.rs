@@ -203,57 +203,45 @@ async fn a_worker_memory_limit_spills_sorts_and_fails_oversized_builds_cleanly()
     assert_eq!(sorted.len(), 1_000_000);
     assert!(sorted.windows(2).all(|p| p[0] <= p[1]), "not in order");
     // A hash join whose build side cannot fit fails naming what ran out, nothing dies.
-    let err = c
-        .sql("SET gyre.join_strategy = 'shuffle'; SET gyre.skew_detection = off")
-        .await
-        .and(
-            c.sql_one(
-                "SELECT count(*) FROM (SELECT s FROM w UNION ALL SELECT s FROM w) a \
-                 JOIN (SELECT s FROM w UNION ALL SELECT s FROM w) b ON a.s = b.s",
-            )
-            .await,
-        )
-        .unwrap_err()
-        .to_string();
-    assert!(err.contains("Resources exhausted"), "{err}");
-    assert!(workers_idle(&cluster, Duration::from_secs(3)).await);
+    exhausts(
+        &cluster,
+        "SET gyre.join_strategy = 'shuffle'; SET gyre.skew_detection = off",
+        "SELECT count(*) FROM (SELECT s FROM w UNION ALL SELECT s FROM w) a \
+         JOIN (SELECT s FROM w UNION ALL SELECT s FROM w) b ON a.s = b.s",
+    )
+    .await;
     // A cyclo-join holds its inputs whole: beyond the pool it fails naming itself.
-    let err = c
-        .sql("SET gyre.join_strategy = 'cyclo'")
-        .await
-        .and(
-            c.sql_one(
-                "SELECT max(length(a.s) + length(b.s)) \
-                 FROM (SELECT k, s FROM w UNION ALL SELECT k, s FROM w) a JOIN w b ON a.k = b.k",
-            )
-            .await,
-        )
-        .unwrap_err()
-        .to_string();
-    assert!(
-        err.contains("Resources exhausted") && err.contains("CycloJoinExec"),
-        "{err}"
-    );
-    assert!(workers_idle(&cluster, Duration::from_secs(3)).await);
+    let err = exhausts(
+        &cluster,
+        "SET gyre.join_strategy = 'cyclo'",
+        "SELECT max(length(a.s) + length(b.s)) \
+         FROM (SELECT k, s FROM w UNION ALL SELECT k, s FROM w) a JOIN w b ON a.k = b.k",
+    )
+    .await;
+    assert!(err.contains("CycloJoinExec"), "{err}");
     // So does Flow-Join's build partition, held for broadcasting heavy keys.
-    let err = c
-        .sql("SET gyre.join_strategy = 'shuffle'; SET gyre.skew_detection = on")
-        .await
-        .and(
-            c.sql_one("SELECT count(*) FROM w a JOIN w b ON a.s = b.s")
-                .await,
-        )
-        .unwrap_err()
-        .to_string();
-    assert!(
-        err.contains("Resources exhausted") && err.contains("for FlowJoinExec"),
-        "{err}"
-    );
-    assert!(workers_idle(&cluster, Duration::from_secs(3)).await);
+    let err = exhausts(
+        &cluster,
+        "SET gyre.join_strategy = 'shuffle'; SET gyre.skew_detection = on",
+        "SELECT count(*) FROM w a JOIN w b ON a.s = b.s",
+    )
+    .await;
+    assert!(err.contains("for FlowJoinExec"), "{err}");
     c.sql("SET gyre.join_strategy = 'auto'").await.unwrap();
     // The next query runs.
     let r = c.sql_one("SELECT count(*) AS n FROM w").await.unwrap();
     assert_eq!(int(&r, 0), 1_000_000);
+}
+
+/// Runs `settings`, then `sql`, which must fail with "Resources exhausted"; the
+/// workers must then be idle. Returns the error.
+async fn exhausts(cluster: &LocalCluster, settings: &str, sql: &str) -> String {
+    let c = &cluster.coordinator;
+    c.sql(settings).await.unwrap();
+    let err = c.sql_one(sql).await.unwrap_err().to_string();
+    assert!(err.contains("Resources exhausted"), "{err}");
+    assert!(workers_idle(cluster, Duration::from_secs(3)).await);
+    err
 }
 
 fn strings(r: &StatementResult) -> Vec<String> {

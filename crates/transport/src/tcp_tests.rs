@@ -692,27 +692,31 @@ async fn garbage_instead_of_a_hello_is_rejected() {
     wait_until(|| logged("rejected data connection from an unknown node")).await;
 }
 
-#[tokio::test]
-async fn a_peer_with_another_secret_fails_the_dialers_endpoints() {
+/// Nodes 1 (the dialer) and 2, set up as `dialer` and `acceptor` say; returns them and
+/// the error node 1's receive endpoint gets from node 2.
+async fn refused_pair(
+    dialer: TransportConfig,
+    acceptor: TransportConfig,
+) -> (TcpTransport, TcpTransport, TransportError) {
     log();
-    let a = TcpTransport::bind(1, "127.0.0.1:0".parse().unwrap(), small_config())
-        .await
-        .unwrap();
-    let b = TcpTransport::bind(
-        2,
-        "127.0.0.1:0".parse().unwrap(),
-        TransportConfig {
-            secret: "another cluster".into(),
-            ..small_config()
-        },
-    )
-    .await
-    .unwrap();
+    let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    let a = TcpTransport::bind(1, any, dialer).await.unwrap();
+    let b = TcpTransport::bind(2, any, acceptor).await.unwrap();
     let peers: HashMap<NodeId, SocketAddr> = [(1, a.local_addr()), (2, b.local_addr())].into();
     let rx = a.open_receive(recv_spec(1, &[(0, 2)])).unwrap();
     a.set_peers(&peers);
     b.set_peers(&peers);
     let e = rx.get().await.unwrap_err();
+    (a, b, e)
+}
+
+#[tokio::test]
+async fn a_peer_with_another_secret_fails_the_dialers_endpoints() {
+    let other = TransportConfig {
+        secret: "another cluster".into(),
+        ..small_config()
+    };
+    let (a, _b, e) = refused_pair(small_config(), other).await;
     assert!(e.to_string().contains("worker 2"), "{e}");
     assert!(
         e.to_string().contains("does not match the cluster secret"),
@@ -1094,27 +1098,16 @@ async fn a_sealed_link_catches_any_altered_bit_that_a_checksum_lets_through() {
 
 #[tokio::test]
 async fn nodes_that_disagree_about_sealing_do_not_connect() {
-    log();
     for (dialer_seals, cause) in [
         (true, "this node encrypts its data links and it does not"),
         (false, "it encrypts its data links and this node does not"),
     ] {
-        let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
         let config = |seal| TransportConfig {
             encrypt_links: seal,
             ..small_config()
         };
-        let a = TcpTransport::bind(1, any, config(dialer_seals))
-            .await
-            .unwrap();
-        let b = TcpTransport::bind(2, any, config(!dialer_seals))
-            .await
-            .unwrap();
-        let peers: HashMap<NodeId, SocketAddr> = [(1, a.local_addr()), (2, b.local_addr())].into();
-        let rx = a.open_receive(recv_spec(1, &[(0, 2)])).unwrap();
-        a.set_peers(&peers);
-        b.set_peers(&peers);
-        let e = rx.get().await.unwrap_err().to_string();
+        let (_a, b, e) = refused_pair(config(dialer_seals), config(!dialer_seals)).await;
+        let e = e.to_string();
         assert!(e.contains("worker 2") && e.contains(cause), "{e}");
         assert!(e.contains("--encrypt-links"), "{e}");
         assert!(!b.is_connected(1));
