@@ -3,8 +3,9 @@
 //! messages, exchange (IPC) messages with compression, cyclo-join fragments, Flow-Join
 //! messages and the plan codec.
 //!
-//! Each target starts from valid inputs made by the matching encoder and decodes
-//! mutations of them (bit flips, interesting values written over length fields,
+//! The targets (seeds and decoding) live in `crates/fuzz`, shared with the
+//! coverage-guided AFL++ driver (`fuzz/afl`, `scripts/fuzz.sh`). Here each target
+//! starts from its seeds and decodes mutations of them (bit flips, interesting values written over length fields,
 //! insertions, deletions, splices, truncations, random bytes). Errors are the expected
 //! answer; a panic anywhere in the process (decoder or multiplexer task) fails the
 //! test and prints the input. The mutations are not coverage-guided.
@@ -16,15 +17,10 @@
 //! GYRE_FUZZ_INPUTS=10000000 cargo test --release --test fuzz -- --nocapture
 //! ```
 
-#[path = "fuzz/engine.rs"]
-mod engine;
-
-use bytes::Bytes;
-use gyre_cluster::protocol::{Request, Response, ShuffleRun, decode, encode};
-use gyre_join::flow::control::{Control as FlowControl, Side};
-use gyre_transport::auth::{self, Challenge, Hello, Role, Transcript, decode_proof};
-use gyre_transport::frame::{Control, FrameHeader, FrameKind, HEADER_LEN, encode_header};
-use gyre_transport::{StreamKey, TcpTransport, TransportConfig};
+use gyre_fuzz::frames::{frame, with_checksums};
+use gyre_transport::auth::{self, Challenge, Hello, Role, Transcript};
+use gyre_transport::frame::{FrameHeader, FrameKind, HEADER_LEN};
+use gyre_transport::{TcpTransport, TransportConfig};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::io::{Read, Write};
@@ -189,95 +185,20 @@ fn fuzz(name: &str, seeds: Vec<Vec<u8>>, n: u64, target: impl Fn(&[u8])) {
     );
 }
 
-fn frame(kind: FrameKind, flags: u8, payload: &[u8]) -> Vec<u8> {
-    let mut f = encode_header(kind, flags, payload).to_vec();
-    f.extend_from_slice(payload);
-    f
-}
-
-fn key() -> StreamKey {
-    StreamKey {
-        query: 7,
-        exchange: 2,
-        from: 1,
-        to: 0,
-    }
-}
-
-/// Valid frames of every kind, and streams of several.
-fn frame_seeds() -> Vec<Vec<u8>> {
-    let controls = [
-        Control::Error(key(), "the stage failed".into()),
-        Control::Credit(key(), 4),
-        Control::Ready,
-        Control::Grant { phase: 3 },
-        Control::EndTurn { more: true },
-    ];
-    let mut frames: Vec<Vec<u8>> = controls
-        .iter()
-        .map(|c| {
-            let (kind, flags, payload) = c.encode();
-            frame(kind, flags, &payload)
-        })
-        .collect();
-    let hello = Hello {
-        node: 1,
-        window: 8,
-        nonce: [3; auth::NONCE_LEN],
-        share: [4; auth::SHARE_LEN],
-        seal: false,
-    };
-    frames.push(frame(FrameKind::Hello, 0, &hello.encode()));
-    let challenge = Challenge {
-        hello,
-        proof: [9; auth::PROOF_LEN],
-    };
-    frames.push(frame(FrameKind::Challenge, 0, &challenge.encode()));
-    frames.push(frame(FrameKind::Proof, 0, &[5; auth::PROOF_LEN]));
-    frames.push(frame(FrameKind::Welcome, 0, &[]));
-    for body in [&b""[..], b"x", &[0xab; 300]] {
-        let mut payload = key().to_bytes().to_vec();
-        payload.extend_from_slice(body);
-        frames.push(frame(FrameKind::Data, 0, &payload));
-        frames.push(frame(FrameKind::Data, 1, &payload));
-    }
-    let stream: Vec<u8> = frames.concat();
-    frames.push(stream);
-    frames
-}
-
-/// What a node does with bytes from a peer, frame by frame: the header, the payload's
-/// checksum (made right, as an attacker would), then the kind's decoder.
-fn decode_frames(input: &[u8]) {
-    let mut rest = input;
-    while rest.len() >= HEADER_LEN {
-        let header: [u8; HEADER_LEN] = rest[..HEADER_LEN].try_into().unwrap();
-        let Ok(h) = FrameHeader::decode(&header) else {
-            return;
-        };
-        let payload = &rest[HEADER_LEN..HEADER_LEN + h.len.min(rest.len() - HEADER_LEN)];
-        let _ = h.verify_crc(crc32fast::hash(payload));
-        let _ = match h.kind {
-            FrameKind::Data => {
-                if payload.len() >= StreamKey::LEN {
-                    let k: [u8; StreamKey::LEN] = payload[..StreamKey::LEN].try_into().unwrap();
-                    let _ = StreamKey::from_bytes(&k);
-                }
-                Ok(())
-            }
-            FrameKind::Hello => Hello::decode(h.kind, payload).map(|_| ()),
-            FrameKind::Challenge => Challenge::decode(h.kind, payload).map(|_| ()),
-            FrameKind::Proof => decode_proof(h.kind, payload).map(|_| ()),
-            FrameKind::Welcome => Ok(()),
-            kind => Control::decode(kind, h.flags, Bytes::copy_from_slice(payload)).map(|_| ()),
-        };
-        rest = &rest[HEADER_LEN + payload.len()..];
-    }
+/// Runs the mutation fuzzer on the target called `name`.
+fn fuzz_target(name: &str) {
+    let t = gyre_fuzz::target(name).expect("a fuzz target of that name");
+    fuzz(name, (t.seeds)(), inputs(), t.run);
 }
 
 #[test]
 fn transport_frames_and_handshake() {
-    fuzz("transport frames", frame_seeds(), inputs(), decode_frames);
+    fuzz_target("frames");
+}
+
+#[test]
+fn the_multiplexer_reading_a_stream() {
+    fuzz_target("stream");
 }
 
 /// Opens a connection to `addr` (node 2) as node 1 and completes the handshake,
@@ -331,24 +252,6 @@ fn try_handshake(addr: std::net::SocketAddr, secret: &str) -> std::io::Result<st
     Ok(sock)
 }
 
-/// Frames with their checksums made right again after a mutation, so that mutations
-/// reach the decoders behind the checksum.
-fn with_checksums(input: &[u8]) -> Vec<u8> {
-    let mut out = input.to_vec();
-    let mut at = 0;
-    while out.len() >= at + HEADER_LEN {
-        let header: [u8; HEADER_LEN] = out[at..at + HEADER_LEN].try_into().unwrap();
-        let Ok(h) = FrameHeader::decode(&header) else {
-            break;
-        };
-        let end = (at + HEADER_LEN + h.len).min(out.len());
-        let crc = crc32fast::hash(&out[at + HEADER_LEN..end]);
-        out[at + 12..at + 16].copy_from_slice(&crc.to_le_bytes());
-        at = end;
-    }
-    out
-}
-
 #[test]
 fn the_multiplexer_after_a_handshake() {
     let n = (inputs() / 100).max(200);
@@ -358,17 +261,7 @@ fn the_multiplexer_after_a_handshake() {
         secret: secret.clone(),
         ..Default::default()
     };
-    let seeds: Vec<Vec<u8>> = frame_seeds()
-        .into_iter()
-        .filter(|f| {
-            // After the handshake, handshake frames end the connection at once.
-            let h = FrameHeader::decode(&f[..HEADER_LEN].try_into().unwrap()).unwrap();
-            !matches!(
-                h.kind,
-                FrameKind::Hello | FrameKind::Challenge | FrameKind::Proof | FrameKind::Welcome
-            )
-        })
-        .collect();
+    let seeds = gyre_fuzz::stream::seeds();
     fuzz("multiplexer stream", seeds, n, |input| {
         // A node that breaks the protocol is lost for good: a fresh node 2 per input,
         // which accepts node 1 (the lower id dials), a member nobody serves.
@@ -405,129 +298,27 @@ fn the_multiplexer_after_a_handshake() {
     );
 }
 
-fn request_seeds() -> Vec<Vec<u8>> {
-    let requests = [
-        Request::Register {
-            control_addr: "10.0.0.2:50051".into(),
-            data_addr: "10.0.0.2:50052".into(),
-        },
-        Request::Heartbeat { node: 3 },
-        Request::QueryFailed {
-            query: 12,
-            node: 2,
-            error: "worker 2 failed".into(),
-        },
-        Request::SetPeers {
-            peers: vec![(1, "10.0.0.2:1".into()), (2, "10.0.0.3:1".into())],
-        },
-        Request::StartQuery {
-            query: 5,
-            workers: vec![1, 2, 3],
-            stages: vec![(0, vec![1, 2, 3, 4]), (1, vec![0; 40])],
-            compression: Some("lz4".into()),
-            execution: vec![("datafusion.execution.batch_size".into(), "8192".into())],
-        },
-        Request::FinishQuery {
-            query: 5,
-            commit: true,
-            metrics: false,
-        },
-        Request::CreateTable {
-            name: "t".into(),
-            schema: vec![9; 30],
-        },
-        Request::BenchShuffle(ShuffleRun {
-            run_id: 1,
-            nodes: vec![1, 2],
-            pattern: "repartition".into(),
-            total_bytes: 1 << 20,
-            message_size: 1 << 16,
-            schedule: "free".into(),
-        }),
-        Request::DropTable { name: "t".into() },
-        Request::RegisterStore {
-            locations: vec!["s3://bucket/x".into()],
-            options: vec![("aws.region".into(), "eu".into())],
-        },
-        Request::Progress { query: 5 },
-        Request::Stats,
-    ];
-    let mut seeds: Vec<Vec<u8>> = requests.iter().map(encode).collect();
-    seeds.push(encode(&Response::Ok));
-    seeds.push(encode(&Response::Registered { node: 4 }));
-    seeds.push(encode(&Response::Finished {
-        stages: vec![(0, "metrics".into())],
-        tables: vec![],
-    }));
-    seeds
-}
-
 #[test]
 fn control_messages() {
-    fuzz("control messages", request_seeds(), inputs(), |input| {
-        let _ = decode::<Request>(input);
-        let _ = decode::<Response>(input);
-    });
-}
-
-fn flow_seeds() -> Vec<Vec<u8>> {
-    [
-        FlowControl::Report {
-            side: Side::Build,
-            iteration: 1,
-            window: 4096,
-            total: 1 << 20,
-            candidates: vec![(1, 100), (7, 90), (u64::MAX, 3)],
-        },
-        FlowControl::Announce {
-            side: Side::Probe,
-            iteration: 2,
-            keys: vec![(1, 0), (7, 1)],
-        },
-        FlowControl::Fetch {
-            side: Side::Build,
-            iteration: 2,
-            keys: vec![],
-        },
-    ]
-    .iter()
-    .map(FlowControl::encode)
-    .collect()
+    fuzz_target("control");
 }
 
 #[test]
 fn flow_join_messages() {
-    fuzz("Flow-Join messages", flow_seeds(), inputs(), |input| {
-        let _ = FlowControl::decode(input);
-    });
+    fuzz_target("flow");
 }
 
 #[test]
 fn exchange_messages_with_compression() {
-    fuzz(
-        "exchange messages",
-        engine::ipc_seeds(),
-        inputs(),
-        engine::ipc_target,
-    );
+    fuzz_target("ipc");
 }
 
 #[test]
 fn cyclo_join_fragments() {
-    fuzz(
-        "cyclo fragments",
-        engine::cyclo_seeds(),
-        inputs(),
-        engine::cyclo_target,
-    );
+    fuzz_target("cyclo");
 }
 
 #[test]
 fn plans() {
-    fuzz(
-        "plan codec",
-        engine::plan_seeds(),
-        inputs(),
-        engine::plan_target,
-    );
+    fuzz_target("plan");
 }

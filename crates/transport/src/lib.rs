@@ -23,6 +23,8 @@ pub mod bench;
 pub mod cpu;
 pub mod endpoint;
 pub mod frame;
+#[doc(hidden)]
+pub mod fuzzing;
 pub(crate) mod hub;
 pub(crate) mod mux;
 pub mod pool;

@@ -46,7 +46,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
 use tokio::task::AbortHandle;
@@ -208,28 +208,7 @@ impl Mux {
         let (handle, listener, tid) = rx
             .recv()
             .map_err(|_| std::io::Error::other("multiplexer thread died at start"))??;
-        let mut sched = Scheduler::new(node, config.schedule);
-        sched.set_ring([node]);
-        let mux = Arc::new(Self {
-            node,
-            hub,
-            config,
-            handle,
-            state: Mutex::new(MuxState {
-                addrs: HashMap::new(),
-                peers: HashMap::new(),
-                dialing: HashSet::new(),
-                lost: HashSet::new(),
-                sched,
-                shut: false,
-            }),
-            changed: Notify::new(),
-            meter: Mutex::new(LinkMeter::default()),
-            stop,
-            tid,
-            protocol_errors: AtomicU64::new(0),
-            oversize_received: AtomicU64::new(0),
-        });
+        let mux = Self::new(node, hub, config, handle, stop, tid);
         let weak = Arc::downgrade(&mux);
         mux.handle.spawn(async move {
             loop {
@@ -259,6 +238,40 @@ impl Mux {
             }
         });
         Ok(mux)
+    }
+
+    /// The multiplexer's state, driven by tasks on `handle`; `start` adds the thread
+    /// and the listener.
+    pub(crate) fn new(
+        node: NodeId,
+        hub: Arc<Hub>,
+        config: TransportConfig,
+        handle: tokio::runtime::Handle,
+        stop: Arc<Notify>,
+        tid: Option<u32>,
+    ) -> Arc<Self> {
+        let mut sched = Scheduler::new(node, config.schedule);
+        sched.set_ring([node]);
+        Arc::new(Self {
+            node,
+            hub,
+            config,
+            handle,
+            state: Mutex::new(MuxState {
+                addrs: HashMap::new(),
+                peers: HashMap::new(),
+                dialing: HashSet::new(),
+                lost: HashSet::new(),
+                sched,
+                shut: false,
+            }),
+            changed: Notify::new(),
+            meter: Mutex::new(LinkMeter::default()),
+            stop,
+            tid,
+            protocol_errors: AtomicU64::new(0),
+            oversize_received: AtomicU64::new(0),
+        })
     }
 
     /// Sets the data addresses of the cluster and dials the peers this node must dial.
@@ -712,10 +725,12 @@ impl Mux {
         }
     }
 
-    async fn read_loop(
+    /// Reads `peer`'s frames until its connection ends or it breaks the protocol, and
+    /// then loses it.
+    pub(crate) async fn read_loop(
         self: Arc<Self>,
         peer: NodeId,
-        rd: OwnedReadHalf,
+        rd: impl AsyncRead + Unpin,
         mut opener: Option<Opener>,
     ) {
         let mut rd = BufReader::with_capacity(64 * 1024, rd);
@@ -745,7 +760,7 @@ impl Mux {
     async fn read_one(
         &self,
         peer: NodeId,
-        rd: &mut BufReader<OwnedReadHalf>,
+        rd: &mut (impl AsyncRead + Unpin),
         counters: &PeerCounters,
         mut opener: Option<&mut Opener>,
     ) -> Result<(), ReadEnd> {
