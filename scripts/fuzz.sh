@@ -1,18 +1,17 @@
 #!/usr/bin/env bash
 # Coverage-guided fuzzing of Gyre's decoders with AFL++ (cargo-afl): the targets of
-# crates/fuzz, driven by fuzz/afl in AFL's persistent mode. Installs cargo-afl (and
-# builds its AFL++) when missing. Fails if AFL++ saved a crash or a hang, and prints
-# how to replay each.
+# crates/fuzz (frames stream flow control ipc cyclo plan), one binary each from
+# fuzz/afl, in AFL's persistent mode. Installs cargo-afl (which builds AFL++) when
+# missing. Fails if AFL++ saved a crash or a hang, and prints how to replay each.
 #
-#   scripts/fuzz.sh [--execs N | --seconds S] [TARGET ...]   default: every target, 10M inputs each
-#   scripts/fuzz.sh --smoke                                  CI: transport and Flow-Join targets, 45 s each
+#   scripts/fuzz.sh [--execs N | --seconds S] [TARGET ...]   default: all, 10M inputs each
+#   scripts/fuzz.sh --smoke              CI: frames, stream and flow for 45 s each
 #
-# The instrumented build of the DataFusion-based targets takes about half an hour on two
-# cores; --smoke builds without them (cargo feature `engine` off). Findings and the
+# The instrumented build of the DataFusion-based targets takes about 30-50 minutes on
+# two cores; --smoke builds without them (cargo feature `engine` off). Findings and the
 # corpus stay in $GYRE_FUZZ_DIR (default ~/.cache/gyre/fuzz/TARGET).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-root=$PWD
 
 execs=10000000
 seconds=""
@@ -49,10 +48,11 @@ fi
 
 echo "== instrumented build (fuzz/afl ${features[*]:-with every target})"
 export CARGO_TARGET_DIR="${GYRE_AFL_TARGET_DIR:-$HOME/.cache/gyre-afl-target}"
-(cd fuzz/afl && cargo afl build --release --locked "${features[@]}")
-bin="$CARGO_TARGET_DIR/release/gyre-afl"
+(cd fuzz/afl && cargo afl build --release "${features[@]}")
+bin="$CARGO_TARGET_DIR/release"
 if [ ${#targets[@]} -eq 0 ]; then
-  mapfile -t targets < <("$bin" list)
+  targets=(frames stream flow)
+  [ ${#features[@]} -eq 0 ] && targets+=(control ipc cyclo plan)
 fi
 
 work="${GYRE_FUZZ_DIR:-$HOME/.cache/gyre/fuzz}"
@@ -62,12 +62,13 @@ report=()
 for t in "${targets[@]}"; do
   dir="$work/$t"
   rm -rf "$dir"
-  "$bin" seeds "$t" "$dir/in"
+  [ -x "$bin/$t" ] || { echo "fuzz.sh: no target $t in this build" >&2; exit 2; }
+  "$bin/$t" seeds "$dir/in"
   limit=(-V "$seconds")
   [ -n "$execs" ] && limit=(-E "$execs")
   echo "== fuzzing $t (${execs:+$execs inputs}${seconds:+$seconds s})"
   # -t: an input that takes 2 s to decode is a hang and saved as one.
-  cargo afl fuzz -i "$dir/in" -o "$dir/out" -t 2000 "${limit[@]}" -- "$bin" run "$t" \
+  cargo afl fuzz -i "$dir/in" -o "$dir/out" -t 2000 "${limit[@]}" -- "$bin/$t" \
     > "$dir/afl.log" 2>&1 || { tail -20 "$dir/afl.log"; echo "fuzz.sh: afl-fuzz failed on $t" >&2; exit 1; }
   stats="$dir/out/default/fuzzer_stats"
   get() { awk -F' *: *' -v k="$1" '$1 == k { print $2 }' "$stats"; }
@@ -80,7 +81,7 @@ for t in "${targets[@]}"; do
     for f in "$dir"/out/default/"$kind"/id:*; do
       [ -e "$f" ] || continue
       failed=1
-      echo "fuzz.sh: $t: $kind input $f; replay: $bin run $t < '$f'" >&2
+      echo "fuzz.sh: $t: $kind input $f; replay: $bin/$t < '$f'" >&2
     done
   done
 done
