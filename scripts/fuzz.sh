@@ -46,14 +46,22 @@ if ! ls "${XDG_DATA_HOME:-$HOME/.local/share}"/afl.rs/rustc-*/afl.rs-0.18.2/afl/
   cargo afl config --build
 fi
 
-echo "== instrumented build (fuzz/afl ${features[*]:-with every target})"
-export CARGO_TARGET_DIR="${GYRE_AFL_TARGET_DIR:-$HOME/.cache/gyre-afl-target}"
-(cd fuzz/afl && cargo afl build --release "${features[@]}")
-bin="$CARGO_TARGET_DIR/release"
 if [ ${#targets[@]} -eq 0 ]; then
   targets=(frames stream flow)
   [ ${#features[@]} -eq 0 ] && targets+=(control ipc cyclo plan)
 fi
+bins=()
+for t in "${targets[@]}"; do
+  case "$t" in
+    frames|stream|flow|control|ipc|cyclo|plan) bins+=(--bin "$t") ;;
+    *) echo "fuzz.sh: no target $t (frames stream flow control ipc cyclo plan)" >&2; exit 2 ;;
+  esac
+done
+
+echo "== instrumented build of ${targets[*]}"
+export CARGO_TARGET_DIR="${GYRE_AFL_TARGET_DIR:-$HOME/.cache/gyre-afl-target}"
+(cd fuzz/afl && cargo afl build --release "${features[@]}" "${bins[@]}")
+bin="$CARGO_TARGET_DIR/release"
 
 work="${GYRE_FUZZ_DIR:-$HOME/.cache/gyre/fuzz}"
 export AFL_NO_UI=1 AFL_SKIP_CPUFREQ=1 AFL_I_DONT_CARE_ABOUT_MISSING_CRASHES=1 AFL_QUIET=1 AFL_TRY_AFFINITY=1
@@ -62,7 +70,6 @@ report=()
 for t in "${targets[@]}"; do
   dir="$work/$t"
   rm -rf "$dir"
-  [ -x "$bin/$t" ] || { echo "fuzz.sh: no target $t in this build" >&2; exit 2; }
   "$bin/$t" seeds "$dir/in"
   limit=(-V "$seconds")
   [ -n "$execs" ] && limit=(-E "$execs")
