@@ -17,9 +17,9 @@
 //! GYRE_FUZZ_INPUTS=10000000 cargo test --release --test fuzz -- --nocapture
 //! ```
 
-use gyre_fuzz::frames::{frame, with_checksums};
+use gyre_fuzz::frames::with_checksums;
 use gyre_transport::auth::{self, Challenge, Hello, Role, Transcript};
-use gyre_transport::frame::{FrameHeader, FrameKind, HEADER_LEN};
+use gyre_transport::frame::{FrameHeader, FrameKind, HEADER_LEN, encode_frame};
 use gyre_transport::{TcpTransport, TransportConfig};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -227,7 +227,7 @@ fn try_handshake(addr: std::net::SocketAddr, secret: &str) -> std::io::Result<st
         share: gyre_transport::seal::KeyShare::new().unwrap().public(),
         seal: false,
     };
-    sock.write_all(&frame(FrameKind::Hello, 0, &hello.encode()))?;
+    sock.write_all(&encode_frame(FrameKind::Hello, 0, &hello.encode()))?;
     let mut header = [0u8; HEADER_LEN];
     sock.read_exact(&mut header)?;
     let h = FrameHeader::decode(&header).unwrap();
@@ -239,7 +239,7 @@ fn try_handshake(addr: std::net::SocketAddr, secret: &str) -> std::io::Result<st
         acceptor: challenge.hello,
     };
     assert!(t.verify(secret.as_bytes(), Role::Acceptor, &challenge.proof));
-    sock.write_all(&frame(
+    sock.write_all(&encode_frame(
         FrameKind::Proof,
         0,
         &t.prove(secret.as_bytes(), Role::Dialer),

@@ -4,15 +4,8 @@
 use bytes::Bytes;
 use gyre_transport::StreamKey;
 use gyre_transport::auth::{self, Challenge, Hello, decode_proof};
-use gyre_transport::frame::{Control, FrameHeader, FrameKind, HEADER_LEN, encode_header};
+use gyre_transport::frame::{Control, FrameHeader, FrameKind, HEADER_LEN, encode_frame};
 use gyre_transport::fuzzing::{NODE, PEER};
-
-/// One frame as it goes on the wire (header with its checksum, then the payload).
-pub fn frame(kind: FrameKind, flags: u8, payload: &[u8]) -> Vec<u8> {
-    let mut f = encode_header(kind, flags, payload).to_vec();
-    f.extend_from_slice(payload);
-    f
-}
 
 /// A stream from the fuzzed connection's peer to the node that reads it.
 pub fn key() -> StreamKey {
@@ -37,7 +30,7 @@ pub fn seeds() -> Vec<Vec<u8>> {
         .iter()
         .map(|c| {
             let (kind, flags, payload) = c.encode();
-            frame(kind, flags, &payload)
+            encode_frame(kind, flags, &payload)
         })
         .collect();
     let hello = Hello {
@@ -47,19 +40,19 @@ pub fn seeds() -> Vec<Vec<u8>> {
         share: [4; auth::SHARE_LEN],
         seal: false,
     };
-    frames.push(frame(FrameKind::Hello, 0, &hello.encode()));
+    frames.push(encode_frame(FrameKind::Hello, 0, &hello.encode()));
     let challenge = Challenge {
         hello,
         proof: [9; auth::PROOF_LEN],
     };
-    frames.push(frame(FrameKind::Challenge, 0, &challenge.encode()));
-    frames.push(frame(FrameKind::Proof, 0, &[5; auth::PROOF_LEN]));
-    frames.push(frame(FrameKind::Welcome, 0, &[]));
+    frames.push(encode_frame(FrameKind::Challenge, 0, &challenge.encode()));
+    frames.push(encode_frame(FrameKind::Proof, 0, &[5; auth::PROOF_LEN]));
+    frames.push(encode_frame(FrameKind::Welcome, 0, &[]));
     for body in [&b""[..], b"x", &[0xab; 300]] {
         let mut payload = key().to_bytes().to_vec();
         payload.extend_from_slice(body);
-        frames.push(frame(FrameKind::Data, 0, &payload));
-        frames.push(frame(FrameKind::Data, 1, &payload));
+        frames.push(encode_frame(FrameKind::Data, 0, &payload));
+        frames.push(encode_frame(FrameKind::Data, 1, &payload));
     }
     let stream: Vec<u8> = frames.concat();
     frames.push(stream);

@@ -2,8 +2,8 @@
 //! someone who stole the cluster secret) can send on a data connection, read by the
 //! multiplexer's own reader into a fresh node's stream table and scheduler.
 
-use crate::frames::{frame, key, with_checksums};
-use gyre_transport::frame::{Control, FrameHeader, FrameKind, HEADER_LEN};
+use crate::frames::{key, with_checksums};
+use gyre_transport::frame::{Control, FrameHeader, FrameKind, HEADER_LEN, encode_frame};
 
 /// The post-handshake frames of [`crate::frames::seeds`], and streams a peer sends in
 /// a query: messages then an end-of-stream marker, a stream error, the phased
@@ -23,11 +23,11 @@ pub fn seeds() -> Vec<Vec<u8>> {
     let data = |body: &[u8], last: bool| {
         let mut payload = key().to_bytes().to_vec();
         payload.extend_from_slice(body);
-        frame(FrameKind::Data, u8::from(last), &payload)
+        encode_frame(FrameKind::Data, u8::from(last), &payload)
     };
     let control = |c: Control| {
         let (kind, flags, payload) = c.encode();
-        frame(kind, flags, &payload)
+        encode_frame(kind, flags, &payload)
     };
     seeds.push(
         [

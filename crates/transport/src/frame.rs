@@ -208,6 +208,14 @@ pub fn encode_header(kind: FrameKind, flags: u8, payload: &[u8]) -> [u8; HEADER_
     FrameHeader::encode(kind, flags, payload.len(), crc32fast::hash(payload))
 }
 
+/// A whole frame, header then payload, in one buffer (the multiplexer writes the two
+/// apart; this is for handshakes written by hand, tests and fuzzing seeds).
+pub fn encode_frame(kind: FrameKind, flags: u8, payload: &[u8]) -> Vec<u8> {
+    let mut f = encode_header(kind, flags, payload).to_vec();
+    f.extend_from_slice(payload);
+    f
+}
+
 /// CRC32 of `key ++ body` from the key and a body checksum computed earlier
 /// (the body's is computed once by the producing thread, shared by every copy).
 pub fn data_crc(key: &[u8; StreamKey::LEN], body_crc: u32, body_len: usize) -> u32 {

@@ -5,7 +5,6 @@
 
 use crate::hub::Hub;
 use crate::mux::Mux;
-use crate::pool::BufferPool;
 use crate::{NodeId, TransportConfig};
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -38,12 +37,7 @@ pub fn multiplexer_stream(input: &[u8]) -> bool {
         recv_buffers: 2,
         ..Default::default()
     };
-    let hub = Arc::new(Hub::new(
-        NODE,
-        config.window,
-        BufferPool::new(config.message_size, config.send_buffers),
-        BufferPool::new(config.message_size, config.recv_buffers),
-    ));
+    let hub = Arc::new(Hub::for_config(NODE, &config));
     RUNTIME.with(|rt| {
         let mux = Mux::new(
             NODE,
@@ -64,13 +58,7 @@ pub fn multiplexer_stream(input: &[u8]) -> bool {
 mod tests {
     use super::*;
     use crate::StreamKey;
-    use crate::frame::{Control, FrameKind, encode_header};
-
-    fn frame(kind: FrameKind, flags: u8, payload: &[u8]) -> Vec<u8> {
-        let mut f = encode_header(kind, flags, payload).to_vec();
-        f.extend_from_slice(payload);
-        f
-    }
+    use crate::frame::{Control, FrameKind, encode_frame};
 
     fn data(to: NodeId, body: &[u8], last: bool) -> Vec<u8> {
         let key = StreamKey {
@@ -81,7 +69,7 @@ mod tests {
         };
         let mut payload = key.to_bytes().to_vec();
         payload.extend_from_slice(body);
-        frame(FrameKind::Data, u8::from(last), &payload)
+        encode_frame(FrameKind::Data, u8::from(last), &payload)
     }
 
     /// The target reaches the stream table: a peer's messages (small, pooled and
@@ -106,7 +94,7 @@ mod tests {
             to: PEER,
         };
         let (kind, flags, payload) = Control::Credit(key, 1).encode();
-        assert!(multiplexer_stream(&frame(kind, flags, &payload)));
+        assert!(multiplexer_stream(&encode_frame(kind, flags, &payload)));
         assert!(multiplexer_stream(&[0xff; 40]));
     }
 }

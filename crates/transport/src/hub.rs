@@ -14,7 +14,7 @@
 use crate::frame::StreamKey;
 use crate::pool::{BufferPool, Held};
 use crate::stats::PeerCounters;
-use crate::{NodeId, TransportError, node_name};
+use crate::{NodeId, TransportConfig, TransportError, node_name};
 use parking_lot::Mutex;
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -134,6 +134,16 @@ pub(crate) struct Hub {
 }
 
 impl Hub {
+    /// The stream table of `node` with the window and buffer pools `config` sets.
+    pub fn for_config(node: NodeId, config: &TransportConfig) -> Self {
+        Self::new(
+            node,
+            config.window,
+            BufferPool::new(config.message_size, config.send_buffers),
+            BufferPool::new(config.message_size, config.recv_buffers),
+        )
+    }
+
     pub fn new(node: NodeId, window: u32, send_pool: BufferPool, recv_pool: BufferPool) -> Self {
         Self {
             node,

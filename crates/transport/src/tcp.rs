@@ -4,7 +4,6 @@
 use crate::endpoint::{ReceiveEndpoint, ReceiveSpec, SendEndpoint, SendSpec};
 use crate::hub::{Carrier, Hub};
 use crate::mux::Mux;
-use crate::pool::BufferPool;
 use crate::schedule::Schedule;
 use crate::stats::{PeerStats, TransportStats};
 use crate::{NodeId, Transport, TransportError};
@@ -111,12 +110,7 @@ impl TcpTransport {
         config: TransportConfig,
     ) -> std::io::Result<Self> {
         let addr = listener.local_addr()?;
-        let hub = Arc::new(Hub::new(
-            node,
-            config.window,
-            BufferPool::new(config.message_size, config.send_buffers),
-            BufferPool::new(config.message_size, config.recv_buffers),
-        ));
+        let hub = Arc::new(Hub::for_config(node, &config));
         let mux = Mux::start(node, Arc::clone(&hub), listener, config.clone())?;
         Ok(Self {
             hub,

@@ -4,7 +4,7 @@
 use crate::auth::{self, Challenge, Hello, Role, Transcript};
 use crate::bench::{Pattern, ShuffleSpec, run_shuffle};
 use crate::frame::{
-    Control, FLAG_LAST, FrameHeader, FrameKind, HEADER_LEN, StreamKey, encode_header,
+    Control, FLAG_LAST, FrameHeader, FrameKind, HEADER_LEN, StreamKey, encode_frame,
 };
 use crate::mux::{read_handshake, write_frame};
 use crate::{
@@ -546,9 +546,7 @@ async fn expect_disconnect(bytes: Vec<u8>, close_after: bool, cause: &str) {
 fn data_frame(key: StreamKey, body: &[u8], flags: u8) -> Vec<u8> {
     let mut payload = key.to_bytes().to_vec();
     payload.extend_from_slice(body);
-    let mut out = encode_header(FrameKind::Data, flags, &payload).to_vec();
-    out.extend_from_slice(&payload);
-    out
+    encode_frame(FrameKind::Data, flags, &payload)
 }
 
 #[tokio::test]
@@ -589,8 +587,7 @@ async fn truncated_payload_disconnects() {
 async fn wrong_length_for_the_frame_kind_disconnects() {
     // A credit frame must carry exactly a key and a count.
     let payload = [0u8; 7];
-    let mut f = encode_header(FrameKind::Credit, 0, &payload).to_vec();
-    f.extend_from_slice(&payload);
+    let f = encode_frame(FrameKind::Credit, 0, &payload);
     expect_disconnect(f, false, "Credit frame with a payload of 7 bytes").await;
 }
 
@@ -602,8 +599,7 @@ async fn a_frame_larger_than_the_maximum_disconnects_before_allocating() {
 
 #[tokio::test]
 async fn a_handshake_frame_after_the_handshake_disconnects() {
-    let mut f = encode_header(FrameKind::Hello, 0, &[]).to_vec();
-    f.truncate(HEADER_LEN);
+    let f = encode_frame(FrameKind::Hello, 0, &[]);
     expect_disconnect(f, false, "unexpected Hello frame").await;
 }
 
@@ -646,9 +642,7 @@ async fn sending_on_a_stream_that_belongs_to_another_node_disconnects() {
 async fn credit_for_a_stream_never_opened_disconnects() {
     let (k, n) = (key(), 1);
     let (kind, flags, payload) = Control::Credit(k, n).encode();
-    let mut f = encode_header(kind, flags, &payload).to_vec();
-    f.extend_from_slice(&payload);
-    expect_disconnect(f, false, "never opened").await;
+    expect_disconnect(encode_frame(kind, flags, &payload), false, "never opened").await;
 }
 
 #[tokio::test]
