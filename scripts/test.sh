@@ -39,6 +39,8 @@ if [ "${GYRE_QUICK:-0}" != "1" ]; then
   # Run-time filters (off by default) are on, so that their answers are checked too.
   "$CARGO_TARGET_DIR/release/gyre" bench tpcds --sf 0.01 --iterations 3 --no-duckdb \
     --gyre-timeout 120 -c "SET gyre.runtime_filters = on"
+  echo "== small queries through Flight SQL, answers against DataFusion"
+  "$CARGO_TARGET_DIR/release/gyre" bench latency --rows 100000 --iterations 20
   echo "== S3 tables on moto's S3 server"
   python3 -m pip install --quiet --disable-pip-version-check 'moto[server]' boto3
   port=$((20000 + RANDOM % 20000))

@@ -4,6 +4,7 @@ mod bench;
 mod bench_cluster;
 mod bench_join;
 mod bench_kernels;
+mod bench_latency;
 mod bench_load;
 mod bench_shuffle;
 mod bench_tpcds;
@@ -137,6 +138,10 @@ enum BenchCommand {
     /// The 99 TPC-DS queries (data and texts from DuckDB's tpcds extension) on an
     /// embedded cluster, next to single-node DataFusion and DuckDB.
     Tpcds(Box<bench_tpcds::TpcdsArgs>),
+    /// What a small query costs end to end (SELECT 1, a point lookup, a count, a small
+    /// join): through Flight SQL, on the coordinator in process, and on single-node
+    /// DataFusion.
+    Latency(Box<bench_latency::LatencyArgs>),
 }
 
 /// How the nodes of a cluster talk to each other.
@@ -527,6 +532,7 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
         Command::Bench(BenchCommand::Kernels(args)) => bench_kernels::run(args).await,
         Command::Bench(BenchCommand::Load(args)) => bench_load::run(*args).await,
         Command::Bench(BenchCommand::Tpcds(args)) => bench_tpcds::run(*args).await,
+        Command::Bench(BenchCommand::Latency(args)) => bench_latency::run(*args).await,
         Command::Passwd { name } => {
             let password = if std::io::IsTerminal::is_terminal(&std::io::stdin()) {
                 let first = rpassword::prompt_password(format!("Password for {name}: "))?;

@@ -159,6 +159,8 @@ async fn explain_shows_fragments_exchanges_and_join_strategies() {
         "bytes_sent",
         "rows_received",
         "network_wait",
+        "coordinator: planned in",
+        "ended on the workers in",
     ] {
         assert!(plan.contains(needle), "missing {needle}:\n{plan}");
     }

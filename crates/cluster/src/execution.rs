@@ -12,12 +12,15 @@
 //! and streaming): when it passes, the query fails and every node stops it.
 
 use crate::coordinator::{Coordinator, RegisteredQuery, StageReports};
-use crate::files::FileSplitScanExec;
+use crate::files::{FileCopyExec, FileSplitScanExec};
+use crate::modify::GyreModifyExec;
 use crate::progress::{ReadTotals, STATEMENT};
+use crate::table::GyreInsertExec;
 use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::common::{DataFusionError, Result};
+use datafusion::datasource::sink::DataSinkExec;
 use datafusion::execution::context::SessionState;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{ExecutionPlanProperties, SendableRecordBatchStream};
@@ -48,7 +51,11 @@ fn read_totals(dplan: &DistributedPlan) -> ReadTotals {
 pub struct QueryExecution {
     coordinator: Arc<Coordinator>,
     query: u64,
+    /// The workers that run stages of the query, told when it ends (none for a plan
+    /// that runs on the coordinator alone, such as `SELECT 1`).
     workers: Vec<NodeId>,
+    /// The plan only reads: nothing commits when it ends.
+    reads_only: bool,
     schema: SchemaRef,
     local_tasks: Vec<JoinHandle<()>>,
     fail_rx: mpsc::UnboundedReceiver<String>,
@@ -145,10 +152,12 @@ impl QueryExecution {
                 return Err(cleanup(e).await);
             }
         };
+        let on_workers = dplan.worker_stages().next().is_some();
         Ok(Self {
             coordinator: Arc::clone(coordinator),
             query,
-            workers: workers.to_vec(),
+            workers: if on_workers { workers.to_vec() } else { vec![] },
+            reads_only: !writes(dplan),
             schema: root_plan.schema(),
             local_tasks,
             fail_rx,
@@ -187,8 +196,34 @@ impl QueryExecution {
             .await
     }
 
+    /// Whether the query only reads (nothing commits when it ends).
+    pub fn reads_only(&self) -> bool {
+        self.reads_only
+    }
+
+    /// Ends a query that only reads without waiting for the workers' answers: its
+    /// result is complete, and what remains (stopping tasks, releasing streams) needs
+    /// no one to wait. A plan that writes must be ended with [`Self::finish`].
+    pub fn finish_in_background(mut self) {
+        debug_assert!(self.reads_only);
+        self.finished = true;
+        for t in &self.local_tasks {
+            t.abort();
+        }
+        let (coordinator, query, workers) = (
+            Arc::clone(&self.coordinator),
+            self.query,
+            std::mem::take(&mut self.workers),
+        );
+        tokio::spawn(async move {
+            coordinator.end_query(query, &workers, true, false).await;
+            drop(self);
+        });
+    }
+
     /// The result as a stream; the query ends (and commits) when the stream is
-    /// exhausted, fails, or is dropped.
+    /// exhausted, fails, or is dropped. A query that only reads ends on the workers
+    /// after its last batch went out, not before.
     pub fn into_stream(self) -> SendableRecordBatchStream {
         let schema = Arc::clone(&self.schema);
         let stream = futures::stream::unfold(Some(self), |state| async move {
@@ -198,6 +233,10 @@ impl QueryExecution {
                 Some(Err(e)) => {
                     ex.finish(false, false).await;
                     Some((Err(e), None))
+                }
+                None if ex.reads_only => {
+                    ex.finish_in_background();
+                    None
                 }
                 None => {
                     ex.finish(true, false).await;
@@ -222,6 +261,21 @@ async fn within<T>(
     tokio::time::timeout_at(at, work)
         .await
         .map_err(|_| DataFusionError::External(Box::new(StatementTimedOut { query, timeout })))
+}
+
+/// Whether a plan writes: inserts, updates and deletes (which commit when the query
+/// ends on the workers) and file sinks.
+pub(crate) fn writes(dplan: &DistributedPlan) -> bool {
+    dplan.stages.iter().any(|s| {
+        s.plan
+            .exists(|n| {
+                Ok(n.is::<GyreInsertExec>()
+                    || n.is::<GyreModifyExec>()
+                    || n.is::<FileCopyExec>()
+                    || n.is::<DataSinkExec>())
+            })
+            .unwrap_or(true)
+    })
 }
 
 /// A query canceled by its session's `gyre.statement_timeout` (Flight SQL answers

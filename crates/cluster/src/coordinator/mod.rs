@@ -326,4 +326,39 @@ pub struct QueryRun {
     pub batches: Vec<RecordBatch>,
     /// With `analyze`: every stage with each worker's metrics.
     pub report: String,
+    /// Where the query's time went on the coordinator.
+    pub phases: QueryPhases,
+}
+
+/// The wall-clock phases of a distributed query as the coordinator sees them: what a
+/// small query pays that single-node DataFusion does not (starting stages on the
+/// workers, ending them) next to the running itself.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct QueryPhases {
+    /// Registering the query, encoding the workers' stages and their `StartQuery`
+    /// round trip, starting the coordinator's stages.
+    pub start: Duration,
+    /// From the start until the final stage's last batch.
+    pub run: Duration,
+    /// Ending the query on the workers (`FinishQuery` round trip), when waited for.
+    pub finish: Duration,
+}
+
+impl QueryPhases {
+    fn ms(d: Duration) -> f64 {
+        d.as_secs_f64() * 1e3
+    }
+
+    /// One line for `EXPLAIN ANALYZE`: `planned` is the time from SQL to the
+    /// distributed plan.
+    pub fn describe(&self, planned: Duration) -> String {
+        format!(
+            "coordinator: planned in {:.3} ms, started stages in {:.3} ms, ran {:.3} ms, \
+             ended on the workers in {:.3} ms",
+            Self::ms(planned),
+            Self::ms(self.start),
+            Self::ms(self.run),
+            Self::ms(self.finish)
+        )
+    }
 }

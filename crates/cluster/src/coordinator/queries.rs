@@ -103,7 +103,9 @@ impl Coordinator {
         workers: &[NodeId],
         analyze: bool,
     ) -> Result<QueryRun> {
+        let began = Instant::now();
         let mut run = QueryExecution::start(self, state, dplan, workers).await?;
+        let started = Instant::now();
         let mut batches = vec![];
         let mut failure = None;
         while let Some(batch) = run.next().await {
@@ -115,7 +117,21 @@ impl Coordinator {
                 }
             }
         }
-        let reports = run.finish(failure.is_none(), analyze).await;
+        let ran = Instant::now();
+        // A query that only reads, whose figures nobody asked for, ends on the workers
+        // while its result goes back: the caller does not wait for that round trip.
+        let reports = if failure.is_none() && !analyze && run.reads_only() {
+            run.finish_in_background();
+            StageReports::default()
+        } else {
+            run.finish(failure.is_none(), analyze).await
+        };
+        let phases = QueryPhases {
+            start: started - began,
+            run: ran - started,
+            finish: ran.elapsed(),
+        };
+        tracing::debug!(?phases, "query phases");
         if let Some(e) = failure {
             return Err(e);
         }
@@ -123,7 +139,11 @@ impl Coordinator {
         if analyze {
             report = self.render_report(dplan, workers, &reports);
         }
-        Ok(QueryRun { batches, report })
+        Ok(QueryRun {
+            batches,
+            report,
+            phases,
+        })
     }
 
     /// Tells every worker the query is over and collects their reports.

@@ -198,16 +198,21 @@ impl Coordinator {
                 text_result("plan", text.lines().map(String::from).collect())
             }
             LogicalPlan::Analyze(a) => {
+                let planning = Instant::now();
                 let physical = state.create_physical_plan(&a.input).await?;
                 let dplan = self.distribute(state.config_options(), physical, workers.len())?;
+                let planned = planning.elapsed();
                 let start = Instant::now();
                 let run = self.execute(&state, &dplan, &workers, true).await?;
                 let rows: usize = run.batches.iter().map(|b| b.num_rows()).sum();
-                let mut lines = vec![format!(
-                    "query returned {rows} rows in {:.3} s over {} workers",
-                    start.elapsed().as_secs_f64(),
-                    workers.len()
-                )];
+                let mut lines = vec![
+                    format!(
+                        "query returned {rows} rows in {:.3} s over {} workers",
+                        start.elapsed().as_secs_f64(),
+                        workers.len()
+                    ),
+                    run.phases.describe(planned),
+                ];
                 lines.extend(run.report.lines().map(String::from));
                 text_result("plan_with_metrics", lines)
             }
