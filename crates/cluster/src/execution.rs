@@ -206,6 +206,12 @@ impl QueryExecution {
     /// no one to wait. A plan that writes must be ended with [`Self::finish`].
     pub fn finish_in_background(mut self) {
         debug_assert!(self.reads_only);
+        self.end_in_background(true);
+    }
+
+    /// Stops the coordinator's stages and ends the query on the workers from a task of
+    /// its own (committing its inserts with `commit`).
+    fn end_in_background(&mut self, commit: bool) {
         self.finished = true;
         for t in &self.local_tasks {
             t.abort();
@@ -215,10 +221,11 @@ impl QueryExecution {
             self.query,
             std::mem::take(&mut self.workers),
         );
-        tokio::spawn(async move {
-            coordinator.end_query(query, &workers, true, false).await;
-            drop(self);
-        });
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(async move {
+                coordinator.end_query(query, &workers, commit, false).await;
+            });
+        }
     }
 
     /// The result as a stream; the query ends (and commits) when the stream is
@@ -304,22 +311,9 @@ impl std::error::Error for StatementTimedOut {}
 
 impl Drop for QueryExecution {
     fn drop(&mut self) {
-        if self.finished {
-            return;
-        }
-        for t in &self.local_tasks {
-            t.abort();
-        }
         // Abandoned mid-way (the client went away): stop the query everywhere.
-        let (coordinator, query, workers) = (
-            Arc::clone(&self.coordinator),
-            self.query,
-            std::mem::take(&mut self.workers),
-        );
-        if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            handle.spawn(async move {
-                coordinator.end_query(query, &workers, false, false).await;
-            });
+        if !self.finished {
+            self.end_in_background(false);
         }
     }
 }
