@@ -23,7 +23,9 @@ use datafusion::common::{DataFusionError, Result};
 use datafusion::datasource::sink::DataSinkExec;
 use datafusion::execution::context::SessionState;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
-use datafusion::physical_plan::{ExecutionPlanProperties, SendableRecordBatchStream};
+use datafusion::physical_plan::{
+    ExecutionPlan, ExecutionPlanProperties, SendableRecordBatchStream,
+};
 use futures::StreamExt;
 use gyre_exchange::{Placement, RelayedError};
 use gyre_planner::{DistributedPlan, GyreOptions};
@@ -270,19 +272,26 @@ async fn within<T>(
         .map_err(|_| DataFusionError::External(Box::new(StatementTimedOut { query, timeout })))
 }
 
+/// Whether any stage of a plan holds a node `pick` chooses.
+fn holds(dplan: &DistributedPlan, pick: impl Fn(&dyn ExecutionPlan) -> bool) -> bool {
+    dplan
+        .stages
+        .iter()
+        .any(|s| s.plan.exists(|n| Ok(pick(n.as_ref()))).unwrap_or(true))
+}
+
+/// Whether a plan's result is a count per worker: inserts, updates and deletes, and
+/// parallel COPYs.
+pub(crate) fn counts_rows(dplan: &DistributedPlan) -> bool {
+    holds(dplan, |n| {
+        n.is::<GyreInsertExec>() || n.is::<GyreModifyExec>() || n.is::<FileCopyExec>()
+    })
+}
+
 /// Whether a plan writes: inserts, updates and deletes (which commit when the query
 /// ends on the workers) and file sinks.
 pub(crate) fn writes(dplan: &DistributedPlan) -> bool {
-    dplan.stages.iter().any(|s| {
-        s.plan
-            .exists(|n| {
-                Ok(n.is::<GyreInsertExec>()
-                    || n.is::<GyreModifyExec>()
-                    || n.is::<FileCopyExec>()
-                    || n.is::<DataSinkExec>())
-            })
-            .unwrap_or(true)
-    })
+    counts_rows(dplan) || holds(dplan, |n| n.is::<DataSinkExec>())
 }
 
 /// A query canceled by its session's `gyre.statement_timeout` (Flight SQL answers

@@ -243,15 +243,7 @@ impl Coordinator {
         let physical = state.create_physical_plan(&plan).await?;
         let dplan = self.distribute(state.config_options(), physical, workers.len())?;
         // Inserts and parallel COPYs return one count per worker.
-        let counts = dplan.stages.iter().any(|s| {
-            s.plan
-                .exists(|n| {
-                    Ok(n.is::<GyreInsertExec>()
-                        || n.is::<GyreModifyExec>()
-                        || n.is::<FileCopyExec>())
-                })
-                .unwrap_or(false)
-        });
+        let counts = crate::execution::counts_rows(&dplan);
         let run = self.execute(&state, &dplan, &workers, false).await?;
         if counts {
             let rows = run
