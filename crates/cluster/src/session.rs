@@ -6,11 +6,11 @@ use datafusion::catalog::default_table_source::source_as_provider;
 use datafusion::common::Result;
 use datafusion::common::Statistics;
 use datafusion::common::config::ConfigOptions;
-use datafusion::execution::SessionStateBuilder;
 use datafusion::execution::cache::cache_manager::CacheManagerConfig;
 use datafusion::execution::context::SessionState;
 use datafusion::execution::memory_pool::{GreedyMemoryPool, TrackConsumersPool};
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use datafusion::execution::{SessionStateBuilder, TaskContext};
 use datafusion::logical_expr::TableScan;
 use datafusion::optimizer::{Optimizer, OptimizerRule};
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
@@ -21,6 +21,23 @@ use gyre_planner::{DistributedJoinSelection, GyreOptions, JoinReorder};
 use std::collections::HashMap;
 use std::num::NonZeroUsize;
 use std::sync::{Arc, LazyLock};
+
+/// A task context of `state` with `config` in place of its own. Built from the state's
+/// parts, as DataFusion's `SessionState::task_ctx` does, without first cloning the whole
+/// state (its function registries, rules and catalogs) to change the configuration:
+/// both the coordinator and every worker make one per query.
+pub fn task_ctx_with(state: &SessionState, config: SessionConfig) -> Arc<TaskContext> {
+    Arc::new(TaskContext::new(
+        None,
+        state.session_id().to_string(),
+        config,
+        state.scalar_functions().clone(),
+        state.higher_order_functions().clone(),
+        state.aggregate_functions().clone(),
+        state.window_functions().clone(),
+        Arc::clone(state.runtime_env()),
+    ))
+}
 
 /// The configuration every distributed plan is made with, Gyre's settings included.
 fn distributed_config() -> SessionConfig {

@@ -9,13 +9,12 @@ impl Coordinator {
     /// settings and runtime (its memory limit, say), as `SHOW` and
     /// `information_schema` report them.
     pub(super) fn task_ctx(&self, state: &SessionState, qc: QueryContext) -> Arc<TaskContext> {
-        let mut state = state.clone();
-        let config = state.config_mut();
+        let mut config = state.config().clone();
         if let Some(own) = config.get_extension::<SessionPartitions>() {
             config.options_mut().execution.target_partitions = own.0;
         }
         config.set_extension(Arc::new(qc));
-        state.task_ctx()
+        crate::session::task_ctx_with(state, config)
     }
 
     /// Allocates a query id and its failure channel, and builds the coordinator's task context.
@@ -49,7 +48,11 @@ impl Coordinator {
         })
     }
 
-    /// Sends every worker its stages of `dplan`; they start at once and stream into each other.
+    /// Sends every worker its stages of `dplan`; they start at once and stream into each
+    /// other. Waits for every answer, also after a refusal, so that the query's end
+    /// reaches no worker before its start. (Starting the coordinator's own stages
+    /// while the answers come back measured no faster in `gyre bench latency`: the
+    /// answers are not on the path of the first rows.)
     pub(crate) async fn start_worker_stages(
         &self,
         state: &SessionState,
@@ -66,18 +69,21 @@ impl Coordinator {
             return Ok(());
         }
         let compression = GyreOptions::of(state.config_options()).compression;
-        self.broadcast(
-            workers,
-            Request::StartQuery {
-                query,
-                workers: workers.to_vec(),
-                stages,
-                compression: Some(compression.name().to_string()),
-                execution: changed_execution_options(state.config_options()),
-            },
-        )
-        .await?;
-        Ok(())
+        let request = Request::StartQuery {
+            query,
+            workers: workers.to_vec(),
+            stages,
+            compression: Some(compression.name().to_string()),
+            execution: changed_execution_options(state.config_options()),
+        };
+        let calls = workers
+            .iter()
+            .map(|w| self.call_worker(*w, &request, "StartQuery", None));
+        futures::future::join_all(calls)
+            .await
+            .into_iter()
+            .find_map(Result::err)
+            .map_or(Ok(()), Err)
     }
 
     /// Ends `query` everywhere: stops its tasks, commits or discards its inserts,

@@ -11,8 +11,14 @@ impl Coordinator {
         session: &SessionContext,
         sql: &str,
     ) -> Result<VecDeque<DFStatement>> {
-        let state = session.state();
-        let options = &state.config().options().sql_parser;
+        // Only the parser's settings: not a copy of the whole session state.
+        let options = session
+            .state_ref()
+            .read()
+            .config()
+            .options()
+            .sql_parser
+            .clone();
         let dialect = dialect_from_str(options.dialect).ok_or_else(|| {
             plan_datafusion_err!(
                 "Unsupported SQL dialect: {}. Available dialects: {}.",

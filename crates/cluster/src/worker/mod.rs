@@ -310,9 +310,7 @@ impl Worker {
             .with_extension(read)
             .with_extension(Arc::clone(&self.storage));
         crate::session::apply_execution_options(config.options_mut(), execution)?;
-        let mut state = self.state.clone();
-        *state.config_mut() = config;
-        Ok(state.task_ctx())
+        Ok(crate::session::task_ctx_with(&self.state, config))
     }
 
     async fn handle(self: &Arc<Self>, req: Request) -> Result<Response> {
