@@ -1,5 +1,5 @@
 //! Python helper processes of the benchmarks: DuckDB (a reference system) and its
-//! tpcds extension (TPC-DS data and query texts).
+//! tpcds and tpch extensions (TPC-DS data and query texts, TPC-H data).
 //!
 //! The packages are installed with pip into a directory of their own under the user's
 //! cache, pinned to the versions the published results were measured with: the tpcds
@@ -11,8 +11,12 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
-/// The pinned packages, DuckDB and the matching tpcds extension.
-const PACKAGES: [&str; 2] = ["duckdb==1.5.5", "duckdb-extension-tpcds==1.5.5"];
+/// The pinned packages, DuckDB and the matching tpcds and tpch extensions.
+const PACKAGES: [&str; 3] = [
+    "duckdb==1.5.5",
+    "duckdb-extension-tpcds==1.5.5",
+    "duckdb-extension-tpch==1.5.5",
+];
 
 /// Where the packages go: `$XDG_CACHE_HOME/gyre/python-duckdb-1.5.5` (or `~/.cache`).
 fn package_dir() -> PathBuf {
@@ -33,7 +37,10 @@ fn python() -> Result<Command, BoxError> {
         c
     };
     let has = command()
-        .args(["-c", "import duckdb, duckdb_extension_tpcds"])
+        .args([
+            "-c",
+            "import duckdb, duckdb_extension_tpcds, duckdb_extension_tpch",
+        ])
         .stderr(Stdio::null())
         .status()
         .map_err(|e| format!("python3 is needed for DuckDB: {e}"))?;
