@@ -23,7 +23,7 @@ pub struct TpchBenchOptions {
     pub duckdb: bool,
 }
 
-const DUCKDB_TPCH: &str = include_str!("../scripts/tpch_duckdb.py");
+const DUCKDB_BENCH: &str = include_str!("../scripts/duckdb_bench.py");
 
 #[derive(Serialize)]
 struct QueryTiming {
@@ -76,8 +76,12 @@ pub async fn run_tpch(
             opts.scale_factor
         );
         let mut p = PythonProcess::start(
-            DUCKDB_TPCH,
-            &[opts.scale_factor.to_string(), partitions.to_string()],
+            DUCKDB_BENCH,
+            &[
+                "tpch".to_string(),
+                opts.scale_factor.to_string(),
+                partitions.to_string(),
+            ],
         )
         .map_err(|e| format!("{e} (or pass --no-duckdb)"))?;
         p.read_line()?;

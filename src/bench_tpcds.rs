@@ -117,7 +117,7 @@ struct Timed {
     error: Option<String>,
 }
 
-const DUCKDB_TPCDS: &str = include_str!("../scripts/tpcds_duckdb.py");
+const DUCKDB_BENCH: &str = include_str!("../scripts/duckdb_bench.py");
 
 pub async fn run(args: TpcdsArgs) -> Result<(), BoxError> {
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
@@ -137,8 +137,9 @@ pub async fn run(args: TpcdsArgs) -> Result<(), BoxError> {
     );
     let start = Instant::now();
     let mut duckdb = PythonProcess::start(
-        DUCKDB_TPCDS,
+        DUCKDB_BENCH,
         &[
+            "tpcds".to_string(),
             args.sf.to_string(),
             dir.path().display().to_string(),
             cores.to_string(),
