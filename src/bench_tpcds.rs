@@ -16,7 +16,7 @@
 use crate::bench_cluster::{BoxError, write_outputs};
 use crate::client::RemoteClient;
 use crate::plot::{Series, grouped_bars_with_reference};
-use crate::python::PythonProcess;
+use crate::python::{DUCKDB_BENCH, PythonProcess};
 use crate::stats::median;
 use clap::Args;
 use datafusion::arrow::array::RecordBatch;
@@ -116,8 +116,6 @@ struct Timed {
     ms: Option<Vec<f64>>,
     error: Option<String>,
 }
-
-const DUCKDB_BENCH: &str = include_str!("../scripts/duckdb_bench.py");
 
 pub async fn run(args: TpcdsArgs) -> Result<(), BoxError> {
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());

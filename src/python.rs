@@ -11,6 +11,10 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
+/// The DuckDB helper of the TPC-H and TPC-DS benchmarks (its first argument, `tpch` or
+/// `tpcds`, picks which).
+pub const DUCKDB_BENCH: &str = include_str!("../scripts/duckdb_bench.py");
+
 /// The pinned packages, DuckDB and the matching tpcds and tpch extensions.
 const PACKAGES: [&str; 3] = [
     "duckdb==1.5.5",

@@ -317,8 +317,10 @@ impl Coordinator {
         }
     }
 
-    /// Sends `req` to every one of `workers` and waits for every reply; a worker
-    /// declared dead meanwhile fails the call, naming it.
+    /// Sends `req` to every one of `workers` and waits for every reply, also after a
+    /// refusal, so that what a caller sends to undo it (a `DropTable`, a `FinishQuery`)
+    /// reaches no worker before `req` itself; a worker declared dead meanwhile fails
+    /// the call, naming it. The first failure, in the order of `workers`, is returned.
     pub(super) async fn broadcast(
         &self,
         workers: &[NodeId],
@@ -328,6 +330,6 @@ impl Coordinator {
         let calls = workers
             .iter()
             .map(|w| self.call_worker(*w, &req, what, None));
-        futures::future::try_join_all(calls).await
+        futures::future::join_all(calls).await.into_iter().collect()
     }
 }

@@ -49,10 +49,9 @@ impl Coordinator {
     }
 
     /// Sends every worker its stages of `dplan`; they start at once and stream into each
-    /// other. Waits for every answer, also after a refusal, so that the query's end
-    /// reaches no worker before its start. (Starting the coordinator's own stages
-    /// while the answers come back measured no faster in `gyre bench latency`: the
-    /// answers are not on the path of the first rows.)
+    /// other. (Starting the coordinator's own stages while the answers come back
+    /// measured no faster in `gyre bench latency`: the answers are not on the path of
+    /// the first rows.)
     pub(crate) async fn start_worker_stages(
         &self,
         state: &SessionState,
@@ -69,21 +68,18 @@ impl Coordinator {
             return Ok(());
         }
         let compression = GyreOptions::of(state.config_options()).compression;
-        let request = Request::StartQuery {
-            query,
-            workers: workers.to_vec(),
-            stages,
-            compression: Some(compression.name().to_string()),
-            execution: changed_execution_options(state.config_options()),
-        };
-        let calls = workers
-            .iter()
-            .map(|w| self.call_worker(*w, &request, "StartQuery", None));
-        futures::future::join_all(calls)
-            .await
-            .into_iter()
-            .find_map(Result::err)
-            .map_or(Ok(()), Err)
+        self.broadcast(
+            workers,
+            Request::StartQuery {
+                query,
+                workers: workers.to_vec(),
+                stages,
+                compression: Some(compression.name().to_string()),
+                execution: changed_execution_options(state.config_options()),
+            },
+        )
+        .await?;
+        Ok(())
     }
 
     /// Ends `query` everywhere: stops its tasks, commits or discards its inserts,
