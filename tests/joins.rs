@@ -4,6 +4,8 @@
 
 mod sql_reference;
 
+use arrow::array::{Array, AsArray};
+use arrow::datatypes::DataType;
 use gyre_cluster::LocalCluster;
 use gyre_cluster::reference::canonical_rows;
 use sql_reference::{differs, start, text};
@@ -368,10 +370,12 @@ async fn external_csv_and_parquet_files_load_and_bad_files_fail_clearly() {
     assert!(c.sql_one("SELECT count(*) FROM people").await.is_ok());
 }
 
-/// Run-time filters: a join's build keys prune its probe input where the worker reads
-/// it, below the joins in between. Star joins (a dimension broadcast, another placed
-/// with the fact table), a semi join and a left join find DataFusion's rows with the
-/// filters on and off, and EXPLAIN ANALYZE shows the rows the filters dropped.
+/// Run-time filters in the join's own stage: a join's build keys prune its probe input
+/// where the worker reads it, below a filter in between, but not below another join
+/// (whose probe costs what the check saves), and a build side that reads a whole table
+/// gets no filter (it would prune nothing). Star joins (a dimension broadcast, another
+/// placed with the fact table), a semi join and a left join find DataFusion's rows with
+/// the filters on and off, and EXPLAIN ANALYZE shows the rows the filters dropped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_time_filters_prune_probe_rows_and_keep_the_answers() {
     let setup = "
@@ -394,12 +398,20 @@ async fn run_time_filters_prune_probe_rows_and_keep_the_answers() {
         "SELECT d_month, count(f_qty) FROM day LEFT JOIN \
          (SELECT f_day, f_qty FROM fact JOIN item ON f_item = i_item WHERE i_cat = 'Books') x \
          ON d_day = f_day WHERE d_month < 2 GROUP BY d_month ORDER BY d_month",
+        "SELECT count(*), sum(f_qty) FROM (SELECT * FROM fact WHERE f_qty < 40) x \
+         JOIN item ON f_item = i_item WHERE i_cat = 'Books'",
+        "SELECT count(*), sum(f_qty) FROM fact JOIN item ON f_item = i_item",
     ];
     for q in queries {
         assert_eq!(differs(c, &reference, q).await, None, "{q}");
     }
+    let explain = |q: &str| format!("EXPLAIN {q}");
+    let star = text(c.sql_one(&explain(queries[0])).await.unwrap());
+    assert!(!star.contains("FilterTargetExec"), "{star}");
+    let whole = text(c.sql_one(&explain(queries[4])).await.unwrap());
+    assert!(!whole.contains("FilterSourceExec"), "{whole}");
     let analyzed = text(
-        c.sql_one(&format!("EXPLAIN ANALYZE {}", queries[0]))
+        c.sql_one(&format!("EXPLAIN ANALYZE {}", queries[3]))
             .await
             .unwrap(),
     );
@@ -409,11 +421,68 @@ async fn run_time_filters_prune_probe_rows_and_keep_the_answers() {
         .collect();
     assert!(!pruned.is_empty(), "no probe rows pruned:\n{analyzed}");
     c.sql("SET gyre.runtime_filters = off").await.unwrap();
-    let plain = text(c.sql_one(&format!("EXPLAIN {}", queries[0])).await.unwrap());
+    let plain = text(c.sql_one(&explain(queries[3])).await.unwrap());
     assert!(!plain.contains("FilterTargetExec"), "{plain}");
     for q in queries {
         assert_eq!(differs(c, &reference, q).await, None, "{q}");
     }
+}
+
+/// Run-time filters through aggregations: a join on an aggregation's group keys drops
+/// whole groups, so the rows of keys the build side lacks are dropped before they are
+/// aggregated, in the stage below the partial aggregation (TPC-H Q17's shape). Grouping
+/// sets and joins on aggregated values stay above the aggregation; every answer is
+/// DataFusion's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_time_filters_reach_below_aggregations_on_their_group_keys() {
+    let setup = "
+        CREATE TABLE fact (f_item INT, f_qty INT) PARTITION BY f_qty;
+        INSERT INTO fact SELECT value % 5000, value % 50 FROM generate_series(1, 200000) AS t(value);
+        INSERT INTO fact VALUES (NULL, 1), (3, NULL);
+        CREATE TABLE item (i_item INT, i_cat VARCHAR) PARTITION BY i_item;
+        INSERT INTO item SELECT value, CASE WHEN value % 500 = 0 THEN 'Books' ELSE 'Music' END
+            FROM generate_series(0, 4999) AS t(value)";
+    let (cluster, reference) = start(4, setup).await;
+    let c = &cluster.coordinator;
+    c.sql("SET gyre.runtime_filters = on").await.unwrap();
+    let queries = [
+        "SELECT sum(f_qty) FROM fact JOIN item ON f_item = i_item WHERE i_cat = 'Books' \
+         AND f_qty < (SELECT 0.5 * avg(f_qty) FROM fact f2 WHERE f2.f_item = i_item)",
+        "SELECT i_item, s, n FROM item JOIN (SELECT f_item, sum(f_qty) s, count(*) n \
+         FROM fact GROUP BY f_item) x ON i_item = f_item WHERE i_cat = 'Books'",
+        "SELECT count(*), sum(n) FROM item JOIN (SELECT f_item, f_qty, count(*) n \
+         FROM fact GROUP BY ROLLUP (f_item, f_qty)) x ON i_item = f_item WHERE i_cat = 'Books'",
+        "SELECT count(*), sum(n) FROM item JOIN (SELECT f_item, f_qty, count(*) n \
+         FROM fact GROUP BY ROLLUP (f_qty, f_item)) x ON i_item = f_item WHERE i_cat = 'Books'",
+        "SELECT count(*) FROM item JOIN (SELECT f_item, count(*) n FROM fact GROUP BY f_item) x \
+         ON i_item = n WHERE i_cat = 'Books'",
+    ];
+    for q in queries {
+        assert_eq!(differs(c, &reference, q).await, None, "{q}");
+    }
+    // The plan's lines in order: a target that pruned, right below the partial
+    // aggregation and right above the scan of `fact`.
+    let r = c
+        .sql_one(&format!("EXPLAIN ANALYZE {}", queries[1]))
+        .await
+        .unwrap();
+    let mut lines = Vec::new();
+    for b in &r.batches {
+        let column = arrow::compute::cast(b.column(b.num_columns() - 1), &DataType::Utf8).unwrap();
+        let column = column.as_string::<i32>();
+        lines.extend((0..column.len()).map(|i| column.value(i).trim().to_string()));
+    }
+    let below = lines.windows(3).any(|w| {
+        w[0].starts_with("AggregateExec: mode=Partial")
+            && w[1].starts_with("FilterTargetExec")
+            && !w[1].contains("rows_pruned=0,")
+            && w[2].starts_with("GyreScanExec: table=fact")
+    });
+    assert!(
+        below,
+        "no target pruned below the partial aggregation:\n{}",
+        lines.join("\n")
+    );
 }
 
 /// Run-time filters across the network: with every join shuffled, a join's build keys

@@ -76,16 +76,14 @@ pub struct GyreOptions {
 }
 
 impl Default for GyreOptions {
-    /// Skew detection is on unless a session turns it off; run-time filters are off
-    /// unless a session turns them on (at TPC-DS SF 1 their per-row cost outweighs
-    /// what they prune on this 2-core machine).
+    /// Skew detection and run-time filters are on unless a session turns them off.
     fn default() -> Self {
         Self {
             compression: Compression::default(),
             join_strategy: JoinStrategy::default(),
             join_reorder: true,
             skew_detection: true,
-            runtime_filters: false,
+            runtime_filters: true,
             skew: SkewSettings::default(),
             statement_timeout: std::time::Duration::ZERO,
         }
@@ -117,9 +115,9 @@ const SETTINGS: [(&str, &str); 14] = [
     ),
     (
         "runtime_filters",
-        "on: a hash join's build keys prune its probe input where it is read, before \
-         it is shuffled if it comes from another stage (run-time filters); off \
-         (default): every probe row reaches the join.",
+        "on (default): a hash join's build keys prune its probe input where it is \
+         read, before it is shuffled or aggregated (run-time filters); off: every \
+         probe row reaches the join.",
     ),
     (
         "statement_timeout",

@@ -1,14 +1,18 @@
 //! Where run-time filters go (`gyre_exchange::runtime_filter`): each worker stage's
-//! hash joins that drop unmatched probe rows get a filter source on their build input
-//! and a target as deep in their probe input as the key columns can be followed.
+//! hash joins that drop unmatched probe rows, and whose build side may lack some keys
+//! (a filter, join or limit sits between it and its scans), get a filter source on
+//! their build input and a target as deep in their probe input as the key columns can
+//! be followed.
 //!
-//! The target is placed below operators that keep each row's partition: projections
-//! (of plain columns), filters and inner hash joins (through the
-//! probe side, or through the build side of a partitioned one). It stops at anything
-//! else (a scan, an aggregate, a `CollectLeft` join's shared build side) and goes
-//! above it. A target that would sit right below its join prunes nothing the join
-//! would not, so none is placed there. Flow-Joins route their probe rows between
-//! workers: their joins get no filter (their inputs' joins may).
+//! A filter pays only where it saves work a join cannot: checking a row's key costs
+//! about what the join's own probe of it costs. So the target is placed below
+//! projections (of plain columns), filters and aggregations (on their group keys: the
+//! rows of a key the join drops are not aggregated), and across exchanges, but not
+//! below other joins, whose probes would cost as much as the checks they save. It stops
+//! there (or at a scan) and goes above it. A target that would sit right below its
+//! join prunes nothing the join would not, so none is placed there. Flow-Joins route
+//! their probe rows between workers: their joins get no filter (their inputs' joins
+//! may).
 //!
 //! Where the probe rows come from another worker stage (an exchange receiver), the
 //! target goes into that stage, on the sender's input, and the rows are pruned before
@@ -27,14 +31,19 @@ use crate::options::GyreOptions;
 use crate::stages::DistributedPlan;
 use datafusion::common::{JoinType, NullEquality, Result, internal_err};
 use datafusion::physical_expr::expressions::Column;
+use datafusion::physical_plan::aggregates::AggregateExec;
+use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
+use datafusion::physical_plan::coop::CooperativeExec;
 use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
 use datafusion::physical_plan::projection::ProjectionExec;
+use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::{ChildrenPropertiesMode, ExecutionPlan, ReplaceChildrenOptions};
 use gyre_exchange::{
     ExchangeId, ExchangeReceiverExec, ExchangeSenderExec, FilterFrom, FilterSourceExec,
     FilterTargetExec, FlowJoinExec, Placement,
 };
+use std::collections::HashMap;
 use std::sync::Arc;
 
 /// Places run-time filters in the worker stages of `plan` (when the session's
@@ -43,10 +52,19 @@ pub fn place_runtime_filters(plan: &mut DistributedPlan, options: &GyreOptions) 
     if !options.runtime_filters {
         return Ok(());
     }
+    let senders = plan
+        .stages
+        .iter()
+        .filter_map(|s| {
+            let x = s.plan.downcast_ref::<ExchangeSenderExec>()?.exchange();
+            Some((x, Arc::clone(&s.plan)))
+        })
+        .collect();
     let mut p = Placer {
         next_id: 0,
         next_exchange: plan.exchanges,
         remote: Vec::new(),
+        senders,
     };
     for stage in &mut plan.stages {
         if stage.placement == Placement::Workers {
@@ -88,6 +106,8 @@ struct Placer {
     next_id: u32,
     next_exchange: ExchangeId,
     remote: Vec<Remote>,
+    /// Each stage that sends an exchange, by the exchange's id.
+    senders: HashMap<ExchangeId, Arc<dyn ExecutionPlan>>,
 }
 
 fn recompute() -> ReplaceChildrenOptions {
@@ -134,6 +154,7 @@ impl Placer {
         if !drops_unmatched_probe_rows(*hj.join_type())
             || hj.null_equality() != NullEquality::NullEqualsNothing
             || hj.null_aware
+            || !self.drops_rows(hj.left())
         {
             return Ok(plan);
         }
@@ -174,6 +195,31 @@ impl Placer {
         let build_input = FilterSourceExec::try_new(Arc::clone(hj.left()), id, build)?;
         let build_input = Arc::new(build_input.shipped_on(ship));
         plan.replace_children(vec![build_input, probe_input], recompute())
+    }
+
+    /// Whether `plan` may leave out some keys of the tables it reads: whether a filter,
+    /// a join, a limit (anything but a scan and operators that pass every row or group
+    /// rows) sits between it and its scans, in this stage or in the stages it receives.
+    /// A build side that reads a whole table holds every key that the probe side's
+    /// foreign keys refer to: its filter would prune nothing and only cost the wait.
+    fn drops_rows(&self, plan: &Arc<dyn ExecutionPlan>) -> bool {
+        if let Some(r) = plan.downcast_ref::<ExchangeReceiverExec>() {
+            return match self.senders.get(&r.exchange()) {
+                Some(sender) => self.drops_rows(sender),
+                None => true,
+            };
+        }
+        let passes_rows = plan.is::<ProjectionExec>()
+            || plan.is::<AggregateExec>()
+            || plan.is::<CoalescePartitionsExec>()
+            || plan.is::<RepartitionExec>()
+            || plan.is::<CooperativeExec>()
+            || plan.is::<ExchangeSenderExec>()
+            || plan.is::<FilterSourceExec>();
+        if !passes_rows {
+            return !plan.children().is_empty();
+        }
+        plan.children().into_iter().any(|c| self.drops_rows(c))
     }
 
     /// `node` with a target of filter `id` placed below it, on the input its `columns`
@@ -251,29 +297,26 @@ fn follow(
         };
         return Some((Arc::clone(f.input()), inner, 0));
     }
-    if let Some(j) = node.downcast_ref::<HashJoinExec>() {
-        if *j.join_type() != JoinType::Inner {
+    // A group's rows all carry its key, so a key the join will not match drops the
+    // whole group either way; only plain grouping (no grouping sets, which emit keys
+    // as nulls, and no group limit, which keeps some groups) is followed.
+    if let Some(a) = node.downcast_ref::<AggregateExec>() {
+        let group = a.group_expr();
+        if !group.is_single() || a.limit_options().is_some() {
             return None;
         }
-        let internal = match j.projection.as_ref() {
-            Some(p) => columns
-                .iter()
-                .map(|&c| p.get(c).copied())
-                .collect::<Option<Vec<_>>>()?,
-            None => columns.to_vec(),
-        };
-        let left_width = j.left().schema().fields().len();
-        if internal.iter().all(|&c| c >= left_width) {
-            let inner = internal.iter().map(|&c| c - left_width).collect();
-            return Some((Arc::clone(j.right()), inner, 1));
-        }
-        // A `CollectLeft` build side runs as partition 0 for every partition: a target
-        // there would wait for the wrong partition's filter.
-        if internal.iter().all(|&c| c < left_width)
-            && *j.partition_mode() == PartitionMode::Partitioned
-        {
-            return Some((Arc::clone(j.left()), internal, 0));
-        }
+        let inner = columns
+            .iter()
+            .map(|&c| {
+                group
+                    .expr()
+                    .get(c)?
+                    .0
+                    .downcast_ref::<Column>()
+                    .map(Column::index)
+            })
+            .collect::<Option<Vec<_>>>()?;
+        return Some((Arc::clone(a.input()), inner, 0));
     }
     None
 }

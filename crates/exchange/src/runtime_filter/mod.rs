@@ -8,7 +8,7 @@
 //!   in the query's [`FilterSlots`] on this node, and when targets elsewhere need it,
 //!   sends it to every worker ([`network`]);
 //! - [`FilterTargetExec`] sits on the probe input where it is read (above the table
-//!   scan, below the projections, filters and inner joins in between, in the join's
+//!   scan, below the projections, filters and aggregations in between, in the join's
 //!   stage or in the stage that sends it the probe rows) and, on its first poll,
 //!   waits for the filter ([`FilterFrom`]), then drops every row whose key the build
 //!   side lacks.
