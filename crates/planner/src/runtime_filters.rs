@@ -249,28 +249,25 @@ impl Placer {
             });
             return Ok(Some(Arc::clone(node)));
         }
-        let Some((child, inner, index)) = follow(node.as_ref(), columns) else {
+        let Some((child, inner)) = follow(node.as_ref(), columns) else {
             return Ok(None);
         };
         let placed = match self.place(&child, &inner, id, from)? {
             Some(deeper) => deeper,
             None => Arc::new(FilterTargetExec::try_new(child, id, inner, from)?),
         };
-        let mut children: Vec<Arc<dyn ExecutionPlan>> =
-            node.children().into_iter().map(Arc::clone).collect();
-        children[index] = placed;
         Ok(Some(
-            Arc::clone(node).replace_children(children, recompute())?,
+            Arc::clone(node).replace_children(vec![placed], recompute())?,
         ))
     }
 }
 
-/// The input of `node` that `columns` of its output come from unchanged, with their
-/// indices there and the input's position, if `node` keeps each row's partition.
+/// The only input of `node`, with the indices there that `columns` of its output come
+/// from unchanged, if `node` keeps each row's partition.
 fn follow(
     node: &dyn ExecutionPlan,
     columns: &[usize],
-) -> Option<(Arc<dyn ExecutionPlan>, Vec<usize>, usize)> {
+) -> Option<(Arc<dyn ExecutionPlan>, Vec<usize>)> {
     if let Some(p) = node.downcast_ref::<ProjectionExec>() {
         let inner = columns
             .iter()
@@ -282,10 +279,10 @@ fn follow(
                     .map(Column::index)
             })
             .collect::<Option<Vec<_>>>()?;
-        return Some((Arc::clone(p.input()), inner, 0));
+        return Some((Arc::clone(p.input()), inner));
     }
     if node.is::<FilterTargetExec>() || node.is::<FilterSourceExec>() {
-        return Some((Arc::clone(node.children()[0]), columns.to_vec(), 0));
+        return Some((Arc::clone(node.children()[0]), columns.to_vec()));
     }
     if let Some(f) = node.downcast_ref::<FilterExec>() {
         let inner = match f.projection() {
@@ -295,7 +292,7 @@ fn follow(
                 .collect::<Option<Vec<_>>>()?,
             None => columns.to_vec(),
         };
-        return Some((Arc::clone(f.input()), inner, 0));
+        return Some((Arc::clone(f.input()), inner));
     }
     // A group's rows all carry its key, so a key the join will not match drops the
     // whole group either way; only plain grouping (no grouping sets, which emit keys
@@ -316,7 +313,7 @@ fn follow(
                     .map(Column::index)
             })
             .collect::<Option<Vec<_>>>()?;
-        return Some((Arc::clone(a.input()), inner, 0));
+        return Some((Arc::clone(a.input()), inner));
     }
     None
 }
