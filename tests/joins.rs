@@ -61,14 +61,17 @@ async fn check(workers: usize) {
     let c = &cluster.coordinator;
     let mut failures = vec![];
     // `shuffle` makes every equi-join partitioned, which runs the supported join types
-    // as Flow-Joins (skew detection is on by default).
-    for strategy in ["auto", "shuffle"] {
+    // as Flow-Joins (skew detection is on by default), or with the radix kernel.
+    for (strategy, kernel) in [("auto", "hash"), ("shuffle", "hash"), ("shuffle", "radix")] {
         c.sql(&format!("SET gyre.join_strategy = '{strategy}'"))
+            .await
+            .unwrap();
+        c.sql(&format!("SET gyre.join_kernel = '{kernel}'"))
             .await
             .unwrap();
         for q in QUERIES {
             if let Some(d) = differs(c, &reference, q).await {
-                failures.push(format!("[{strategy}] {d}"));
+                failures.push(format!("[{strategy}, {kernel}] {d}"));
             }
         }
     }
@@ -526,4 +529,70 @@ async fn run_time_filters_prune_probe_rows_before_they_cross_the_network() {
             "no probe rows pruned before a shuffle:\n{analyzed}"
         );
     }
+}
+
+/// `SET gyre.join_kernel = radix` at sizes where each worker's build side spans several
+/// cache-sized radix partitions: every join type, with filters, NULL and duplicate
+/// keys, keys of 32 and 64 bits and joins on computed keys, each answer DataFusion's.
+/// The plan shows the radix joins, with run-time filters still placed on their probe
+/// inputs; joins the kernel cannot run (two keys, string keys) stay hash joins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn radix_join_kernel_answers_every_join_type_like_datafusion() {
+    let setup = "
+        CREATE TABLE f (fk BIGINT, fi INT, fq INT, fs VARCHAR) PARTITION BY fq;
+        INSERT INTO f SELECT CASE WHEN value % 31 = 0 THEN NULL ELSE value % 90000 END,
+            value % 5000, value % 50, concat('s', value % 977) FROM generate_series(1, 240000) AS t(value);
+        CREATE TABLE d (dk BIGINT, di INT, dc VARCHAR, dn INT) PARTITION BY dn;
+        INSERT INTO d SELECT CASE WHEN value % 17 = 0 THEN NULL ELSE value * 2 END, value % 5000,
+            CASE WHEN value % 10 = 0 THEN 'Books' ELSE 'Music' END, value % 13
+            FROM generate_series(1, 200000) AS t(value)";
+    let (cluster, reference) = start(4, setup).await;
+    let c = &cluster.coordinator;
+    c.sql("SET gyre.join_strategy = 'shuffle'").await.unwrap();
+    c.sql("SET gyre.join_kernel = 'radix'").await.unwrap();
+    let queries = [
+        "SELECT count(*), sum(fq), sum(dn), count(fs), count(dc) FROM f JOIN d ON fk = dk",
+        "SELECT count(*), sum(fq), count(dn) FROM f LEFT JOIN d ON fk = dk",
+        "SELECT count(*), count(fq), sum(dn) FROM f RIGHT JOIN d ON fk = dk",
+        "SELECT count(*), count(fq), count(dn) FROM f FULL JOIN d ON fk = dk AND fq < dn",
+        "SELECT count(*), sum(fq) FROM f WHERE fk IN (SELECT dk FROM d WHERE dc = 'Books')",
+        "SELECT count(*), sum(fq) FROM f WHERE NOT EXISTS (SELECT 1 FROM d WHERE dk = fk AND dn > 3)",
+        "SELECT count(*), sum(dn) FROM d WHERE EXISTS (SELECT 1 FROM f WHERE fk = dk AND fq = 7)",
+        "SELECT fq, count(*), sum(dn) FROM f JOIN d ON fk = dk WHERE fq < dn GROUP BY fq ORDER BY fq",
+        "SELECT dc, count(*) FROM f JOIN d ON fk + 1 = dk + 1 WHERE fs LIKE 's1%' GROUP BY dc ORDER BY dc",
+        "SELECT count(*), sum(fq) FROM f JOIN d ON fi = di AND fq = dn",
+        "SELECT count(*) FROM f JOIN d ON fs = dc",
+        "SELECT fk, fq, dn, dc FROM f JOIN d ON fk = dk WHERE fk < 40 ORDER BY fk, fq, dn",
+        "SELECT count(*), sum(fq) FROM f JOIN d ON fi = di WHERE dc = 'Books' AND dn = 3",
+    ];
+    for q in queries {
+        assert_eq!(differs(c, &reference, q).await, None, "{q}");
+    }
+    let explain = |q: &str| {
+        let sql = format!("EXPLAIN ANALYZE {q}");
+        async move { text(c.sql_one(&sql).await.unwrap()) }
+    };
+    let inner = explain(queries[0]).await;
+    let partitions: Vec<u64> = inner
+        .lines()
+        .filter_map(|l| l.split("radix_partitions=").nth(1))
+        .map(|v| v.split([',', ']']).next().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(partitions.len(), 4, "a radix join per worker:\n{inner}");
+    assert!(
+        partitions.iter().all(|&p| p >= 2),
+        "build sides of several radix partitions:\n{inner}"
+    );
+    // Two keys: DataFusion's hash join (a Flow-Join by default).
+    let two_keys = explain(queries[9]).await;
+    assert!(!two_keys.contains("RadixJoinExec"), "{two_keys}");
+    // A filtered build side still prunes the radix join's probe input.
+    let filtered = explain(queries[12]).await;
+    assert!(filtered.contains("RadixJoinExec"), "{filtered}");
+    assert!(
+        filtered
+            .lines()
+            .any(|l| l.contains("FilterTargetExec") && !l.contains("rows_pruned=0,")),
+        "no probe rows pruned:\n{filtered}"
+    );
 }

@@ -27,3 +27,9 @@ async fn tpch_three_workers() {
 async fn tpch_four_workers() {
     common::check_cluster(4, SF, false).await;
 }
+
+/// Every partitioned join on one integer key run by the radix join kernel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tpch_four_workers_radix_join_kernel() {
+    common::check_cluster_with(4, SF, false, &["SET gyre.join_kernel = radix"]).await;
+}

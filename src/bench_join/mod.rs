@@ -3,10 +3,11 @@
 //! Build relation: unique 64-bit keys with 64-bit payloads; probe relation: keys drawn
 //! from the build keys, uniformly or Zipf-distributed (`--zipf`).
 //!
-//! - `hash` and `flow` run as SQL ([`sql`]): the workload is loaded from Parquet
-//!   files and each run is one join query through Flight SQL, with skew detection
-//!   off (DataFusion's partitioned hash join) or on (Flow-Join). Each run reports
-//!   the query's time and every worker's CPU seconds and bytes on the wire.
+//! - `hash`, `radix` and `flow` run as SQL ([`sql`]): the workload is loaded from
+//!   Parquet files and each run is one join query through Flight SQL, with skew
+//!   detection off (DataFusion's partitioned hash join, or with `radix` the same join
+//!   run by Gyre's radix join kernel) or on (Flow-Join). Each run reports the
+//!   query's time and every worker's CPU seconds and bytes on the wire.
 //! - `cyclo-*` runs the cyclo-join of the Data Roundabout: every worker generates its
 //!   slice and the joins run between their multiplexers, each worker reporting its
 //!   setup, join and sync (waiting for data) times and its share of the tuples.
@@ -59,8 +60,9 @@ pub struct JoinArgs {
     #[arg(long, default_value = "0")]
     zipf: String,
     /// Strategies separated by commas: hash (SQL with DataFusion's partitioned hash
-    /// join), flow (SQL with Flow-Join: heavy hitters detected on the fly, one global
-    /// list, selective broadcast), flow-fetch (Flow-Join fetching on demand: each
+    /// join), radix (the same join run by Gyre's radix join kernel), flow (SQL with
+    /// Flow-Join: heavy hitters detected on the fly, one global list, selective
+    /// broadcast), flow-fetch (Flow-Join fetching on demand: each
     /// worker's own heavy hitters, their build rows fetched), cyclo-hash, cyclo-sort-merge,
     /// cyclo-band:C, cyclo-lt|le|gt|ge, cyclo-nl-band:C, cyclo-theta:M:K (cyclo-join on
     /// the Data Roundabout with that local algorithm).
@@ -234,7 +236,7 @@ fn check_strategy(strategy: &str) -> Result<(), BoxError> {
         None if sql::STRATEGIES.iter().any(|(name, ..)| *name == strategy) => {}
         None => {
             return Err(format!(
-                "--strategy: '{strategy}' is not hash, flow, flow-fetch or cyclo-ALGORITHM"
+                "--strategy: '{strategy}' is not hash, radix, flow, flow-fetch or cyclo-ALGORITHM"
             )
             .into());
         }

@@ -35,12 +35,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-/// The strategies this path runs, with their `gyre.skew_detection` and
-/// `gyre.skew_fetch` settings.
-pub const STRATEGIES: [(&str, &str, &str); 3] = [
-    ("hash", "off", "off"),
-    ("flow", "on", "off"),
-    ("flow-fetch", "on", "on"),
+/// The strategies this path runs, with their `gyre.skew_detection`, `gyre.skew_fetch`
+/// and `gyre.join_kernel` settings.
+pub const STRATEGIES: [(&str, &str, &str, &str); 4] = [
+    ("hash", "off", "off", "hash"),
+    ("flow", "on", "off", "hash"),
+    ("flow-fetch", "on", "on", "hash"),
+    ("radix", "off", "off", "radix"),
 ];
 
 /// The query every run times.
@@ -98,13 +99,13 @@ impl<'a> SqlJoins<'a> {
         }
     }
 
-    /// One run of `run.strategy` (`hash`, `flow` or `flow-fetch`), loading its workload
-    /// first if another one is loaded.
+    /// One run of `run.strategy` (`hash`, `flow`, `flow-fetch` or `radix`), loading its
+    /// workload first if another one is loaded.
     pub async fn run(&mut self, run: &JoinRun) -> Result<JoinResult, BoxError> {
-        let (detection, fetch) = STRATEGIES
+        let (detection, fetch, kernel) = STRATEGIES
             .iter()
             .find(|(name, ..)| *name == run.strategy)
-            .map(|(_, detection, fetch)| (*detection, *fetch))
+            .map(|(_, detection, fetch, kernel)| (*detection, *fetch, *kernel))
             .ok_or_else(|| format!("'{}' is not a SQL join strategy", run.strategy))?;
         let workload = Workload::of(run);
         if self.loaded.as_ref() != Some(&workload) {
@@ -112,18 +113,23 @@ impl<'a> SqlJoins<'a> {
         }
         self.sql(&format!(
             "SET gyre.join_strategy = 'shuffle'; SET gyre.skew_detection = '{detection}'; \
-             SET gyre.skew_fetch = '{fetch}'"
+             SET gyre.skew_fetch = '{fetch}'; SET gyre.join_kernel = '{kernel}'"
         ))
         .await?;
         let flow = detection == "on";
         if !self.plans_checked.contains(&run.strategy) {
             let plan = self.plan_text(&format!("EXPLAIN {QUERY}")).await?;
             let fetches = plan.contains("fetch on demand");
-            if plan.contains("FlowJoinExec") != flow || fetches != (flow && fetch == "on") {
+            let radix = kernel == "radix";
+            if plan.contains("FlowJoinExec") != flow
+                || fetches != (flow && fetch == "on")
+                || plan.contains("RadixJoinExec") != radix
+            {
                 return Err(format!(
                     "the {} run's plan is not a {}:\n{plan}",
                     run.strategy,
                     match (flow, fetch) {
+                        _ if radix => "partitioned join with the radix kernel",
                         (false, _) => "plain partitioned hash join",
                         (true, "on") => "Flow-Join fetching on demand",
                         _ => "Flow-Join with a global heavy-hitter list",

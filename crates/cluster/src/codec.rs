@@ -29,8 +29,8 @@ use datafusion_proto::physical_plan::{
 use datafusion_proto::protobuf;
 use gyre_exchange::{
     CycloJoinExec, CycloJoinType, CycloKernel, CycloSide, ExchangeReceiverExec, ExchangeSenderExec,
-    FilterFrom, FilterSourceExec, FilterTargetExec, FlowJoinExec, Placement, ReceiveMode, SendMode,
-    SkewSettings, flow::FlowInputs,
+    FilterFrom, FilterSourceExec, FilterTargetExec, FlowJoinExec, Placement, RadixJoinExec,
+    ReceiveMode, SendMode, SkewSettings, flow::FlowInputs,
 };
 use prost::Message;
 use serde::{Deserialize, Serialize};
@@ -127,6 +127,8 @@ enum NodeProto {
         exchange: Option<u32>,
         filter: Option<FilterProto>,
     },
+    /// A [`RadixJoinExec`]: its one input is the hash join it runs.
+    Radix,
 }
 
 /// A join filter: its expression over its own intermediate schema, and where each
@@ -479,6 +481,12 @@ impl PhysicalExtensionCodec for GyreCodec {
                     exchange,
                 )?)
             }
+            NodeProto::Radix => {
+                let [join] = inputs else {
+                    return internal_err!("a radix join has one input, got {}", inputs.len());
+                };
+                Arc::new(RadixJoinExec::try_new(Arc::clone(join))?)
+            }
             NodeProto::FileScan { scan, compression } => {
                 let scan = self.decode_plan(&scan, ctx)?;
                 let mut config = scan
@@ -673,6 +681,8 @@ impl PhysicalExtensionCodec for GyreCodec {
                 inputs: f.inputs(),
                 exchange: f.exchange(),
             }
+        } else if node.is::<RadixJoinExec>() {
+            NodeProto::Radix
         } else if let Some(f) = node.downcast_ref::<FileSplitScanExec>() {
             let scan: Arc<dyn ExecutionPlan> =
                 Arc::new(DataSourceExec::new(Arc::new(f.config().clone())));

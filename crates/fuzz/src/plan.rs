@@ -130,6 +130,10 @@ const PLAN_QUERIES: &[(&str, &str)] = &[
          SET gyre.skew_detection = false",
         "SELECT a.f, b.name FROM a JOIN b ON a.g = b.k WHERE b.h = 3",
     ),
+    (
+        "SET gyre.join_kernel = 'radix'; SET gyre.join_strategy = 'shuffle'",
+        "SELECT a.s, b.name FROM a LEFT JOIN b ON a.k = b.k AND a.f > b.h",
+    ),
     // `{dir}`: a temporary directory.
     (
         "",
@@ -306,6 +310,7 @@ mod tests {
             "GyreModifyExec",
             "PartitionedTopKExec",
             "CycloJoinExec",
+            "RadixJoinExec",
         ] {
             assert!(
                 found.contains(node),

@@ -18,7 +18,8 @@
 //!   order that reaches the join through operators passing partitioning through, and
 //!   no interleave (a union of inputs hash-partitioned alike) above it;
 //! - it is not in the recursive term of a recursive query, which runs on the
-//!   coordinator beside its work table, as DataFusion planned it.
+//!   coordinator beside its work table, as DataFusion planned it;
+//! - it is not run by the radix join kernel (`gyre.join_kernel = radix`).
 
 use crate::join_selection::estimated_rows;
 use crate::options::GyreOptions;
@@ -36,7 +37,7 @@ use datafusion::physical_plan::{
     ReplaceChildrenOptions,
 };
 use gyre_exchange::flow::{FlowInputs, flow_join_supported};
-use gyre_exchange::{FlowJoinExec, SkewSettings};
+use gyre_exchange::{FlowJoinExec, RadixJoinExec, SkewSettings};
 use std::sync::Arc;
 
 fn recompute() -> ReplaceChildrenOptions {
@@ -108,6 +109,8 @@ fn rewrite(
             // An interleave merges partition i of every input: they must stay
             // hash-partitioned alike (it states no requirement DataFusion would check).
             || node.is::<InterleaveExec>()
+            // The hash join a radix join runs stays as it is.
+            || node.is::<RadixJoinExec>()
             || (pinned && passes_on);
         let new = rewrite(Arc::clone(child), needs, n, settings)?;
         changed |= !Arc::ptr_eq(&new, child);

@@ -53,6 +53,35 @@ impl JoinStrategy {
     }
 }
 
+/// Which kernel runs partitioned hash joins (`SET gyre.join_kernel`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum JoinKernel {
+    /// DataFusion's hash join (and Flow-Join where skew detection is on).
+    #[default]
+    Hash,
+    /// Gyre's radix-partitioned hash join wherever it can run the join.
+    Radix,
+}
+
+impl JoinKernel {
+    pub fn parse(s: &str) -> Result<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "hash" => Ok(Self::Hash),
+            "radix" => Ok(Self::Radix),
+            other => Err(invalid(format!(
+                "gyre.join_kernel is hash or radix, not '{other}'"
+            ))),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Hash => "hash",
+            Self::Radix => "radix",
+        }
+    }
+}
+
 /// Gyre's session settings, under the prefix `gyre`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GyreOptions {
@@ -60,6 +89,8 @@ pub struct GyreOptions {
     pub compression: Compression,
     /// `gyre.join_strategy`.
     pub join_strategy: JoinStrategy,
+    /// `gyre.join_kernel`.
+    pub join_kernel: JoinKernel,
     /// `gyre.join_reorder`: whether inner joins are reordered by estimated sizes.
     pub join_reorder: bool,
     /// `gyre.skew_detection`: whether shuffled hash joins become Flow-Joins.
@@ -81,6 +112,7 @@ impl Default for GyreOptions {
         Self {
             compression: Compression::default(),
             join_strategy: JoinStrategy::default(),
+            join_kernel: JoinKernel::default(),
             join_reorder: true,
             skew_detection: true,
             runtime_filters: true,
@@ -95,7 +127,7 @@ impl ConfigExtension for GyreOptions {
 }
 
 /// Every setting with its description, in the order `SHOW ALL` lists them.
-const SETTINGS: [(&str, &str); 14] = [
+const SETTINGS: [(&str, &str); 15] = [
     (
         "compression",
         "Arrow IPC compression of data sent between workers: none, lz4, zstd, or auto \
@@ -106,6 +138,13 @@ const SETTINGS: [(&str, &str); 14] = [
         "How joins are distributed: auto (broadcast or shuffle by size, cyclo-join for \
          large non-equi joins), shuffle, broadcast, or cyclo (inner joins rotate around \
          the workers' ring).",
+    ),
+    (
+        "join_kernel",
+        "Which kernel runs partitioned equi-joins on one integer key: hash (default, \
+         DataFusion's hash join, or Flow-Join with skew detection) or radix (Gyre's \
+         radix-partitioned hash join, which probes cache-sized partitions of the build \
+         side; joins it cannot run stay hash joins).",
     ),
     (
         "join_reorder",
@@ -188,6 +227,7 @@ impl GyreOptions {
         match key {
             "compression" => self.compression.name().to_string(),
             "join_strategy" => self.join_strategy.name().to_string(),
+            "join_kernel" => self.join_kernel.name().to_string(),
             "join_reorder" => on_off(self.join_reorder),
             "skew_detection" => on_off(self.skew_detection),
             "runtime_filters" => on_off(self.runtime_filters),
@@ -233,6 +273,7 @@ impl ExtensionOptions for GyreOptions {
                 })?
             }
             "join_strategy" => next.join_strategy = JoinStrategy::parse(value)?,
+            "join_kernel" => next.join_kernel = JoinKernel::parse(value)?,
             "join_reorder" => next.join_reorder = parse_on_off(&name, value)?,
             "skew_detection" => next.skew_detection = parse_on_off(&name, value)?,
             "runtime_filters" => next.runtime_filters = parse_on_off(&name, value)?,
@@ -362,7 +403,9 @@ mod tests {
         c.set("gyre.join_strategy", "Shuffle").unwrap();
         c.set("gyre.skew_threshold", "0.5%").unwrap();
         c.set("gyre.skew_detection", "off").unwrap();
+        c.set("gyre.join_kernel", "RADIX").unwrap();
         let o = GyreOptions::of(&c);
+        assert_eq!(o.join_kernel, JoinKernel::Radix);
         assert_eq!(o.join_strategy, JoinStrategy::Shuffle);
         assert_eq!(o.skew.threshold, 0.005);
         assert!(o.skew_detection().is_none());
@@ -389,6 +432,7 @@ mod tests {
                 "auto, shuffle, broadcast or cyclo",
             ),
             ("gyre.compression", "gzip", "lz4"),
+            ("gyre.join_kernel", "sort", "hash or radix"),
             ("gyre.skew_threshold", "2", "gyre.skew_threshold"),
             ("gyre.skew_sample", "0", "gyre.skew_sample"),
             ("gyre.skew_sfr", "maybe", "on or off"),

@@ -130,6 +130,8 @@ fn join_note(line: &str) -> &'static str {
         "  <- broadcast join"
     } else if l.starts_with("HashJoinExec: mode=Partitioned") {
         "  <- partitioned join"
+    } else if l.starts_with("RadixJoinExec") {
+        "  <- the partitioned join below, run by the radix join kernel"
     } else if l.starts_with("FlowJoinExec") {
         "  <- Flow-Join: partitioned, heavy hitters kept local, their build rows broadcast"
     } else if l.starts_with("CycloJoinExec") {

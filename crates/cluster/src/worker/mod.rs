@@ -142,8 +142,9 @@ fn yield_above_joins(plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPl
     use datafusion::common::tree_node::{Transformed, TreeNode};
     use datafusion::physical_plan::coop::CooperativeExec;
     use datafusion::physical_plan::replace_children_if_necessary;
-    const JOINS: [&str; 5] = [
+    const JOINS: [&str; 6] = [
         "NestedLoopJoinExec",
+        "RadixJoinExec",
         "CrossJoinExec",
         "HashJoinExec",
         "SortMergeJoinExec",
@@ -159,8 +160,9 @@ fn yield_above_joins(plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPl
     };
     let plan = plan
         .transform_up(|node| {
-            // A Flow-Join drives the hash join it wraps itself.
-            if node.name() == "FlowJoinExec" || !node.children().into_iter().any(is_join) {
+            // A Flow-Join or radix join drives the hash join it wraps itself.
+            let wraps_join = ["FlowJoinExec", "RadixJoinExec"].contains(&node.name());
+            if wraps_join || !node.children().into_iter().any(is_join) {
                 return Ok(Transformed::no(node));
             }
             let children = node.children().into_iter().map(yielding).collect();

@@ -1,0 +1,209 @@
+//! [`RadixJoinExec`]: a partitioned hash equi-join run by Gyre's radix-partitioned join
+//! kernel (`gyre_join::radix`, Manegold, Boncz and Kersten's cache-conscious join as
+//! the cyclo-join paper ports it, Sec. IV-C.1) instead of DataFusion's hash table.
+//!
+//! The node wraps the `HashJoinExec` the planner chose and keeps its meaning exactly:
+//! the same inputs (partition `i` of the build and of the probe input, already
+//! hash-partitioned alike), join type, filter, projection and output order. Only how
+//! matches are found changes: the build partition is radix-partitioned into
+//! cache-sized pieces with a bucket directory each, and probe rows are partitioned the
+//! same way in chunks, so that each piece of the build side is probed while it stays in
+//! cache ([`stream`] holds the per-partition state machine).
+//!
+//! It runs joins on one integer key (8 to 64 bits, signed or unsigned, any expression
+//! of the inputs) whose NULLs match nothing, of every join type except null-aware
+//! anti joins, without a pushed-down limit ([`RadixJoinExec::supports`]).
+
+mod stream;
+
+use arrow::datatypes::DataType;
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::{JoinType, NullEquality, Result, internal_datafusion_err, plan_err};
+use datafusion::execution::TaskContext;
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
+use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricsSet};
+use datafusion::physical_plan::{
+    ChildrenPropertiesMode, DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties,
+    PlanProperties, ReplaceChildrenOptions, SendableRecordBatchStream,
+};
+use std::fmt;
+use std::sync::Arc;
+
+/// A partitioned hash join whose matches the radix join kernel finds.
+#[derive(Debug)]
+pub struct RadixJoinExec {
+    /// The `HashJoinExec` (partitioned mode) this node runs, its only child (as a
+    /// Flow-Join's): the join's inputs are the join's children, and planner passes that
+    /// look for hash joins (run-time filters, stages) find it.
+    join: Arc<dyn ExecutionPlan>,
+    metrics: ExecutionPlanMetricsSet,
+}
+
+impl RadixJoinExec {
+    /// Wraps `join`, which must be a hash join [`RadixJoinExec::supports`] accepts.
+    pub fn try_new(join: Arc<dyn ExecutionPlan>) -> Result<Self> {
+        let Some(hj) = join.downcast_ref::<HashJoinExec>() else {
+            return plan_err!("a radix join wraps a hash join, not {}", join.name());
+        };
+        if let Err(reason) = Self::supports(hj) {
+            return plan_err!("the radix join kernel cannot run this join: {reason}");
+        }
+        Ok(Self {
+            join,
+            metrics: ExecutionPlanMetricsSet::new(),
+        })
+    }
+
+    /// Whether the kernel can run `hj`, and if not, why not.
+    pub fn supports(hj: &HashJoinExec) -> std::result::Result<(), String> {
+        if *hj.partition_mode() != PartitionMode::Partitioned {
+            return Err(format!("{:?} mode, not partitioned", hj.partition_mode()));
+        }
+        if hj.null_aware {
+            return Err("a null-aware anti join (NOT IN) matches NULL keys".into());
+        }
+        if hj.null_equality() != NullEquality::NullEqualsNothing {
+            return Err("NULL keys match each other".into());
+        }
+        if let Some(fetch) = hj.fetch() {
+            return Err(format!("it stops after {fetch} rows"));
+        }
+        let [(l, r)] = hj.on() else {
+            return Err(format!("{} key columns, not one", hj.on().len()));
+        };
+        let (lt, rt) = (
+            l.data_type(&hj.left().schema())
+                .map_err(|e| e.to_string())?,
+            r.data_type(&hj.right().schema())
+                .map_err(|e| e.to_string())?,
+        );
+        if lt != rt || !key_type_supported(&lt) {
+            return Err(format!("keys of types {lt} and {rt}"));
+        }
+        let n = hj.left().output_partitioning().partition_count();
+        let m = hj.right().output_partitioning().partition_count();
+        if n != m {
+            return Err(format!("{n} build and {m} probe partitions"));
+        }
+        Ok(())
+    }
+
+    /// The hash join this node runs.
+    pub fn hash_join(&self) -> &HashJoinExec {
+        self.join
+            .downcast_ref::<HashJoinExec>()
+            .expect("checked by try_new")
+    }
+
+    /// The hash join, as a plan node.
+    pub fn join(&self) -> &Arc<dyn ExecutionPlan> {
+        &self.join
+    }
+}
+
+/// Key types the kernel joins: integers of 8 to 64 bits.
+pub fn key_type_supported(t: &DataType) -> bool {
+    matches!(
+        t,
+        DataType::Int8
+            | DataType::Int16
+            | DataType::Int32
+            | DataType::Int64
+            | DataType::UInt8
+            | DataType::UInt16
+            | DataType::UInt32
+            | DataType::UInt64
+    )
+}
+
+/// Whether a join type emits build rows by whether they matched (after every probe
+/// row was seen), so the build rows' matches are tracked.
+fn tracks_build(join_type: JoinType) -> bool {
+    matches!(
+        join_type,
+        JoinType::Left
+            | JoinType::Full
+            | JoinType::LeftSemi
+            | JoinType::LeftAnti
+            | JoinType::LeftMark
+    )
+}
+
+impl DisplayAs for RadixJoinExec {
+    /// The join itself is the child below.
+    fn fmt_as(&self, _: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "RadixJoinExec: kernel=radix-partitioned hash")
+    }
+}
+
+impl ExecutionPlan for RadixJoinExec {
+    fn name(&self) -> &'static str {
+        "RadixJoinExec"
+    }
+
+    /// The hash join's: same schema, partitioning and order (the stream keeps the
+    /// probe order wherever the hash join does).
+    fn properties(&self) -> &Arc<PlanProperties> {
+        self.join.properties()
+    }
+
+    /// The join's output, in the join's order.
+    fn maintains_input_order(&self) -> Vec<bool> {
+        vec![true]
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.join]
+    }
+
+    /// None of its own: the join's are the join's.
+    fn apply_expressions(
+        &self,
+        _: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn replace_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+        _: ReplaceChildrenOptions,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let [join] = <[_; 1]>::try_from(children)
+            .map_err(|_| internal_datafusion_err!("a radix join has one child, its hash join"))?;
+        Ok(Arc::new(Self::try_new(join)?))
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        self.replace_children(
+            children,
+            ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute),
+        )
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        let hj = self.hash_join();
+        let n = hj.left().output_partitioning().partition_count();
+        if partition >= n {
+            return Err(internal_datafusion_err!(
+                "radix join partition {partition} of {n}"
+            ));
+        }
+        stream::RadixJoinStream::start(hj, partition, context, &self.metrics)
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests;
