@@ -62,7 +62,7 @@ async fn check(workers: usize) {
     let mut failures = vec![];
     // `shuffle` makes every equi-join partitioned, which runs the supported join types
     // as Flow-Joins (skew detection is on by default), or with the radix kernel.
-    for (strategy, kernel) in [("auto", "hash"), ("shuffle", "hash"), ("shuffle", "radix")] {
+    for (strategy, kernel) in [("auto", "auto"), ("shuffle", "hash"), ("shuffle", "radix")] {
         c.sql(&format!("SET gyre.join_strategy = '{strategy}'"))
             .await
             .unwrap();

@@ -37,8 +37,9 @@ use std::sync::Arc;
 pub fn network_operator_rules() -> Vec<Arc<dyn PhysicalOptimizerRule + Send + Sync>> {
     vec![
         Arc::new(CycloJoinRule),
-        Arc::new(RadixJoinRule),
+        Arc::new(RadixJoinRule::before_flow_joins()),
         Arc::new(FlowJoinRule),
+        Arc::new(RadixJoinRule::after_flow_joins()),
     ]
 }
 pub use flow::{FlowJoinRule, plan_flow_joins};

@@ -57,10 +57,15 @@ impl JoinStrategy {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum JoinKernel {
     /// DataFusion's hash join (and Flow-Join where skew detection is on).
-    #[default]
     Hash,
-    /// Gyre's radix-partitioned hash join wherever it can run the join.
+    /// Gyre's radix-partitioned hash join wherever it can run the join, Flow-Join's
+    /// place included.
     Radix,
+    /// The radix join where the planner expects each worker's build side to span
+    /// several cache-sized partitions and no Flow-Join runs the join; DataFusion's
+    /// hash join elsewhere.
+    #[default]
+    Auto,
 }
 
 impl JoinKernel {
@@ -68,8 +73,9 @@ impl JoinKernel {
         match s.trim().to_ascii_lowercase().as_str() {
             "hash" => Ok(Self::Hash),
             "radix" => Ok(Self::Radix),
+            "auto" => Ok(Self::Auto),
             other => Err(invalid(format!(
-                "gyre.join_kernel is hash or radix, not '{other}'"
+                "gyre.join_kernel is hash, radix or auto, not '{other}'"
             ))),
         }
     }
@@ -78,6 +84,7 @@ impl JoinKernel {
         match self {
             Self::Hash => "hash",
             Self::Radix => "radix",
+            Self::Auto => "auto",
         }
     }
 }
@@ -141,10 +148,12 @@ const SETTINGS: [(&str, &str); 15] = [
     ),
     (
         "join_kernel",
-        "Which kernel runs partitioned equi-joins on one integer key: hash (default, \
-         DataFusion's hash join, or Flow-Join with skew detection) or radix (Gyre's \
-         radix-partitioned hash join, which probes cache-sized partitions of the build \
-         side; joins it cannot run stay hash joins).",
+        "Which kernel runs partitioned equi-joins on one integer key: auto (default: \
+         radix where each worker's build side is expected to span several cache-sized \
+         partitions and no Flow-Join runs the join, else hash), hash (DataFusion's hash \
+         join, or Flow-Join with skew detection) or radix (Gyre's radix-partitioned \
+         hash join, which probes cache-sized partitions of the build side, wherever \
+         it can run the join).",
     ),
     (
         "join_reorder",
@@ -432,7 +441,7 @@ mod tests {
                 "auto, shuffle, broadcast or cyclo",
             ),
             ("gyre.compression", "gzip", "lz4"),
-            ("gyre.join_kernel", "sort", "hash or radix"),
+            ("gyre.join_kernel", "sort", "hash, radix or auto"),
             ("gyre.skew_threshold", "2", "gyre.skew_threshold"),
             ("gyre.skew_sample", "0", "gyre.skew_sample"),
             ("gyre.skew_sfr", "maybe", "on or off"),

@@ -18,11 +18,14 @@ mod stream;
 
 use arrow::datatypes::DataType;
 use datafusion::common::tree_node::TreeNodeRecursion;
-use datafusion::common::{JoinType, NullEquality, Result, internal_datafusion_err, plan_err};
+use datafusion::common::{
+    JoinType, NullEquality, Result, Statistics, internal_datafusion_err, plan_err,
+};
 use datafusion::execution::TaskContext;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
 use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricsSet};
+use datafusion::physical_plan::statistics::StatisticsArgs;
 use datafusion::physical_plan::{
     ChildrenPropertiesMode, DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties,
     PlanProperties, ReplaceChildrenOptions, SendableRecordBatchStream,
@@ -100,6 +103,19 @@ impl RadixJoinExec {
     pub fn join(&self) -> &Arc<dyn ExecutionPlan> {
         &self.join
     }
+}
+
+/// Radix partitions a build side must span before the kernel pays off: a build side
+/// that fits in one or two cache-sized partitions is probed about as fast through
+/// DataFusion's hash table (docs/results.md, "The radix join kernel in SQL").
+pub const MIN_RADIX_PARTITIONS: usize = 4;
+
+/// Whether the radix kernel is expected to beat DataFusion's hash join on a build
+/// side of `rows` rows (one partition's), with this machine's cache.
+pub fn radix_pays_off(rows: u64) -> bool {
+    let config = gyre_join::radix::RadixConfig::default();
+    gyre_join::radix::RadixLayout::plan(rows as usize, &config)
+        .is_ok_and(|layout| 1usize << layout.partition_bits() >= MIN_RADIX_PARTITIONS)
 }
 
 /// Key types the kernel joins: integers of 8 to 64 bits.
@@ -198,6 +214,20 @@ impl ExecutionPlan for RadixJoinExec {
             ));
         }
         stream::RadixJoinStream::start(hj, partition, context, &self.metrics)
+    }
+
+    /// The join's: it returns the same rows.
+    fn statistics_from_inputs(
+        &self,
+        input_stats: &[Arc<Statistics>],
+        _: &StatisticsArgs,
+    ) -> Result<Arc<Statistics>> {
+        match input_stats {
+            [join] => Ok(Arc::clone(join)),
+            _ => Err(internal_datafusion_err!(
+                "a radix join has one child, its hash join"
+            )),
+        }
     }
 
     fn metrics(&self) -> Option<MetricsSet> {
