@@ -560,6 +560,8 @@ async fn radix_join_kernel_answers_every_join_type_like_datafusion() {
         "SELECT count(*), sum(dn) FROM d WHERE EXISTS (SELECT 1 FROM f WHERE fk = dk AND fq = 7)",
         "SELECT fq, count(*), sum(dn) FROM f JOIN d ON fk = dk WHERE fq < dn GROUP BY fq ORDER BY fq",
         "SELECT dc, count(*) FROM f JOIN d ON fk + 1 = dk + 1 WHERE fs LIKE 's1%' GROUP BY dc ORDER BY dc",
+        "SELECT count(*), sum(fq) FROM f JOIN d ON arrow_cast(fi, 'Date32') = arrow_cast(di, 'Date32') \
+         WHERE dn = 5",
         "SELECT count(*), sum(fq) FROM f JOIN d ON fi = di AND fq = dn",
         "SELECT count(*) FROM f JOIN d ON fs = dc",
         "SELECT fk, fq, dn, dc FROM f JOIN d ON fk = dk WHERE fk < 40 ORDER BY fk, fq, dn",
@@ -583,11 +585,14 @@ async fn radix_join_kernel_answers_every_join_type_like_datafusion() {
         partitions.iter().all(|&p| p >= 2),
         "build sides of several radix partitions:\n{inner}"
     );
+    // Date keys join as the days' integers.
+    let dates = explain(queries[9]).await;
+    assert!(dates.contains("RadixJoinExec"), "{dates}");
     // Two keys: DataFusion's hash join (a Flow-Join by default).
-    let two_keys = explain(queries[9]).await;
+    let two_keys = explain(queries[10]).await;
     assert!(!two_keys.contains("RadixJoinExec"), "{two_keys}");
     // A filtered build side still prunes the radix join's probe input.
-    let filtered = explain(queries[12]).await;
+    let filtered = explain(queries[13]).await;
     assert!(filtered.contains("RadixJoinExec"), "{filtered}");
     assert!(
         filtered

@@ -19,6 +19,7 @@ pub mod codec;
 pub mod context;
 pub mod cyclo;
 pub mod flow;
+mod join_filter;
 pub mod key_hash;
 mod memory;
 pub mod network;

@@ -11,7 +11,8 @@ use std::ops::Range;
 
 use arrow_array::cast::AsArray;
 use arrow_array::types::{
-    Int8Type, Int16Type, Int32Type, Int64Type, UInt8Type, UInt16Type, UInt32Type, UInt64Type,
+    Date32Type, Int8Type, Int16Type, Int32Type, Int64Type, UInt8Type, UInt16Type, UInt32Type,
+    UInt64Type,
 };
 use arrow_array::{Array, Int64Array, UInt64Array};
 use arrow_buffer::NullBuffer;
@@ -98,8 +99,9 @@ impl<'a> Keys<'a> {
         Ok(self)
     }
 
-    /// Keys from an Arrow integer column. `UInt64` and `Int64` are borrowed without a
-    /// copy; narrower integers are widened (sign- or zero-extended) into an owned buffer.
+    /// Keys from an Arrow integer (or `Date32`) column. `UInt64` and `Int64` are borrowed
+    /// without a copy; narrower types are widened (sign- or zero-extended) into an owned
+    /// buffer.
     pub fn from_array(array: &'a dyn Array) -> Result<Self> {
         fn widen<T, F: Fn(T) -> u64>(values: &[T], f: F) -> Cow<'static, [u64]>
         where
@@ -142,6 +144,13 @@ impl<'a> Keys<'a> {
             ),
             DataType::Int8 => (
                 widen(array.as_primitive::<Int8Type>().values(), |v| {
+                    v as i64 as u64
+                }),
+                KeyDomain::Signed,
+            ),
+            // Days since the epoch, as signed 32-bit integers.
+            DataType::Date32 => (
+                widen(array.as_primitive::<Date32Type>().values(), |v| {
                     v as i64 as u64
                 }),
                 KeyDomain::Signed,

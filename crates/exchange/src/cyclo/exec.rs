@@ -24,15 +24,15 @@
 use crate::context::{ExchangeId, QueryContext};
 use crate::cyclo::kernel::CycloKernel;
 use crate::cyclo::words::{RotatingLayout, key_array, key_type_supported, travels};
+use crate::join_filter::holds;
 use crate::memory::collect_counted;
 use crate::network::{InputsAt, NetworkOperator};
 use arrow::array::{
-    Array, ArrayRef, BooleanArray, RecordBatch, RecordBatchOptions, UInt32Array, UInt64Array,
-    new_null_array,
+    ArrayRef, RecordBatch, RecordBatchOptions, UInt32Array, UInt64Array, new_null_array,
 };
+use arrow::buffer::BooleanBuffer;
 use arrow::compute::{concat_batches, take, take_record_batch};
 use arrow::datatypes::{FieldRef, SchemaRef};
-use datafusion::common::cast::as_boolean_array;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{
     DataFusionError, JoinSide, JoinType, Result, ScalarValue, internal_datafusion_err,
@@ -586,9 +586,7 @@ impl BatchSink {
         };
         let mask = self.filter_mask(f, fragment, fragment_rows, stationary_rows)?;
         Ok(Some(
-            (0..fragment_rows.len())
-                // NULL counts as false.
-                .filter(|&i| mask.is_valid(i) && mask.value(i))
+            mask.set_indices()
                 .map(|i| (fragment_rows[i], stationary_rows[i]))
                 .unzip(),
         ))
@@ -687,7 +685,6 @@ impl BatchSink {
             true => (fragment.rows(), stationary.len()),
             false => (stationary.len(), fragment.rows()),
         };
-        let options = RecordBatchOptions::new().with_row_count(Some(inner));
         let (mut f_rows, mut s_rows) = (Vec::new(), Vec::new());
         let mut kept = 0u64;
         for o in 0..outer {
@@ -701,16 +698,7 @@ impl BatchSink {
                     false => Ok(Arc::clone(a)),
                 })
                 .collect::<Result<Vec<_>>>()?;
-            let batch =
-                RecordBatch::try_new_with_options(Arc::clone(filter.schema()), arrays, &options)?;
-            let mask = filter.expression().evaluate(&batch)?.into_array(inner)?;
-            let mask = as_boolean_array(&mask)?;
-            let hits = match mask.null_count() {
-                0 => mask.values().clone(),
-                // NULL counts as false.
-                _ => mask.values() & mask.nulls().expect("has nulls").inner(),
-            };
-            for i in hits.set_indices() {
+            for i in holds(&filter, arrays, inner)?.set_indices() {
                 let (f, s) = if outer_rotating { (o, i) } else { (i, o) };
                 f_rows.push(f as u32);
                 s_rows.push(stationary[s]);
@@ -741,7 +729,7 @@ impl BatchSink {
         fragment: &FragmentView<'_>,
         fragment_rows: &[u32],
         stationary_rows: &[u32],
-    ) -> Result<BooleanArray> {
+    ) -> Result<BooleanBuffer> {
         let rotating = self.rotating_side();
         let idx = UInt32Array::from(stationary_rows.to_vec());
         let columns = filter
@@ -753,14 +741,7 @@ impl BatchSink {
                 _ => Ok(take(self.stationary.column(ci.index).as_ref(), &idx, None)?),
             })
             .collect::<Result<Vec<_>>>()?;
-        let options = RecordBatchOptions::new().with_row_count(Some(fragment_rows.len()));
-        let intermediate =
-            RecordBatch::try_new_with_options(Arc::clone(filter.schema()), columns, &options)?;
-        let mask = filter
-            .expression()
-            .evaluate(&intermediate)?
-            .into_array(intermediate.num_rows())?;
-        Ok(as_boolean_array(&mask)?.clone())
+        holds(filter, columns, fragment_rows.len())
     }
 
     /// After the revolution: the unmatched stationary rows with NULLs (outer), the

@@ -10,13 +10,14 @@
 //! same way in chunks, so that each piece of the build side is probed while it stays in
 //! cache ([`stream`] holds the per-partition state machine).
 //!
-//! It runs joins on one integer key (8 to 64 bits, signed or unsigned, any expression
-//! of the inputs) whose NULLs match nothing, of every join type except null-aware
-//! anti joins, without a pushed-down limit ([`RadixJoinExec::supports`]).
+//! It runs joins on one integer or date key (8 to 64 bits, signed or unsigned, any
+//! expression of the inputs, [`key_type_supported`]) whose NULLs match nothing, of
+//! every join type except null-aware anti joins, without a pushed-down limit
+//! ([`RadixJoinExec::supports`]).
 
 mod stream;
 
-use arrow::datatypes::DataType;
+use crate::cyclo::key_type_supported;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{
     JoinType, NullEquality, Result, Statistics, internal_datafusion_err, plan_err,
@@ -81,7 +82,7 @@ impl RadixJoinExec {
             r.data_type(&hj.right().schema())
                 .map_err(|e| e.to_string())?,
         );
-        if lt != rt || !key_type_supported(&lt) {
+        if lt != rt || key_type_supported(&lt).is_none() {
             return Err(format!("keys of types {lt} and {rt}"));
         }
         let n = hj.left().output_partitioning().partition_count();
@@ -116,21 +117,6 @@ pub fn radix_pays_off(rows: u64) -> bool {
     let config = gyre_join::radix::RadixConfig::default();
     gyre_join::radix::RadixLayout::plan(rows as usize, &config)
         .is_ok_and(|layout| 1usize << layout.partition_bits() >= MIN_RADIX_PARTITIONS)
-}
-
-/// Key types the kernel joins: integers of 8 to 64 bits.
-pub fn key_type_supported(t: &DataType) -> bool {
-    matches!(
-        t,
-        DataType::Int8
-            | DataType::Int16
-            | DataType::Int32
-            | DataType::Int64
-            | DataType::UInt8
-            | DataType::UInt16
-            | DataType::UInt32
-            | DataType::UInt64
-    )
 }
 
 /// Whether a join type emits build rows by whether they matched (after every probe

@@ -20,13 +20,13 @@
 //! output is held at a time.
 
 use super::tracks_build;
+use crate::join_filter::holds;
 use crate::memory::collect_counted;
 use arrow::array::{
     Array, ArrayRef, BooleanArray, RecordBatch, RecordBatchOptions, UInt32Array, new_null_array,
 };
-use arrow::compute::{concat_batches, filter as filter_array, take};
+use arrow::compute::{concat_batches, take};
 use arrow::datatypes::SchemaRef;
-use datafusion::common::cast::as_boolean_array;
 use datafusion::common::{DataFusionError, JoinSide, JoinType, Result, internal_err};
 use datafusion::execution::TaskContext;
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
@@ -505,33 +505,19 @@ fn keep_where(
         .chunks(FILTER_PAIRS)
         .zip(pairs.right.chunks(FILTER_PAIRS))
     {
-        let (b, p) = (UInt32Array::from(b.to_vec()), UInt32Array::from(p.to_vec()));
+        let (bi, pi) = (UInt32Array::from(b.to_vec()), UInt32Array::from(p.to_vec()));
         let columns = filter
             .column_indices()
             .iter()
             .map(|ci| match ci.side {
-                JoinSide::Left => Ok(take(build.column(ci.index).as_ref(), &b, None)?),
-                JoinSide::Right => Ok(take(probe.column(ci.index).as_ref(), &p, None)?),
+                JoinSide::Left => Ok(take(build.column(ci.index).as_ref(), &bi, None)?),
+                JoinSide::Right => Ok(take(probe.column(ci.index).as_ref(), &pi, None)?),
                 JoinSide::None => internal_err!("a join filter column of neither input"),
             })
             .collect::<Result<Vec<_>>>()?;
-        let options = RecordBatchOptions::new().with_row_count(Some(b.len()));
-        let intermediate =
-            RecordBatch::try_new_with_options(Arc::clone(filter.schema()), columns, &options)?;
-        let mask = filter
-            .expression()
-            .evaluate(&intermediate)?
-            .into_array(b.len())?;
-        // Arrow's filter takes a NULL as false.
-        let mask = as_boolean_array(&mask)?;
-        let b = filter_array(&b, mask)?;
-        let p = filter_array(&p, mask)?;
-        let (b, p) = (
-            b.as_any().downcast_ref::<UInt32Array>().expect("u32"),
-            p.as_any().downcast_ref::<UInt32Array>().expect("u32"),
-        );
-        kept.left.extend_from_slice(b.values());
-        kept.right.extend_from_slice(p.values());
+        for i in holds(filter, columns, b.len())?.set_indices() {
+            kept.push(b[i], p[i]);
+        }
     }
     Ok(kept)
 }
