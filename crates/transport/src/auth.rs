@@ -126,7 +126,14 @@ impl Hello {
         let seal = match p[share_at + SHARE_LEN] {
             0 => false,
             1 => true,
-            _ => return Err(FrameError::BadLength { kind, len: p.len() }),
+            other => {
+                return Err(FrameError::BadField {
+                    kind,
+                    field: "seal flag",
+                    value: other.into(),
+                    allowed: "0 or 1",
+                });
+            }
         };
         Ok(Self {
             node: u32::from_le_bytes([p[0], p[1], p[2], p[3]]),
@@ -235,7 +242,15 @@ mod tests {
         assert_eq!(Hello::decode(FrameKind::Hello, &h.encode()).unwrap(), h);
         let mut odd = h.encode();
         *odd.last_mut().unwrap() = 2;
-        assert!(Hello::decode(FrameKind::Hello, &odd).is_err());
+        let err = Hello::decode(FrameKind::Hello, &odd).unwrap_err();
+        assert!(
+            matches!(err, FrameError::BadField { value: 2, .. }),
+            "{err}"
+        );
+        assert_eq!(
+            err.to_string(),
+            "Hello frame with seal flag 2 (allowed: 0 or 1)"
+        );
         assert!(Hello::decode(FrameKind::Hello, &h.encode()[1..]).is_err());
         assert!(Hello::decode(FrameKind::Data, &h.encode()).is_err());
         let c = Challenge {

@@ -94,6 +94,13 @@ pub enum FrameError {
         kind: FrameKind,
         len: usize,
     },
+    /// A field of the payload holds a value its frame kind does not allow.
+    BadField {
+        kind: FrameKind,
+        field: &'static str,
+        value: u64,
+        allowed: &'static str,
+    },
     /// The connection ended inside a frame.
     Truncated {
         what: &'static str,
@@ -130,6 +137,15 @@ impl fmt::Display for FrameError {
             Self::BadLength { kind, len } => {
                 write!(f, "{kind:?} frame with a payload of {len} bytes")
             }
+            Self::BadField {
+                kind,
+                field,
+                value,
+                allowed,
+            } => write!(
+                f,
+                "{kind:?} frame with {field} {value} (allowed: {allowed})"
+            ),
             Self::Truncated { what, got, want } => write!(
                 f,
                 "truncated frame: connection closed after {got} of {want} bytes of the {what}"
