@@ -55,14 +55,13 @@ impl PhysicalOptimizerRule for RadixJoinRule {
         plan: Arc<dyn ExecutionPlan>,
         config: &ConfigOptions,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let workers = config.execution.target_partitions.max(1) as u64;
-        let kernel = GyreOptions::of(config).join_kernel;
-        match kernel {
-            _ if kernel != self.kernel => Ok(plan),
-            JoinKernel::Radix => plan_radix_joins(plan, None),
-            JoinKernel::Auto => plan_radix_joins(plan, Some(workers)),
-            JoinKernel::Hash => Ok(plan),
+        if GyreOptions::of(config).join_kernel != self.kernel {
+            return Ok(plan);
         }
+        // `auto` weighs each join's build side per worker; `radix` takes them all.
+        let workers = (self.kernel == JoinKernel::Auto)
+            .then(|| config.execution.target_partitions.max(1) as u64);
+        plan_radix_joins(plan, workers)
     }
 
     fn name(&self) -> &str {

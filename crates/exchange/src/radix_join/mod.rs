@@ -19,9 +19,7 @@ mod stream;
 
 use crate::cyclo::key_type_supported;
 use datafusion::common::tree_node::TreeNodeRecursion;
-use datafusion::common::{
-    JoinType, NullEquality, Result, Statistics, internal_datafusion_err, plan_err,
-};
+use datafusion::common::{NullEquality, Result, Statistics, internal_datafusion_err, plan_err};
 use datafusion::execution::TaskContext;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
@@ -117,19 +115,6 @@ pub fn radix_pays_off(rows: u64) -> bool {
     let config = gyre_join::radix::RadixConfig::default();
     gyre_join::radix::RadixLayout::plan(rows as usize, &config)
         .is_ok_and(|layout| 1usize << layout.partition_bits() >= MIN_RADIX_PARTITIONS)
-}
-
-/// Whether a join type emits build rows by whether they matched (after every probe
-/// row was seen), so the build rows' matches are tracked.
-fn tracks_build(join_type: JoinType) -> bool {
-    matches!(
-        join_type,
-        JoinType::Left
-            | JoinType::Full
-            | JoinType::LeftSemi
-            | JoinType::LeftAnti
-            | JoinType::LeftMark
-    )
 }
 
 impl DisplayAs for RadixJoinExec {

@@ -19,7 +19,7 @@
 //! Queued batches are returned before the stream moves on, so at most one chunk's
 //! output is held at a time.
 
-use super::tracks_build;
+use crate::flow::preserves_build;
 use crate::join_filter::holds;
 use crate::memory::collect_counted;
 use arrow::array::{
@@ -253,7 +253,7 @@ impl RadixJoinStream {
             1 => self.output.batch_size,
             p => (p * PROBE_ROWS_PER_PARTITION).clamp(self.output.batch_size, MAX_CHUNK_ROWS),
         };
-        let matched = tracks_build(self.join_type).then(|| vec![false; batch.num_rows()]);
+        let matched = preserves_build(self.join_type).then(|| vec![false; batch.num_rows()]);
         if let Some(m) = &matched {
             self.reservation.try_grow(m.len())?;
         }
@@ -327,13 +327,7 @@ impl RadixJoinStream {
                 )?;
             }
             JoinType::RightSemi | JoinType::RightAnti => {
-                let want = self.join_type == JoinType::RightSemi;
-                let p: UInt32Array = probe_matched()
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, m)| **m == want)
-                    .map(|(r, _)| r as u32)
-                    .collect();
+                let p = rows_where(&probe_matched(), self.join_type == JoinType::RightSemi);
                 self.output
                     .queue_rows(Rows::Nulls, Rows::Take(&probe, &p), None)?;
             }
@@ -356,22 +350,14 @@ impl RadixJoinStream {
         let Some(matched) = &build.matched else {
             return Ok(());
         };
-        let rows_where = |want: bool| -> UInt32Array {
-            matched
-                .iter()
-                .enumerate()
-                .filter(|(_, m)| **m == want)
-                .map(|(r, _)| r as u32)
-                .collect()
-        };
         match self.join_type {
             JoinType::Left | JoinType::Full | JoinType::LeftAnti => {
-                let b = rows_where(false);
+                let b = rows_where(matched, false);
                 self.output
                     .queue_rows(Rows::Take(&build.batch, &b), Rows::Nulls, None)?;
             }
             JoinType::LeftSemi => {
-                let b = rows_where(true);
+                let b = rows_where(matched, true);
                 self.output
                     .queue_rows(Rows::Take(&build.batch, &b), Rows::Nulls, None)?;
             }
@@ -444,6 +430,16 @@ impl Output {
         }
         Ok(())
     }
+}
+
+/// The rows whose flag is `want`, in order.
+fn rows_where(flags: &[bool], want: bool) -> UInt32Array {
+    flags
+        .iter()
+        .enumerate()
+        .filter(|(_, f)| **f == want)
+        .map(|(r, _)| r as u32)
+        .collect()
 }
 
 /// `pairs` ordered by probe row (a counting sort; the build rows of one probe row keep
