@@ -10,6 +10,12 @@ export CARGO_TERM_COLOR=never
 
 command -v cargo >/dev/null || { echo "cargo not found: install Rust (rustup)"; exit 1; }
 rustup component add rustfmt clippy >/dev/null 2>&1 || true
+# HiGHS (Neo-Join's assignment solver, crates/join) builds with cmake and a C++
+# compiler; its bindings are generated with libclang.
+if ! command -v cmake >/dev/null || ! command -v g++ >/dev/null \
+  || ! ldconfig -p | grep -q 'libclang-[0-9.]*\.so '; then
+  apt-get update -qq && apt-get install -y -qq cmake g++ libclang-dev >/dev/null
+fi
 
 echo "== cargo fmt"
 cargo fmt --all -- --check
@@ -17,6 +23,8 @@ echo "== cargo clippy"
 cargo clippy --release --workspace --all-targets -- -D warnings
 # A server built without the benchmark handlers (cargo feature `bench`) still builds.
 cargo clippy --release -p gyre-cluster --no-default-features -- -D warnings
+# Without HiGHS, Neo-Join assigns greedily.
+cargo clippy --release -p gyre-join --no-default-features -- -D warnings
 echo "== cargo test"
 cargo test --release --workspace
 if [ "${GYRE_QUICK:-0}" != "1" ]; then

@@ -1,6 +1,7 @@
 //! The `gyre` command: coordinator, worker, embedded cluster, SQL client, benchmarks.
 
 mod bench;
+mod bench_assign;
 mod bench_cluster;
 mod bench_join;
 mod bench_kernels;
@@ -132,6 +133,9 @@ enum BenchCommand {
     Join(Box<bench_join::JoinArgs>),
     /// Local join kernels (radix hash, sort-merge) next to DataFusion's hash join.
     Kernels(bench_kernels::KernelArgs),
+    /// Neo-Join's planning: MILP and greedy partition assignment and the open-shop
+    /// schedule on synthetic histograms (time, busiest link against hash placement).
+    Assign(Box<bench_assign::AssignArgs>),
     /// Loading TPC-H Parquet files: workers reading their own splits, the coordinator
     /// reading every file, single-node DataFusion and DuckDB.
     Load(Box<bench_load::LoadArgs>),
@@ -534,6 +538,7 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
         Command::Bench(BenchCommand::Shuffle(args)) => bench_shuffle::run(*args).await,
         Command::Bench(BenchCommand::Join(args)) => bench_join::run(*args).await,
         Command::Bench(BenchCommand::Kernels(args)) => bench_kernels::run(args).await,
+        Command::Bench(BenchCommand::Assign(args)) => bench_assign::run(*args).await,
         Command::Bench(BenchCommand::Load(args)) => bench_load::run(*args).await,
         Command::Bench(BenchCommand::Tpcds(args)) => bench_tpcds::run(*args).await,
         Command::Bench(BenchCommand::Latency(args)) => bench_latency::run(*args).await,

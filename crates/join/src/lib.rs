@@ -7,7 +7,9 @@
 //! - [`reference`]: obviously-correct joins the tests compare against;
 //! - [`cyclo`]: cyclo-join on the Data Roundabout (ring of nodes, one input rotating);
 //! - [`flow`]: the parts of Flow-Join (heavy-hitter detection, its messages, the SFR
-//!   grid) that the SQL operator in gyre-exchange uses.
+//!   grid) that the SQL operator in gyre-exchange uses;
+//! - [`neo`]: Neo-Join's histograms, partition assignment (MILP) and open-shop
+//!   schedule.
 //!
 //! Every kernel returns [`JoinPairs`] (row index pairs), so callers `take` whatever
 //! payload columns they need. NULL keys never match. The kernels depend only on Arrow's
@@ -20,6 +22,7 @@ pub mod error;
 pub mod flow;
 pub mod keys;
 mod memory;
+pub mod neo;
 pub mod nested_loops;
 pub mod pairs;
 mod partition;
