@@ -61,8 +61,15 @@ async fn check(workers: usize) {
     let c = &cluster.coordinator;
     let mut failures = vec![];
     // `shuffle` makes every equi-join partitioned, which runs the supported join types
-    // as Flow-Joins (skew detection is on by default), or with the radix kernel.
-    for (strategy, kernel) in [("auto", "auto"), ("shuffle", "hash"), ("shuffle", "radix")] {
+    // as Flow-Joins (skew detection is on by default), or with the radix kernel; `neo`
+    // runs them as Neo-Joins where the key allows.
+    let settings = [
+        ("auto", "auto"),
+        ("shuffle", "hash"),
+        ("shuffle", "radix"),
+        ("neo", "hash"),
+    ];
+    for (strategy, kernel) in settings {
         c.sql(&format!("SET gyre.join_strategy = '{strategy}'"))
             .await
             .unwrap();
@@ -599,5 +606,67 @@ async fn radix_join_kernel_answers_every_join_type_like_datafusion() {
             .lines()
             .any(|l| l.contains("FilterTargetExec") && !l.contains("rows_pruned=0,")),
         "no probe rows pruned:\n{filtered}"
+    );
+}
+
+/// `SET gyre.join_strategy = neo` at sizes where the assignment has work to do: every
+/// join type, filters, NULL keys, a heavy key (a fifth of one input) and date keys,
+/// each answer DataFusion's. The plan shows the assignment; the heavy key's partition
+/// is broadcast by its small side where the join type allows it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn neo_join_answers_every_join_type_like_datafusion() {
+    let setup = "
+        CREATE TABLE f (fk BIGINT, fi INT, fq INT, fs VARCHAR) PARTITION BY fq;
+        INSERT INTO f SELECT CASE WHEN value % 31 = 0 THEN NULL WHEN value % 5 = 0 THEN 7
+            ELSE value % 90000 END, value % 5000, value % 50, concat('s', value % 977)
+            FROM generate_series(1, 240000) AS t(value);
+        CREATE TABLE d (dk BIGINT, di INT, dc VARCHAR, dn INT) PARTITION BY dn;
+        INSERT INTO d SELECT CASE WHEN value % 17 = 0 THEN NULL ELSE value * 2 END, value % 5000,
+            CASE WHEN value % 10 = 0 THEN 'Books' ELSE 'Music' END, value % 13
+            FROM generate_series(1, 60000) AS t(value)";
+    let (cluster, reference) = start(4, setup).await;
+    let c = &cluster.coordinator;
+    c.sql("SET gyre.join_strategy = 'neo'").await.unwrap();
+    let queries = [
+        "SELECT count(*), sum(fq), sum(dn), count(fs), count(dc) FROM f JOIN d ON fk = dk",
+        "SELECT count(*), sum(fq), count(dn) FROM f LEFT JOIN d ON fk = dk",
+        "SELECT count(*), count(fq), sum(dn) FROM f RIGHT JOIN d ON fk = dk",
+        "SELECT count(*), count(fq), count(dn) FROM f FULL JOIN d ON fk = dk AND fq < dn",
+        "SELECT count(*), sum(fq) FROM f WHERE fk IN (SELECT dk FROM d WHERE dc = 'Books')",
+        "SELECT count(*), sum(fq) FROM f WHERE NOT EXISTS (SELECT 1 FROM d WHERE dk = fk AND dn > 3)",
+        "SELECT count(*), sum(dn) FROM d WHERE EXISTS (SELECT 1 FROM f WHERE fk = dk AND fq = 7)",
+        "SELECT count(*), sum(dn) FROM d WHERE NOT EXISTS (SELECT 1 FROM f WHERE fk = dk)",
+        "SELECT fq, count(*), sum(dn) FROM f JOIN d ON fk = dk WHERE fq < dn GROUP BY fq ORDER BY fq",
+        "SELECT count(*), sum(fq) FROM f JOIN d ON arrow_cast(fi, 'Date32') = arrow_cast(di, 'Date32') \
+         WHERE dn = 5",
+        "SELECT fk, fq, dn, dc FROM f JOIN d ON fk = dk WHERE fk < 40 ORDER BY fk, fq, dn",
+    ];
+    for q in queries {
+        assert_eq!(differs(c, &reference, q).await, None, "{q}");
+    }
+    let explain = |q: &str| {
+        let sql = format!("EXPLAIN ANALYZE {q}");
+        async move { text(c.sql_one(&sql).await.unwrap()) }
+    };
+    let plan = explain(queries[0]).await;
+    let line = plan
+        .lines()
+        .find(|l| l.contains("NeoJoinExec") && l.contains("assignment="))
+        .unwrap_or_else(|| panic!("no Neo-Join assignment in:\n{plan}"));
+    let broadcast: u64 = line
+        .split("broadcast_partitions=")
+        .nth(1)
+        .and_then(|v| v.split(',').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{line}"));
+    assert!(
+        broadcast >= 1,
+        "the heavy key's partition is not broadcast: {line}"
+    );
+    // A full join may broadcast neither side.
+    let full = explain(queries[3]).await;
+    assert!(
+        full.contains("NeoJoinExec: target_partitions=64, broadcast=none"),
+        "{full}"
     );
 }

@@ -29,8 +29,8 @@ use datafusion_proto::physical_plan::{
 use datafusion_proto::protobuf;
 use gyre_exchange::{
     CycloJoinExec, CycloJoinType, CycloKernel, CycloSide, ExchangeReceiverExec, ExchangeSenderExec,
-    FilterFrom, FilterSourceExec, FilterTargetExec, FlowJoinExec, Placement, RadixJoinExec,
-    ReceiveMode, SendMode, SkewSettings, flow::FlowInputs,
+    FilterFrom, FilterSourceExec, FilterTargetExec, FlowJoinExec, NeoJoinExec, NeoSettings,
+    Placement, RadixJoinExec, ReceiveMode, SendMode, SkewSettings, flow::FlowInputs,
 };
 use prost::Message;
 use serde::{Deserialize, Serialize};
@@ -129,6 +129,11 @@ enum NodeProto {
     },
     /// A [`RadixJoinExec`]: its one input is the hash join it runs.
     Radix,
+    /// A [`NeoJoinExec`]: its one input is the hash join it runs.
+    Neo {
+        settings: NeoSettings,
+        exchange: Option<u32>,
+    },
 }
 
 /// A join filter: its expression over its own intermediate schema, and where each
@@ -487,6 +492,12 @@ impl PhysicalExtensionCodec for GyreCodec {
                 };
                 Arc::new(RadixJoinExec::try_new(Arc::clone(join))?)
             }
+            NodeProto::Neo { settings, exchange } => {
+                let [join] = inputs else {
+                    return internal_err!("a Neo-Join has one input, got {}", inputs.len());
+                };
+                Arc::new(NeoJoinExec::try_new(Arc::clone(join), settings, exchange)?)
+            }
             NodeProto::FileScan { scan, compression } => {
                 let scan = self.decode_plan(&scan, ctx)?;
                 let mut config = scan
@@ -683,6 +694,11 @@ impl PhysicalExtensionCodec for GyreCodec {
             }
         } else if node.is::<RadixJoinExec>() {
             NodeProto::Radix
+        } else if let Some(neo) = node.downcast_ref::<NeoJoinExec>() {
+            NodeProto::Neo {
+                settings: neo.settings(),
+                exchange: neo.exchange(),
+            }
         } else if let Some(f) = node.downcast_ref::<FileSplitScanExec>() {
             let scan: Arc<dyn ExecutionPlan> =
                 Arc::new(DataSourceExec::new(Arc::new(f.config().clone())));

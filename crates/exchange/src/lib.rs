@@ -22,6 +22,7 @@ pub mod flow;
 mod join_filter;
 pub mod key_hash;
 mod memory;
+pub mod neo_join;
 pub mod network;
 pub mod radix_join;
 pub mod receiver;
@@ -34,7 +35,8 @@ pub use codec::{AUTO_LZ4_BELOW_BYTES_PER_SEC, BatchDecoder, BatchEncoder, Compre
 pub use context::{ExchangeId, Placement, QueryContext};
 pub use cyclo::{CycloJoinExec, CycloJoinType, CycloKernel, CycloSide};
 pub use flow::{BuildPreserving, FlowJoinExec, SkewSettings};
-pub use network::{InputsAt, NetworkOperator, network_operator};
+pub use neo_join::{NeoJoinExec, NeoSettings};
+pub use network::{InputsAt, NetworkOperator, network_operator, wrapped_join};
 pub use radix_join::RadixJoinExec;
 pub use receiver::{ExchangeReceiverExec, ReceiveMode};
 pub use relayed::{RelayedError, error_place, error_text};

@@ -3,7 +3,7 @@
 //! Most rows cross the network in the exchanges the stage splitter places wherever a
 //! plan moves between workers. Some operators move rows themselves: a cyclo-join
 //! rotates one input around the workers' ring, a Flow-Join routes its probe input and
-//! its heavy keys' traffic. The splitter knows such an operator only through
+//! its heavy keys' traffic, a Neo-Join places both inputs by its assignment. The splitter knows such an operator only through
 //! [`NetworkOperator`]: how many exchange ids it needs, where its inputs must run, and
 //! a copy of it that uses the ids it is handed. Every worker decodes the same plan, so
 //! every worker opens the same streams.
@@ -11,7 +11,7 @@
 //! [`network_operator`] is the one place that lists these operators.
 
 use crate::context::ExchangeId;
-use crate::{CycloJoinExec, FlowJoinExec};
+use crate::{CycloJoinExec, FlowJoinExec, NeoJoinExec};
 use datafusion::common::Result;
 use datafusion::physical_plan::ExecutionPlan;
 use std::sync::Arc;
@@ -46,5 +46,17 @@ pub fn network_operator(plan: &dyn ExecutionPlan) -> Option<&dyn NetworkOperator
     if let Some(join) = plan.downcast_ref::<FlowJoinExec>() {
         return Some(join);
     }
+    if let Some(join) = plan.downcast_ref::<NeoJoinExec>() {
+        return Some(join);
+    }
     None
+}
+
+/// The hash join a network operator runs itself over inputs it moves (a Flow-Join's,
+/// a Neo-Join's): planner passes rewrite that join's inputs, never the join.
+pub fn wrapped_join(plan: &dyn ExecutionPlan) -> Option<&Arc<dyn ExecutionPlan>> {
+    if let Some(flow) = plan.downcast_ref::<FlowJoinExec>() {
+        return Some(flow.join());
+    }
+    plan.downcast_ref::<NeoJoinExec>().map(NeoJoinExec::join)
 }

@@ -35,7 +35,7 @@ static PLAN_CTX: LazyLock<Arc<TaskContext>> = LazyLock::new(|| {
 });
 
 /// Settings (`;` between several) and statements the plan seeds are planned with:
-/// every exchange mode, the join strategies (broadcast, shuffle, Flow-Join, cyclo-join),
+/// every exchange mode, the join strategies (broadcast, shuffle, Flow-, cyclo-, Neo-Join),
 /// run-time filters, file scans, window top-k, inserts, a parallel COPY.
 const PLAN_QUERIES: &[(&str, &str)] = &[
     (
@@ -133,6 +133,10 @@ const PLAN_QUERIES: &[(&str, &str)] = &[
     (
         "SET gyre.join_kernel = 'radix'; SET gyre.join_strategy = 'shuffle'",
         "SELECT a.s, b.name FROM a LEFT JOIN b ON a.k = b.k AND a.f > b.h",
+    ),
+    (
+        "SET gyre.join_strategy = 'neo'",
+        "SELECT a.s, b.name FROM a JOIN b ON a.k = b.k AND a.f > b.h",
     ),
     // `{dir}`: a temporary directory.
     (
@@ -311,6 +315,7 @@ mod tests {
             "PartitionedTopKExec",
             "CycloJoinExec",
             "RadixJoinExec",
+            "NeoJoinExec",
         ] {
             assert!(
                 found.contains(node),

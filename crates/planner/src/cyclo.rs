@@ -71,7 +71,7 @@ pub fn non_equi_on_ring(
     match strategy {
         JoinStrategy::Cyclo => true,
         JoinStrategy::Auto => prefer_cyclo(left_bytes, right_bytes, n),
-        JoinStrategy::Shuffle | JoinStrategy::Broadcast => false,
+        JoinStrategy::Shuffle | JoinStrategy::Broadcast | JoinStrategy::Neo => false,
     }
 }
 

@@ -37,10 +37,10 @@ use datafusion::physical_plan::{
     ReplaceChildrenOptions,
 };
 use gyre_exchange::flow::{FlowInputs, flow_join_supported};
-use gyre_exchange::{FlowJoinExec, RadixJoinExec, SkewSettings};
+use gyre_exchange::{FlowJoinExec, RadixJoinExec, SkewSettings, wrapped_join};
 use std::sync::Arc;
 
-fn recompute() -> ReplaceChildrenOptions {
+pub(crate) fn recompute() -> ReplaceChildrenOptions {
     ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute)
 }
 
@@ -77,17 +77,23 @@ pub fn plan_flow_joins(
     settings: Option<&SkewSettings>,
 ) -> Result<Arc<dyn ExecutionPlan>> {
     match settings {
-        Some(s) if n > 1 => rewrite(plan, false, n, s),
+        Some(s) if n > 1 => rewrite_unpinned(plan, false, &|node| flow_join(node, n, s)),
         _ => Ok(plan),
     }
 }
 
-/// `pinned`: an ancestor relies on this node's hash partitioning or order.
-fn rewrite(
+/// A rewrite of one node, if it applies.
+pub(crate) type Convert<'a> =
+    dyn Fn(&Arc<dyn ExecutionPlan>) -> Result<Option<Arc<dyn ExecutionPlan>>> + 'a;
+
+/// Replaces, bottom-up, every node `convert` rewrites and on which nothing above
+/// relies for its hash partitioning or order (see the module doc); the joins a
+/// network operator or radix join wraps stay as they are. `pinned`: an ancestor
+/// relies on this node's hash partitioning or order.
+pub(crate) fn rewrite_unpinned(
     node: Arc<dyn ExecutionPlan>,
     pinned: bool,
-    n: usize,
-    settings: &SkewSettings,
+    convert: &Convert<'_>,
 ) -> Result<Arc<dyn ExecutionPlan>> {
     let distributions = node.input_distribution_requirements();
     let orderings = node.required_input_ordering();
@@ -109,10 +115,11 @@ fn rewrite(
             // An interleave merges partition i of every input: they must stay
             // hash-partitioned alike (it states no requirement DataFusion would check).
             || node.is::<InterleaveExec>()
-            // The hash join a radix join runs stays as it is.
+            // The hash join a radix join or network operator runs stays as it is.
             || node.is::<RadixJoinExec>()
+            || wrapped_join(node.as_ref()).is_some()
             || (pinned && passes_on);
-        let new = rewrite(Arc::clone(child), needs, n, settings)?;
+        let new = rewrite_unpinned(Arc::clone(child), needs, convert)?;
         changed |= !Arc::ptr_eq(&new, child);
         new_children.push(new);
     }
@@ -121,8 +128,8 @@ fn rewrite(
     } else {
         node
     };
-    if !pinned && let Some(flow) = flow_join(&node, n, settings)? {
-        return Ok(flow);
+    if !pinned && let Some(new) = convert(&node)? {
+        return Ok(new);
     }
     Ok(node)
 }
@@ -173,7 +180,7 @@ fn flow_join(
 
 /// The input of `plan` if `plan` is a hash shuffle on exactly `keys` into `n`
 /// partitions, of an input with `n` partitions, without order preservation.
-fn unshuffled(
+pub(crate) fn unshuffled(
     plan: &Arc<dyn ExecutionPlan>,
     keys: &[Arc<dyn PhysicalExpr>],
     n: usize,

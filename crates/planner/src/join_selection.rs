@@ -173,7 +173,8 @@ impl PhysicalOptimizerRule for DistributedJoinSelection {
                 }
             }
             let decision = match strategy {
-                JoinStrategy::Shuffle => JoinDistribution::Repartition,
+                // Neo-Joins replace the shuffled joins after optimisation.
+                JoinStrategy::Shuffle | JoinStrategy::Neo => JoinDistribution::Repartition,
                 JoinStrategy::Broadcast => choose_broadcast(
                     estimated_bytes(join.left()),
                     estimated_bytes(join.right()),

@@ -23,6 +23,9 @@ pub enum JoinStrategy {
     Broadcast,
     /// Inner joins run as cyclo-joins where their keys and columns allow it.
     Cyclo,
+    /// Partitioned equi-joins run as Neo-Joins where their key allows it: placed by
+    /// an assignment that keeps data where it already is.
+    Neo,
 }
 
 impl JoinStrategy {
@@ -32,8 +35,9 @@ impl JoinStrategy {
             "shuffle" => Ok(Self::Shuffle),
             "broadcast" => Ok(Self::Broadcast),
             "cyclo" => Ok(Self::Cyclo),
+            "neo" => Ok(Self::Neo),
             other => Err(invalid(format!(
-                "gyre.join_strategy is auto, shuffle, broadcast or cyclo, not '{other}'"
+                "gyre.join_strategy is auto, shuffle, broadcast, cyclo or neo, not '{other}'"
             ))),
         }
     }
@@ -44,6 +48,7 @@ impl JoinStrategy {
             Self::Shuffle => "shuffle",
             Self::Broadcast => "broadcast",
             Self::Cyclo => "cyclo",
+            Self::Neo => "neo",
         }
     }
 
@@ -143,8 +148,9 @@ const SETTINGS: [(&str, &str); 15] = [
     (
         "join_strategy",
         "How joins are distributed: auto (broadcast or shuffle by size, cyclo-join for \
-         large non-equi joins), shuffle, broadcast, or cyclo (inner joins rotate around \
-         the workers' ring).",
+         large non-equi joins), shuffle, broadcast, cyclo (inner joins rotate around \
+         the workers' ring), or neo (equi-joins on one integer key placed by Neo-Join's \
+         locality-aware assignment, with selective broadcast of skewed partitions).",
     ),
     (
         "join_kernel",

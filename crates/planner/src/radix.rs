@@ -21,7 +21,7 @@ use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::joins::HashJoinExec;
 use datafusion::physical_plan::{ChildrenPropertiesMode, ExecutionPlan, ReplaceChildrenOptions};
 use gyre_exchange::radix_join::radix_pays_off;
-use gyre_exchange::{FlowJoinExec, RadixJoinExec};
+use gyre_exchange::{RadixJoinExec, wrapped_join};
 use std::sync::Arc;
 
 /// The physical optimizer rule that places radix joins (`gyre.join_kernel`), in one of
@@ -95,10 +95,11 @@ pub fn plan_radix_joins(
             false => node.replace_children(new, recompute()),
         }
     };
-    // A Flow-Join runs the hash join below it itself: only that join's inputs change.
-    if let Some(flow) = plan.downcast_ref::<FlowJoinExec>() {
-        let join = rewrite_children(Arc::clone(flow.join()))?;
-        if Arc::ptr_eq(&join, flow.join()) {
+    // A Flow-Join or Neo-Join runs the hash join below it itself: only that join's
+    // inputs change.
+    if let Some(wrapped) = wrapped_join(plan.as_ref()) {
+        let join = rewrite_children(Arc::clone(wrapped))?;
+        if Arc::ptr_eq(&join, wrapped) {
             return Ok(plan);
         }
         return plan.replace_children(vec![join], recompute());

@@ -41,7 +41,7 @@ use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::{ChildrenPropertiesMode, ExecutionPlan, ReplaceChildrenOptions};
 use gyre_exchange::{
     ExchangeId, ExchangeReceiverExec, ExchangeSenderExec, FilterFrom, FilterSourceExec,
-    FilterTargetExec, FlowJoinExec, Placement,
+    FilterTargetExec, Placement, wrapped_join,
 };
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -129,8 +129,8 @@ fn drops_unmatched_probe_rows(t: JoinType) -> bool {
 
 impl Placer {
     fn rewrite(&mut self, plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
-        if let Some(flow) = plan.downcast_ref::<FlowJoinExec>() {
-            let join = Arc::clone(flow.join());
+        if let Some(wrapped) = wrapped_join(plan.as_ref()) {
+            let join = Arc::clone(wrapped);
             let children = join
                 .children()
                 .into_iter()

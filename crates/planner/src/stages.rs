@@ -134,6 +134,8 @@ fn join_note(line: &str) -> &'static str {
         "  <- the partitioned join below, run by the radix join kernel"
     } else if l.starts_with("FlowJoinExec") {
         "  <- Flow-Join: partitioned, heavy hitters kept local, their build rows broadcast"
+    } else if l.starts_with("NeoJoinExec") {
+        "  <- Neo-Join: both inputs placed by a locality-aware assignment"
     } else if l.starts_with("CycloJoinExec") {
         "  <- cyclo-join (rotating input travels the ring of workers)"
     } else if l.starts_with("NestedLoopJoinExec") || l.starts_with("CrossJoinExec") {

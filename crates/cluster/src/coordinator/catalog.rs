@@ -520,6 +520,14 @@ impl Coordinator {
     /// Generates TPC-H at scale factor `sf` in place, each table hash-placed on
     /// its first primary-key column.
     pub async fn load_tpch(self: &Arc<Self>, sf: f64) -> Result<()> {
+        self.load_tpch_placed(sf, false).await
+    }
+
+    /// Generates TPC-H at scale factor `sf` in place: hash-placed as
+    /// [`Self::load_tpch`], or `chunked`: worker `i` keeps the `i`-th of the generator's
+    /// parts (dbgen's `-C n -S i+1`), so each holds a contiguous range of order keys
+    /// and the other clustering of generation order.
+    pub async fn load_tpch_placed(self: &Arc<Self>, sf: f64, chunked: bool) -> Result<()> {
         for table in tpch::TABLES {
             let workers = self.live_workers();
             let state = self.query_state(&self.default_session, &workers);
@@ -529,7 +537,10 @@ impl Coordinator {
             self.create_empty_table(
                 table,
                 Arc::clone(&schema),
-                TablePlacement::Hash { column },
+                match chunked {
+                    true => TablePlacement::Chunked,
+                    false => TablePlacement::Hash { column },
+                },
                 TableRules::default(),
                 &workers,
             )

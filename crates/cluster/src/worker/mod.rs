@@ -160,8 +160,9 @@ fn yield_above_joins(plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPl
     };
     let plan = plan
         .transform_up(|node| {
-            // A Flow-Join or radix join drives the hash join it wraps itself.
-            let wraps_join = ["FlowJoinExec", "RadixJoinExec"].contains(&node.name());
+            // A Flow-Join, Neo-Join or radix join drives the hash join it wraps itself.
+            let wraps_join =
+                ["FlowJoinExec", "NeoJoinExec", "RadixJoinExec"].contains(&node.name());
             if wraps_join || !node.children().into_iter().any(is_join) {
                 return Ok(Transformed::no(node));
             }

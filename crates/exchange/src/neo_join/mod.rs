@@ -1,0 +1,299 @@
+//! [`NeoJoinExec`]: Neo-Join (Rödiger, *Scalable Distributed Query Processing in
+//! Parallel Main-Memory Database Systems*, chapter 2), a distributed equi-join that
+//! moves as few bytes as the data's placement allows.
+//!
+//! The node wraps a partitioned `HashJoinExec` whose inputs are *not* shuffled
+//! (partition `i` of each input is whatever worker `i` holds) and replaces the two
+//! hash shuffles with Neo-Join's four phases ([`stream`] holds one worker's run):
+//!
+//! 1. every worker collects both inputs, the workers agree on the key range
+//!    (exchange +0), and each counts bytes per fine MSB-radix bucket and side;
+//! 2. worker 0 receives the histograms (+1), merges buckets into partitions
+//!    (adaptive radix partitioning), assigns each partition to a worker or broadcasts
+//!    one of its sides (`gyre_join::neo::assign`: the MILP with HiGHS within a time
+//!    limit, else greedy) and sends the assignment to every worker (+2);
+//! 3. worker 0 computes the open-shop schedule of the transfers, for EXPLAIN ANALYZE
+//!    (the shuffle itself runs under the transport's schedule);
+//! 4. every worker sends each row where its partition is joined (+3 build, +4
+//!    probe; rows of its own partitions go to itself) and runs the hash join on what
+//!    arrives.
+//!
+//! Broadcasting a side replicates its rows, so a partition's build side is broadcast
+//! only when the join emits no unmatched build rows, and its probe side only when it
+//! emits no unmatched probe rows ([`broadcastable`]). Rows with a NULL key match
+//! nothing and stay where they are.
+
+mod stream;
+
+use crate::context::ExchangeId;
+use crate::cyclo::key_type_supported;
+use crate::network::{InputsAt, NetworkOperator};
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::{JoinType, NullEquality, Result, internal_datafusion_err, plan_err};
+use datafusion::execution::TaskContext;
+use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
+use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
+use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricsSet};
+use datafusion::physical_plan::{
+    ChildrenPropertiesMode, DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties,
+    Partitioning, PlanProperties, ReplaceChildrenOptions, SendableRecordBatchStream,
+};
+use gyre_join::neo::Broadcastable;
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::sync::Arc;
+
+/// Exchange ids a Neo-Join uses: key range, histograms, assignment, build rows, probe
+/// rows.
+pub const EXCHANGES_PER_NEO_JOIN: u32 = 5;
+const DOMAIN_EXCHANGE: u32 = 0;
+const HISTOGRAM_EXCHANGE: u32 = 1;
+const ASSIGNMENT_EXCHANGE: u32 = 2;
+const BUILD_EXCHANGE: u32 = 3;
+const PROBE_EXCHANGE: u32 = 4;
+
+/// How a Neo-Join partitions and assigns.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct NeoSettings {
+    /// Partitions adaptive radix partitioning aims for.
+    pub partitions: u32,
+    /// Fine histogram resolution: `2^fine_bits` buckets over the key range.
+    pub fine_bits: u32,
+    /// Solve the assignment MILP (else greedy only).
+    pub milp: bool,
+    /// The solver's time limit.
+    pub solver_ms: u32,
+    /// Allow selective broadcast where the join type permits it.
+    pub selective_broadcast: bool,
+}
+
+impl Default for NeoSettings {
+    fn default() -> Self {
+        Self {
+            partitions: 64,
+            fine_bits: 12,
+            milp: true,
+            solver_ms: 100,
+            selective_broadcast: true,
+        }
+    }
+}
+
+/// Which sides of a join's partitions may be broadcast without changing its answer.
+pub fn broadcastable(join_type: JoinType) -> Broadcastable {
+    use JoinType::*;
+    Broadcastable {
+        // Build rows are never emitted unmatched.
+        build: matches!(join_type, Inner | Right | RightSemi | RightAnti | RightMark),
+        // Probe rows are never emitted unmatched.
+        probe: matches!(join_type, Inner | Left | LeftSemi | LeftAnti | LeftMark),
+    }
+}
+
+/// What worker 0 decided and each worker moved, shown by EXPLAIN ANALYZE.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct NeoReport {
+    /// Worker 0 only: partitions, how they were assigned, solver time, broadcast
+    /// partitions, busiest link and bytes moved against hash placement, rounds.
+    pub plan: Option<String>,
+}
+
+/// A distributed equi-join by Neo-Join's phases.
+#[derive(Debug)]
+pub struct NeoJoinExec {
+    /// The partitioned `HashJoinExec` over the unshuffled inputs, its only child.
+    join: Arc<dyn ExecutionPlan>,
+    settings: NeoSettings,
+    exchange: Option<ExchangeId>,
+    props: Arc<PlanProperties>,
+    metrics: ExecutionPlanMetricsSet,
+    report: Arc<Mutex<NeoReport>>,
+}
+
+impl NeoJoinExec {
+    pub fn try_new(
+        join: Arc<dyn ExecutionPlan>,
+        settings: NeoSettings,
+        exchange: Option<ExchangeId>,
+    ) -> Result<Self> {
+        let Some(hj) = join.downcast_ref::<HashJoinExec>() else {
+            return plan_err!("a Neo-Join wraps a hash join, not {}", join.name());
+        };
+        if let Err(reason) = Self::supports(hj) {
+            return plan_err!("Neo-Join cannot run this join: {reason}");
+        }
+        if settings.partitions == 0
+            || settings.fine_bits == 0
+            || settings.fine_bits > gyre_join::neo::histogram::MAX_FINE_BITS
+        {
+            return plan_err!("Neo-Join settings out of range: {settings:?}");
+        }
+        let n = hj.left().output_partitioning().partition_count();
+        // Rows are joined wherever the assignment puts their partition: the output is
+        // neither hash-partitioned nor ordered.
+        let props = Arc::new(PlanProperties::new(
+            EquivalenceProperties::new(join.schema()),
+            Partitioning::UnknownPartitioning(n),
+            join.pipeline_behavior(),
+            join.boundedness(),
+        ));
+        Ok(Self {
+            join,
+            settings,
+            exchange,
+            props,
+            metrics: ExecutionPlanMetricsSet::new(),
+            report: Arc::default(),
+        })
+    }
+
+    /// Whether Neo-Join can run `hj`, and if not, why not: one integer or date key,
+    /// NULLs matching nothing, no null-aware anti join, no pushed-down limit.
+    pub fn supports(hj: &HashJoinExec) -> std::result::Result<(), String> {
+        if *hj.partition_mode() != PartitionMode::Partitioned {
+            return Err(format!("{:?} mode, not partitioned", hj.partition_mode()));
+        }
+        if hj.null_aware {
+            return Err("a null-aware anti join (NOT IN) matches NULL keys".into());
+        }
+        if hj.null_equality() != NullEquality::NullEqualsNothing {
+            return Err("NULL keys match each other".into());
+        }
+        if let Some(fetch) = hj.fetch() {
+            return Err(format!("it stops after {fetch} rows"));
+        }
+        let [(l, r)] = hj.on() else {
+            return Err(format!("{} key columns, not one", hj.on().len()));
+        };
+        let (lt, rt) = (
+            l.data_type(&hj.left().schema())
+                .map_err(|e| e.to_string())?,
+            r.data_type(&hj.right().schema())
+                .map_err(|e| e.to_string())?,
+        );
+        if lt != rt || key_type_supported(&lt).is_none() {
+            return Err(format!("keys of types {lt} and {rt}"));
+        }
+        let n = hj.left().output_partitioning().partition_count();
+        let m = hj.right().output_partitioning().partition_count();
+        if n != m {
+            return Err(format!("{n} build and {m} probe partitions"));
+        }
+        Ok(())
+    }
+
+    pub fn join(&self) -> &Arc<dyn ExecutionPlan> {
+        &self.join
+    }
+
+    pub fn hash_join(&self) -> &HashJoinExec {
+        self.join
+            .downcast_ref::<HashJoinExec>()
+            .expect("checked by try_new")
+    }
+
+    pub fn settings(&self) -> NeoSettings {
+        self.settings
+    }
+
+    pub fn exchange(&self) -> Option<ExchangeId> {
+        self.exchange
+    }
+}
+
+impl NetworkOperator for NeoJoinExec {
+    fn exchanges(&self) -> u32 {
+        EXCHANGES_PER_NEO_JOIN
+    }
+
+    fn inputs_at(&self) -> InputsAt {
+        InputsAt::Workers
+    }
+
+    fn with_exchanges(&self, first: ExchangeId) -> Result<Arc<dyn ExecutionPlan>> {
+        Ok(Arc::new(Self::try_new(
+            Arc::clone(&self.join),
+            self.settings,
+            Some(first),
+        )?))
+    }
+}
+
+impl DisplayAs for NeoJoinExec {
+    fn fmt_as(&self, _: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(
+            f,
+            "NeoJoinExec: target_partitions={}",
+            self.settings.partitions
+        )?;
+        let b = broadcastable(*self.hash_join().join_type());
+        let sides = match (self.settings.selective_broadcast, b.build, b.probe) {
+            (false, ..) | (true, false, false) => "none",
+            (true, true, true) => "build or probe",
+            (true, true, false) => "build",
+            (true, false, true) => "probe",
+        };
+        write!(f, ", broadcast={sides}")?;
+        if let Some(e) = self.exchange {
+            write!(f, ", exchanges={e}..{}", e + EXCHANGES_PER_NEO_JOIN - 1)?;
+        }
+        if let Some(plan) = &self.report.lock().plan {
+            write!(f, ", {plan}")?;
+        }
+        Ok(())
+    }
+}
+
+impl ExecutionPlan for NeoJoinExec {
+    fn name(&self) -> &'static str {
+        "NeoJoinExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.props
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.join]
+    }
+
+    fn apply_expressions(
+        &self,
+        _: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn replace_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+        _: ReplaceChildrenOptions,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let [join] = <[_; 1]>::try_from(children)
+            .map_err(|_| internal_datafusion_err!("a Neo-Join has one child, its hash join"))?;
+        Ok(Arc::new(Self::try_new(join, self.settings, self.exchange)?))
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        self.replace_children(
+            children,
+            ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute),
+        )
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        stream::execute(self, partition, context)
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+}

@@ -1,0 +1,491 @@
+//! One worker's Neo-Join. [`execute`] builds the local hash join over the two
+//! exchanges that bring this worker its partitions' rows and starts the *router*
+//! task that feeds them. The router's states, in order:
+//!
+//! 1. **Collect**: both local inputs, counted in the worker's memory pool; the key of
+//!    every row, as the kernels' ordered 64-bit value.
+//! 2. **Domain**: all workers swap their smallest and largest key (exchange +0), so
+//!    that all use one fine-bucket domain.
+//! 3. **Histogram**: bytes per fine bucket and side, sent to worker 0 (+1).
+//! 4. **Assign** (worker 0): adaptive partitions, the assignment and its schedule;
+//!    the partition bounds and placements go to every worker (+2).
+//! 5. **Route**: every build row, then every probe row, to the worker that joins its
+//!    partition, or to all for a broadcast side (+3, +4); then end of stream.
+//!
+//! The join reads its build exchange to the end before its probe exchange, and every
+//! router sends all build rows before any probe row, so no worker waits in a cycle.
+//! Any failure fails both data endpoints, so every worker's join learns why.
+
+use super::{
+    ASSIGNMENT_EXCHANGE, BUILD_EXCHANGE, DOMAIN_EXCHANGE, HISTOGRAM_EXCHANGE, NeoJoinExec,
+    NeoReport, NeoSettings, PROBE_EXCHANGE, broadcastable,
+};
+use crate::codec::BatchEncoder;
+use crate::context::{Placement as Place, QueryContext};
+use crate::memory::collect_counted;
+use crate::receiver::{ExchangeReceiverExec, ReceiveMode};
+use crate::sender::{Outlet, SendMetrics, transport_err};
+use crate::task::run_detached;
+use arrow::array::{RecordBatch, UInt32Array};
+use arrow::compute::take_record_batch;
+use arrow::datatypes::SchemaRef;
+use datafusion::common::{DataFusionError, Result, internal_datafusion_err, internal_err};
+use datafusion::execution::TaskContext;
+use datafusion::execution::memory_pool::MemoryConsumer;
+use datafusion::physical_expr::PhysicalExprRef;
+use datafusion::physical_plan::metrics::{Count, MetricBuilder, Time};
+use datafusion::physical_plan::{
+    ChildrenPropertiesMode, ExecutionPlan, ExecutionPlanProperties, Partitioning,
+    ReplaceChildrenOptions, SendableRecordBatchStream,
+};
+use futures::StreamExt;
+use gyre_join::cyclo::{RingSpec, scatter};
+use gyre_join::neo::{
+    AssignOptions, Assignment, Broadcastable, FineHistogram, PartitionMap, Placement, RadixDomain,
+    Sizes, assign, open_shop,
+};
+use gyre_join::{KeyDomain, Keys};
+use gyre_transport::{NodeId, SendEndpoint, SendSpec, To, node_name};
+use parking_lot::Mutex;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+
+/// Placement codes on the wire (a worker's index otherwise).
+const BROADCAST_BUILD: u64 = u64::MAX - 1;
+const BROADCAST_PROBE: u64 = u64::MAX;
+
+pub(super) fn execute(
+    exec: &NeoJoinExec,
+    partition: usize,
+    ctx: Arc<TaskContext>,
+) -> Result<SendableRecordBatchStream> {
+    let qc = QueryContext::of(&ctx)?;
+    let n = qc.workers.len();
+    let Some(first) = exec.exchange() else {
+        return internal_err!("a Neo-Join ran without exchange ids");
+    };
+    let hj = exec.hash_join();
+    if partition >= n || hj.left().output_partitioning().partition_count() != n {
+        return internal_err!(
+            "Neo-Join partition {partition} of a join planned for {} workers, run on {n}",
+            hj.left().output_partitioning().partition_count()
+        );
+    }
+    let build_input = hj.left().execute(partition, Arc::clone(&ctx))?;
+    let probe_input = hj.right().execute(partition, Arc::clone(&ctx))?;
+    // The data endpoints first: whatever fails later fails them, so no join waits.
+    let open = |exchange: u32| {
+        qc.transport
+            .open_send(SendSpec {
+                query: qc.query_id,
+                exchange,
+                from: partition as u32,
+                destinations: qc.workers.clone(),
+                groups: vec![],
+            })
+            .map_err(transport_err)
+    };
+    let build_ep = open(first + BUILD_EXCHANGE)?;
+    let probe_ep = open(first + PROBE_EXCHANGE)?;
+
+    let receiver = |exchange: u32, schema: SchemaRef| -> Arc<dyn ExecutionPlan> {
+        Arc::new(ExchangeReceiverExec::new(
+            exchange,
+            schema,
+            Place::Workers,
+            n,
+            ReceiveMode::Shuffle,
+            Partitioning::UnknownPartitioning(n),
+            None,
+        ))
+    };
+    let join = Arc::clone(exec.join()).replace_children(
+        vec![
+            receiver(first + BUILD_EXCHANGE, hj.left().schema()),
+            receiver(first + PROBE_EXCHANGE, hj.right().schema()),
+        ],
+        ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute),
+    )?;
+    let joined = join.execute(partition, Arc::clone(&ctx))?;
+
+    let m = || MetricBuilder::new(&exec.metrics);
+    let router = Router {
+        qc: Arc::clone(&qc),
+        partition,
+        first,
+        settings: exec.settings(),
+        broadcast: broadcastable(*hj.join_type()),
+        keys: [
+            Arc::clone(&hj.on()[0].0) as PhysicalExprRef,
+            Arc::clone(&hj.on()[0].1),
+        ],
+        schemas: [hj.left().schema(), hj.right().schema()],
+        report: Arc::clone(&exec.report),
+        metrics: RouterMetrics {
+            send: SendMetrics::new(&exec.metrics, partition),
+            kept: m().counter("rows_kept", partition),
+            shipped: m().counter("rows_shipped", partition),
+            broadcast: m().counter("rows_broadcast", partition),
+            plan_time: m().subset_time("plan_time", partition),
+        },
+    };
+    let reservation =
+        MemoryConsumer::new(format!("NeoJoinExec[{partition}] inputs")).register(ctx.memory_pool());
+    let (err_tx, err_rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let endpoints = [&build_ep, &probe_ep];
+        let result = async {
+            let build = collect_counted(build_input, &reservation).await?;
+            let probe = collect_counted(probe_input, &reservation).await?;
+            router.run([build, probe], endpoints).await
+        }
+        .await;
+        if let Err(e) = result {
+            let why = format!("{} failed in a Neo-Join: {e}", node_name(router.qc.me()));
+            build_ep.fail(&why);
+            probe_ep.fail(&why);
+            let _ = err_tx.send(e);
+        }
+        drop(reservation);
+    });
+    let schema = joined.schema();
+    let output = futures::stream::select(joined, UnboundedReceiverStream::new(err_rx).map(Err));
+    Ok(run_detached(schema, output.boxed()))
+}
+
+struct RouterMetrics {
+    send: SendMetrics,
+    kept: Count,
+    shipped: Count,
+    broadcast: Count,
+    plan_time: Time,
+}
+
+/// One side's collected rows with their ordered keys.
+struct Side {
+    batches: Vec<RecordBatch>,
+    /// Per batch: the ordered key of every row, `None` for NULL.
+    keys: Vec<Vec<Option<u64>>>,
+    row_bytes: u64,
+}
+
+struct Router {
+    qc: Arc<QueryContext>,
+    partition: usize,
+    first: u32,
+    settings: NeoSettings,
+    broadcast: Broadcastable,
+    keys: [PhysicalExprRef; 2],
+    schemas: [SchemaRef; 2],
+    report: Arc<Mutex<NeoReport>>,
+    metrics: RouterMetrics,
+}
+
+impl Router {
+    async fn run(
+        &self,
+        inputs: [Vec<RecordBatch>; 2],
+        endpoints: [&SendEndpoint; 2],
+    ) -> Result<()> {
+        let [build, probe] = inputs;
+        let sides = [self.side(build, 0)?, self.side(probe, 1)?];
+        let domain = self.agree_on_domain(&sides).await?;
+        let (map, placements) = self.assignment(domain, &sides).await?;
+        for (s, side) in sides.iter().enumerate() {
+            self.route(s, side, &map, &placements, endpoints[s]).await?;
+        }
+        Ok(())
+    }
+
+    /// Collect: the ordered key of every row.
+    fn side(&self, batches: Vec<RecordBatch>, s: usize) -> Result<Side> {
+        let mut keys = Vec::with_capacity(batches.len());
+        let (mut bytes, mut rows) = (0u64, 0u64);
+        for batch in &batches {
+            let array = self.keys[s].evaluate(batch)?.into_array(batch.num_rows())?;
+            let k = Keys::from_array(array.as_ref())
+                .map_err(|e| internal_datafusion_err!("Neo-Join key: {e}"))?;
+            let domain: KeyDomain = k.domain();
+            let nulls = k.nulls();
+            keys.push(
+                k.values()
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &v)| {
+                        nulls
+                            .is_none_or(|n| n.is_valid(i))
+                            .then(|| domain.ordered(v))
+                    })
+                    .collect(),
+            );
+            bytes += batch.get_array_memory_size() as u64;
+            rows += batch.num_rows() as u64;
+        }
+        Ok(Side {
+            batches,
+            keys,
+            row_bytes: bytes.checked_div(rows).unwrap_or(0).max(1),
+        })
+    }
+
+    fn ring(&self, exchange: u32) -> RingSpec {
+        RingSpec {
+            nodes: self.qc.workers.clone(),
+            index: self.partition,
+            query: self.qc.query_id,
+            exchange,
+        }
+    }
+
+    /// `mine[i]` to worker `i`; what each worker sent here.
+    async fn scatter(&self, exchange: u32, mine: Vec<Vec<u64>>) -> Result<Vec<Vec<u64>>> {
+        let exchange = self.first + exchange;
+        scatter(
+            self.qc.transport.as_ref(),
+            &self.ring(exchange),
+            exchange,
+            mine,
+        )
+        .await
+        .map_err(|e| DataFusionError::External(Box::new(e)))
+    }
+
+    /// Domain: the union of every worker's key range.
+    async fn agree_on_domain(&self, sides: &[Side; 2]) -> Result<RadixDomain> {
+        let ordered = sides.iter().flat_map(|s| s.keys.iter().flatten().flatten());
+        let (min, max) = ordered.fold((u64::MAX, 0), |(lo, hi), &k| (lo.min(k), hi.max(k)));
+        let n = self.qc.workers.len();
+        let words = self
+            .scatter(DOMAIN_EXCHANGE, vec![vec![min, max]; n])
+            .await?;
+        let (mut lo, mut hi) = (u64::MAX, 0);
+        for (i, w) in words.iter().enumerate() {
+            let [min, max] = w[..] else {
+                return internal_err!(
+                    "{} sent a key range of {} words",
+                    node_name(self.qc.workers[i]),
+                    w.len()
+                );
+            };
+            // A worker without keys sends (MAX, 0).
+            if min <= max {
+                lo = lo.min(min);
+                hi = hi.max(max);
+            }
+        }
+        if lo > hi {
+            (lo, hi) = (0, 0);
+        }
+        RadixDomain::new(lo, hi, self.settings.fine_bits)
+            .map_err(|e| internal_datafusion_err!("Neo-Join domain: {e}"))
+    }
+
+    /// Histogram and assign: every worker's bytes per bucket to worker 0, its
+    /// partitions and placements back.
+    async fn assignment(
+        &self,
+        domain: RadixDomain,
+        sides: &[Side; 2],
+    ) -> Result<(PartitionMap, Vec<Placement>)> {
+        let n = self.qc.workers.len();
+        let mut mine = vec![Vec::new(); n];
+        for side in sides {
+            let mut h = FineHistogram::new(domain);
+            h.add_keys(
+                side.keys.iter().flatten().flatten().copied(),
+                side.row_bytes,
+            );
+            mine[0].extend_from_slice(h.bytes());
+        }
+        let histograms = self.scatter(HISTOGRAM_EXCHANGE, mine).await?;
+        let mut mine = vec![Vec::new(); n];
+        if self.partition == 0 {
+            let timer = self.metrics.plan_time.timer();
+            let words = self.plan(domain, histograms).await?;
+            timer.done();
+            mine = vec![words; n];
+        }
+        let words = self.scatter(ASSIGNMENT_EXCHANGE, mine).await?;
+        self.decode(domain, &words[0])
+    }
+
+    /// Worker 0: partitions, assignment and schedule; the assignment as words.
+    async fn plan(&self, domain: RadixDomain, histograms: Vec<Vec<u64>>) -> Result<Vec<u64>> {
+        let buckets = domain.buckets();
+        let mut fine = Vec::with_capacity(histograms.len());
+        for (i, words) in histograms.into_iter().enumerate() {
+            if words.len() != 2 * buckets {
+                return internal_err!(
+                    "{} sent {} histogram words, not {}",
+                    node_name(self.qc.workers[i]),
+                    words.len(),
+                    2 * buckets
+                );
+            }
+            let (build, probe) = words.split_at(buckets);
+            let histogram = |b: &[u64]| {
+                FineHistogram::from_bytes(domain, b.to_vec())
+                    .map_err(|e| internal_datafusion_err!("{e}"))
+            };
+            fine.push((histogram(build)?, histogram(probe)?));
+        }
+        let global: Vec<u64> = (0..buckets)
+            .map(|b| {
+                fine.iter()
+                    .map(|(r, s)| r.bytes()[b].saturating_add(s.bytes()[b]))
+                    .fold(0u64, u64::saturating_add)
+            })
+            .collect();
+        let map = PartitionMap::adaptive(domain, &global, self.settings.partitions as usize)
+            .map_err(|e| internal_datafusion_err!("{e}"))?;
+        let mut sizes = Sizes::new(fine.len(), map.partitions())
+            .map_err(|e| internal_datafusion_err!("{e}"))?;
+        for (i, (build, probe)) in fine.iter().enumerate() {
+            sizes.set(i, &build.per_partition(&map), &probe.per_partition(&map));
+        }
+        let options = AssignOptions {
+            broadcast: if self.settings.selective_broadcast {
+                self.broadcast
+            } else {
+                Broadcastable::NONE
+            },
+            milp: self.settings.milp,
+            time_limit: Duration::from_millis(self.settings.solver_ms as u64),
+        };
+        // The solver runs up to its time limit: off the runtime's threads.
+        let (solved, sizes) =
+            tokio::task::spawn_blocking(move || (assign(&sizes, &options), sizes))
+                .await
+                .map_err(|e| internal_datafusion_err!("the Neo-Join assignment failed: {e}"))?;
+        let rounds = open_shop(&solved.assignment.transfers(&sizes))
+            .map_err(|e| internal_datafusion_err!("{e}"))?
+            .len();
+        self.report.lock().plan = Some(format!(
+            "partitions={}, assignment={}, solver_time={:.1}ms, broadcast_partitions={}, \
+             busiest_link={}B (hash {}B), moved={}B (hash {}B), rounds={rounds}",
+            map.partitions(),
+            solved.method,
+            solved.elapsed.as_secs_f64() * 1e3,
+            solved.assignment.broadcasts(),
+            solved.costs.max(),
+            sizes.hash_max_cost(),
+            solved.costs.moved(),
+            sizes.hash_moved(),
+        ));
+        Ok(encode(&map, &solved.assignment))
+    }
+
+    /// The assignment from worker 0's words, checked.
+    fn decode(&self, domain: RadixDomain, words: &[u64]) -> Result<(PartitionMap, Vec<Placement>)> {
+        let n = self.qc.workers.len() as u64;
+        let bad = |why: String| internal_datafusion_err!("bad Neo-Join assignment: {why}");
+        let Some((&p, rest)) = words.split_first() else {
+            return Err(bad("empty".into()));
+        };
+        if p == 0 || p > domain.buckets() as u64 || rest.len() as u64 != 2 * p {
+            return Err(bad(format!("{p} partitions in {} words", words.len())));
+        }
+        let (starts, codes) = rest.split_at(p as usize);
+        let starts: Vec<u32> = starts.iter().map(|&s| s as u32).collect();
+        let map = PartitionMap::from_starts(domain, starts).map_err(|e| bad(e.to_string()))?;
+        let placements = codes
+            .iter()
+            .map(|&c| match c {
+                BROADCAST_BUILD if self.broadcast.build => Ok(Placement::BroadcastBuild),
+                BROADCAST_PROBE if self.broadcast.probe => Ok(Placement::BroadcastProbe),
+                i if i < n => Ok(Placement::Node(i as u32)),
+                other => Err(bad(format!("placement {other}"))),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok((map, placements))
+    }
+
+    /// Route: each row of side `s` to where its partition is joined.
+    async fn route(
+        &self,
+        s: usize,
+        side: &Side,
+        map: &PartitionMap,
+        placements: &[Placement],
+        ep: &SendEndpoint,
+    ) -> Result<()> {
+        let n = self.qc.workers.len();
+        let me = self.partition;
+        let mine = if s == 0 {
+            Placement::BroadcastBuild
+        } else {
+            Placement::BroadcastProbe
+        };
+        let compression = self.qc.compression.resolve(self.qc.transport.link_rate());
+        let outlet = |to: To| -> Result<Outlet> {
+            Ok(Outlet::new(
+                to,
+                Arc::clone(&self.schemas[s]),
+                BatchEncoder::try_new(&self.schemas[s], compression)?,
+                ep.message_size(),
+            ))
+        };
+        // One outlet per worker: each stream is one Arrow IPC stream, so broadcast
+        // rows go through every worker's outlet too.
+        let mut outlets = self
+            .qc
+            .workers
+            .iter()
+            .map(|&w: &NodeId| outlet(To::Node(w)))
+            .collect::<Result<Vec<_>>>()?;
+        let mut rows: Vec<Vec<u32>> = vec![Vec::new(); n + 1];
+        for (batch, keys) in side.batches.iter().zip(&side.keys) {
+            for list in &mut rows {
+                list.clear();
+            }
+            for (row, key) in keys.iter().enumerate() {
+                let to = match key.map(|k| placements[map.partition(k)]) {
+                    // NULL keys match nothing: the row stays (a preserved row once).
+                    None => me,
+                    Some(Placement::Node(i)) => i as usize,
+                    Some(p) if p == mine => n,
+                    // The other side is broadcast: this one stays.
+                    Some(_) => me,
+                };
+                rows[to].push(row as u32);
+            }
+            for (to, list) in rows.iter().enumerate() {
+                if list.is_empty() {
+                    continue;
+                }
+                let counter = match to {
+                    _ if to == n => &self.metrics.broadcast,
+                    _ if to == me => &self.metrics.kept,
+                    _ => &self.metrics.shipped,
+                };
+                counter.add(list.len());
+                let part = take_record_batch(batch, &UInt32Array::from(list.clone()))?;
+                if to == n {
+                    for outlet in &mut outlets {
+                        outlet.push(ep, part.clone(), &self.metrics.send).await?;
+                    }
+                } else {
+                    outlets[to].push(ep, part, &self.metrics.send).await?;
+                }
+            }
+        }
+        for outlet in &mut outlets {
+            outlet.flush(ep, &self.metrics.send).await?;
+        }
+        ep.finish();
+        Ok(())
+    }
+}
+
+/// `[p, starts..., placements...]`.
+fn encode(map: &PartitionMap, assignment: &Assignment) -> Vec<u64> {
+    let mut words = vec![map.partitions() as u64];
+    words.extend(map.starts().iter().map(|&s| s as u64));
+    words.extend(assignment.placements().iter().map(|p| match p {
+        Placement::Node(i) => *i as u64,
+        Placement::BroadcastBuild => BROADCAST_BUILD,
+        Placement::BroadcastProbe => BROADCAST_PROBE,
+    }));
+    words
+}
