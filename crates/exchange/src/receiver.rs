@@ -59,6 +59,20 @@ pub struct ExchangeReceiverExec {
 }
 
 impl ExchangeReceiverExec {
+    /// The receiver of an exchange every worker sends to, as the joins a network
+    /// operator builds at run time read it (Flow-Join's, Neo-Join's).
+    pub(crate) fn shuffled(exchange: u32, schema: SchemaRef, n: usize) -> Self {
+        Self::new(
+            exchange,
+            schema,
+            Placement::Workers,
+            n,
+            ReceiveMode::Shuffle,
+            Partitioning::UnknownPartitioning(n),
+            None,
+        )
+    }
+
     /// `partitioning` describes the receiver's output; for [`ReceiveMode::Forward`] its
     /// partition count must equal `producer_partitions`. `ordering` is the sort order
     /// each producer partition guarantees, kept so merges above stay valid.

@@ -233,6 +233,22 @@ pub(crate) struct Outlet {
 }
 
 impl Outlet {
+    /// An outlet for `ep` with the query's compression for the measured link.
+    pub(crate) fn of_query(
+        to: To,
+        schema: &SchemaRef,
+        qc: &QueryContext,
+        ep: &SendEndpoint,
+    ) -> Result<Self> {
+        let compression = qc.compression.resolve(qc.transport.link_rate());
+        Ok(Self::new(
+            to,
+            Arc::clone(schema),
+            BatchEncoder::try_new(schema, compression)?,
+            ep.message_size(),
+        ))
+    }
+
     pub(crate) fn new(
         to: To,
         schema: SchemaRef,

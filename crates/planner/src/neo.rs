@@ -12,6 +12,7 @@ use datafusion::common::Result;
 use datafusion::common::config::ConfigOptions;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
+use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
 use gyre_exchange::{NeoJoinExec, NeoSettings};
 use std::sync::Arc;
@@ -66,7 +67,15 @@ fn neo_join(
     };
     let build = unshuffled(hj.left(), &keys(true), n);
     let probe = unshuffled(hj.right(), &keys(false), n);
-    if build.is_none() && probe.is_none() {
+    // Both co-located: nothing to move. A shuffle Neo-Join cannot take over (other
+    // keys, order kept) would move the rows twice.
+    let other_shuffle = |side: &Option<_>, input: &Arc<dyn ExecutionPlan>| {
+        side.is_none() && input.is::<RepartitionExec>()
+    };
+    if (build.is_none() && probe.is_none())
+        || other_shuffle(&build, hj.left())
+        || other_shuffle(&probe, hj.right())
+    {
         return Ok(None);
     }
     let build = build.unwrap_or_else(|| Arc::clone(hj.left()));

@@ -8,7 +8,6 @@
 
 use super::metrics::FlowMetrics;
 use super::{FlowReport, HeavyHitter};
-use crate::codec::BatchEncoder;
 use crate::context::QueryContext;
 use crate::key_hash::hash_keys;
 use crate::sender::{Outlet, SendMetrics, transport_err};
@@ -170,13 +169,7 @@ impl Shared {
     }
 
     pub(super) fn outlet(&self, to: To, schema: &SchemaRef, ep: &SendEndpoint) -> Result<Outlet> {
-        let compression = self.qc.compression.resolve(self.qc.transport.link_rate());
-        Ok(Outlet::new(
-            to,
-            Arc::clone(schema),
-            BatchEncoder::try_new(schema, compression)?,
-            ep.message_size(),
-        ))
+        Outlet::of_query(to, schema, &self.qc, ep)
     }
 
     /// Fails `ep` (its receivers learn why) and passes the error on.

@@ -37,8 +37,8 @@ use super::sfr::replicate_sfr;
 use super::shared::{HeavySet, Shared, recompute};
 use super::source::PreparedInputExec;
 use super::{DEFAULT_PROBE_ROWS_PER_WORKER, FlowJoinExec, HEAVY_EXCHANGES_FROM};
-use crate::context::{Placement, QueryContext};
-use crate::receiver::{ExchangeReceiverExec, ReceiveMode};
+use crate::context::QueryContext;
+use crate::receiver::ExchangeReceiverExec;
 use crate::sender::SendMetrics;
 use crate::task::{AbortOnDrop, run_detached};
 use arrow::array::RecordBatch;
@@ -50,7 +50,7 @@ use datafusion::physical_expr::PhysicalExprRef;
 use datafusion::physical_plan::joins::HashJoinExec;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
-    ExecutionPlan, ExecutionPlanProperties, Partitioning, SendableRecordBatchStream,
+    ExecutionPlan, ExecutionPlanProperties, SendableRecordBatchStream,
 };
 use futures::future::BoxFuture;
 use futures::stream::BoxStream;
@@ -82,19 +82,6 @@ pub(super) fn delivered(
     Box::pin(RecordBatchStreamAdapter::new(schema, s))
 }
 
-/// A receiver of an exchange every worker sends to, as the Flow-Join's own joins read it.
-pub(super) fn shuffle_receiver(exchange: u32, schema: SchemaRef, n: usize) -> ExchangeReceiverExec {
-    ExchangeReceiverExec::new(
-        exchange,
-        schema,
-        Placement::Workers,
-        n,
-        ReceiveMode::Shuffle,
-        Partitioning::UnknownPartitioning(n),
-        None,
-    )
-}
-
 /// A join's output stream on this worker.
 type Output = BoxStream<'static, Result<RecordBatch>>;
 
@@ -115,7 +102,7 @@ pub(super) fn execute(
     // build shuffle brings, and a second router sends the local build rows.
     let (build_partition, build_router) = if w.routes_build() {
         let ep = w.sh.open_send(w.build_ex, w.workers())?;
-        let received = shuffle_receiver(w.build_ex, w.hj.left().schema(), w.n)
+        let received = ExchangeReceiverExec::shuffled(w.build_ex, w.hj.left().schema(), w.n)
             .execute(partition, Arc::clone(&w.ctx))?;
         (received, Some((build_input, ep)))
     } else {
@@ -293,7 +280,7 @@ impl<'a> Wiring<'a> {
     }
 
     fn receive(&self, exchange: u32, schema: &SchemaRef) -> Result<SendableRecordBatchStream> {
-        self.execute(Arc::new(shuffle_receiver(
+        self.execute(Arc::new(ExchangeReceiverExec::shuffled(
             exchange,
             Arc::clone(schema),
             self.n,
@@ -304,7 +291,7 @@ impl<'a> Wiring<'a> {
     /// the returned sender) with the probe rows routed here.
     fn usual_join(&mut self) -> Result<oneshot::Sender<Result<Vec<RecordBatch>>>> {
         let (build_tx, build_rx) = oneshot::channel();
-        let probe: Arc<dyn ExecutionPlan> = Arc::new(shuffle_receiver(
+        let probe: Arc<dyn ExecutionPlan> = Arc::new(ExchangeReceiverExec::shuffled(
             self.ex,
             Arc::clone(&self.probe_schema),
             self.n,

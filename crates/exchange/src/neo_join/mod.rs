@@ -18,9 +18,8 @@
 //!    probe; rows of its own partitions go to itself) and runs the hash join on what
 //!    arrives.
 //!
-//! Broadcasting a side replicates its rows, so a partition's build side is broadcast
-//! only when the join emits no unmatched build rows, and its probe side only when it
-//! emits no unmatched probe rows ([`broadcastable`]). Rows with a NULL key match
+//! Broadcasting a side replicates its rows, so a partition's side is broadcast only
+//! when the join never emits that side's rows on their own ([`broadcastable`]). Rows with a NULL key match
 //! nothing and stay where they are.
 
 mod stream;
@@ -53,6 +52,9 @@ const ASSIGNMENT_EXCHANGE: u32 = 2;
 const BUILD_EXCHANGE: u32 = 3;
 const PROBE_EXCHANGE: u32 = 4;
 
+/// Longest time limit a plan may give the solver.
+const MAX_SOLVER_MS: u32 = 60_000;
+
 /// How a Neo-Join partitions and assigns.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct NeoSettings {
@@ -80,13 +82,13 @@ impl Default for NeoSettings {
     }
 }
 
-/// Which sides of a join's partitions may be broadcast without changing its answer.
+/// Which sides of a join's partitions may be broadcast without changing its answer:
+/// a side whose rows the join never emits on their own (matched or not, as semi,
+/// anti, mark and outer joins do), so a replicated row cannot come out twice.
 pub fn broadcastable(join_type: JoinType) -> Broadcastable {
     use JoinType::*;
     Broadcastable {
-        // Build rows are never emitted unmatched.
         build: matches!(join_type, Inner | Right | RightSemi | RightAnti | RightMark),
-        // Probe rows are never emitted unmatched.
         probe: matches!(join_type, Inner | Left | LeftSemi | LeftAnti | LeftMark),
     }
 }
@@ -123,9 +125,12 @@ impl NeoJoinExec {
         if let Err(reason) = Self::supports(hj) {
             return plan_err!("Neo-Join cannot run this join: {reason}");
         }
+        let max_bits = gyre_join::neo::histogram::MAX_FINE_BITS;
         if settings.partitions == 0
+            || settings.partitions > 1 << max_bits
             || settings.fine_bits == 0
-            || settings.fine_bits > gyre_join::neo::histogram::MAX_FINE_BITS
+            || settings.fine_bits > max_bits
+            || settings.solver_ms > MAX_SOLVER_MS
         {
             return plan_err!("Neo-Join settings out of range: {settings:?}");
         }

@@ -20,29 +20,30 @@ use super::{
     ASSIGNMENT_EXCHANGE, BUILD_EXCHANGE, DOMAIN_EXCHANGE, HISTOGRAM_EXCHANGE, NeoJoinExec,
     NeoReport, NeoSettings, PROBE_EXCHANGE, broadcastable,
 };
-use crate::codec::BatchEncoder;
-use crate::context::{Placement as Place, QueryContext};
+use crate::RelayedError;
+use crate::context::QueryContext;
 use crate::memory::collect_counted;
-use crate::receiver::{ExchangeReceiverExec, ReceiveMode};
+use crate::receiver::ExchangeReceiverExec;
 use crate::sender::{Outlet, SendMetrics, transport_err};
-use crate::task::run_detached;
+use crate::task::{AbortOnDrop, run_detached};
 use arrow::array::{RecordBatch, UInt32Array};
+use arrow::buffer::NullBuffer;
 use arrow::compute::take_record_batch;
 use arrow::datatypes::SchemaRef;
 use datafusion::common::{DataFusionError, Result, internal_datafusion_err, internal_err};
 use datafusion::execution::TaskContext;
-use datafusion::execution::memory_pool::MemoryConsumer;
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
 use datafusion::physical_expr::PhysicalExprRef;
 use datafusion::physical_plan::metrics::{Count, MetricBuilder, Time};
 use datafusion::physical_plan::{
-    ChildrenPropertiesMode, ExecutionPlan, ExecutionPlanProperties, Partitioning,
-    ReplaceChildrenOptions, SendableRecordBatchStream,
+    ChildrenPropertiesMode, ExecutionPlan, ExecutionPlanProperties, ReplaceChildrenOptions,
+    SendableRecordBatchStream,
 };
 use futures::StreamExt;
 use gyre_join::cyclo::{RingSpec, scatter};
 use gyre_join::neo::{
     AssignOptions, Assignment, Broadcastable, FineHistogram, PartitionMap, Placement, RadixDomain,
-    Sizes, assign, open_shop,
+    Sizes, Solved, assign, open_shop,
 };
 use gyre_join::{KeyDomain, Keys};
 use gyre_transport::{NodeId, SendEndpoint, SendSpec, To, node_name};
@@ -72,8 +73,6 @@ pub(super) fn execute(
             hj.left().output_partitioning().partition_count()
         );
     }
-    let build_input = hj.left().execute(partition, Arc::clone(&ctx))?;
-    let probe_input = hj.right().execute(partition, Arc::clone(&ctx))?;
     // The data endpoints first: whatever fails later fails them, so no join waits.
     let open = |exchange: u32| {
         qc.transport
@@ -89,16 +88,27 @@ pub(super) fn execute(
     let build_ep = open(first + BUILD_EXCHANGE)?;
     let probe_ep = open(first + PROBE_EXCHANGE)?;
 
+    let me = node_name(qc.me());
+    let fail = move |eps: [&SendEndpoint; 2], e: &DataFusionError| {
+        let why = RelayedError::at(e, &format!("{me} in a Neo-Join")).wire();
+        for ep in eps {
+            ep.fail(&why);
+        }
+    };
+    let inputs = hj
+        .left()
+        .execute(partition, Arc::clone(&ctx))
+        .and_then(|build| Ok((build, hj.right().execute(partition, Arc::clone(&ctx))?)));
+    let (build_input, probe_input) = match inputs {
+        Ok(inputs) => inputs,
+        Err(e) => {
+            fail([&build_ep, &probe_ep], &e);
+            return Err(e);
+        }
+    };
+
     let receiver = |exchange: u32, schema: SchemaRef| -> Arc<dyn ExecutionPlan> {
-        Arc::new(ExchangeReceiverExec::new(
-            exchange,
-            schema,
-            Place::Workers,
-            n,
-            ReceiveMode::Shuffle,
-            Partitioning::UnknownPartitioning(n),
-            None,
-        ))
+        Arc::new(ExchangeReceiverExec::shuffled(exchange, schema, n))
     };
     let join = Arc::clone(exec.join()).replace_children(
         vec![
@@ -133,24 +143,28 @@ pub(super) fn execute(
     let reservation =
         MemoryConsumer::new(format!("NeoJoinExec[{partition}] inputs")).register(ctx.memory_pool());
     let (err_tx, err_rx) = tokio::sync::mpsc::unbounded_channel();
-    tokio::spawn(async move {
+    let task = tokio::spawn(async move {
         let endpoints = [&build_ep, &probe_ep];
         let result = async {
             let build = collect_counted(build_input, &reservation).await?;
             let probe = collect_counted(probe_input, &reservation).await?;
-            router.run([build, probe], endpoints).await
+            router.run([build, probe], endpoints, &reservation).await
         }
         .await;
         if let Err(e) = result {
-            let why = format!("{} failed in a Neo-Join: {e}", node_name(router.qc.me()));
-            build_ep.fail(&why);
-            probe_ep.fail(&why);
+            fail(endpoints, &e);
             let _ = err_tx.send(e);
         }
-        drop(reservation);
     });
+    // The router ends with the query's output: a failed join or a released query
+    // stops it (the output runs detached, so a consumer that stops early does not).
+    let guard = AbortOnDrop(task);
     let schema = joined.schema();
-    let output = futures::stream::select(joined, UnboundedReceiverStream::new(err_rx).map(Err));
+    let output = futures::stream::select(joined, UnboundedReceiverStream::new(err_rx).map(Err))
+        .map(move |batch| {
+            let _ = &guard;
+            batch
+        });
     Ok(run_detached(schema, output.boxed()))
 }
 
@@ -165,10 +179,28 @@ struct RouterMetrics {
 /// One side's collected rows with their ordered keys.
 struct Side {
     batches: Vec<RecordBatch>,
-    /// Per batch: the ordered key of every row, `None` for NULL.
-    keys: Vec<Vec<Option<u64>>>,
+    /// Per batch: the ordered key of every row and which are NULL.
+    keys: Vec<(Vec<u64>, Option<NullBuffer>)>,
     row_bytes: u64,
+    /// Smallest and largest non-NULL key, if any.
+    range: Option<(u64, u64)>,
 }
+
+impl Side {
+    /// Every non-NULL ordered key.
+    fn valid_keys(&self) -> impl Iterator<Item = u64> + '_ {
+        self.keys.iter().flat_map(|(keys, nulls)| {
+            keys.iter()
+                .enumerate()
+                .filter(move |(i, _)| nulls.as_ref().is_none_or(|n| n.is_valid(*i)))
+                .map(|(_, &k)| k)
+        })
+    }
+}
+
+/// Largest bytes a worker may report for one fine bucket: sums of many stay far from
+/// overflowing (a peer's histogram is checked against it).
+const MAX_BUCKET_BYTES: u64 = 1 << 48;
 
 struct Router {
     qc: Arc<QueryContext>,
@@ -187,45 +219,56 @@ impl Router {
         &self,
         inputs: [Vec<RecordBatch>; 2],
         endpoints: [&SendEndpoint; 2],
+        reservation: &MemoryReservation,
     ) -> Result<()> {
         let [build, probe] = inputs;
-        let sides = [self.side(build, 0)?, self.side(probe, 1)?];
+        let sides = [
+            self.side(build, 0, reservation)?,
+            self.side(probe, 1, reservation)?,
+        ];
         let domain = self.agree_on_domain(&sides).await?;
         let (map, placements) = self.assignment(domain, &sides).await?;
-        for (s, side) in sides.iter().enumerate() {
+        for (s, side) in sides.into_iter().enumerate() {
             self.route(s, side, &map, &placements, endpoints[s]).await?;
         }
         Ok(())
     }
 
-    /// Collect: the ordered key of every row.
-    fn side(&self, batches: Vec<RecordBatch>, s: usize) -> Result<Side> {
+    /// Collect: the ordered key of every row (counted in the worker's memory pool),
+    /// the key range and the bytes per row.
+    fn side(
+        &self,
+        batches: Vec<RecordBatch>,
+        s: usize,
+        reservation: &MemoryReservation,
+    ) -> Result<Side> {
         let mut keys = Vec::with_capacity(batches.len());
         let (mut bytes, mut rows) = (0u64, 0u64);
+        let mut range: Option<(u64, u64)> = None;
         for batch in &batches {
             let array = self.keys[s].evaluate(batch)?.into_array(batch.num_rows())?;
             let k = Keys::from_array(array.as_ref())
                 .map_err(|e| internal_datafusion_err!("Neo-Join key: {e}"))?;
+            reservation.try_grow(batch.num_rows() * 8)?;
             let domain: KeyDomain = k.domain();
-            let nulls = k.nulls();
-            keys.push(
-                k.values()
-                    .iter()
-                    .enumerate()
-                    .map(|(i, &v)| {
-                        nulls
-                            .is_none_or(|n| n.is_valid(i))
-                            .then(|| domain.ordered(v))
-                    })
-                    .collect(),
-            );
-            bytes += batch.get_array_memory_size() as u64;
+            let ordered: Vec<u64> = k.values().iter().map(|&v| domain.ordered(v)).collect();
+            let nulls = k.nulls().cloned();
+            for (i, &key) in ordered.iter().enumerate() {
+                if nulls.as_ref().is_none_or(|n| n.is_valid(i)) {
+                    range = Some(range.map_or((key, key), |(lo, hi)| (lo.min(key), hi.max(key))));
+                }
+            }
+            keys.push((ordered, nulls));
+            for column in batch.columns() {
+                bytes += column.to_data().get_slice_memory_size()? as u64;
+            }
             rows += batch.num_rows() as u64;
         }
         Ok(Side {
             batches,
             keys,
             row_bytes: bytes.checked_div(rows).unwrap_or(0).max(1),
+            range,
         })
     }
 
@@ -253,8 +296,12 @@ impl Router {
 
     /// Domain: the union of every worker's key range.
     async fn agree_on_domain(&self, sides: &[Side; 2]) -> Result<RadixDomain> {
-        let ordered = sides.iter().flat_map(|s| s.keys.iter().flatten().flatten());
-        let (min, max) = ordered.fold((u64::MAX, 0), |(lo, hi), &k| (lo.min(k), hi.max(k)));
+        let (min, max) = sides
+            .iter()
+            .filter_map(|s| s.range)
+            .fold((u64::MAX, 0), |(lo, hi), (min, max)| {
+                (lo.min(min), hi.max(max))
+            });
         let n = self.qc.workers.len();
         let words = self
             .scatter(DOMAIN_EXCHANGE, vec![vec![min, max]; n])
@@ -292,26 +339,51 @@ impl Router {
         let mut mine = vec![Vec::new(); n];
         for side in sides {
             let mut h = FineHistogram::new(domain);
-            h.add_keys(
-                side.keys.iter().flatten().flatten().copied(),
-                side.row_bytes,
-            );
+            h.add_keys(side.valid_keys(), side.row_bytes);
             mine[0].extend_from_slice(h.bytes());
         }
         let histograms = self.scatter(HISTOGRAM_EXCHANGE, mine).await?;
         let mut mine = vec![Vec::new(); n];
+        let mut planned = None;
         if self.partition == 0 {
             let timer = self.metrics.plan_time.timer();
-            let words = self.plan(domain, histograms).await?;
+            let (words, plan) = self.plan(domain, histograms).await?;
             timer.done();
             mine = vec![words; n];
+            planned = Some(plan);
         }
         let words = self.scatter(ASSIGNMENT_EXCHANGE, mine).await?;
+        if let Some((map, solved, sizes)) = planned {
+            // The schedule is for EXPLAIN ANALYZE: computed once the others have
+            // the assignment.
+            let scheduled = tokio::task::spawn_blocking(move || {
+                open_shop(&solved.assignment.transfers(&sizes)).map(|r| (r.len(), solved, sizes))
+            })
+            .await
+            .map_err(|e| internal_datafusion_err!("the Neo-Join schedule failed: {e}"))?;
+            let (rounds, solved, sizes) = scheduled.map_err(|e| internal_datafusion_err!("{e}"))?;
+            self.report.lock().plan = Some(format!(
+                "partitions={}, assignment={}, solver_time={:.1}ms, broadcast_partitions={}, \
+                 busiest_link={}B (hash {}B), moved={}B (hash {}B), rounds={rounds}",
+                map.partitions(),
+                solved.method,
+                solved.elapsed.as_secs_f64() * 1e3,
+                solved.assignment.broadcasts(),
+                solved.costs.max(),
+                sizes.hash_max_cost(),
+                solved.costs.moved(),
+                sizes.hash_moved(),
+            ));
+        }
         self.decode(domain, &words[0])
     }
 
-    /// Worker 0: partitions, assignment and schedule; the assignment as words.
-    async fn plan(&self, domain: RadixDomain, histograms: Vec<Vec<u64>>) -> Result<Vec<u64>> {
+    /// Worker 0: partitions and assignment; the assignment as words.
+    async fn plan(
+        &self,
+        domain: RadixDomain,
+        histograms: Vec<Vec<u64>>,
+    ) -> Result<(Vec<u64>, (PartitionMap, Solved, Sizes))> {
         let buckets = domain.buckets();
         let mut fine = Vec::with_capacity(histograms.len());
         for (i, words) in histograms.into_iter().enumerate() {
@@ -323,6 +395,12 @@ impl Router {
                     2 * buckets
                 );
             }
+            if let Some(bad) = words.iter().find(|&&b| b > MAX_BUCKET_BYTES) {
+                return internal_err!(
+                    "{} reported {bad} bytes in one histogram bucket",
+                    node_name(self.qc.workers[i])
+                );
+            }
             let (build, probe) = words.split_at(buckets);
             let histogram = |b: &[u64]| {
                 FineHistogram::from_bytes(domain, b.to_vec())
@@ -331,11 +409,7 @@ impl Router {
             fine.push((histogram(build)?, histogram(probe)?));
         }
         let global: Vec<u64> = (0..buckets)
-            .map(|b| {
-                fine.iter()
-                    .map(|(r, s)| r.bytes()[b].saturating_add(s.bytes()[b]))
-                    .fold(0u64, u64::saturating_add)
-            })
+            .map(|b| fine.iter().map(|(r, s)| r.bytes()[b] + s.bytes()[b]).sum())
             .collect();
         let map = PartitionMap::adaptive(domain, &global, self.settings.partitions as usize)
             .map_err(|e| internal_datafusion_err!("{e}"))?;
@@ -358,22 +432,8 @@ impl Router {
             tokio::task::spawn_blocking(move || (assign(&sizes, &options), sizes))
                 .await
                 .map_err(|e| internal_datafusion_err!("the Neo-Join assignment failed: {e}"))?;
-        let rounds = open_shop(&solved.assignment.transfers(&sizes))
-            .map_err(|e| internal_datafusion_err!("{e}"))?
-            .len();
-        self.report.lock().plan = Some(format!(
-            "partitions={}, assignment={}, solver_time={:.1}ms, broadcast_partitions={}, \
-             busiest_link={}B (hash {}B), moved={}B (hash {}B), rounds={rounds}",
-            map.partitions(),
-            solved.method,
-            solved.elapsed.as_secs_f64() * 1e3,
-            solved.assignment.broadcasts(),
-            solved.costs.max(),
-            sizes.hash_max_cost(),
-            solved.costs.moved(),
-            sizes.hash_moved(),
-        ));
-        Ok(encode(&map, &solved.assignment))
+        let words = encode(&map, &solved.assignment);
+        Ok((words, (map, solved, sizes)))
     }
 
     /// The assignment from worker 0's words, checked.
@@ -387,7 +447,10 @@ impl Router {
             return Err(bad(format!("{p} partitions in {} words", words.len())));
         }
         let (starts, codes) = rest.split_at(p as usize);
-        let starts: Vec<u32> = starts.iter().map(|&s| s as u32).collect();
+        let starts = starts
+            .iter()
+            .map(|&s| u32::try_from(s).map_err(|_| bad(format!("partition start {s}"))))
+            .collect::<Result<Vec<u32>>>()?;
         let map = PartitionMap::from_starts(domain, starts).map_err(|e| bad(e.to_string()))?;
         let placements = codes
             .iter()
@@ -405,7 +468,7 @@ impl Router {
     async fn route(
         &self,
         s: usize,
-        side: &Side,
+        side: Side,
         map: &PartitionMap,
         placements: &[Placement],
         ep: &SendEndpoint,
@@ -417,30 +480,19 @@ impl Router {
         } else {
             Placement::BroadcastProbe
         };
-        let compression = self.qc.compression.resolve(self.qc.transport.link_rate());
-        let outlet = |to: To| -> Result<Outlet> {
-            Ok(Outlet::new(
-                to,
-                Arc::clone(&self.schemas[s]),
-                BatchEncoder::try_new(&self.schemas[s], compression)?,
-                ep.message_size(),
-            ))
-        };
         // One outlet per worker: each stream is one Arrow IPC stream, so broadcast
         // rows go through every worker's outlet too.
         let mut outlets = self
             .qc
             .workers
             .iter()
-            .map(|&w: &NodeId| outlet(To::Node(w)))
+            .map(|&w: &NodeId| Outlet::of_query(To::Node(w), &self.schemas[s], &self.qc, ep))
             .collect::<Result<Vec<_>>>()?;
         let mut rows: Vec<Vec<u32>> = vec![Vec::new(); n + 1];
-        for (batch, keys) in side.batches.iter().zip(&side.keys) {
-            for list in &mut rows {
-                list.clear();
-            }
-            for (row, key) in keys.iter().enumerate() {
-                let to = match key.map(|k| placements[map.partition(k)]) {
+        for (batch, (keys, nulls)) in side.batches.into_iter().zip(side.keys) {
+            for (row, &key) in keys.iter().enumerate() {
+                let valid = nulls.as_ref().is_none_or(|n| n.is_valid(row));
+                let to = match valid.then(|| placements[map.partition(key)]) {
                     // NULL keys match nothing: the row stays (a preserved row once).
                     None => me,
                     Some(Placement::Node(i)) => i as usize,
@@ -450,7 +502,7 @@ impl Router {
                 };
                 rows[to].push(row as u32);
             }
-            for (to, list) in rows.iter().enumerate() {
+            for (to, list) in rows.iter_mut().enumerate() {
                 if list.is_empty() {
                     continue;
                 }
@@ -460,7 +512,11 @@ impl Router {
                     _ => &self.metrics.shipped,
                 };
                 counter.add(list.len());
-                let part = take_record_batch(batch, &UInt32Array::from(list.clone()))?;
+                let part = match list.len() == batch.num_rows() {
+                    true => batch.clone(),
+                    false => take_record_batch(&batch, &UInt32Array::from(std::mem::take(list)))?,
+                };
+                list.clear();
                 if to == n {
                     for outlet in &mut outlets {
                         outlet.push(ep, part.clone(), &self.metrics.send).await?;

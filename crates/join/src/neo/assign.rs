@@ -363,7 +363,10 @@ impl std::fmt::Display for Method {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Method::Milp { optimal: true, .. } => write!(f, "milp (optimal)"),
-            Method::Milp { gap, .. } => write!(f, "milp (time limit, gap {:.2}%)", gap * 100.0),
+            Method::Milp { gap, .. } if gap.is_finite() && *gap >= 0.0 => {
+                write!(f, "milp (time limit, gap {:.2}%)", gap * 100.0)
+            }
+            Method::Milp { .. } => write!(f, "milp (time limit)"),
             Method::Greedy { reason } => write!(f, "greedy ({reason})"),
         }
     }
@@ -381,15 +384,25 @@ pub struct Solved {
 /// Phase 2: the assignment for `sizes` (see the module doc).
 pub fn assign(sizes: &Sizes, options: &AssignOptions) -> Solved {
     let start = Instant::now();
-    let greedy = greedy(sizes, options.broadcast, start + options.time_limit);
+    // The greedy assignment may take half the time; the solver starts from it.
+    let greedy = greedy(sizes, options.broadcast, start + options.time_limit / 2);
     let greedy_costs = greedy.costs(sizes);
     let (assignment, costs, method) = if !options.milp {
         let reason = "the solver is off".to_string();
         (greedy, greedy_costs, Method::Greedy { reason })
     } else {
         let remaining = options.time_limit.saturating_sub(start.elapsed());
-        match milp::solve(sizes, options.broadcast, &greedy, remaining) {
+        // A panic inside the binding is the solver failing, not the query.
+        let solved = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            milp::solve(sizes, options.broadcast, &greedy, remaining)
+        }))
+        .unwrap_or_else(|_| Err("the solver panicked".into()));
+        match solved {
             Ok((found, optimal, gap)) => {
+                // The MILP minimises the busiest link only; the local search then
+                // moves no partition whose place does not matter to it.
+                let polish = Instant::now() + options.time_limit / 4;
+                let found = improve(sizes, options.broadcast, found.placements, polish);
                 let costs = found.costs(sizes);
                 if costs.max() <= greedy_costs.max() {
                     (found, costs, Method::Milp { optimal, gap })
@@ -416,8 +429,9 @@ pub fn greedy(sizes: &Sizes, broadcast: Broadcastable, deadline: Instant) -> Ass
     let n = sizes.nodes;
     let placements: Vec<Placement> = (0..sizes.partitions)
         .map(|j| {
+            // Ties (no locality) go round the nodes from j mod n, not all to node 0.
             let owner = (0..n)
-                .max_by_key(|&i| (sizes.both(i, j), std::cmp::Reverse(i)))
+                .max_by_key(|&i| (sizes.both(i, j), std::cmp::Reverse((i + n - j % n) % n)))
                 .unwrap_or(0);
             let total: u64 = (0..n).map(|i| sizes.both(i, j)).sum();
             let mut best = (total - sizes.both(owner, j), Placement::Node(owner as u32));
@@ -501,7 +515,7 @@ mod milp {
     //! OPT-ASSIGN / SEL-BCAST as a mixed-integer program for HiGHS.
 
     use super::{Assignment, Broadcastable, Placement, Sizes};
-    use highs::{HighsModelStatus, RowProblem, Sense};
+    use highs::{HighsModelStatus, HighsSolutionStatus, RowProblem, Sense};
     use std::time::Duration;
 
     /// The solver's assignment, whether it is proven optimal, and its gap.
@@ -645,6 +659,9 @@ mod milp {
             HighsModelStatus::ReachedTimeLimit => false,
             other => return Err(format!("the solver stopped: {other:?}")),
         };
+        if !optimal && solved.primal_solution_status() != HighsSolutionStatus::Feasible {
+            return Err("the solver found no solution in time".into());
+        }
         let gap = if optimal { 0.0 } else { solved.mip_gap() };
         let values = solved.get_solution();
         let values = values.columns();

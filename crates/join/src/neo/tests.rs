@@ -355,3 +355,18 @@ fn clustered_keys_stay_home() {
         solved.costs.max()
     );
 }
+
+/// Without locality every node holds as much of each partition: the largest-owner
+/// start must spread the partitions over the nodes (all to node 0 would make it
+/// receive everything), so that even without time for the local search the
+/// assignment is as good as hash placement.
+#[test]
+fn without_locality_the_greedy_start_spreads_partitions() {
+    let (nodes, partitions) = (16, 256);
+    let mut sizes = Sizes::new(nodes, partitions).unwrap();
+    for node in 0..nodes {
+        sizes.set(node, &[1_000; 256], &[1_000; 256]);
+    }
+    let start = assign::greedy(&sizes, Broadcastable::NONE, Instant::now());
+    assert_eq!(start.costs(&sizes).max(), sizes.hash_max_cost());
+}
