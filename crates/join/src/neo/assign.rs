@@ -401,7 +401,7 @@ pub fn assign(sizes: &Sizes, options: &AssignOptions) -> Solved {
             Ok((found, optimal, gap)) => {
                 // The MILP minimises the busiest link only; the local search then
                 // moves no partition whose place does not matter to it.
-                let polish = Instant::now() + options.time_limit / 4;
+                let polish = start + options.time_limit;
                 let found = improve(sizes, options.broadcast, found.placements, polish);
                 let costs = found.costs(sizes);
                 if costs.max() <= greedy_costs.max() {
