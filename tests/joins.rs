@@ -538,6 +538,23 @@ async fn run_time_filters_prune_probe_rows_before_they_cross_the_network() {
     }
 }
 
+/// Every join type over `f` (fk, fi, fq, fs) and `d` (dk, di, dc, dn), with filters, a
+/// grouping above the join, date keys and an ordered result: the radix kernel's and
+/// Neo-Join's tests run them at sizes where those operators have work to do.
+const EVERY_JOIN_TYPE: [&str; 10] = [
+    "SELECT count(*), sum(fq), sum(dn), count(fs), count(dc) FROM f JOIN d ON fk = dk",
+    "SELECT count(*), sum(fq), count(dn) FROM f LEFT JOIN d ON fk = dk",
+    "SELECT count(*), count(fq), sum(dn) FROM f RIGHT JOIN d ON fk = dk",
+    "SELECT count(*), count(fq), count(dn) FROM f FULL JOIN d ON fk = dk AND fq < dn",
+    "SELECT count(*), sum(fq) FROM f WHERE fk IN (SELECT dk FROM d WHERE dc = 'Books')",
+    "SELECT count(*), sum(fq) FROM f WHERE NOT EXISTS (SELECT 1 FROM d WHERE dk = fk AND dn > 3)",
+    "SELECT count(*), sum(dn) FROM d WHERE EXISTS (SELECT 1 FROM f WHERE fk = dk AND fq = 7)",
+    "SELECT fq, count(*), sum(dn) FROM f JOIN d ON fk = dk WHERE fq < dn GROUP BY fq ORDER BY fq",
+    "SELECT count(*), sum(fq) FROM f JOIN d ON arrow_cast(fi, 'Date32') = arrow_cast(di, 'Date32') \
+     WHERE dn = 5",
+    "SELECT fk, fq, dn, dc FROM f JOIN d ON fk = dk WHERE fk < 40 ORDER BY fk, fq, dn",
+];
+
 /// `SET gyre.join_kernel = radix` at sizes where each worker's build side spans several
 /// cache-sized radix partitions: every join type, with filters, NULL and duplicate
 /// keys, keys of 32 and 64 bits and joins on computed keys, each answer DataFusion's.
@@ -557,23 +574,13 @@ async fn radix_join_kernel_answers_every_join_type_like_datafusion() {
     let c = &cluster.coordinator;
     c.sql("SET gyre.join_strategy = 'shuffle'").await.unwrap();
     c.sql("SET gyre.join_kernel = 'radix'").await.unwrap();
-    let queries = [
-        "SELECT count(*), sum(fq), sum(dn), count(fs), count(dc) FROM f JOIN d ON fk = dk",
-        "SELECT count(*), sum(fq), count(dn) FROM f LEFT JOIN d ON fk = dk",
-        "SELECT count(*), count(fq), sum(dn) FROM f RIGHT JOIN d ON fk = dk",
-        "SELECT count(*), count(fq), count(dn) FROM f FULL JOIN d ON fk = dk AND fq < dn",
-        "SELECT count(*), sum(fq) FROM f WHERE fk IN (SELECT dk FROM d WHERE dc = 'Books')",
-        "SELECT count(*), sum(fq) FROM f WHERE NOT EXISTS (SELECT 1 FROM d WHERE dk = fk AND dn > 3)",
-        "SELECT count(*), sum(dn) FROM d WHERE EXISTS (SELECT 1 FROM f WHERE fk = dk AND fq = 7)",
-        "SELECT fq, count(*), sum(dn) FROM f JOIN d ON fk = dk WHERE fq < dn GROUP BY fq ORDER BY fq",
+    let extra = [
         "SELECT dc, count(*) FROM f JOIN d ON fk + 1 = dk + 1 WHERE fs LIKE 's1%' GROUP BY dc ORDER BY dc",
-        "SELECT count(*), sum(fq) FROM f JOIN d ON arrow_cast(fi, 'Date32') = arrow_cast(di, 'Date32') \
-         WHERE dn = 5",
         "SELECT count(*), sum(fq) FROM f JOIN d ON fi = di AND fq = dn",
         "SELECT count(*) FROM f JOIN d ON fs = dc",
-        "SELECT fk, fq, dn, dc FROM f JOIN d ON fk = dk WHERE fk < 40 ORDER BY fk, fq, dn",
         "SELECT count(*), sum(fq) FROM f JOIN d ON fi = di WHERE dc = 'Books' AND dn = 3",
     ];
+    let queries = EVERY_JOIN_TYPE.iter().chain(&extra);
     for q in queries {
         assert_eq!(differs(c, &reference, q).await, None, "{q}");
     }
@@ -581,7 +588,7 @@ async fn radix_join_kernel_answers_every_join_type_like_datafusion() {
         let sql = format!("EXPLAIN ANALYZE {q}");
         async move { text(c.sql_one(&sql).await.unwrap()) }
     };
-    let inner = explain(queries[0]).await;
+    let inner = explain(EVERY_JOIN_TYPE[0]).await;
     let partitions: Vec<u64> = inner
         .lines()
         .filter_map(|l| l.split("radix_partitions=").nth(1))
@@ -593,13 +600,13 @@ async fn radix_join_kernel_answers_every_join_type_like_datafusion() {
         "build sides of several radix partitions:\n{inner}"
     );
     // Date keys join as the days' integers.
-    let dates = explain(queries[9]).await;
+    let dates = explain(EVERY_JOIN_TYPE[8]).await;
     assert!(dates.contains("RadixJoinExec"), "{dates}");
     // Two keys: DataFusion's hash join (a Flow-Join by default).
-    let two_keys = explain(queries[10]).await;
+    let two_keys = explain(extra[1]).await;
     assert!(!two_keys.contains("RadixJoinExec"), "{two_keys}");
     // A filtered build side still prunes the radix join's probe input.
-    let filtered = explain(queries[13]).await;
+    let filtered = explain(extra[3]).await;
     assert!(filtered.contains("RadixJoinExec"), "{filtered}");
     assert!(
         filtered
@@ -627,20 +634,10 @@ async fn neo_join_answers_every_join_type_like_datafusion() {
     let (cluster, reference) = start(4, setup).await;
     let c = &cluster.coordinator;
     c.sql("SET gyre.join_strategy = 'neo'").await.unwrap();
-    let queries = [
-        "SELECT count(*), sum(fq), sum(dn), count(fs), count(dc) FROM f JOIN d ON fk = dk",
-        "SELECT count(*), sum(fq), count(dn) FROM f LEFT JOIN d ON fk = dk",
-        "SELECT count(*), count(fq), sum(dn) FROM f RIGHT JOIN d ON fk = dk",
-        "SELECT count(*), count(fq), count(dn) FROM f FULL JOIN d ON fk = dk AND fq < dn",
-        "SELECT count(*), sum(fq) FROM f WHERE fk IN (SELECT dk FROM d WHERE dc = 'Books')",
-        "SELECT count(*), sum(fq) FROM f WHERE NOT EXISTS (SELECT 1 FROM d WHERE dk = fk AND dn > 3)",
-        "SELECT count(*), sum(dn) FROM d WHERE EXISTS (SELECT 1 FROM f WHERE fk = dk AND fq = 7)",
-        "SELECT count(*), sum(dn) FROM d WHERE NOT EXISTS (SELECT 1 FROM f WHERE fk = dk)",
-        "SELECT fq, count(*), sum(dn) FROM f JOIN d ON fk = dk WHERE fq < dn GROUP BY fq ORDER BY fq",
-        "SELECT count(*), sum(fq) FROM f JOIN d ON arrow_cast(fi, 'Date32') = arrow_cast(di, 'Date32') \
-         WHERE dn = 5",
-        "SELECT fk, fq, dn, dc FROM f JOIN d ON fk = dk WHERE fk < 40 ORDER BY fk, fq, dn",
-    ];
+    // A right anti join too: its build side may be broadcast.
+    let right_anti =
+        "SELECT count(*), sum(dn) FROM d WHERE NOT EXISTS (SELECT 1 FROM f WHERE fk = dk)";
+    let queries = EVERY_JOIN_TYPE.iter().chain([&right_anti]);
     for q in queries {
         assert_eq!(differs(c, &reference, q).await, None, "{q}");
     }
@@ -648,7 +645,7 @@ async fn neo_join_answers_every_join_type_like_datafusion() {
         let sql = format!("EXPLAIN ANALYZE {q}");
         async move { text(c.sql_one(&sql).await.unwrap()) }
     };
-    let plan = explain(queries[0]).await;
+    let plan = explain(EVERY_JOIN_TYPE[0]).await;
     let line = plan
         .lines()
         .find(|l| l.contains("NeoJoinExec") && l.contains("assignment="))
@@ -664,7 +661,7 @@ async fn neo_join_answers_every_join_type_like_datafusion() {
         "the heavy key's partition is not broadcast: {line}"
     );
     // A full join may broadcast neither side.
-    let full = explain(queries[3]).await;
+    let full = explain(EVERY_JOIN_TYPE[3]).await;
     assert!(
         full.contains("NeoJoinExec: target_partitions=64, broadcast=none"),
         "{full}"

@@ -141,7 +141,10 @@ async fn each_connection_plans_and_runs_with_its_own_settings() {
         .await
         .unwrap_err()
         .to_string();
-    assert!(err.contains("auto, shuffle, broadcast or cyclo"), "{err}");
+    assert!(
+        err.contains("auto, shuffle, broadcast, cyclo or neo"),
+        "{err}"
+    );
     let strategy = text(&mut a, "SHOW gyre.join_strategy").await;
     assert!(shown(&strategy, "| shuffle "), "{strategy}");
 

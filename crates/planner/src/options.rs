@@ -444,7 +444,7 @@ mod tests {
             (
                 "gyre.join_strategy",
                 "fast",
-                "auto, shuffle, broadcast or cyclo",
+                "auto, shuffle, broadcast, cyclo or neo",
             ),
             ("gyre.compression", "gzip", "lz4"),
             ("gyre.join_kernel", "sort", "hash, radix or auto"),

@@ -24,14 +24,14 @@
 
 mod stream;
 
+use crate::RadixJoinExec;
 use crate::context::ExchangeId;
-use crate::cyclo::key_type_supported;
 use crate::network::{InputsAt, NetworkOperator};
 use datafusion::common::tree_node::TreeNodeRecursion;
-use datafusion::common::{JoinType, NullEquality, Result, internal_datafusion_err, plan_err};
+use datafusion::common::{JoinType, Result, internal_datafusion_err, plan_err};
 use datafusion::execution::TaskContext;
 use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
-use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
+use datafusion::physical_plan::joins::HashJoinExec;
 use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricsSet};
 use datafusion::physical_plan::{
     ChildrenPropertiesMode, DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties,
@@ -153,39 +153,11 @@ impl NeoJoinExec {
         })
     }
 
-    /// Whether Neo-Join can run `hj`, and if not, why not: one integer or date key,
-    /// NULLs matching nothing, no null-aware anti join, no pushed-down limit.
+    /// Whether Neo-Join can run `hj`, and if not, why not: the joins the radix kernel
+    /// runs (one integer or date key, NULLs matching nothing, no null-aware anti join,
+    /// no pushed-down limit, as many build as probe partitions).
     pub fn supports(hj: &HashJoinExec) -> std::result::Result<(), String> {
-        if *hj.partition_mode() != PartitionMode::Partitioned {
-            return Err(format!("{:?} mode, not partitioned", hj.partition_mode()));
-        }
-        if hj.null_aware {
-            return Err("a null-aware anti join (NOT IN) matches NULL keys".into());
-        }
-        if hj.null_equality() != NullEquality::NullEqualsNothing {
-            return Err("NULL keys match each other".into());
-        }
-        if let Some(fetch) = hj.fetch() {
-            return Err(format!("it stops after {fetch} rows"));
-        }
-        let [(l, r)] = hj.on() else {
-            return Err(format!("{} key columns, not one", hj.on().len()));
-        };
-        let (lt, rt) = (
-            l.data_type(&hj.left().schema())
-                .map_err(|e| e.to_string())?,
-            r.data_type(&hj.right().schema())
-                .map_err(|e| e.to_string())?,
-        );
-        if lt != rt || key_type_supported(&lt).is_none() {
-            return Err(format!("keys of types {lt} and {rt}"));
-        }
-        let n = hj.left().output_partitioning().partition_count();
-        let m = hj.right().output_partitioning().partition_count();
-        if n != m {
-            return Err(format!("{n} build and {m} probe partitions"));
-        }
-        Ok(())
+        RadixJoinExec::supports(hj)
     }
 
     pub fn join(&self) -> &Arc<dyn ExecutionPlan> {
