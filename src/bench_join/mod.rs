@@ -63,7 +63,8 @@ pub struct JoinArgs {
     /// join), radix (the same join run by Gyre's radix join kernel), flow (SQL with
     /// Flow-Join: heavy hitters detected on the fly, one global list, selective
     /// broadcast), flow-fetch (Flow-Join fetching on demand: each
-    /// worker's own heavy hitters, their build rows fetched), cyclo-hash, cyclo-sort-merge,
+    /// worker's own heavy hitters, their build rows fetched), neo (Neo-Join: both inputs
+    /// placed by a locality-aware assignment), cyclo-hash, cyclo-sort-merge,
     /// cyclo-band:C, cyclo-lt|le|gt|ge, cyclo-nl-band:C, cyclo-theta:M:K (cyclo-join on
     /// the Data Roundabout with that local algorithm).
     #[arg(long, default_value = "hash,flow")]
@@ -236,7 +237,7 @@ fn check_strategy(strategy: &str) -> Result<(), BoxError> {
         None if sql::STRATEGIES.iter().any(|(name, ..)| *name == strategy) => {}
         None => {
             return Err(format!(
-                "--strategy: '{strategy}' is not hash, radix, flow, flow-fetch or cyclo-ALGORITHM"
+                "--strategy: '{strategy}' is not hash, radix, flow, flow-fetch, neo or cyclo-ALGORITHM"
             )
             .into());
         }

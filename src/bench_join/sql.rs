@@ -35,13 +35,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-/// The strategies this path runs, with their `gyre.skew_detection`, `gyre.skew_fetch`
-/// and `gyre.join_kernel` settings.
-pub const STRATEGIES: [(&str, &str, &str, &str); 4] = [
-    ("hash", "off", "off", "hash"),
-    ("flow", "on", "off", "hash"),
-    ("flow-fetch", "on", "on", "hash"),
-    ("radix", "off", "off", "radix"),
+/// The strategies this path runs, with their `gyre.skew_detection`, `gyre.skew_fetch`,
+/// `gyre.join_kernel` and `gyre.join_strategy` settings.
+pub const STRATEGIES: [(&str, &str, &str, &str, &str); 5] = [
+    ("hash", "off", "off", "hash", "shuffle"),
+    ("flow", "on", "off", "hash", "shuffle"),
+    ("flow-fetch", "on", "on", "hash", "shuffle"),
+    ("radix", "off", "off", "radix", "shuffle"),
+    ("neo", "off", "off", "hash", "neo"),
 ];
 
 /// The query every run times.
@@ -102,17 +103,17 @@ impl<'a> SqlJoins<'a> {
     /// One run of `run.strategy` (`hash`, `flow`, `flow-fetch` or `radix`), loading its
     /// workload first if another one is loaded.
     pub async fn run(&mut self, run: &JoinRun) -> Result<JoinResult, BoxError> {
-        let (detection, fetch, kernel) = STRATEGIES
+        let (detection, fetch, kernel, strategy) = STRATEGIES
             .iter()
             .find(|(name, ..)| *name == run.strategy)
-            .map(|(_, detection, fetch, kernel)| (*detection, *fetch, *kernel))
+            .map(|(_, detection, fetch, kernel, strategy)| (*detection, *fetch, *kernel, *strategy))
             .ok_or_else(|| format!("'{}' is not a SQL join strategy", run.strategy))?;
         let workload = Workload::of(run);
         if self.loaded.as_ref() != Some(&workload) {
             self.load(&workload).await?;
         }
         self.sql(&format!(
-            "SET gyre.join_strategy = 'shuffle'; SET gyre.skew_detection = '{detection}'; \
+            "SET gyre.join_strategy = '{strategy}'; SET gyre.skew_detection = '{detection}'; \
              SET gyre.skew_fetch = '{fetch}'; SET gyre.join_kernel = '{kernel}'"
         ))
         .await?;
@@ -121,15 +122,18 @@ impl<'a> SqlJoins<'a> {
             let plan = self.plan_text(&format!("EXPLAIN {QUERY}")).await?;
             let fetches = plan.contains("fetch on demand");
             let radix = kernel == "radix";
+            let neo = strategy == "neo";
             if plan.contains("FlowJoinExec") != flow
                 || fetches != (flow && fetch == "on")
                 || plan.contains("RadixJoinExec") != radix
+                || plan.contains("NeoJoinExec") != neo
             {
                 return Err(format!(
                     "the {} run's plan is not a {}:\n{plan}",
                     run.strategy,
                     match (flow, fetch) {
                         _ if radix => "partitioned join with the radix kernel",
+                        _ if neo => "Neo-Join",
                         (false, _) => "plain partitioned hash join",
                         (true, "on") => "Flow-Join fetching on demand",
                         _ => "Flow-Join with a global heavy-hitter list",
