@@ -666,4 +666,16 @@ async fn neo_join_answers_every_join_type_like_datafusion() {
         full.contains("NeoJoinExec: target_partitions=64, broadcast=none"),
         "{full}"
     );
+    // The session's settings reach the workers' Neo-Joins.
+    c.sql("SET gyre.neo_partitions = 16").await.unwrap();
+    c.sql("SET gyre.neo_solver_ms = 0").await.unwrap();
+    c.sql("SET gyre.neo_broadcast = off").await.unwrap();
+    assert_eq!(differs(c, &reference, EVERY_JOIN_TYPE[0]).await, None);
+    let greedy = explain(EVERY_JOIN_TYPE[0]).await;
+    assert!(
+        greedy.contains("target_partitions=16, broadcast=none")
+            && greedy.contains("assignment=greedy (the solver is off)")
+            && greedy.contains("broadcast_partitions=0"),
+        "{greedy}"
+    );
 }

@@ -7,7 +7,7 @@
 //! co-located already moves nothing and stays.
 
 use crate::flow::{recompute, rewrite_unpinned, unshuffled};
-use crate::options::JoinStrategy;
+use crate::options::{GyreOptions, JoinStrategy};
 use datafusion::common::Result;
 use datafusion::common::config::ConfigOptions;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
@@ -31,7 +31,7 @@ impl PhysicalOptimizerRule for NeoJoinRule {
         if JoinStrategy::of(config) != JoinStrategy::Neo || n < 2 {
             return Ok(plan);
         }
-        let settings = NeoSettings::default();
+        let settings = GyreOptions::of(config).neo;
         rewrite_unpinned(plan, false, &|node| neo_join(node, n, settings))
     }
 

@@ -8,7 +8,7 @@
 
 use datafusion::common::config::{ConfigEntry, ConfigExtension, ConfigOptions, ExtensionOptions};
 use datafusion::common::{DataFusionError, Result};
-use gyre_exchange::{BuildPreserving, Compression, SkewSettings};
+use gyre_exchange::{BuildPreserving, Compression, NeoSettings, SkewSettings};
 use std::any::Any;
 
 /// How joins are distributed (`SET gyre.join_strategy`).
@@ -113,6 +113,9 @@ pub struct GyreOptions {
     /// `gyre.skew_threshold`, `_first`, `_every`, `_sample`, `_build_preserving`,
     /// `_build_side`, `_sfr` and `_fetch`: how Flow-Join detects and handles heavy keys.
     pub skew: SkewSettings,
+    /// `gyre.neo_partitions`, `_solver_ms` and `_broadcast`: how Neo-Joins partition
+    /// and assign.
+    pub neo: NeoSettings,
     /// `gyre.statement_timeout`: a query still running after this long is canceled on
     /// every node (zero: no limit).
     pub statement_timeout: std::time::Duration,
@@ -129,6 +132,7 @@ impl Default for GyreOptions {
             skew_detection: true,
             runtime_filters: true,
             skew: SkewSettings::default(),
+            neo: NeoSettings::default(),
             statement_timeout: std::time::Duration::ZERO,
         }
     }
@@ -139,7 +143,7 @@ impl ConfigExtension for GyreOptions {
 }
 
 /// Every setting with its description, in the order `SHOW ALL` lists them.
-const SETTINGS: [(&str, &str); 15] = [
+const SETTINGS: [(&str, &str); 18] = [
     (
         "compression",
         "Arrow IPC compression of data sent between workers: none, lz4, zstd, or auto \
@@ -220,6 +224,20 @@ const SETTINGS: [(&str, &str); 15] = [
          SFR); off: worker 0 forms one global list whose build rows every owner \
          broadcasts.",
     ),
+    (
+        "neo_partitions",
+        "How many partitions Neo-Join's adaptive radix partitioning aims for (1 to 65536).",
+    ),
+    (
+        "neo_solver_ms",
+        "Time limit in milliseconds of Neo-Join's assignment MILP (HiGHS); the best \
+         assignment found by then is used. 0: the greedy assignment only.",
+    ),
+    (
+        "neo_broadcast",
+        "on: Neo-Join may broadcast one side of a skewed partition where the join type \
+         allows (selective broadcast).",
+    ),
 ];
 
 impl GyreOptions {
@@ -255,6 +273,12 @@ impl GyreOptions {
             "skew_sfr" => on_off(s.sfr),
             "skew_fetch" => on_off(s.fetch),
             "statement_timeout" => duration_text(self.statement_timeout),
+            "neo_partitions" => self.neo.partitions.to_string(),
+            "neo_solver_ms" => match self.neo.milp {
+                true => self.neo.solver_ms.to_string(),
+                false => "0".to_string(),
+            },
+            "neo_broadcast" => on_off(self.neo.selective_broadcast),
             _ => unreachable!("every key of SETTINGS has a value"),
         }
     }
@@ -305,6 +329,15 @@ impl ExtensionOptions for GyreOptions {
             "skew_sfr" => s.sfr = parse_on_off(&name, value)?,
             "skew_fetch" => s.fetch = parse_on_off(&name, value)?,
             "statement_timeout" => next.statement_timeout = parse_duration(&name, value)?,
+            "neo_partitions" => next.neo.partitions = parse_count(&name, value, 1, 1 << 16)?,
+            "neo_solver_ms" => {
+                let ms = parse_count(&name, value, 0, 60_000)?;
+                next.neo.milp = ms > 0;
+                if ms > 0 {
+                    next.neo.solver_ms = ms;
+                }
+            }
+            "neo_broadcast" => next.neo.selective_broadcast = parse_on_off(&name, value)?,
             _ => {
                 let known: Vec<String> =
                     SETTINGS.iter().map(|(k, _)| format!("gyre.{k}")).collect();
@@ -389,6 +422,20 @@ fn duration_text(d: std::time::Duration) -> String {
 }
 
 /// A share of an input: `0.0001` or `0.01%`.
+/// A whole number in `min..=max`.
+fn parse_count(name: &str, value: &str, min: u32, max: u32) -> Result<u32> {
+    value
+        .trim()
+        .parse::<u32>()
+        .ok()
+        .filter(|n| (min..=max).contains(n))
+        .ok_or_else(|| {
+            invalid(format!(
+                "{name} is a whole number from {min} to {max}, not '{value}'"
+            ))
+        })
+}
+
 fn parse_share(name: &str, value: &str) -> Result<f64> {
     let text = value.trim();
     match text.strip_suffix('%') {
@@ -419,7 +466,10 @@ mod tests {
         c.set("gyre.skew_threshold", "0.5%").unwrap();
         c.set("gyre.skew_detection", "off").unwrap();
         c.set("gyre.join_kernel", "RADIX").unwrap();
+        c.set("gyre.neo_partitions", "16").unwrap();
+        c.set("gyre.neo_solver_ms", "0").unwrap();
         let o = GyreOptions::of(&c);
+        assert_eq!((o.neo.partitions, o.neo.milp), (16, false));
         assert_eq!(o.join_kernel, JoinKernel::Radix);
         assert_eq!(o.join_strategy, JoinStrategy::Shuffle);
         assert_eq!(o.skew.threshold, 0.005);
@@ -451,6 +501,8 @@ mod tests {
             ("gyre.skew_threshold", "2", "gyre.skew_threshold"),
             ("gyre.skew_sample", "0", "gyre.skew_sample"),
             ("gyre.skew_sfr", "maybe", "on or off"),
+            ("gyre.neo_partitions", "0", "from 1 to 65536"),
+            ("gyre.neo_solver_ms", "-1", "gyre.neo_solver_ms"),
             ("gyre.nothing", "1", "gyre.join_strategy"),
         ] {
             let e = c.set(bad, value).unwrap_err().to_string();
