@@ -1,9 +1,10 @@
 //! Per-query state that exchange operators find in the task context.
 
 use crate::codec::Compression;
+use crate::sender::transport_err;
 use datafusion::common::{Result, internal_datafusion_err};
 use datafusion::execution::TaskContext;
-use gyre_transport::{COORDINATOR, NodeId, Transport};
+use gyre_transport::{COORDINATOR, NodeId, SendEndpoint, SendSpec, Transport};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
@@ -67,5 +68,24 @@ impl QueryContext {
     /// This node's id.
     pub fn me(&self) -> NodeId {
         self.transport.node_id()
+    }
+
+    /// The send endpoint of this query's `exchange` from sender slot `from` (the
+    /// partition) to `destinations`.
+    pub fn open_send(
+        &self,
+        exchange: ExchangeId,
+        from: usize,
+        destinations: Vec<NodeId>,
+    ) -> Result<SendEndpoint> {
+        self.transport
+            .open_send(SendSpec {
+                query: self.query_id,
+                exchange,
+                from: from as u32,
+                destinations,
+                groups: vec![],
+            })
+            .map_err(transport_err)
     }
 }

@@ -20,7 +20,7 @@ use datafusion::physical_plan::{
     Partitioning, PlanProperties, ReplaceChildrenOptions, SendableRecordBatchStream,
 };
 use futures::{StreamExt, TryStreamExt};
-use gyre_transport::{NodeId, SendEndpoint, SendSpec, To, node_name};
+use gyre_transport::{NodeId, SendEndpoint, To, node_name};
 use std::fmt;
 use std::sync::Arc;
 
@@ -362,16 +362,7 @@ impl ExchangeSenderExec {
         let m = SendMetrics::new(&self.metrics, partition);
         let schema = self.input.schema();
         let dests = self.destinations(&qc, partition)?;
-        let ep = qc
-            .transport
-            .open_send(SendSpec {
-                query: qc.query_id,
-                exchange: self.exchange,
-                from: partition as u32,
-                destinations: dests.clone(),
-                groups: vec![],
-            })
-            .map_err(transport_err)?;
+        let ep = qc.open_send(self.exchange, partition, dests.clone())?;
         let compression = qc.compression.resolve(qc.transport.link_rate());
         let size = ep.message_size();
         let targets: Vec<To> = match &self.mode {

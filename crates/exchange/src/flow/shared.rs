@@ -17,7 +17,7 @@ use datafusion::common::{DataFusionError, Result, ScalarValue, internal_datafusi
 use datafusion::physical_expr::PhysicalExprRef;
 use datafusion::physical_plan::{ChildrenPropertiesMode, ReplaceChildrenOptions};
 use gyre_join::flow::control::{Control, Side};
-use gyre_transport::{NodeId, ReceiveEndpoint, ReceiveSpec, SendEndpoint, SendSpec, To, node_name};
+use gyre_transport::{NodeId, ReceiveEndpoint, ReceiveSpec, SendEndpoint, To, node_name};
 use parking_lot::{Mutex, RwLock};
 use std::sync::Arc;
 
@@ -141,16 +141,7 @@ impl Shared {
         exchange: u32,
         destinations: Vec<NodeId>,
     ) -> Result<SendEndpoint> {
-        self.qc
-            .transport
-            .open_send(SendSpec {
-                query: self.qc.query_id,
-                exchange,
-                from: self.partition as u32,
-                destinations,
-                groups: vec![],
-            })
-            .map_err(transport_err)
+        self.qc.open_send(exchange, self.partition, destinations)
     }
 
     pub(super) fn open_receive(

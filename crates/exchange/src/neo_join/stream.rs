@@ -24,7 +24,7 @@ use crate::RelayedError;
 use crate::context::QueryContext;
 use crate::memory::collect_counted;
 use crate::receiver::ExchangeReceiverExec;
-use crate::sender::{Outlet, SendMetrics, transport_err};
+use crate::sender::{Outlet, SendMetrics};
 use crate::task::{AbortOnDrop, run_detached};
 use arrow::array::{RecordBatch, UInt32Array};
 use arrow::buffer::NullBuffer;
@@ -46,7 +46,7 @@ use gyre_join::neo::{
     Sizes, Solved, assign, open_shop,
 };
 use gyre_join::{KeyDomain, Keys};
-use gyre_transport::{NodeId, SendEndpoint, SendSpec, To, node_name};
+use gyre_transport::{NodeId, SendEndpoint, To, node_name};
 use parking_lot::Mutex;
 use std::sync::Arc;
 use std::time::Duration;
@@ -74,17 +74,7 @@ pub(super) fn execute(
         );
     }
     // The data endpoints first: whatever fails later fails them, so no join waits.
-    let open = |exchange: u32| {
-        qc.transport
-            .open_send(SendSpec {
-                query: qc.query_id,
-                exchange,
-                from: partition as u32,
-                destinations: qc.workers.clone(),
-                groups: vec![],
-            })
-            .map_err(transport_err)
-    };
+    let open = |exchange: u32| qc.open_send(exchange, partition, qc.workers.clone());
     let build_ep = open(first + BUILD_EXCHANGE)?;
     let probe_ep = open(first + PROBE_EXCHANGE)?;
 

@@ -14,7 +14,7 @@ use super::keys::KeyFilter;
 use crate::context::QueryContext;
 use crate::sender::transport_err;
 use datafusion::common::{HashSet, Result, internal_datafusion_err};
-use gyre_transport::{ReceiveSpec, SendSpec, To};
+use gyre_transport::{ReceiveSpec, To};
 use std::sync::Arc;
 
 /// Tag of a message that carries key hashes.
@@ -34,16 +34,7 @@ pub async fn ship(
     partition: usize,
     filter: &KeyFilter,
 ) -> Result<()> {
-    let ep = qc
-        .transport
-        .open_send(SendSpec {
-            query: qc.query_id,
-            exchange,
-            from: partition as u32,
-            destinations: qc.workers.clone(),
-            groups: vec![],
-        })
-        .map_err(transport_err)?;
+    let ep = qc.open_send(exchange, partition, qc.workers.clone())?;
     let per_message = (qc.transport.message_size().saturating_sub(1) / 8).max(1);
     match filter.hashes() {
         None => {
