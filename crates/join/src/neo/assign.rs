@@ -91,6 +91,16 @@ impl Sizes {
         self.build(node, j) + self.probe(node, j)
     }
 
+    /// The bytes of partition `j` on `node` that a broadcast placement sends to every
+    /// other node (its side's; none for a placement on a node).
+    pub fn broadcast(&self, placement: Placement, node: usize, j: usize) -> u64 {
+        match placement {
+            Placement::BroadcastBuild => self.build(node, j),
+            Placement::BroadcastProbe => self.probe(node, j),
+            Placement::Node(_) => 0,
+        }
+    }
+
     /// Bytes on all nodes.
     pub fn total(&self) -> u64 {
         self.build.iter().chain(&self.probe).sum()
@@ -210,11 +220,7 @@ impl Assignment {
                     }
                     Placement::Node(_) => {}
                     Placement::BroadcastBuild | Placement::BroadcastProbe => {
-                        let bytes = if placement == Placement::BroadcastBuild {
-                            sizes.build(from, j)
-                        } else {
-                            sizes.probe(from, j)
-                        };
+                        let bytes = sizes.broadcast(placement, from, j);
                         for (to, cell) in row.iter_mut().enumerate() {
                             if to != from {
                                 *cell += bytes;
@@ -280,16 +286,11 @@ impl CostSums {
                 }
             }
             Placement::BroadcastBuild | Placement::BroadcastProbe => {
-                let side = |i| {
-                    if placement == Placement::BroadcastBuild {
-                        sizes.build(i, j)
-                    } else {
-                        sizes.probe(i, j)
-                    }
-                };
-                let all: i128 = (0..n).map(|i| side(i) as i128).sum();
+                let all: i128 = (0..n)
+                    .map(|i| sizes.broadcast(placement, i, j) as i128)
+                    .sum();
                 for i in 0..n {
-                    let own = side(i) as i128;
+                    let own = sizes.broadcast(placement, i, j) as i128;
                     self.send[i] += (n as i128 - 1) * own * sign;
                     self.receive[i] += (all - own) * sign;
                 }
@@ -437,12 +438,7 @@ pub fn greedy(sizes: &Sizes, broadcast: Broadcastable, deadline: Instant) -> Ass
             let mut best = (total - sizes.both(owner, j), Placement::Node(owner as u32));
             for placement in [Placement::BroadcastBuild, Placement::BroadcastProbe] {
                 if broadcast.allows(placement) {
-                    let side: u64 = (0..n)
-                        .map(|i| match placement {
-                            Placement::BroadcastBuild => sizes.build(i, j),
-                            _ => sizes.probe(i, j),
-                        })
-                        .sum();
+                    let side: u64 = (0..n).map(|i| sizes.broadcast(placement, i, j)).sum();
                     let moved = side * (n as u64 - 1);
                     if moved < best.0 {
                         best = (moved, placement);
@@ -515,7 +511,7 @@ mod milp {
     //! OPT-ASSIGN / SEL-BCAST as a mixed-integer program for HiGHS.
 
     use super::{Assignment, Broadcastable, Placement, Sizes};
-    use highs::{HighsModelStatus, HighsSolutionStatus, RowProblem, Sense};
+    use highs::{Col, HighsModelStatus, HighsSolutionStatus, RowProblem, Sense};
     use std::time::Duration;
 
     /// The solver's assignment, whether it is proven optimal, and its gap.
@@ -529,14 +525,7 @@ mod milp {
         // Bytes scaled so that coefficients stay near 1 whatever the input size.
         let scale = (sizes.total() as f64 / n as f64).max(1.0);
         let h = |i: usize, j: usize| sizes.both(i, j) as f64 / scale;
-        let side = |i: usize, j: usize, build: bool| {
-            (if build {
-                sizes.build(i, j)
-            } else {
-                sizes.probe(i, j)
-            }) as f64
-                / scale
-        };
+        let side = |p: Placement, i: usize, j: usize| sizes.broadcast(p, i, j) as f64 / scale;
 
         let mut problem = RowProblem::default();
         let w = problem.add_column(1.0, 0.0..);
@@ -547,18 +536,18 @@ mod milp {
                     .collect()
             })
             .collect();
-        let y: Vec<_> = (0..p)
+        // Per partition, the broadcast columns the join type allows: y_j (build side)
+        // and z_j (probe side).
+        let broadcasts: Vec<Vec<(Col, Placement)>> = (0..p)
             .map(|_| {
-                broadcast
-                    .build
-                    .then(|| problem.add_integer_column(0.0, 0..=1))
-            })
-            .collect();
-        let z: Vec<_> = (0..p)
-            .map(|_| {
-                broadcast
-                    .probe
-                    .then(|| problem.add_integer_column(0.0, 0..=1))
+                [
+                    (broadcast.build, Placement::BroadcastBuild),
+                    (broadcast.probe, Placement::BroadcastProbe),
+                ]
+                .into_iter()
+                .filter(|(allowed, _)| *allowed)
+                .map(|(_, placement)| (problem.add_integer_column(0.0, 0..=1), placement))
+                .collect()
             })
             .collect();
 
@@ -570,11 +559,8 @@ mod milp {
             for j in 0..p {
                 held += h(i, j);
                 row.push((x_i[j], h(i, j)));
-                if let Some(y) = y[j] {
-                    row.push((y, -((n as f64 - 1.0) * side(i, j, true) - h(i, j))));
-                }
-                if let Some(z) = z[j] {
-                    row.push((z, -((n as f64 - 1.0) * side(i, j, false) - h(i, j))));
+                for &(col, placement) in &broadcasts[j] {
+                    row.push((col, -((n as f64 - 1.0) * side(placement, i, j) - h(i, j))));
                 }
             }
             problem.add_row(held.., &row);
@@ -584,22 +570,19 @@ mod milp {
                 let others =
                     |f: &dyn Fn(usize) -> f64| -> f64 { (0..n).filter(|&k| k != i).map(f).sum() };
                 row.push((x_i[j], -others(&|k| h(k, j))));
-                if let Some(y) = y[j] {
-                    row.push((y, -others(&|k| side(k, j, true))));
-                }
-                if let Some(z) = z[j] {
-                    row.push((z, -others(&|k| side(k, j, false))));
+                for &(col, placement) in &broadcasts[j] {
+                    row.push((col, -others(&|k| side(placement, k, j))));
                 }
             }
             problem.add_row(0.0.., &row);
         }
         for j in 0..p {
             let mut row: Vec<_> = (0..n).map(|i| (x[i][j], 1.0)).collect();
-            row.extend(y[j].map(|y| (y, 1.0)));
-            row.extend(z[j].map(|z| (z, 1.0)));
+            row.extend(broadcasts[j].iter().map(|&(col, _)| (col, 1.0)));
             problem.add_row(1.0..=1.0, &row);
         }
 
+        let problem_columns = problem.num_cols();
         let mut model = problem
             .try_optimise(Sense::Minimise)
             .map_err(|e| format!("the solver refused the model: {e:?}"))?;
@@ -621,31 +604,18 @@ mod milp {
             .map_err(|e| format!("solver option threads: {e:?}"))?;
         // The greedy assignment as the first incumbent: whatever the time limit, the
         // solver's answer is at least as good.
-        let mut columns = vec![0.0; 1 + n * p + 2 * p];
-        let costs = start.costs(sizes);
-        columns[0] = costs.max() as f64 / scale;
-        let mut next = 1 + n * p;
-        let mut y_col = vec![None; p];
-        let mut z_col = vec![None; p];
-        for j in 0..p {
-            if y[j].is_some() {
-                y_col[j] = Some(next);
-                next += 1;
-            }
-        }
-        for j in 0..p {
-            if z[j].is_some() {
-                z_col[j] = Some(next);
-                next += 1;
-            }
-        }
-        columns.truncate(next);
+        let column_of = |j: usize, placement: Placement| match placement {
+            Placement::Node(i) => Some(x[i as usize][j]),
+            _ => broadcasts[j]
+                .iter()
+                .find(|(_, p)| *p == placement)
+                .map(|&(col, _)| col),
+        };
+        let mut columns = vec![0.0; problem_columns];
+        columns[w.index()] = start.costs(sizes).max() as f64 / scale;
         for (j, &placement) in start.placements().iter().enumerate() {
-            match placement {
-                Placement::Node(i) => columns[1 + i as usize * p + j] = 1.0,
-                Placement::BroadcastBuild => columns[y_col[j].ok_or("no build broadcast")?] = 1.0,
-                Placement::BroadcastProbe => columns[z_col[j].ok_or("no probe broadcast")?] = 1.0,
-            }
+            let col = column_of(j, placement).ok_or("the start broadcasts a side it may not")?;
+            columns[col.index()] = 1.0;
         }
         model
             .try_set_solution(Some(&columns), None, None, None)
@@ -665,17 +635,15 @@ mod milp {
         let gap = if optimal { 0.0 } else { solved.mip_gap() };
         let values = solved.get_solution();
         let values = values.columns();
+        let chosen = |col: Col| values[col.index()] > 0.5;
         let placements = (0..p)
             .map(|j| {
-                if y_col[j].is_some_and(|c| values[c] > 0.5) {
-                    Ok(Placement::BroadcastBuild)
-                } else if z_col[j].is_some_and(|c| values[c] > 0.5) {
-                    Ok(Placement::BroadcastProbe)
-                } else {
-                    (0..n)
-                        .find(|&i| values[1 + i * p + j] > 0.5)
-                        .map(|i| Placement::Node(i as u32))
-                        .ok_or_else(|| format!("the solver placed partition {j} nowhere"))
+                let on_node = (0..n).find(|&i| chosen(x[i][j]));
+                let broadcast = broadcasts[j].iter().find(|&&(col, _)| chosen(col));
+                match (broadcast, on_node) {
+                    (Some(&(_, placement)), _) => Ok(placement),
+                    (None, Some(i)) => Ok(Placement::Node(i as u32)),
+                    (None, None) => Err(format!("the solver placed partition {j} nowhere")),
                 }
             })
             .collect::<Result<Vec<_>, String>>()?;

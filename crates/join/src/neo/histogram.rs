@@ -119,12 +119,6 @@ impl FineHistogram {
         }
     }
 
-    /// Counts `bytes` in the bucket of one ordered key.
-    pub fn add(&mut self, ordered_key: u64, bytes: u64) {
-        let bucket = self.domain.bucket(ordered_key);
-        self.bytes[bucket] += bytes;
-    }
-
     pub fn bytes(&self) -> &[u64] {
         &self.bytes
     }
@@ -349,7 +343,7 @@ mod tests {
         assert_eq!(map.partitions(), 16);
         let mut histogram = FineHistogram::from_bytes(domain, uniform).unwrap();
         assert!(histogram.per_partition(&map).iter().all(|&b| b == 2560));
-        histogram.add(4095, 1);
+        histogram.add_keys([4095], 1);
         assert_eq!(histogram.per_partition(&map)[15], 2561);
         assert!(FineHistogram::from_bytes(domain, vec![0; 3]).is_err());
         assert!(PartitionMap::adaptive(domain, &[0; 3], 16).is_err());

@@ -42,11 +42,17 @@ pub struct Round {
 /// The largest bytes any node sends or receives: no schedule is shorter.
 /// The diagonal (a node's bytes to itself) is not sent.
 pub fn lower_bound(matrix: &[Vec<u64>]) -> u64 {
+    let (send, receive) = loads(matrix);
+    send.into_iter().chain(receive).max().unwrap_or(0)
+}
+
+/// Bytes each node sends and receives, the diagonal left out.
+fn loads(matrix: &[Vec<u64>]) -> (Vec<u64>, Vec<u64>) {
     let n = matrix.len();
     let cell = |i: usize, k: usize| if i == k { 0 } else { matrix[i][k] };
-    let sends = (0..n).map(|i| (0..n).map(|k| cell(i, k)).sum::<u64>());
-    let receives = (0..n).map(|k| (0..n).map(|i| cell(i, k)).sum::<u64>());
-    sends.chain(receives).max().unwrap_or(0)
+    let send = (0..n).map(|i| (0..n).map(|k| cell(i, k)).sum()).collect();
+    let receive = (0..n).map(|k| (0..n).map(|i| cell(i, k)).sum()).collect();
+    (send, receive)
 }
 
 /// The open-shop schedule of `matrix` (`matrix[from][to]` bytes; the diagonal is
@@ -59,8 +65,7 @@ pub fn open_shop(matrix: &[Vec<u64>]) -> Result<Vec<Round>> {
         ));
     }
     let cells = |i: usize, k: usize| if i == k { 0 } else { matrix[i][k] };
-    let send: Vec<u64> = (0..n).map(|i| (0..n).map(|k| cells(i, k)).sum()).collect();
-    let receive: Vec<u64> = (0..n).map(|k| (0..n).map(|i| cells(i, k)).sum()).collect();
+    let (send, receive) = loads(matrix);
     let alpha = send.iter().chain(&receive).copied().max().unwrap_or(0);
 
     let size = 2 * n;
