@@ -102,12 +102,26 @@ async fn two_worker_cluster() -> (Proc, Proc, Proc, FlightSqlServiceClient<Chann
         panic!("the coordinator at {addr} neither came up nor exited in 10 s");
     }
     let (coordinator, addr, client) = started.expect("coordinator up on a free port");
-    // Start the workers one after the other so they get ids 1 and 2.
+    // Start the workers one after the other, each once the one before registered, so
+    // that they get ids 1 and 2 however slowly a busy machine starts processes.
+    let mut client = client;
     let w1 = gyre(&["worker", "--coordinator", &addr, "--threads", "1"]);
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    registered(&mut client, 1).await;
     let w2 = gyre(&["worker", "--coordinator", &addr, "--threads", "1"]);
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    registered(&mut client, 2).await;
     (coordinator, w1, w2, client)
+}
+
+/// Waits (at most 60 s) until the coordinator counts `n` live workers.
+async fn registered(client: &mut FlightSqlServiceClient<Channel>, n: usize) {
+    for _ in 0..600 {
+        // A coordinator without workers may refuse the query: that is "not yet" too.
+        if run(client, "SELECT worker FROM gyre_workers()").await == Ok(n) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("{n} workers did not register within 60 s");
 }
 
 /// Starts a coordinator and two worker processes (ids 1 and 2), runs `setup`, starts
