@@ -59,6 +59,14 @@ pub struct JoinArgs {
     /// Zipf exponents of the probe keys, separated by commas (0: uniform).
     #[arg(long, default_value = "0")]
     zipf: String,
+    /// Locality of both tables, several separated by commas (0 to 1). Each worker's
+    /// file holds this share of rows whose keys lie in the worker's own range of the
+    /// key domain (the domain cut into as many ranges as workers), the rest drawn from
+    /// all keys, and both tables stay where their files were read: the worker with a
+    /// partition's largest part has x + (1-x)/n of it, the thesis' definition. Without
+    /// it, the build table is hash-placed on the key and the probe keys lie anywhere.
+    #[arg(long)]
+    locality: Option<String>,
     /// Strategies separated by commas: hash (SQL with DataFusion's partitioned hash
     /// join), radix (the same join run by Gyre's radix join kernel), flow (SQL with
     /// Flow-Join: heavy hitters detected on the fly, one global list, selective
@@ -111,6 +119,9 @@ pub struct JoinResult {
     pub build_rows: u64,
     pub probe_rows: u64,
     pub zipf: f64,
+    /// `--locality` of the run's data (`None`: build hash-placed, probe anywhere).
+    #[serde(default)]
+    pub locality: Option<f64>,
     /// The join query's time as its client saw it (hash, flow), or the slowest
     /// worker's elapsed time (cyclo-join).
     pub elapsed_s: f64,
@@ -142,6 +153,10 @@ pub struct JoinBenchReport {
     pub link: String,
     pub cpus: Option<f64>,
     pub runs: Vec<JoinResult>,
+    /// Per configuration and strategy: median time and the paired ratios over the
+    /// configuration's first strategy.
+    #[serde(default)]
+    pub summary: Vec<report::SummaryRow>,
 }
 
 /// Parses `4M`, `16000000`, `1.5G`, `64K` (decimal multipliers).
@@ -192,6 +207,27 @@ impl JoinArgs {
         // repetition to the next: on 8 embedded workers the third of three runs of the
         // same strategy took a median 2.5% more CPU than the first (20 repetitions), a
         // bias a fixed order would give the last strategy.
+        let localities: Vec<Option<f64>> = match &self.locality {
+            None => vec![None],
+            Some(l) => {
+                if let Some(cyclo) = strategies.iter().find(|s| !is_sql_strategy(s)) {
+                    return Err(format!(
+                        "--locality: {cyclo} generates its own data on every worker;                          locality applies to the SQL strategies"
+                    )
+                    .into());
+                }
+                list(l)
+                    .iter()
+                    .map(|x| {
+                        x.parse()
+                            .ok()
+                            .filter(|x: &f64| (0.0..=1.0).contains(x))
+                            .map(Some)
+                            .ok_or_else(|| format!("--locality: '{x}' is not a share from 0 to 1"))
+                    })
+                    .collect::<Result<_, _>>()?
+            }
+        };
         let mut runs = vec![];
         for z in list(&self.zipf) {
             let zipf: f64 = z
@@ -199,19 +235,22 @@ impl JoinArgs {
                 .ok()
                 .filter(|z: &f64| z.is_finite() && *z >= 0.0)
                 .ok_or_else(|| format!("--zipf: '{z}' is not an exponent"))?;
-            for rep in 0..self.repeat.max(1) {
-                for i in 0..strategies.len() {
-                    let strategy = &strategies[(i + rep) % strategies.len()];
-                    runs.push(JoinRun {
-                        run_id: 0,
-                        nodes: vec![],
-                        strategy: strategy.clone(),
-                        build_rows,
-                        probe_rows,
-                        zipf,
-                        seed: self.seed,
-                        threads: self.threads,
-                    });
+            for &locality in &localities {
+                for rep in 0..self.repeat.max(1) {
+                    for i in 0..strategies.len() {
+                        let strategy = &strategies[(i + rep) % strategies.len()];
+                        runs.push(JoinRun {
+                            run_id: 0,
+                            nodes: vec![],
+                            strategy: strategy.clone(),
+                            build_rows,
+                            probe_rows,
+                            zipf,
+                            locality,
+                            seed: self.seed,
+                            threads: self.threads,
+                        });
+                    }
                 }
             }
         }
@@ -254,6 +293,10 @@ pub async fn run(args: JoinArgs) -> Result<(), BoxError> {
                 path.display()
             )
         })?;
+        let report = JoinBenchReport {
+            summary: report::paired_summary(&report.runs),
+            ..report
+        };
         return emit(&JoinArgs { json: None, ..args }, &report);
     }
     let mut results = vec![];
@@ -297,14 +340,19 @@ pub async fn run(args: JoinArgs) -> Result<(), BoxError> {
             args.link.clone()
         },
         cpus: args.cpus.map(|c| c.cpus()),
+        summary: report::paired_summary(&results),
         runs: results,
     };
     emit(&args, &report)
 }
 
 fn label(run: &JoinRun) -> String {
+    let locality = run
+        .locality
+        .map(|x| format!(", locality {x}"))
+        .unwrap_or_default();
     format!(
-        "joining: {} of {} build and {} probe tuples, Zipf {}",
+        "joining: {} of {} build and {} probe tuples, Zipf {}{locality}",
         run.strategy, run.build_rows, run.probe_rows, run.zipf
     )
 }
@@ -334,6 +382,7 @@ fn figures(run: &JoinRun, reply: Response, processes: Processes) -> Result<JoinR
         build_rows,
         probe_rows,
         zipf: run.zipf,
+        locality: None,
         elapsed_s,
         tuples_per_sec: (build_rows + probe_rows) as f64 / elapsed_s.max(1e-9),
         setup_s: Some(max(|w| w.setup_s)),
@@ -388,7 +437,11 @@ async fn loopback(
 }
 
 fn is_sql(run: &JoinRun) -> bool {
-    !run.strategy.starts_with("cyclo-")
+    is_sql_strategy(&run.strategy)
+}
+
+fn is_sql_strategy(strategy: &str) -> bool {
+    !strategy.starts_with("cyclo-")
 }
 
 /// The directory of the SQL strategies' files: the one given, or a temporary one
@@ -464,6 +517,10 @@ async fn emulated(args: &JoinArgs, nodes: usize) -> Result<Vec<JoinResult>, BoxE
     if args.per_node {
         inner.push("--per-node".into());
     }
+    if let Some(l) = &args.locality {
+        inner.push("--locality".into());
+        inner.push(l.clone());
+    }
     if let Some(d) = &args.data {
         inner.push("--data".into());
         inner.push(d.display().to_string());
@@ -483,7 +540,11 @@ fn result_class(r: &JoinResult) -> (String, u64, u64, String) {
         s if s.starts_with("cyclo-") => s.to_string(),
         _ => format!("partitioned on {} workers", r.nodes),
     };
-    (predicate, r.build_rows, r.probe_rows, format!("{}", r.zipf))
+    let data = match r.locality {
+        Some(x) => format!("{} locality {x}", r.zipf),
+        None => format!("{}", r.zipf),
+    };
+    (predicate, r.build_rows, r.probe_rows, data)
 }
 
 fn check_agreement(runs: &[JoinResult]) -> Result<(), BoxError> {

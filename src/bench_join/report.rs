@@ -5,6 +5,7 @@ use super::{JoinArgs, JoinBenchReport, JoinResult};
 use crate::bench_cluster::{BoxError, write_outputs};
 use crate::stats::{median, median_interval, spread};
 use gyre_testbed::LinkRate;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 pub(super) fn emit(args: &JoinArgs, r: &JoinBenchReport) -> Result<(), BoxError> {
@@ -13,10 +14,11 @@ pub(super) fn emit(args: &JoinArgs, r: &JoinBenchReport) -> Result<(), BoxError>
         return Ok(());
     }
     println!(
-        "{:<18} {:>5} {:>5} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8} {:>9} {:>11} {:>7}",
+        "{:<18} {:>5} {:>5} {:>8} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8} {:>9} {:>11} {:>7}",
         "strategy",
         "nodes",
         "zipf",
+        "locality",
         "build",
         "probe",
         "time s",
@@ -29,10 +31,11 @@ pub(super) fn emit(args: &JoinArgs, r: &JoinBenchReport) -> Result<(), BoxError>
     );
     for run in &r.runs {
         println!(
-            "{:<18} {:>5} {:>5} {:>9} {:>9} {:>8.3} {:>8} {:>8} {:>8} {:>9} {:>11.1} {:>7}",
+            "{:<18} {:>5} {:>5} {:>8} {:>9} {:>9} {:>8.3} {:>8} {:>8} {:>8} {:>9} {:>11.1} {:>7}",
             run.strategy,
             run.nodes,
             run.zipf,
+            optional(run.locality, 2),
             run.build_rows,
             run.probe_rows,
             run.elapsed_s,
@@ -82,24 +85,28 @@ pub(super) fn emit(args: &JoinArgs, r: &JoinBenchReport) -> Result<(), BoxError>
             })
             .collect();
         println!(
-            "  {} on {}, Zipf {}: {}",
+            "  {} on {}, Zipf {}{}: {}",
             run.strategy,
             run.nodes,
             run.zipf,
+            run.locality
+                .map(|x| format!(", locality {x}"))
+                .unwrap_or_default(),
             shares.join(", ")
         );
     }
-    let rows = paired_summary(&r.runs);
+    let rows = &r.summary;
     if rows.iter().any(|row| row.runs > 1) {
         println!(
             "\nmedians over the repetitions; time and CPU over the first strategy's in the \
              same repetition: median (its 95% bootstrap interval, from 5 runs) [min-max]:"
         );
         println!(
-            "{:<18} {:>5} {:>5} {:>4} {:>8} {:>7} {:>9} {:>34} {:>34}",
+            "{:<18} {:>5} {:>5} {:>8} {:>4} {:>8} {:>7} {:>9} {:>34} {:>34}",
             "strategy",
             "nodes",
             "zipf",
+            "locality",
             "runs",
             "time s",
             "CPU s",
@@ -114,12 +121,13 @@ pub(super) fn emit(args: &JoinArgs, r: &JoinBenchReport) -> Result<(), BoxError>
             (Some((med, lo, hi)), None) => format!("{med:.3} [{lo:.2}-{hi:.2}]"),
             _ => "-".into(),
         };
-        for row in &rows {
+        for row in rows {
             println!(
-                "{:<18} {:>5} {:>5} {:>4} {:>8.3} {:>7} {:>9} {:>34} {:>34}",
+                "{:<18} {:>5} {:>5} {:>8} {:>4} {:>8.3} {:>7} {:>9} {:>34} {:>34}",
                 row.strategy,
                 row.nodes,
                 row.zipf,
+                optional(row.locality, 2),
                 row.runs,
                 row.time_s,
                 row.cpu_s
@@ -139,16 +147,17 @@ pub(super) fn emit(args: &JoinArgs, r: &JoinBenchReport) -> Result<(), BoxError>
              direction; least busy host - busiest"
         );
         println!(
-            "{:<18} {:>5} {:>5} {:>13} {:>13}",
-            "strategy", "nodes", "zipf", "CPU busy", "link busy"
+            "{:<18} {:>5} {:>5} {:>8} {:>13} {:>13}",
+            "strategy", "nodes", "zipf", "locality", "CPU busy", "link busy"
         );
         let range = |(lo, hi): (f64, f64)| format!("{:.0}-{:.0}%", lo * 100.0, hi * 100.0);
         for b in &busy {
             println!(
-                "{:<18} {:>5} {:>5} {:>13} {:>13}",
+                "{:<18} {:>5} {:>5} {:>8} {:>13} {:>13}",
                 b.strategy,
                 b.nodes,
                 b.zipf,
+                optional(b.locality, 2),
                 b.cpu.map(range).unwrap_or_else(|| "-".into()),
                 range(b.link)
             );
@@ -169,6 +178,7 @@ struct Busy {
     strategy: String,
     nodes: usize,
     zipf: f64,
+    locality: Option<f64>,
     /// Medians over the runs of the least and the busiest host's share of its CPU
     /// quota (`None` without a quota or CPU figures) and of its link rate.
     cpu: Option<(f64, f64)>,
@@ -218,6 +228,7 @@ fn busy_summary(r: &JoinBenchReport) -> Vec<Busy> {
                 strategy: run.strategy.clone(),
                 nodes: run.nodes,
                 zipf: run.zipf,
+                locality: run.locality,
                 cpu: cpu.map(|c| {
                     (
                         med(c.iter().map(|x| x.0).collect()),
@@ -233,36 +244,48 @@ fn busy_summary(r: &JoinBenchReport) -> Vec<Busy> {
         .collect()
 }
 
-/// One strategy on one cluster size and skew, over its repetitions.
-#[derive(Debug, PartialEq)]
-struct SummaryRow {
-    strategy: String,
-    nodes: usize,
-    zipf: f64,
-    runs: usize,
+/// One strategy on one configuration (cluster size, skew, locality), over its
+/// repetitions: the report's `summary`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SummaryRow {
+    pub strategy: String,
+    pub nodes: usize,
+    pub zipf: f64,
+    pub locality: Option<f64>,
+    pub runs: usize,
     /// Medians.
-    time_s: f64,
-    cpu_s: Option<f64>,
-    imbalance: Option<f64>,
-    /// Per repetition: this strategy's time (CPU) over the first strategy's. The
+    pub time_s: f64,
+    pub cpu_s: Option<f64>,
+    pub imbalance: Option<f64>,
+    /// The strategy the ratios are taken over: the configuration's first.
+    pub baseline: String,
+    /// The median of `time_ratios`.
+    pub time_ratio: Option<f64>,
+    /// Per repetition: this strategy's time (CPU) over the baseline's. The
     /// strategies of one repetition run back to back, so each pair shares the
     /// machine's conditions; on a noisy machine these ratios are much steadier than
     /// ratios of medians.
-    time_ratios: Vec<f64>,
-    cpu_ratios: Vec<f64>,
+    pub time_ratios: Vec<f64>,
+    pub cpu_ratios: Vec<f64>,
 }
 
 /// A strategy's runs on one configuration, in the order they ran.
 type StrategyRuns<'a> = (&'a str, Vec<&'a JoinResult>);
 
-/// Runs grouped by configuration (workers, Zipf bits), then by strategy, each in the
-/// order it first ran.
+/// A configuration: workers, Zipf exponent and locality (as bits).
+type Configuration = (usize, u64, Option<u64>);
+
+/// Runs grouped by configuration, then by strategy, each in the order it first ran.
 fn by_configuration<'a>(
     runs: impl Iterator<Item = &'a JoinResult>,
-) -> Vec<((usize, u64), Vec<StrategyRuns<'a>>)> {
-    let mut groups: Vec<((usize, u64), Vec<StrategyRuns>)> = vec![];
+) -> Vec<(Configuration, Vec<StrategyRuns<'a>>)> {
+    let mut groups: Vec<(Configuration, Vec<StrategyRuns>)> = vec![];
     for run in runs {
-        let key = (run.nodes, run.zipf.to_bits());
+        let key = (
+            run.nodes,
+            run.zipf.to_bits(),
+            run.locality.map(f64::to_bits),
+        );
         let at = match groups.iter().position(|g| g.0 == key) {
             Some(i) => i,
             None => {
@@ -279,9 +302,9 @@ fn by_configuration<'a>(
     groups
 }
 
-/// Groups runs by (workers, Zipf) and strategy, in the order they ran; the k-th run of
+/// Groups runs by configuration and strategy, in the order they ran; the k-th run of
 /// a strategy is paired with the k-th run of the group's first strategy.
-fn paired_summary(runs: &[JoinResult]) -> Vec<SummaryRow> {
+pub(super) fn paired_summary(runs: &[JoinResult]) -> Vec<SummaryRow> {
     let groups = by_configuration(runs.iter());
     let mut out = vec![];
     for (_, strategies) in &groups {
@@ -289,18 +312,22 @@ fn paired_summary(runs: &[JoinResult]) -> Vec<SummaryRow> {
         for (strategy, list) in strategies {
             let pairs = || list.iter().zip(base.iter());
             let cpus: Option<Vec<f64>> = list.iter().map(|r| r.cpu_s).collect();
+            let time_ratios: Vec<f64> = pairs()
+                .map(|(r, b)| r.elapsed_s / b.elapsed_s.max(1e-9))
+                .collect();
             out.push(SummaryRow {
                 strategy: strategy.to_string(),
                 nodes: list[0].nodes,
                 zipf: list[0].zipf,
+                locality: list[0].locality,
                 runs: list.len(),
                 time_s: median(&list.iter().map(|r| r.elapsed_s).collect::<Vec<_>>())
                     .unwrap_or(0.0),
                 cpu_s: cpus.as_deref().and_then(median),
                 imbalance: median(&list.iter().filter_map(|r| r.imbalance).collect::<Vec<_>>()),
-                time_ratios: pairs()
-                    .map(|(r, b)| r.elapsed_s / b.elapsed_s.max(1e-9))
-                    .collect(),
+                baseline: strategies[0].0.to_string(),
+                time_ratio: median(&time_ratios),
+                time_ratios,
                 cpu_ratios: pairs()
                     .filter_map(|(r, b)| Some(r.cpu_s? / b.cpu_s?.max(1e-9)))
                     .collect(),
@@ -310,31 +337,51 @@ fn paired_summary(runs: &[JoinResult]) -> Vec<SummaryRow> {
     out
 }
 
-/// Time per strategy over the Zipf exponent, or over the workers when several
-/// cluster sizes ran; one polyline (through the medians of repeated runs) per
-/// strategy, setup/join/sync in the JSON.
+/// Time per strategy over the locality when several ran (one line per strategy and
+/// Zipf exponent), else over the workers when several cluster sizes ran, else over the
+/// Zipf exponent; each polyline goes through the medians of repeated runs,
+/// setup/join/sync are in the JSON.
 fn plot_svg(r: &JoinBenchReport) -> String {
-    let by_nodes = r
-        .runs
-        .iter()
-        .map(|x| x.nodes)
-        .collect::<std::collections::BTreeSet<_>>()
-        .len()
-        > 1;
-    let x_of = |x: &JoinResult| if by_nodes { x.nodes as f64 } else { x.zipf };
-    let mut series: BTreeMap<&str, Vec<(f64, f64)>> = BTreeMap::new();
+    let distinct = |f: fn(&JoinResult) -> u64| {
+        r.runs
+            .iter()
+            .map(f)
+            .collect::<std::collections::BTreeSet<_>>()
+            .len()
+            > 1
+    };
+    let by_locality = distinct(|x| x.locality.map_or(u64::MAX, f64::to_bits));
+    let by_nodes = !by_locality && distinct(|x| x.nodes as u64);
+    let several_zipf = distinct(|x| x.zipf.to_bits());
+    let x_of = |x: &JoinResult| match (by_locality, by_nodes) {
+        (true, _) => x.locality.unwrap_or(0.0),
+        (false, true) => x.nodes as f64,
+        _ => x.zipf,
+    };
+    let mut series: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
     for run in &r.runs {
+        let name = match by_locality && several_zipf {
+            true => format!("{} (Zipf {})", run.strategy, run.zipf),
+            false => run.strategy.clone(),
+        };
         series
-            .entry(run.strategy.as_str())
+            .entry(name)
             .or_default()
             .push((x_of(run), run.elapsed_s));
     }
-    let x_label = if by_nodes { "workers" } else { "Zipf exponent" };
+    let x_label = match (by_locality, by_nodes) {
+        (true, _) => "locality",
+        (false, true) => "workers",
+        _ => "Zipf exponent",
+    };
     crate::plot::lines(
         &format!("gyre bench join ({} links): time over {x_label}", r.link),
         x_label,
         "s",
-        &series.into_iter().collect::<Vec<_>>(),
+        &series
+            .iter()
+            .map(|(name, points)| (name.as_str(), points.clone()))
+            .collect::<Vec<_>>(),
     )
 }
 
@@ -350,6 +397,7 @@ mod tests {
             build_rows: 10,
             probe_rows: 100,
             zipf,
+            locality: None,
             elapsed_s,
             tuples_per_sec: 110.0 / elapsed_s,
             setup_s: None,
@@ -436,6 +484,7 @@ mod tests {
             link: link.into(),
             cpus,
             runs: vec![a.clone(), b.clone()],
+            summary: vec![],
         };
         let busy = busy_summary(&report("1gbit", Some(0.5)));
         assert_eq!(busy.len(), 1);

@@ -26,6 +26,7 @@ use arrow::datatypes::{
     DataType, Field, Float64Type, Int64Type, Schema, SchemaRef, UInt32Type, UInt64Type,
 };
 use datafusion::parquet::arrow::ArrowWriter;
+use datafusion::parquet::file::properties::WriterProperties;
 use gyre_cluster::protocol::{JoinFigures, JoinRun};
 use gyre_join::Zipf;
 use rand::rngs::SmallRng;
@@ -58,6 +59,7 @@ struct Workload {
     build_rows: u64,
     probe_rows: u64,
     zipf: f64,
+    locality: Option<f64>,
     seed: u64,
 }
 
@@ -67,6 +69,7 @@ impl Workload {
             build_rows: run.build_rows,
             probe_rows: run.probe_rows,
             zipf: run.zipf,
+            locality: run.locality,
             seed: run.seed,
         }
     }
@@ -201,6 +204,7 @@ impl<'a> SqlJoins<'a> {
             build_rows: workload.build_rows,
             probe_rows: workload.probe_rows,
             zipf: workload.zipf,
+            locality: workload.locality,
             elapsed_s,
             tuples_per_sec: (workload.build_rows + workload.probe_rows) as f64
                 / elapsed_s.max(1e-9),
@@ -223,16 +227,20 @@ impl<'a> SqlJoins<'a> {
         self.plans_checked.clear();
         self.sql("DROP TABLE IF EXISTS bench_build; DROP TABLE IF EXISTS bench_probe")
             .await?;
+        let locality = w.locality.map(|x| format!("-l{x}")).unwrap_or_default();
         let dir = self.dir.join(format!(
-            "z{}-b{}-p{}-s{}",
+            "z{}-b{}-p{}-s{}{locality}",
             w.zipf, w.build_rows, w.probe_rows, w.seed
         ));
         let started = Instant::now();
         eprintln!(
-            "writing {} build and {} probe rows (Zipf {}) to {}...",
+            "writing {} build and {} probe rows (Zipf {}{}) to {}...",
             w.build_rows,
             w.probe_rows,
             w.zipf,
+            w.locality
+                .map(|x| format!(", locality {x}"))
+                .unwrap_or_default(),
             dir.display()
         );
         let (nodes, w2, d2) = (self.nodes, w.clone(), dir.clone());
@@ -241,9 +249,14 @@ impl<'a> SqlJoins<'a> {
         })
         .await??;
         eprintln!("loading them into the cluster...");
+        // With locality both tables stay where their files were read; without, the
+        // build table is placed by the hash of its key, so only the probe side moves.
+        let build_placement = match w.locality {
+            Some(_) => "",
+            None => " OPTIONS ('gyre.partition_by' 'k')",
+        };
         self.sql(&format!(
-            "CREATE EXTERNAL TABLE bench_build STORED AS PARQUET LOCATION '{}/build/' \
-             OPTIONS ('gyre.partition_by' 'k'); \
+            "CREATE EXTERNAL TABLE bench_build STORED AS PARQUET LOCATION '{}/build/'{build_placement}; \
              CREATE EXTERNAL TABLE bench_probe STORED AS PARQUET LOCATION '{}/probe/'",
             dir.display(),
             dir.display()
@@ -363,10 +376,11 @@ fn schema() -> SchemaRef {
 }
 
 /// Writes `dir/build/part-i.parquet` and `dir/probe/part-i.parquet` for each of the
-/// `nodes` slices: slice `i` of the build side holds key numbers `i * b ..` (`b` the
-/// rows per slice, the payload is the key number); slice `i` of the probe side draws
-/// its key numbers from a generator seeded by `(seed, i)`, its payload is its global
-/// row number.
+/// `nodes` slices. Without locality, slice `i` of the build side holds key numbers
+/// `i * b ..` (`b` the rows per slice, the payload is the key number) and slice `i` of
+/// the probe side draws its key numbers from a generator seeded by `(seed, i)`, its
+/// payload its global row number. With locality `x`, see [`build_slices`] and
+/// [`ProbeDraw`].
 fn write_workload(dir: &Path, nodes: usize, w: &Workload) -> Result<(), BoxError> {
     let share = |total: u64, i: usize| {
         let (q, r) = (total / nodes as u64, total % nodes as u64);
@@ -377,26 +391,126 @@ fn write_workload(dir: &Path, nodes: usize, w: &Workload) -> Result<(), BoxError
     for side in ["build", "probe"] {
         std::fs::create_dir_all(dir.join(side))?;
     }
+    let homes = w.locality.map(|_| homes(w.build_rows, nodes));
+    let slices = match (&homes, w.locality) {
+        (Some(h), Some(x)) => Some(build_slices(h, x, w.seed, |i| {
+            let r = share(w.build_rows, i);
+            (r.end - r.start) as usize
+        })),
+        _ => None,
+    };
     for i in 0..nodes {
-        write_file(
-            &dir.join(format!("build/part-{i}.parquet")),
-            share(w.build_rows, i),
-            |n| (key_of(n), n as i64),
-        )?;
+        let build = dir.join(format!("build/part-{i}.parquet"));
+        match &slices {
+            Some(slices) => {
+                let slice = &slices[i];
+                write_file(&build, 0..slice.len() as u64, |j| {
+                    let number = slice[j as usize];
+                    (key_of(number), number as i64)
+                })?
+            }
+            None => write_file(&build, share(w.build_rows, i), |n| (key_of(n), n as i64))?,
+        }
+        let draw = ProbeDraw {
+            zipf: zipf.as_ref(),
+            build_rows: w.build_rows,
+            local: homes
+                .as_ref()
+                .zip(w.locality)
+                .map(|(h, x)| (x, h[i].as_slice(), i, nodes)),
+        };
         let mut rng = SmallRng::seed_from_u64(mix64(w.seed ^ mix64(i as u64 + 1)));
         write_file(
             &dir.join(format!("probe/part-{i}.parquet")),
             share(w.probe_rows, i),
-            |n| {
-                let number = match &zipf {
-                    Some(z) => z.sample(&mut rng) - 1,
-                    None => rng.random_range(0..w.build_rows.max(1)),
-                };
-                (key_of(number), n as i64)
-            },
+            |n| (key_of(draw.number(&mut rng)), n as i64),
         )?;
     }
     Ok(())
+}
+
+/// The worker whose range of the key domain holds `key`: the signed domain cut into
+/// `nodes` equal ranges in key order, so that Neo-Join's order-preserving radix
+/// partitions each fall into one range.
+fn home(key: i64, nodes: usize) -> usize {
+    let ordered = (key as u64) ^ (1 << 63);
+    ((ordered as u128 * nodes as u128) >> 64) as usize
+}
+
+/// The build key numbers by the worker whose range holds their key, in number order.
+fn homes(build_rows: u64, nodes: usize) -> Vec<Vec<u64>> {
+    let mut homes = vec![vec![]; nodes];
+    for number in 0..build_rows {
+        homes[home(key_of(number), nodes)].push(number);
+    }
+    homes
+}
+
+/// The build side with locality `x`: slice `i` takes `x` of its `rows(i)` from the
+/// numbers whose key lies in its range (all of them if there are fewer), and the rest
+/// from the numbers left over by every slice, dealt out at random. Every number is in
+/// exactly one slice.
+fn build_slices(
+    homes: &[Vec<u64>],
+    x: f64,
+    seed: u64,
+    rows: impl Fn(usize) -> usize,
+) -> Vec<Vec<u64>> {
+    use rand::seq::SliceRandom;
+    let mut rng = SmallRng::seed_from_u64(mix64(seed ^ 0xB0_11D));
+    let mut slices = vec![];
+    let mut pool = vec![];
+    for (i, home) in homes.iter().enumerate() {
+        let mut home = home.clone();
+        home.shuffle(&mut rng);
+        let local = ((x * rows(i) as f64).round() as usize).min(home.len());
+        pool.extend(home.drain(local..));
+        slices.push(home);
+    }
+    pool.shuffle(&mut rng);
+    let mut pool = pool.into_iter();
+    for (i, slice) in slices.iter_mut().enumerate() {
+        let missing = rows(i).saturating_sub(slice.len());
+        slice.extend(pool.by_ref().take(missing));
+    }
+    slices
+}
+
+/// How one probe slice draws its key numbers: from the build keys, uniformly or by
+/// Zipf; with locality `(x, numbers, i, nodes)`, a share `x` of the draws is taken
+/// from the same distribution restricted to the keys of slice `i`'s range (`numbers`).
+struct ProbeDraw<'a> {
+    zipf: Option<&'a Zipf>,
+    build_rows: u64,
+    local: Option<(f64, &'a [u64], usize, usize)>,
+}
+
+impl ProbeDraw<'_> {
+    fn any(&self, rng: &mut SmallRng) -> u64 {
+        match self.zipf {
+            Some(z) => z.sample(rng) - 1,
+            None => rng.random_range(0..self.build_rows.max(1)),
+        }
+    }
+
+    fn number(&self, rng: &mut SmallRng) -> u64 {
+        let Some((x, numbers, i, nodes)) = self.local else {
+            return self.any(rng);
+        };
+        if numbers.is_empty() || rng.random::<f64>() >= x {
+            return self.any(rng);
+        }
+        if self.zipf.is_some() {
+            // Rejection: each range holds about 1/nodes of the mass, so this ends fast.
+            for _ in 0..256 {
+                let number = self.any(rng);
+                if home(key_of(number), nodes) == i {
+                    return number;
+                }
+            }
+        }
+        numbers[rng.random_range(0..numbers.len())]
+    }
 }
 
 /// One Parquet file of the rows `rows`, each `(key, payload)` from `row`.
@@ -406,7 +520,12 @@ fn write_file(
     mut row: impl FnMut(u64) -> (i64, i64),
 ) -> Result<(), BoxError> {
     let file = std::fs::File::create(path)?;
-    let mut writer = ArrowWriter::try_new(file, schema(), None)?;
+    // Row groups of one batch: the loader cuts files into splits at row-group bounds,
+    // so the workers' shares line up with the files to within one small group.
+    let properties = WriterProperties::builder()
+        .set_max_row_group_row_count(Some(BATCH_ROWS as usize))
+        .build();
+    let mut writer = ArrowWriter::try_new(file, schema(), Some(properties))?;
     let mut at = rows.start;
     while at < rows.end {
         let end = (at + BATCH_ROWS).min(rows.end);
@@ -428,6 +547,84 @@ fn write_file(
 mod tests {
     use super::*;
 
+    /// The rows of `side`'s files, file by file.
+    fn read(dir: &Path, side: &str, files: usize) -> Vec<Vec<(i64, i64)>> {
+        (0..files)
+            .map(|i| {
+                let file =
+                    std::fs::File::open(dir.join(format!("{side}/part-{i}.parquet"))).unwrap();
+                let reader =
+                    datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReader::try_new(
+                        file, 1024,
+                    )
+                    .unwrap();
+                let mut rows = vec![];
+                for b in reader {
+                    let b = b.unwrap();
+                    let (k, p) = (
+                        b.column(0).as_primitive::<Int64Type>(),
+                        b.column(1).as_primitive::<Int64Type>(),
+                    );
+                    rows.extend((0..b.num_rows()).map(|r| (k.value(r), p.value(r))));
+                }
+                rows
+            })
+            .collect()
+    }
+
+    /// With locality x on n workers, each file has exactly its share of rows, every
+    /// build key once, and about x + (1-x)/n of a file's rows have keys in its range.
+    #[test]
+    fn locality_puts_that_share_of_each_files_keys_in_its_own_range() {
+        let dir = tempfile::tempdir().unwrap();
+        for (zipf, x) in [(0.0, 0.75), (1.0, 0.5), (0.0, 0.0), (0.0, 1.0)] {
+            let w = Workload {
+                build_rows: 40_000,
+                probe_rows: 120_001,
+                zipf,
+                locality: Some(x),
+                seed: 3,
+            };
+            let sub = dir.path().join(format!("{zipf}-{x}"));
+            write_workload(&sub, 4, &w).unwrap();
+            let build = read(&sub, "build", 4);
+            let probe = read(&sub, "probe", 4);
+            assert_eq!(build.iter().map(Vec::len).collect::<Vec<_>>(), [10_000; 4]);
+            assert_eq!(
+                probe.iter().map(Vec::len).collect::<Vec<_>>(),
+                [30_001, 30_000, 30_000, 30_000]
+            );
+            let mut numbers: Vec<i64> = build.iter().flatten().map(|r| r.1).collect();
+            numbers.sort_unstable();
+            assert!(
+                numbers.iter().copied().eq(0..40_000),
+                "every build key once"
+            );
+            assert!(build.iter().flatten().all(|r| r.0 == key_of(r.1 as u64)));
+            let keys: std::collections::HashSet<i64> =
+                build.iter().flatten().map(|r| r.0).collect();
+            assert!(probe.iter().flatten().all(|r| keys.contains(&r.0)));
+            for (side, files) in [("build", &build), ("probe", &probe)] {
+                for (i, rows) in files.iter().enumerate() {
+                    let own = rows.iter().filter(|r| home(r.0, 4) == i).count() as f64
+                        / rows.len() as f64;
+                    // Skewed probe keys: the rest is drawn from all keys, whose ranges
+                    // do not hold a quarter each.
+                    let (want, slack) = match (side, zipf > 0.0) {
+                        ("probe", true) => (x, 0.25),
+                        _ => (x + (1.0 - x) / 4.0, 0.02),
+                    };
+                    // A range holds 10,000 +- ~100 build keys: at locality 1 a file
+                    // whose range holds fewer takes the rest from others.
+                    assert!(
+                        own >= want - 0.04 && own <= want + slack,
+                        "{side} file {i}, Zipf {zipf}, locality {x}: {own} of its rows are its own"
+                    );
+                }
+            }
+        }
+    }
+
     /// The slices cover every row once; build keys are unique; probe keys are build
     /// keys, and with skew the first key number is the most frequent.
     #[test]
@@ -437,30 +634,11 @@ mod tests {
             build_rows: 1_000,
             probe_rows: 20_003,
             zipf: 1.25,
+            locality: None,
             seed: 7,
         };
         write_workload(dir.path(), 3, &w).unwrap();
-        let read = |side: &str| {
-            let mut rows = vec![];
-            for i in 0..3 {
-                let file = std::fs::File::open(dir.path().join(format!("{side}/part-{i}.parquet")))
-                    .unwrap();
-                let reader =
-                    datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReader::try_new(
-                        file, 1024,
-                    )
-                    .unwrap();
-                for b in reader {
-                    let b = b.unwrap();
-                    let (k, p) = (
-                        b.column(0).as_primitive::<Int64Type>(),
-                        b.column(1).as_primitive::<Int64Type>(),
-                    );
-                    rows.extend((0..b.num_rows()).map(|r| (k.value(r), p.value(r))));
-                }
-            }
-            rows
-        };
+        let read = |side: &str| read(dir.path(), side, 3).concat();
         let build = read("build");
         let probe = read("probe");
         assert_eq!((build.len(), probe.len()), (1_000, 20_003));

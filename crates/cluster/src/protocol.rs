@@ -380,6 +380,9 @@ pub struct JoinRun {
     pub probe_rows: u64,
     /// Zipf exponent of the probe keys (0: uniform).
     pub zipf: f64,
+    /// Share of each worker's rows whose keys lie in that worker's range of the key
+    /// domain (SQL strategies only); `None`: the build side hash-placed on its key.
+    pub locality: Option<f64>,
     pub seed: u64,
     /// Join threads per worker (0: all cores).
     pub threads: u64,
