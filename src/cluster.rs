@@ -76,6 +76,10 @@ pub struct UpArgs {
     /// Threads per worker (default: the CPU quota rounded up, else 2).
     #[arg(long)]
     threads: Option<usize>,
+    /// A directory the nodes may read and write local files in (repeatable; the hosts
+    /// share this machine's file system). Without one, no local files.
+    #[arg(long = "data-root")]
+    data_roots: Vec<PathBuf>,
     /// Build the network and cgroups only; start no gyre processes.
     #[arg(long)]
     network_only: bool,
@@ -123,6 +127,13 @@ fn up(args: UpArgs) -> Result<(), Box<dyn std::error::Error>> {
     } else {
         let mut g = GyreProcesses::current_exe()?;
         g.worker_threads = args.threads;
+        g.data_roots = args
+            .data_roots
+            .iter()
+            .map(|d| {
+                std::fs::canonicalize(d).map_err(|e| format!("--data-root {}: {e}", d.display()))
+            })
+            .collect::<Result<_, _>>()?;
         Some(g)
     };
     let spec = TestbedSpec {

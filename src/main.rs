@@ -329,6 +329,10 @@ struct SqlInput {
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Table)]
     format: Format,
+    /// After each statement of -c and -f, print how long it took, results fetched
+    /// (`Time: 12.345 ms`, as psql's \timing).
+    #[arg(long)]
+    timing: bool,
 }
 
 impl SqlInput {
@@ -694,8 +698,13 @@ async fn run_input(
     }
     for script in input.scripts()? {
         for stmt in client::split_statements(&script)? {
+            let start = std::time::Instant::now();
             let results = runner.run(&stmt).await?;
+            let elapsed = start.elapsed();
             output::print_results(&results, input.format)?;
+            if input.timing {
+                println!("Time: {:.3} ms", elapsed.as_secs_f64() * 1e3);
+            }
         }
     }
     Ok(())

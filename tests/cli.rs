@@ -56,6 +56,33 @@ fn local_runs_statements_in_order_in_every_format() {
         text.contains("| one |") && text.contains("(1 row)"),
         "{text}"
     );
+
+    // --timing: each statement's answer, then its time, as psql's \timing.
+    let out = gyre()
+        .args([
+            "local",
+            "--workers",
+            "2",
+            "--format",
+            "csv",
+            "--timing",
+            "-c",
+        ])
+        .arg("SELECT 1 AS one; SELECT count(*) AS n FROM generate_series(1, 1000)")
+        .output()
+        .unwrap();
+    let text = stdout_of(out);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 6, "{text}");
+    assert_eq!((lines[0], lines[1]), ("one", "1"));
+    assert_eq!((lines[3], lines[4]), ("n", "1000"));
+    for time in [lines[2], lines[5]] {
+        let ms = time
+            .strip_prefix("Time: ")
+            .and_then(|t| t.strip_suffix(" ms"))
+            .and_then(|t| t.parse::<f64>().ok());
+        assert!(ms.is_some_and(|ms| ms > 0.0), "{text}");
+    }
 }
 
 #[test]
