@@ -77,13 +77,13 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// A coordinator process and two worker processes (ids 1 and 2) of one thread each, and
-/// a Flight SQL client of the coordinator.
+/// A coordinator process and two worker processes (ids 1 and 2), of one thread each,
+/// and a Flight SQL client of the coordinator.
 async fn two_worker_cluster() -> (Proc, Proc, Proc, FlightSqlServiceClient<Channel>) {
-    let mut started = None;
     'attempt: for _ in 0..5 {
         let addr = format!("127.0.0.1:{}", free_port());
         let mut coordinator = gyre(&["coordinator", "--listen", &addr]);
+        let mut client = None;
         for _ in 0..100 {
             if coordinator.0.try_wait().unwrap().is_some() {
                 // It could not bind the port: someone took it meanwhile.
@@ -94,22 +94,62 @@ async fn two_worker_cluster() -> (Proc, Proc, Proc, FlightSqlServiceClient<Chann
                 .connect()
                 .await
             {
-                started = Some((coordinator, addr, FlightSqlServiceClient::new(ch)));
-                break 'attempt;
+                client = Some(FlightSqlServiceClient::new(ch));
+                break;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        panic!("the coordinator at {addr} neither came up nor exited in 10 s");
+        let Some(mut client) = client else {
+            panic!("the coordinator at {addr} neither came up nor exited in 10 s");
+        };
+        // Another test's coordinator may hold the port (ours then exits, perhaps after
+        // the client connected): each worker must get the id a fresh coordinator
+        // gives, and start only once the one before registered.
+        let (w1, id1) = worker_of(&addr).await;
+        if id1 != Some(1) || coordinator.0.try_wait().unwrap().is_some() {
+            continue 'attempt;
+        }
+        registered(&mut client, 1).await;
+        let (w2, id2) = worker_of(&addr).await;
+        if id2 != Some(2) {
+            continue 'attempt;
+        }
+        registered(&mut client, 2).await;
+        return (coordinator, w1, w2, client);
     }
-    let (coordinator, addr, client) = started.expect("coordinator up on a free port");
-    // Start the workers one after the other, each once the one before registered, so
-    // that they get ids 1 and 2 however slowly a busy machine starts processes.
-    let mut client = client;
-    let w1 = gyre(&["worker", "--coordinator", &addr, "--threads", "1"]);
-    registered(&mut client, 1).await;
-    let w2 = gyre(&["worker", "--coordinator", &addr, "--threads", "1"]);
-    registered(&mut client, 2).await;
-    (coordinator, w1, w2, client)
+    panic!("no cluster of a fresh coordinator and two workers in 5 attempts");
+}
+
+/// A worker process of the coordinator at `addr`, and the id it was given (from the
+/// line it prints once registered; `None` if none came within 30 s).
+async fn worker_of(addr: &str) -> (Proc, Option<u32>) {
+    use std::io::BufRead;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gyre"))
+        .args(["worker", "--coordinator", addr, "--threads", "1"])
+        .env("GYRE_SECRET", "failure tests' cluster secret")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start gyre");
+    let stdout = child.stdout.take().expect("piped stdout");
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    // The first line says the id; the rest is read (and dropped) until the end, so
+    // the worker never writes to a closed pipe.
+    std::thread::spawn(move || {
+        let mut lines = std::io::BufReader::new(stdout).lines();
+        let _ = tx.send(lines.next().and_then(|l| l.ok()).unwrap_or_default());
+        for _ in lines {}
+    });
+    let line = tokio::time::timeout(Duration::from_secs(30), rx)
+        .await
+        .ok()
+        .and_then(|l| l.ok())
+        .unwrap_or_default();
+    let id = line
+        .strip_prefix("gyre worker ")
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|id| id.parse().ok());
+    (Proc(child), id)
 }
 
 /// Waits (at most 60 s) until the coordinator counts `n` live workers.
