@@ -24,6 +24,7 @@ pub mod key_hash;
 mod memory;
 pub mod neo_join;
 pub mod network;
+mod prepared;
 pub mod radix_join;
 pub mod receiver;
 pub mod relayed;

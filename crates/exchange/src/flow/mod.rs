@@ -57,7 +57,6 @@ mod owner;
 mod router;
 mod sfr;
 mod shared;
-mod source;
 mod wiring;
 
 use matches::Tracking;

@@ -23,6 +23,7 @@ use super::{
 use crate::RelayedError;
 use crate::context::QueryContext;
 use crate::memory::collect_counted;
+use crate::prepared::PreparedInputExec;
 use crate::receiver::ExchangeReceiverExec;
 use crate::sender::{Outlet, SendMetrics};
 use crate::task::{AbortOnDrop, run_detached};
@@ -35,6 +36,7 @@ use datafusion::execution::TaskContext;
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
 use datafusion::physical_expr::PhysicalExprRef;
 use datafusion::physical_plan::metrics::{Count, MetricBuilder, Time};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     ChildrenPropertiesMode, ExecutionPlan, ExecutionPlanProperties, ReplaceChildrenOptions,
     SendableRecordBatchStream,
@@ -50,6 +52,7 @@ use gyre_transport::{NodeId, SendEndpoint, To, node_name};
 use parking_lot::Mutex;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
 /// Placement codes on the wire (a worker's index otherwise).
@@ -97,17 +100,53 @@ pub(super) fn execute(
         }
     };
 
-    let receiver = |exchange: u32, schema: SchemaRef| -> Arc<dyn ExecutionPlan> {
-        Arc::new(ExchangeReceiverExec::shuffled(exchange, schema, n))
+    // Each input of the local join: the rows other workers send, and the rows this
+    // worker keeps (no encoding, no transport).
+    let (build_kept, build_kept_rx) = mpsc::unbounded_channel();
+    let (probe_kept, probe_kept_rx) = mpsc::unbounded_channel();
+    let input = |exchange: u32,
+                 schema: SchemaRef,
+                 kept: mpsc::UnboundedReceiver<RecordBatch>,
+                 name: &'static str|
+     -> Result<Arc<dyn ExecutionPlan>> {
+        let received = ExchangeReceiverExec::shuffled(exchange, Arc::clone(&schema), n)
+            .execute(partition, Arc::clone(&ctx))?;
+        let kept = UnboundedReceiverStream::new(kept).map(Ok);
+        let both = RecordBatchStreamAdapter::new(schema, futures::stream::select(received, kept));
+        Ok(PreparedInputExec::new(name, Box::pin(both), n))
     };
-    let join = Arc::clone(exec.join()).replace_children(
-        vec![
-            receiver(first + BUILD_EXCHANGE, hj.left().schema()),
-            receiver(first + PROBE_EXCHANGE, hj.right().schema()),
-        ],
-        ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute),
-    )?;
-    let joined = join.execute(partition, Arc::clone(&ctx))?;
+    let inputs = input(
+        first + BUILD_EXCHANGE,
+        hj.left().schema(),
+        build_kept_rx,
+        "build rows",
+    )
+    .and_then(|build| {
+        Ok(vec![
+            build,
+            input(
+                first + PROBE_EXCHANGE,
+                hj.right().schema(),
+                probe_kept_rx,
+                "probe rows",
+            )?,
+        ])
+    });
+    let joined = inputs
+        .and_then(|inputs| {
+            Arc::clone(exec.join()).replace_children(
+                inputs,
+                ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute),
+            )
+        })
+        .and_then(|join| join.execute(partition, Arc::clone(&ctx)));
+    let joined = match joined {
+        Ok(joined) => joined,
+        Err(e) => {
+            fail([&build_ep, &probe_ep], &e);
+            return Err(e);
+        }
+    };
 
     let m = || MetricBuilder::new(&exec.metrics);
     let router = Router {
@@ -138,7 +177,14 @@ pub(super) fn execute(
         let result = async {
             let build = collect_counted(build_input, &reservation).await?;
             let probe = collect_counted(probe_input, &reservation).await?;
-            router.run([build, probe], endpoints, &reservation).await
+            router
+                .run(
+                    [build, probe],
+                    endpoints,
+                    [build_kept, probe_kept],
+                    &reservation,
+                )
+                .await
         }
         .await;
         if let Err(e) = result {
@@ -209,6 +255,7 @@ impl Router {
         &self,
         inputs: [Vec<RecordBatch>; 2],
         endpoints: [&SendEndpoint; 2],
+        kept: [mpsc::UnboundedSender<RecordBatch>; 2],
         reservation: &MemoryReservation,
     ) -> Result<()> {
         let [build, probe] = inputs;
@@ -218,8 +265,9 @@ impl Router {
         ];
         let domain = self.agree_on_domain(&sides).await?;
         let (map, placements) = self.assignment(domain, &sides).await?;
-        for (s, side) in sides.into_iter().enumerate() {
-            self.route(s, side, &map, &placements, endpoints[s]).await?;
+        for (s, (side, kept)) in sides.into_iter().zip(kept).enumerate() {
+            self.route(s, side, &map, &placements, endpoints[s], kept)
+                .await?;
         }
         Ok(())
     }
@@ -454,7 +502,8 @@ impl Router {
         Ok((map, placements))
     }
 
-    /// Route: each row of side `s` to where its partition is joined.
+    /// Route: each row of side `s` to where its partition is joined; the rows joined
+    /// here go to `kept`, which is dropped (the join's input ends) with the side.
     async fn route(
         &self,
         s: usize,
@@ -462,6 +511,7 @@ impl Router {
         map: &PartitionMap,
         placements: &[Placement],
         ep: &SendEndpoint,
+        kept: mpsc::UnboundedSender<RecordBatch>,
     ) -> Result<()> {
         let n = self.qc.workers.len();
         let me = self.partition;
@@ -470,8 +520,8 @@ impl Router {
         } else {
             Placement::BroadcastProbe
         };
-        // One outlet per worker: each stream is one Arrow IPC stream, so broadcast
-        // rows go through every worker's outlet too.
+        // One outlet per worker (this one's stays empty): each stream is one Arrow IPC
+        // stream, so broadcast rows go through every other worker's outlet too.
         let mut outlets = self
             .qc
             .workers
@@ -507,10 +557,19 @@ impl Router {
                     false => take_record_batch(&batch, &UInt32Array::from(std::mem::take(list)))?,
                 };
                 list.clear();
+                let keep = |part: RecordBatch| {
+                    kept.send(part)
+                        .map_err(|_| internal_datafusion_err!("a Neo-Join's local join is gone"))
+                };
                 if to == n {
-                    for outlet in &mut outlets {
-                        outlet.push(ep, part.clone(), &self.metrics.send).await?;
+                    for (w, outlet) in outlets.iter_mut().enumerate() {
+                        if w != me {
+                            outlet.push(ep, part.clone(), &self.metrics.send).await?;
+                        }
                     }
+                    keep(part)?;
+                } else if to == me {
+                    keep(part)?;
                 } else {
                     outlets[to].push(ep, part, &self.metrics.send).await?;
                 }

@@ -1,4 +1,5 @@
-//! A leaf that feeds a join one stream prepared by the Flow-Join operator.
+//! A leaf that feeds a join one stream prepared by a network operator (Flow-Join,
+//! Neo-Join).
 
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{Result, internal_err};
@@ -14,16 +15,16 @@ use std::fmt;
 use std::sync::Arc;
 
 /// Hands its stream, once, to whichever partition is executed: the hash joins a
-/// Flow-Join builds at run time execute only their own worker's partition, but
-/// DataFusion checks that both inputs have the join's partition count.
-pub(super) struct PreparedInputExec {
+/// network operator builds at run time execute only their own worker's partition,
+/// but DataFusion checks that both inputs have the join's partition count.
+pub(crate) struct PreparedInputExec {
     name: &'static str,
     props: Arc<PlanProperties>,
     stream: Mutex<Option<SendableRecordBatchStream>>,
 }
 
 impl PreparedInputExec {
-    pub(super) fn new(
+    pub(crate) fn new(
         name: &'static str,
         stream: SendableRecordBatchStream,
         partitions: usize,
@@ -92,7 +93,7 @@ impl ExecutionPlan for PreparedInputExec {
     fn execute(&self, _: usize, _: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
         match self.stream.lock().take() {
             Some(s) => Ok(s),
-            None => internal_err!("the {} input of a Flow-Join was read twice", self.name),
+            None => internal_err!("the {} input of a join was read twice", self.name),
         }
     }
 }
