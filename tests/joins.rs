@@ -619,7 +619,8 @@ async fn radix_join_kernel_answers_every_join_type_like_datafusion() {
 /// `SET gyre.join_strategy = neo` at sizes where the assignment has work to do: every
 /// join type, filters, NULL keys, a heavy key (a fifth of one input) and date keys,
 /// each answer DataFusion's. The plan shows the assignment; the heavy key's partition
-/// is broadcast by its small side where the join type allows it.
+/// is broadcast by its small side where the join type allows it. Plain radix
+/// partitioning without broadcast, greedily assigned, answers the same.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn neo_join_answers_every_join_type_like_datafusion() {
     let setup = "
@@ -663,17 +664,21 @@ async fn neo_join_answers_every_join_type_like_datafusion() {
     // A full join may broadcast neither side.
     let full = explain(EVERY_JOIN_TYPE[3]).await;
     assert!(
-        full.contains("NeoJoinExec: target_partitions=64, broadcast=none"),
+        full.contains("NeoJoinExec: target_partitions=64, partitioning=adaptive, broadcast=none"),
         "{full}"
     );
     // The session's settings reach the workers' Neo-Joins.
     c.sql("SET gyre.neo_partitions = 16").await.unwrap();
     c.sql("SET gyre.neo_solver_ms = 0").await.unwrap();
     c.sql("SET gyre.neo_broadcast = off").await.unwrap();
-    assert_eq!(differs(c, &reference, EVERY_JOIN_TYPE[0]).await, None);
+    c.sql("SET gyre.neo_adaptive = off").await.unwrap();
+    for q in EVERY_JOIN_TYPE {
+        assert_eq!(differs(c, &reference, q).await, None, "{q}");
+    }
     let greedy = explain(EVERY_JOIN_TYPE[0]).await;
     assert!(
-        greedy.contains("target_partitions=16, broadcast=none")
+        greedy.contains("target_partitions=16, partitioning=radix, broadcast=none")
+            && greedy.contains("partitions=16, assignment=")
             && greedy.contains("assignment=greedy (the solver is off)")
             && greedy.contains("broadcast_partitions=0"),
         "{greedy}"

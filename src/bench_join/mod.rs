@@ -72,7 +72,8 @@ pub struct JoinArgs {
     /// Flow-Join: heavy hitters detected on the fly, one global list, selective
     /// broadcast), flow-fetch (Flow-Join fetching on demand: each
     /// worker's own heavy hitters, their build rows fetched), neo (Neo-Join: both inputs
-    /// placed by a locality-aware assignment), cyclo-hash, cyclo-sort-merge,
+    /// placed by a locality-aware assignment), neo-radix (Neo-Join with plain radix
+    /// partitioning and no selective broadcast, the thesis' baseline for skew), cyclo-hash, cyclo-sort-merge,
     /// cyclo-band:C, cyclo-lt|le|gt|ge, cyclo-nl-band:C, cyclo-theta:M:K (cyclo-join on
     /// the Data Roundabout with that local algorithm).
     #[arg(long, default_value = "hash,flow")]
@@ -106,6 +107,11 @@ pub struct JoinArgs {
     /// removed afterwards). With --connect, every worker must read it at this path.
     #[arg(long)]
     data: Option<PathBuf>,
+    /// Key number i is key i, so that the heaviest Zipf keys are the smallest and
+    /// share a key range (the ordered keys of the thesis' skew experiment; SQL
+    /// strategies, without --locality). By default keys are spread over the domain.
+    #[arg(long)]
+    ordered_keys: bool,
     /// Run nothing: print the tables (and write --plot) of a report saved with --json.
     #[arg(long, value_name = "JSON")]
     from: Option<PathBuf>,
@@ -228,6 +234,20 @@ impl JoinArgs {
                     .collect::<Result<_, _>>()?
             }
         };
+        if self.ordered_keys {
+            if self.locality.is_some() {
+                return Err("--ordered-keys: key ranges are then not the workers' own: \
+                            leave out --locality"
+                    .into());
+            }
+            if let Some(cyclo) = strategies.iter().find(|s| !is_sql_strategy(s)) {
+                return Err(format!(
+                    "--ordered-keys: {cyclo} generates its own data on every worker; \
+                     ordered keys apply to the SQL strategies"
+                )
+                .into());
+            }
+        }
         let mut runs = vec![];
         for z in list(&self.zipf) {
             let zipf: f64 = z
@@ -247,6 +267,7 @@ impl JoinArgs {
                             probe_rows,
                             zipf,
                             locality,
+                            ordered_keys: self.ordered_keys,
                             seed: self.seed,
                             threads: self.threads,
                         });
@@ -273,10 +294,10 @@ fn check_strategy(strategy: &str) -> Result<(), BoxError> {
         Some(algorithm) => {
             gyre_join::cyclo::parse_algorithm(algorithm).map_err(|e| format!("--strategy: {e}"))?;
         }
-        None if sql::STRATEGIES.iter().any(|(name, ..)| *name == strategy) => {}
+        None if sql::STRATEGIES.iter().any(|s| s.name == strategy) => {}
         None => {
             return Err(format!(
-                "--strategy: '{strategy}' is not hash, radix, flow, flow-fetch, neo or cyclo-ALGORITHM"
+                "--strategy: '{strategy}' is not hash, radix, flow, flow-fetch, neo, neo-radix or cyclo-ALGORITHM"
             )
             .into());
         }
@@ -516,6 +537,9 @@ async fn emulated(args: &JoinArgs, nodes: usize) -> Result<Vec<JoinResult>, BoxE
     .collect();
     if args.per_node {
         inner.push("--per-node".into());
+    }
+    if args.ordered_keys {
+        inner.push("--ordered-keys".into());
     }
     if let Some(l) = &args.locality {
         inner.push("--locality".into());

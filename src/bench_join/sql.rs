@@ -36,14 +36,44 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-/// The strategies this path runs, with their `gyre.skew_detection`, `gyre.skew_fetch`,
-/// `gyre.join_kernel` and `gyre.join_strategy` settings.
-pub const STRATEGIES: [(&str, &str, &str, &str, &str); 5] = [
-    ("hash", "off", "off", "hash", "shuffle"),
-    ("flow", "on", "off", "hash", "shuffle"),
-    ("flow-fetch", "on", "on", "hash", "shuffle"),
-    ("radix", "off", "off", "radix", "shuffle"),
-    ("neo", "off", "off", "hash", "neo"),
+/// A strategy this path runs: its name and the session's settings for it.
+pub struct SqlStrategy {
+    pub name: &'static str,
+    /// `gyre.skew_detection`.
+    detection: &'static str,
+    /// `gyre.skew_fetch`.
+    fetch: &'static str,
+    /// `gyre.join_kernel`.
+    kernel: &'static str,
+    /// `gyre.join_strategy`.
+    join: &'static str,
+    /// `gyre.neo_adaptive` and `gyre.neo_broadcast`: Neo-Join's skew handling.
+    neo_skew: &'static str,
+}
+
+const fn strategy(
+    name: &'static str,
+    [detection, fetch, kernel, join, neo_skew]: [&'static str; 5],
+) -> SqlStrategy {
+    SqlStrategy {
+        name,
+        detection,
+        fetch,
+        kernel,
+        join,
+        neo_skew,
+    }
+}
+
+/// The strategies this path runs. `neo-radix` is the thesis' baseline for skew: plain
+/// radix partitioning, no selective broadcast.
+pub const STRATEGIES: [SqlStrategy; 6] = [
+    strategy("hash", ["off", "off", "hash", "shuffle", "on"]),
+    strategy("flow", ["on", "off", "hash", "shuffle", "on"]),
+    strategy("flow-fetch", ["on", "on", "hash", "shuffle", "on"]),
+    strategy("radix", ["off", "off", "radix", "shuffle", "on"]),
+    strategy("neo", ["off", "off", "hash", "neo", "on"]),
+    strategy("neo-radix", ["off", "off", "hash", "neo", "off"]),
 ];
 
 /// The query every run times.
@@ -60,6 +90,7 @@ struct Workload {
     probe_rows: u64,
     zipf: f64,
     locality: Option<f64>,
+    ordered_keys: bool,
     seed: u64,
 }
 
@@ -70,6 +101,7 @@ impl Workload {
             probe_rows: run.probe_rows,
             zipf: run.zipf,
             locality: run.locality,
+            ordered_keys: run.ordered_keys,
             seed: run.seed,
         }
     }
@@ -103,21 +135,30 @@ impl<'a> SqlJoins<'a> {
         }
     }
 
-    /// One run of `run.strategy` (`hash`, `flow`, `flow-fetch` or `radix`), loading its
+    /// One run of `run.strategy` (one of [`STRATEGIES`]), loading its
     /// workload first if another one is loaded.
     pub async fn run(&mut self, run: &JoinRun) -> Result<JoinResult, BoxError> {
-        let (detection, fetch, kernel, strategy) = STRATEGIES
+        let SqlStrategy {
+            detection,
+            fetch,
+            kernel,
+            join: strategy,
+            neo_skew,
+            ..
+        } = STRATEGIES
             .iter()
-            .find(|(name, ..)| *name == run.strategy)
-            .map(|(_, detection, fetch, kernel, strategy)| (*detection, *fetch, *kernel, *strategy))
+            .find(|s| s.name == run.strategy)
             .ok_or_else(|| format!("'{}' is not a SQL join strategy", run.strategy))?;
+        let (detection, fetch, kernel, strategy, neo_skew) =
+            (*detection, *fetch, *kernel, *strategy, *neo_skew);
         let workload = Workload::of(run);
         if self.loaded.as_ref() != Some(&workload) {
             self.load(&workload).await?;
         }
         self.sql(&format!(
             "SET gyre.join_strategy = '{strategy}'; SET gyre.skew_detection = '{detection}'; \
-             SET gyre.skew_fetch = '{fetch}'; SET gyre.join_kernel = '{kernel}'"
+             SET gyre.skew_fetch = '{fetch}'; SET gyre.join_kernel = '{kernel}'; \
+             SET gyre.neo_adaptive = '{neo_skew}'; SET gyre.neo_broadcast = '{neo_skew}'"
         ))
         .await?;
         let flow = detection == "on";
@@ -130,12 +171,14 @@ impl<'a> SqlJoins<'a> {
                 || fetches != (flow && fetch == "on")
                 || plan.contains("RadixJoinExec") != radix
                 || plan.contains("NeoJoinExec") != neo
+                || (neo && plan.contains("partitioning=radix") != (neo_skew == "off"))
             {
                 return Err(format!(
                     "the {} run's plan is not a {}:\n{plan}",
                     run.strategy,
                     match (flow, fetch) {
                         _ if radix => "partitioned join with the radix kernel",
+                        _ if neo && neo_skew == "off" => "Neo-Join with plain radix partitioning",
                         _ if neo => "Neo-Join",
                         (false, _) => "plain partitioned hash join",
                         (true, "on") => "Flow-Join fetching on demand",
@@ -388,6 +431,10 @@ fn write_workload(dir: &Path, nodes: usize, w: &Workload) -> Result<(), BoxError
         start..start + q + u64::from((i as u64) < r)
     };
     let zipf = (w.zipf > 0.0 && w.build_rows > 0).then(|| Zipf::new(w.build_rows, w.zipf));
+    let key = |number: u64| match w.ordered_keys {
+        true => number as i64,
+        false => key_of(number),
+    };
     for side in ["build", "probe"] {
         std::fs::create_dir_all(dir.join(side))?;
     }
@@ -409,7 +456,7 @@ fn write_workload(dir: &Path, nodes: usize, w: &Workload) -> Result<(), BoxError
                     (key_of(number), number as i64)
                 })?
             }
-            None => write_file(&build, share(w.build_rows, i), |n| (key_of(n), n as i64))?,
+            None => write_file(&build, share(w.build_rows, i), |n| (key(n), n as i64))?,
         }
         let draw = ProbeDraw {
             zipf: zipf.as_ref(),
@@ -423,7 +470,7 @@ fn write_workload(dir: &Path, nodes: usize, w: &Workload) -> Result<(), BoxError
         write_file(
             &dir.join(format!("probe/part-{i}.parquet")),
             share(w.probe_rows, i),
-            |n| (key_of(draw.number(&mut rng)), n as i64),
+            |n| (key(draw.number(&mut rng)), n as i64),
         )?;
     }
     Ok(())
@@ -583,6 +630,7 @@ mod tests {
                 probe_rows: 120_001,
                 zipf,
                 locality: Some(x),
+                ordered_keys: false,
                 seed: 3,
             };
             let sub = dir.path().join(format!("{zipf}-{x}"));
@@ -626,31 +674,37 @@ mod tests {
     }
 
     /// The slices cover every row once; build keys are unique; probe keys are build
-    /// keys, and with skew the first key number is the most frequent.
+    /// keys, and with skew the first key number is the most frequent. Ordered keys are
+    /// the key numbers themselves.
     #[test]
     fn the_workload_covers_every_row_and_draws_probe_keys_from_the_build_keys() {
-        let dir = tempfile::tempdir().unwrap();
-        let w = Workload {
-            build_rows: 1_000,
-            probe_rows: 20_003,
-            zipf: 1.25,
-            locality: None,
-            seed: 7,
-        };
-        write_workload(dir.path(), 3, &w).unwrap();
-        let read = |side: &str| read(dir.path(), side, 3).concat();
-        let build = read("build");
-        let probe = read("probe");
-        assert_eq!((build.len(), probe.len()), (1_000, 20_003));
-        let keys: std::collections::HashSet<i64> = build.iter().map(|r| r.0).collect();
-        assert_eq!(keys.len(), 1_000);
-        let mut payloads: Vec<i64> = probe.iter().map(|r| r.1).collect();
-        payloads.sort_unstable();
-        assert!(payloads.iter().copied().eq(0..20_003));
-        assert!(probe.iter().all(|r| keys.contains(&r.0)));
-        let first = probe.iter().filter(|r| r.0 == key_of(0)).count();
-        let second = probe.iter().filter(|r| r.0 == key_of(1)).count();
-        assert!(first > second && first > 20_003 / 10, "{first} {second}");
+        for ordered_keys in [false, true] {
+            let dir = tempfile::tempdir().unwrap();
+            let w = Workload {
+                build_rows: 1_000,
+                probe_rows: 20_003,
+                zipf: 1.25,
+                locality: None,
+                ordered_keys,
+                seed: 7,
+            };
+            write_workload(dir.path(), 3, &w).unwrap();
+            let read = |side: &str| read(dir.path(), side, 3).concat();
+            let build = read("build");
+            let probe = read("probe");
+            assert_eq!((build.len(), probe.len()), (1_000, 20_003));
+            let keys: std::collections::HashSet<i64> = build.iter().map(|r| r.0).collect();
+            assert_eq!(keys.len(), 1_000);
+            assert_eq!(keys == (0..1_000).collect(), ordered_keys);
+            let mut payloads: Vec<i64> = probe.iter().map(|r| r.1).collect();
+            payloads.sort_unstable();
+            assert!(payloads.iter().copied().eq(0..20_003));
+            assert!(probe.iter().all(|r| keys.contains(&r.0)));
+            let key = |n: u64| if ordered_keys { n as i64 } else { key_of(n) };
+            let first = probe.iter().filter(|r| r.0 == key(0)).count();
+            let second = probe.iter().filter(|r| r.0 == key(1)).count();
+            assert!(first > second && first > 20_003 / 10, "{first} {second}");
+        }
     }
 
     #[test]

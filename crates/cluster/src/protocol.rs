@@ -383,6 +383,10 @@ pub struct JoinRun {
     /// Share of each worker's rows whose keys lie in that worker's range of the key
     /// domain (SQL strategies only); `None`: the build side hash-placed on its key.
     pub locality: Option<f64>,
+    /// Key number i is key i (SQL strategies only): the heaviest keys are the smallest,
+    /// as in the thesis' skew experiment; otherwise keys are spread over the domain.
+    #[serde(default)]
+    pub ordered_keys: bool,
     pub seed: u64,
     /// Join threads per worker (0: all cores).
     pub threads: u64,

@@ -113,7 +113,7 @@ pub struct GyreOptions {
     /// `gyre.skew_threshold`, `_first`, `_every`, `_sample`, `_build_preserving`,
     /// `_build_side`, `_sfr` and `_fetch`: how Flow-Join detects and handles heavy keys.
     pub skew: SkewSettings,
-    /// `gyre.neo_partitions`, `_solver_ms` and `_broadcast`: how Neo-Joins partition
+    /// `gyre.neo_partitions`, `_adaptive`, `_solver_ms` and `_broadcast`: how Neo-Joins partition
     /// and assign.
     pub neo: NeoSettings,
     /// `gyre.statement_timeout`: a query still running after this long is canceled on
@@ -143,7 +143,7 @@ impl ConfigExtension for GyreOptions {
 }
 
 /// Every setting with its description, in the order `SHOW ALL` lists them.
-const SETTINGS: [(&str, &str); 18] = [
+const SETTINGS: [(&str, &str); 19] = [
     (
         "compression",
         "Arrow IPC compression of data sent between workers: none, lz4, zstd, or auto \
@@ -229,6 +229,12 @@ const SETTINGS: [(&str, &str); 18] = [
         "How many partitions Neo-Join's adaptive radix partitioning aims for (1 to 65536).",
     ),
     (
+        "neo_adaptive",
+        "on: Neo-Join refines its partitions by the global histogram (adaptive radix \
+         partitioning); off: plain radix partitioning into equal key ranges, the next \
+         power of two of gyre.neo_partitions.",
+    ),
+    (
         "neo_solver_ms",
         "Time limit in milliseconds of Neo-Join's assignment MILP (HiGHS); the best \
          assignment found by then is used. 0: the greedy assignment only.",
@@ -274,6 +280,7 @@ impl GyreOptions {
             "skew_fetch" => on_off(s.fetch),
             "statement_timeout" => duration_text(self.statement_timeout),
             "neo_partitions" => self.neo.partitions.to_string(),
+            "neo_adaptive" => on_off(self.neo.adaptive),
             "neo_solver_ms" => match self.neo.milp {
                 true => self.neo.solver_ms.to_string(),
                 false => "0".to_string(),
@@ -338,6 +345,7 @@ impl ExtensionOptions for GyreOptions {
                 }
             }
             "neo_broadcast" => next.neo.selective_broadcast = parse_on_off(&name, value)?,
+            "neo_adaptive" => next.neo.adaptive = parse_on_off(&name, value)?,
             _ => {
                 let known: Vec<String> =
                     SETTINGS.iter().map(|(k, _)| format!("gyre.{k}")).collect();
@@ -468,8 +476,12 @@ mod tests {
         c.set("gyre.join_kernel", "RADIX").unwrap();
         c.set("gyre.neo_partitions", "16").unwrap();
         c.set("gyre.neo_solver_ms", "0").unwrap();
+        c.set("gyre.neo_adaptive", "off").unwrap();
         let o = GyreOptions::of(&c);
-        assert_eq!((o.neo.partitions, o.neo.milp), (16, false));
+        assert_eq!(
+            (o.neo.partitions, o.neo.milp, o.neo.adaptive),
+            (16, false, false)
+        );
         assert_eq!(o.join_kernel, JoinKernel::Radix);
         assert_eq!(o.join_strategy, JoinStrategy::Shuffle);
         assert_eq!(o.skew.threshold, 0.005);

@@ -58,8 +58,12 @@ const MAX_SOLVER_MS: u32 = 60_000;
 /// How a Neo-Join partitions and assigns.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct NeoSettings {
-    /// Partitions adaptive radix partitioning aims for.
+    /// Partitions adaptive radix partitioning aims for (plain radix partitioning: the
+    /// next power of two).
     pub partitions: u32,
+    /// Adaptive radix partitioning (else plain radix partitioning: equal key ranges,
+    /// the thesis' baseline for skew).
+    pub adaptive: bool,
     /// Fine histogram resolution: `2^fine_bits` buckets over the key range.
     pub fine_bits: u32,
     /// Solve the assignment MILP (else greedy only).
@@ -74,6 +78,7 @@ impl Default for NeoSettings {
     fn default() -> Self {
         Self {
             partitions: 64,
+            adaptive: true,
             fine_bits: 12,
             milp: true,
             solver_ms: 100,
@@ -201,8 +206,13 @@ impl DisplayAs for NeoJoinExec {
     fn fmt_as(&self, _: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
         write!(
             f,
-            "NeoJoinExec: target_partitions={}",
-            self.settings.partitions
+            "NeoJoinExec: target_partitions={}, partitioning={}",
+            self.settings.partitions,
+            if self.settings.adaptive {
+                "adaptive"
+            } else {
+                "radix"
+            }
         )?;
         let b = broadcastable(*self.hash_join().join_type());
         let sides = match (self.settings.selective_broadcast, b.build, b.probe) {

@@ -7,10 +7,12 @@
 //! 2. **Domain**: all workers swap their smallest and largest key (exchange +0), so
 //!    that all use one fine-bucket domain.
 //! 3. **Histogram**: bytes per fine bucket and side, sent to worker 0 (+1).
-//! 4. **Assign** (worker 0): adaptive partitions, the assignment and its schedule;
+//! 4. **Assign** (worker 0): adaptive (or plain radix) partitions, the assignment and its schedule;
 //!    the partition bounds and placements go to every worker (+2).
 //! 5. **Route**: every build row, then every probe row, to the worker that joins its
-//!    partition, or to all for a broadcast side (+3, +4); then end of stream.
+//!    partition, or to all for a broadcast side (+3, +4); then end of stream. Rows
+//!    this worker joins itself skip the transport: they go to its join through a
+//!    channel, as the rows of the other workers arrive through the exchange.
 //!
 //! The join reads its build exchange to the end before its probe exchange, and every
 //! router sends all build rows before any probe row, so no worker waits in a cycle.
@@ -449,8 +451,13 @@ impl Router {
         let global: Vec<u64> = (0..buckets)
             .map(|b| fine.iter().map(|(r, s)| r.bytes()[b] + s.bytes()[b]).sum())
             .collect();
-        let map = PartitionMap::adaptive(domain, &global, self.settings.partitions as usize)
-            .map_err(|e| internal_datafusion_err!("{e}"))?;
+        let map = match self.settings.adaptive {
+            true => PartitionMap::adaptive(domain, &global, self.settings.partitions as usize),
+            false => {
+                PartitionMap::radix(domain, self.settings.partitions.next_power_of_two().ilog2())
+            }
+        }
+        .map_err(|e| internal_datafusion_err!("{e}"))?;
         let mut sizes = Sizes::new(fine.len(), map.partitions())
             .map_err(|e| internal_datafusion_err!("{e}"))?;
         for (i, (build, probe)) in fine.iter().enumerate() {
