@@ -661,6 +661,15 @@ async fn neo_join_answers_every_join_type_like_datafusion() {
         broadcast >= 1,
         "the heavy key's partition is not broadcast: {line}"
     );
+    // A filtered build side prunes the probe rows before they are histogrammed and
+    // routed, by every worker's build keys.
+    let semi = explain(EVERY_JOIN_TYPE[4]).await;
+    assert!(
+        semi.lines().any(|l| l.contains("FilterTargetExec")
+            && l.contains("from every worker on exchange")
+            && !l.contains("rows_pruned=0,")),
+        "no probe rows pruned:\n{semi}"
+    );
     // A full join may broadcast neither side.
     let full = explain(EVERY_JOIN_TYPE[3]).await;
     assert!(

@@ -12,7 +12,9 @@
 //! there (or at a scan) and goes above it. A target that would sit right below its
 //! join prunes nothing the join would not, so none is placed there. Flow-Joins route
 //! their probe rows between workers: their joins get no filter (their inputs' joins
-//! may).
+//! may). A Neo-Join collects its whole build side before its probe side, then routes
+//! both: its probe input gets a target of every worker's build keys (as below), even
+//! right above a scan, since each row it drops is neither histogrammed nor routed.
 //!
 //! Where the probe rows come from another worker stage (an exchange receiver), the
 //! target goes into that stage, on the sender's input, and the rows are pruned before
@@ -41,7 +43,7 @@ use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::{ChildrenPropertiesMode, ExecutionPlan, ReplaceChildrenOptions};
 use gyre_exchange::{
     ExchangeId, ExchangeReceiverExec, ExchangeSenderExec, FilterFrom, FilterSourceExec,
-    FilterTargetExec, Placement, wrapped_join,
+    FilterTargetExec, NeoJoinExec, Placement, wrapped_join,
 };
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -136,7 +138,12 @@ impl Placer {
                 .into_iter()
                 .map(|c| self.rewrite(Arc::clone(c)))
                 .collect::<Result<Vec<_>>>()?;
-            let join = join.replace_children(children, recompute())?;
+            let mut join = join.replace_children(children, recompute())?;
+            if plan.is::<NeoJoinExec>()
+                && let Some(filtered) = self.filter_neo_join(&join)?
+            {
+                join = filtered;
+            }
             return plan.replace_children(vec![join], recompute());
         }
         let children = plan
@@ -151,28 +158,9 @@ impl Placer {
         let Some(hj) = plan.downcast_ref::<HashJoinExec>() else {
             return Ok(plan);
         };
-        if !drops_unmatched_probe_rows(*hj.join_type())
-            || hj.null_equality() != NullEquality::NullEqualsNothing
-            || hj.null_aware
-            || !self.drops_rows(hj.left())
-        {
+        let Some((build, probe)) = self.filter_keys(hj) else {
             return Ok(plan);
-        }
-        let (left, right) = (hj.left().schema(), hj.right().schema());
-        let mut build = Vec::new();
-        let mut probe = Vec::new();
-        for (l, r) in hj.on() {
-            let (Some(l), Some(r)) = (l.downcast_ref::<Column>(), r.downcast_ref::<Column>())
-            else {
-                return Ok(plan);
-            };
-            // Equal types hash alike on both sides.
-            if left.field(l.index()).data_type() != right.field(r.index()).data_type() {
-                return Ok(plan);
-            }
-            build.push(l.index());
-            probe.push(r.index());
-        }
+        };
         let id = self.next_id;
         let (from, ship) = match hj.partition_mode() {
             PartitionMode::CollectLeft => (FilterFrom::Shared, None),
@@ -195,6 +183,68 @@ impl Placer {
         let build_input = FilterSourceExec::try_new(Arc::clone(hj.left()), id, build)?;
         let build_input = Arc::new(build_input.shipped_on(ship));
         plan.replace_children(vec![build_input, probe_input], recompute())
+    }
+
+    /// The build and probe columns of a filter for `hj`, if it drops unmatched probe
+    /// rows, its build side may lack keys, and its keys are plain columns of one type.
+    fn filter_keys(&self, hj: &HashJoinExec) -> Option<(Vec<usize>, Vec<usize>)> {
+        if !drops_unmatched_probe_rows(*hj.join_type())
+            || hj.null_equality() != NullEquality::NullEqualsNothing
+            || hj.null_aware
+            || !self.drops_rows(hj.left())
+        {
+            return None;
+        }
+        let (left, right) = (hj.left().schema(), hj.right().schema());
+        let mut build = Vec::new();
+        let mut probe = Vec::new();
+        for (l, r) in hj.on() {
+            let (l, r) = (l.downcast_ref::<Column>()?, r.downcast_ref::<Column>()?);
+            // Equal types hash alike on both sides.
+            if left.field(l.index()).data_type() != right.field(r.index()).data_type() {
+                return None;
+            }
+            build.push(l.index());
+            probe.push(r.index());
+        }
+        Some((build, probe))
+    }
+
+    /// `join` (a Neo-Join's hash join) with a filter source on its build input, shipped
+    /// to every worker, and a target of all workers' parts on its probe input: any
+    /// worker may join a probe row, so only the union of the build keys can drop it.
+    /// No wait closes a cycle: each worker's build side is collected before its probe
+    /// side, and none needs another worker's rows (the filter is sent by a task of its
+    /// own).
+    fn filter_neo_join(
+        &mut self,
+        join: &Arc<dyn ExecutionPlan>,
+    ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+        let Some(hj) = join.downcast_ref::<HashJoinExec>() else {
+            return Ok(None);
+        };
+        let Some((build, probe)) = self.filter_keys(hj) else {
+            return Ok(None);
+        };
+        let (id, exchange) = (self.next_id, self.next_exchange);
+        let from = FilterFrom::Workers(exchange);
+        let probe_input = match self.place(hj.right(), &probe, id, from)? {
+            Some(placed) => placed,
+            None => Arc::new(FilterTargetExec::try_new(
+                Arc::clone(hj.right()),
+                id,
+                probe,
+                from,
+            )?),
+        };
+        self.next_id += 1;
+        self.next_exchange += 1;
+        let build_input = FilterSourceExec::try_new(Arc::clone(hj.left()), id, build)?;
+        let build_input = Arc::new(build_input.shipped_on(Some(exchange)));
+        Ok(Some(Arc::clone(join).replace_children(
+            vec![build_input, probe_input],
+            recompute(),
+        )?))
     }
 
     /// Whether `plan` may leave out some keys of the tables it reads: whether a filter,
