@@ -57,6 +57,12 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
+/// Below this many bytes on the busiest link of the greedy assignment the solver is
+/// not run: 1 MiB crosses a 1 Gbit/s link in 8 ms, far less than the solver may take
+/// (after run-time filters, TPC-H Q14's and Q19's inputs are kilobytes, and the solver
+/// used its whole 100 ms on them without proving an optimum).
+const SOLVER_MIN_BYTES: u64 = 1 << 20;
+
 /// Placement codes on the wire (a worker's index otherwise).
 const BROADCAST_BUILD: u64 = u64::MAX - 1;
 const BROADCAST_PROBE: u64 = u64::MAX;
@@ -471,6 +477,7 @@ impl Router {
             },
             milp: self.settings.milp,
             time_limit: Duration::from_millis(self.settings.solver_ms as u64),
+            solver_min_bytes: SOLVER_MIN_BYTES,
         };
         // The solver runs up to its time limit: off the runtime's threads.
         let (solved, sizes) =

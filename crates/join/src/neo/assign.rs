@@ -338,6 +338,10 @@ pub struct AssignOptions {
     pub milp: bool,
     /// The solver's time limit; the best solution found by then is used.
     pub time_limit: Duration,
+    /// The greedy assignment only, when its busiest link carries fewer bytes: the
+    /// solver may use its whole time limit on inputs so small that no assignment
+    /// saves that much time.
+    pub solver_min_bytes: u64,
 }
 
 impl Default for AssignOptions {
@@ -346,6 +350,7 @@ impl Default for AssignOptions {
             broadcast: Broadcastable::NONE,
             milp: true,
             time_limit: Duration::from_millis(100),
+            solver_min_bytes: 0,
         }
     }
 }
@@ -390,6 +395,13 @@ pub fn assign(sizes: &Sizes, options: &AssignOptions) -> Solved {
     let greedy_costs = greedy.costs(sizes);
     let (assignment, costs, method) = if !options.milp {
         let reason = "the solver is off".to_string();
+        (greedy, greedy_costs, Method::Greedy { reason })
+    } else if greedy_costs.max() < options.solver_min_bytes {
+        let reason = format!(
+            "busiest link {} B, below the solver's {} B",
+            greedy_costs.max(),
+            options.solver_min_bytes
+        );
         (greedy, greedy_costs, Method::Greedy { reason })
     } else {
         let remaining = options.time_limit.saturating_sub(start.elapsed());

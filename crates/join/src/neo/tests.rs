@@ -151,6 +151,7 @@ fn the_milp_matches_brute_force_on_small_instances() {
             broadcast,
             milp: true,
             time_limit: Duration::from_secs(10),
+            solver_min_bytes: 0,
         };
         let solved = assign(&sizes, &options);
         let optimum = brute_force(&sizes, broadcast);
@@ -306,6 +307,40 @@ fn the_time_limit_returns_the_best_solution_found() {
         "{:?}",
         solved.elapsed
     );
+}
+
+/// Below `solver_min_bytes` on the greedy assignment's busiest link the solver is not
+/// run, and the method says why; at or above it, it is.
+#[test]
+fn small_inputs_skip_the_solver() {
+    let sizes = thesis_example();
+    let greedy = assign(
+        &sizes,
+        &AssignOptions {
+            milp: false,
+            ..AssignOptions::default()
+        },
+    );
+    let busiest = greedy.costs.max();
+    let with_floor = |solver_min_bytes| {
+        assign(
+            &sizes,
+            &AssignOptions {
+                solver_min_bytes,
+                ..AssignOptions::default()
+            },
+        )
+    };
+    let skipped = with_floor(busiest + 1);
+    assert!(
+        matches!(&skipped.method, Method::Greedy { reason } if reason.contains("busiest link")),
+        "{:?}",
+        skipped.method
+    );
+    assert_eq!(skipped.assignment, greedy.assignment);
+    if cfg!(feature = "milp") {
+        assert!(matches!(with_floor(busiest).method, Method::Milp { .. }));
+    }
 }
 
 #[test]
