@@ -84,11 +84,7 @@ pub fn place_runtime_filters(plan: &mut DistributedPlan, options: &GyreOptions) 
             return internal_err!("no stage sends exchange {}", t.exchange);
         };
         let sender = Arc::clone(&stage.plan);
-        let input = Arc::clone(sender.children()[0]);
-        let input = match p.place(&input, &t.columns, t.id, t.from)? {
-            Some(placed) => placed,
-            None => Arc::new(FilterTargetExec::try_new(input, t.id, t.columns, t.from)?),
-        };
+        let input = p.place_or_target(sender.children()[0], t.columns, t.id, t.from)?;
         stage.plan = sender.replace_children(vec![input], recompute())?;
     }
     plan.exchanges = p.next_exchange;
@@ -228,15 +224,7 @@ impl Placer {
         };
         let (id, exchange) = (self.next_id, self.next_exchange);
         let from = FilterFrom::Workers(exchange);
-        let probe_input = match self.place(hj.right(), &probe, id, from)? {
-            Some(placed) => placed,
-            None => Arc::new(FilterTargetExec::try_new(
-                Arc::clone(hj.right()),
-                id,
-                probe,
-                from,
-            )?),
-        };
+        let probe_input = self.place_or_target(hj.right(), probe, id, from)?;
         self.next_id += 1;
         self.next_exchange += 1;
         let build_input = FilterSourceExec::try_new(Arc::clone(hj.left()), id, build)?;
@@ -272,6 +260,26 @@ impl Placer {
         plan.children().into_iter().any(|c| self.drops_rows(c))
     }
 
+    /// `node` with a target of filter `id` placed as deep as [`Self::place`] can, or
+    /// right above it where the columns cannot be followed.
+    fn place_or_target(
+        &mut self,
+        node: &Arc<dyn ExecutionPlan>,
+        columns: Vec<usize>,
+        id: u32,
+        from: FilterFrom,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        match self.place(node, &columns, id, from)? {
+            Some(placed) => Ok(placed),
+            None => Ok(Arc::new(FilterTargetExec::try_new(
+                Arc::clone(node),
+                id,
+                columns,
+                from,
+            )?)),
+        }
+    }
+
     /// `node` with a target of filter `id` placed below it, on the input its `columns`
     /// come from, or (`node` receiving another worker stage's rows) recorded for that
     /// stage; `None` when they cannot be followed into any input.
@@ -302,10 +310,7 @@ impl Placer {
         let Some((child, inner)) = follow(node.as_ref(), columns) else {
             return Ok(None);
         };
-        let placed = match self.place(&child, &inner, id, from)? {
-            Some(deeper) => deeper,
-            None => Arc::new(FilterTargetExec::try_new(child, id, inner, from)?),
-        };
+        let placed = self.place_or_target(&child, inner, id, from)?;
         Ok(Some(
             Arc::clone(node).replace_children(vec![placed], recompute())?,
         ))

@@ -123,31 +123,26 @@ pub(super) fn execute(
         let both = RecordBatchStreamAdapter::new(schema, futures::stream::select(received, kept));
         Ok(PreparedInputExec::new(name, Box::pin(both), n))
     };
-    let inputs = input(
-        first + BUILD_EXCHANGE,
-        hj.left().schema(),
-        build_kept_rx,
-        "build rows",
-    )
-    .and_then(|build| {
-        Ok(vec![
-            build,
-            input(
-                first + PROBE_EXCHANGE,
-                hj.right().schema(),
-                probe_kept_rx,
-                "probe rows",
-            )?,
-        ])
-    });
-    let joined = inputs
-        .and_then(|inputs| {
-            Arc::clone(exec.join()).replace_children(
-                inputs,
+    let joined = (|| {
+        let build = input(
+            first + BUILD_EXCHANGE,
+            hj.left().schema(),
+            build_kept_rx,
+            "build rows",
+        )?;
+        let probe = input(
+            first + PROBE_EXCHANGE,
+            hj.right().schema(),
+            probe_kept_rx,
+            "probe rows",
+        )?;
+        Arc::clone(exec.join())
+            .replace_children(
+                vec![build, probe],
                 ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute),
-            )
-        })
-        .and_then(|join| join.execute(partition, Arc::clone(&ctx)));
+            )?
+            .execute(partition, Arc::clone(&ctx))
+    })();
     let joined = match joined {
         Ok(joined) => joined,
         Err(e) => {
@@ -542,6 +537,10 @@ impl Router {
             .iter()
             .map(|&w: &NodeId| Outlet::of_query(To::Node(w), &self.schemas[s], &self.qc, ep))
             .collect::<Result<Vec<_>>>()?;
+        let keep = |part: RecordBatch| {
+            kept.send(part)
+                .map_err(|_| internal_datafusion_err!("a Neo-Join's local join is gone"))
+        };
         let mut rows: Vec<Vec<u32>> = vec![Vec::new(); n + 1];
         for (batch, (keys, nulls)) in side.batches.into_iter().zip(side.keys) {
             for (row, &key) in keys.iter().enumerate() {
@@ -571,10 +570,6 @@ impl Router {
                     false => take_record_batch(&batch, &UInt32Array::from(std::mem::take(list)))?,
                 };
                 list.clear();
-                let keep = |part: RecordBatch| {
-                    kept.send(part)
-                        .map_err(|_| internal_datafusion_err!("a Neo-Join's local join is gone"))
-                };
                 if to == n {
                     for (w, outlet) in outlets.iter_mut().enumerate() {
                         if w != me {
