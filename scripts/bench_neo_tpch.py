@@ -8,7 +8,8 @@ reads the i-th run of each table's files, so orders and lineitem of one order-ke
 range share a worker and part is clustered by part key (the time-of-creation
 clustering the thesis exploits; lineitem has none on the part key). Then runs the
 queries (default Q12, Q14, Q19) with each `gyre.join_strategy` in turn (default neo,
-shuffle, broadcast), REPEAT rounds, the strategies' order rotating from round to
+shuffle, broadcast; `auto:off` is auto with gyre.neo_min_saving = off, so auto
+without run-time Neo-Joins), REPEAT rounds, the strategies' order rotating from round to
 round. Times are `gyre sql --timing`'s: statement sent to results fetched, through
 Flight SQL from the client host. Every answer is checked against DuckDB's on the same
 files (query texts from DuckDB's tpch extension).
@@ -138,14 +139,18 @@ def main():
         for rnd in range(a.repeat + 1):  # round 0 warms up, unreported
             for i in range(len(strategies)):
                 s = strategies[(i + rnd) % len(strategies)]
-                script = f"SET gyre.join_strategy = '{s}';\n" + ";\n".join(
-                    reference[q][0].rstrip().rstrip(";") for q in queries) + ";"
+                strategy, _, saving = s.partition(":")
+                settings = [f"SET gyre.join_strategy = '{strategy}'"]
+                if saving:
+                    settings.append(f"SET gyre.neo_min_saving = '{saving}'")
+                script = ";\n".join(settings + [
+                    reference[q][0].rstrip().rstrip(";") for q in queries]) + ";"
                 cmd = ["ip", "netns", "exec", f"gyre-{a.name}-c", a.gyre, "sql", "--connect",
                        cluster.addr, "--format", "csv", "--timing", "-c", script]
                 out = subprocess.run(cmd, capture_output=True, text=True)
                 if out.returncode != 0:
                     raise Failure(f"{s}: exit {out.returncode}\n{out.stderr}")
-                parts = split_output(out.stdout)[1:]  # the SET first
+                parts = split_output(out.stdout)[len(settings):]  # the SETs first
                 if len(parts) != len(queries):
                     raise Failure(f"{s}: {len(parts)} timed answers for {len(queries)} queries")
                 for q, (answer, ms) in zip(queries, parts):

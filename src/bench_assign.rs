@@ -217,7 +217,7 @@ pub async fn run(args: AssignArgs) -> Result<(), BoxError> {
                             broadcast,
                             milp: true,
                             time_limit,
-                            solver_min_bytes: 0,
+                            link_rate: None,
                         };
                         let solved = assign(&sizes, &options);
                         milp_ms.push(ms(solved.elapsed));

@@ -693,3 +693,72 @@ async fn neo_join_answers_every_join_type_like_datafusion() {
         "{greedy}"
     );
 }
+
+/// `auto` plans Neo-Joins that choose at run time: where each worker holds whole key
+/// ranges of both inputs (tables created from range-placed ones keep their rows),
+/// the assignment moves almost nothing and is used, and with one such input it still
+/// saves moving that one; where both inputs are spread without regard to the key, it
+/// saves too little and the rows go where a hash shuffle sends them. Both answer as DataFusion does; `gyre.neo_min_saving = off`
+/// plans no Neo-Joins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auto_chooses_neo_join_at_run_time_by_measured_locality() {
+    let setup = "
+        CREATE TABLE lb (k BIGINT, p INT, v INT) PARTITION BY p;
+        INSERT INTO lb SELECT CASE WHEN value % 97 = 0 THEN NULL ELSE value END,
+            value / 25000, value % 100 FROM generate_series(0, 99999) AS t(value);
+        CREATE TABLE rb (k BIGINT, p INT, w INT) PARTITION BY p;
+        INSERT INTO rb SELECT value % 100000, (value % 100000) / 25000, value % 7
+            FROM generate_series(0, 149999) AS t(value);
+        CREATE TABLE l AS SELECT k, v FROM lb;
+        CREATE TABLE r AS SELECT k, w FROM rb;
+        CREATE TABLE s (k BIGINT, w INT) PARTITION BY w;
+        INSERT INTO s SELECT (value * 7919) % 100000, value % 1000
+            FROM generate_series(0, 149999) AS t(value);
+        CREATE TABLE u (k BIGINT, v INT) PARTITION BY v;
+        INSERT INTO u SELECT CASE WHEN value % 97 = 0 THEN NULL ELSE value END, value % 100
+            FROM generate_series(0, 99999) AS t(value)";
+    let (cluster, reference) = start(4, setup).await;
+    let c = &cluster.coordinator;
+    let local = [
+        "SELECT count(*), sum(v), sum(w) FROM l JOIN r ON l.k = r.k",
+        "SELECT count(*), count(w) FROM l LEFT JOIN r ON l.k = r.k",
+        "SELECT count(*), sum(v) FROM l WHERE k NOT IN (SELECT k FROM r WHERE w = 3)",
+    ];
+    let spread = [
+        "SELECT count(*), sum(v), sum(w) FROM u JOIN s ON u.k = s.k",
+        "SELECT count(*), count(v) FROM s FULL JOIN u ON u.k = s.k AND s.w < 500",
+        // One side range-placed, the other spread: the range-placed side stays.
+        "SELECT count(*), sum(v), sum(w) FROM l JOIN s ON l.k = s.k",
+    ];
+    for q in local.iter().chain(&spread) {
+        assert_eq!(differs(c, &reference, q).await, None, "{q}");
+    }
+    let placement = |plan: &str| -> String {
+        let line = plan
+            .lines()
+            .find(|l| l.contains("NeoJoinExec") && l.contains("placement="))
+            .unwrap_or_else(|| panic!("no run-time Neo-Join in:\n{plan}"));
+        line.split("placement=").nth(1).unwrap()[..3].to_string()
+    };
+    let explain = |q: &str| {
+        let sql = format!("EXPLAIN ANALYZE {q}");
+        async move { text(c.sql_one(&sql).await.unwrap()) }
+    };
+    let used = explain(local[0]).await;
+    assert_eq!(placement(&used), "neo", "{used}");
+    assert!(used.contains("min_saving=25%"), "{used}");
+    let hashed = explain(spread[0]).await;
+    assert_eq!(placement(&hashed), "has", "{hashed}");
+    let half = explain(spread[2]).await;
+    assert_eq!(placement(&half), "neo", "{half}");
+    // Demanding more than the assignment can save falls back to hash placement.
+    c.sql("SET gyre.neo_min_saving = 100").await.unwrap();
+    let strict = explain(local[0]).await;
+    assert_eq!(placement(&strict), "has", "{strict}");
+    for q in local.iter().chain(&spread) {
+        assert_eq!(differs(c, &reference, q).await, None, "{q}");
+    }
+    c.sql("SET gyre.neo_min_saving = off").await.unwrap();
+    let off = explain(local[0]).await;
+    assert!(!off.contains("NeoJoinExec"), "{off}");
+}

@@ -1,7 +1,9 @@
 //! Where the planner puts Neo-Joins (`SET gyre.join_strategy = 'neo'`): partitioned
 //! hash joins that shuffle at least one input become [`NeoJoinExec`]s over the
 //! unshuffled inputs, which place both by Neo-Join's assignment instead
-//! (`gyre_exchange::neo_join`). Where a join is safe to rewrite is Flow-Join's rule
+//! (`gyre_exchange::neo_join`). With `auto` (and `gyre.neo_min_saving` not off) the
+//! same joins become Neo-Joins that choose at run time between the assignment and a
+//! hash shuffle. Where a join is safe to rewrite is Flow-Join's rule
 //! (nothing above relies on its hash partitioning or order); the join must have one
 //! integer or date key ([`NeoJoinExec::supports`]). A join whose inputs are both
 //! co-located already moves nothing and stays.
@@ -28,10 +30,15 @@ impl PhysicalOptimizerRule for NeoJoinRule {
         config: &ConfigOptions,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let n = config.execution.target_partitions;
-        if JoinStrategy::of(config) != JoinStrategy::Neo || n < 2 {
+        let mut settings = GyreOptions::of(config).neo;
+        match JoinStrategy::of(config) {
+            JoinStrategy::Neo => settings.min_saving = None,
+            JoinStrategy::Auto if settings.min_saving.is_some() => {}
+            _ => return Ok(plan),
+        }
+        if n < 2 {
             return Ok(plan);
         }
-        let settings = GyreOptions::of(config).neo;
         rewrite_unpinned(plan, false, &|node| neo_join(node, n, settings))
     }
 

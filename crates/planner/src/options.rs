@@ -113,8 +113,8 @@ pub struct GyreOptions {
     /// `gyre.skew_threshold`, `_first`, `_every`, `_sample`, `_build_preserving`,
     /// `_build_side`, `_sfr` and `_fetch`: how Flow-Join detects and handles heavy keys.
     pub skew: SkewSettings,
-    /// `gyre.neo_partitions`, `_adaptive`, `_solver_ms` and `_broadcast`: how Neo-Joins partition
-    /// and assign.
+    /// `gyre.neo_partitions`, `_adaptive`, `_solver_ms`, `_broadcast` and `_min_saving`: how
+    /// Neo-Joins partition and assign, and whether `auto` tries them.
     pub neo: NeoSettings,
     /// `gyre.statement_timeout`: a query still running after this long is canceled on
     /// every node (zero: no limit).
@@ -132,7 +132,10 @@ impl Default for GyreOptions {
             skew_detection: true,
             runtime_filters: true,
             skew: SkewSettings::default(),
-            neo: NeoSettings::default(),
+            neo: NeoSettings {
+                min_saving: DEFAULT_NEO_MIN_SAVING,
+                ..NeoSettings::default()
+            },
             statement_timeout: std::time::Duration::ZERO,
         }
     }
@@ -142,8 +145,12 @@ impl ConfigExtension for GyreOptions {
     const PREFIX: &'static str = "gyre";
 }
 
+/// With `gyre.join_strategy = 'auto'`, the share of hash placement's busiest link a
+/// Neo-Join's assignment must save to be used (`None`: `auto` plans no Neo-Joins).
+pub const DEFAULT_NEO_MIN_SAVING: Option<u32> = Some(25);
+
 /// Every setting with its description, in the order `SHOW ALL` lists them.
-const SETTINGS: [(&str, &str); 19] = [
+const SETTINGS: [(&str, &str); 20] = [
     (
         "compression",
         "Arrow IPC compression of data sent between workers: none, lz4, zstd, or auto \
@@ -244,6 +251,14 @@ const SETTINGS: [(&str, &str); 19] = [
         "on: Neo-Join may broadcast one side of a skewed partition where the join type \
          allows (selective broadcast).",
     ),
+    (
+        "neo_min_saving",
+        "With gyre.join_strategy = auto, shuffled equi-joins on one integer key run as \
+         Neo-Joins that decide at run time, from the measured placement of both inputs: \
+         Neo-Join's assignment where it cuts the busiest link by at least this \
+         percentage against hash placement, else a hash shuffle. 0 to 100, or off: auto \
+         plans no Neo-Joins.",
+    ),
 ];
 
 impl GyreOptions {
@@ -286,6 +301,10 @@ impl GyreOptions {
                 false => "0".to_string(),
             },
             "neo_broadcast" => on_off(self.neo.selective_broadcast),
+            "neo_min_saving" => match self.neo.min_saving {
+                Some(pct) => pct.to_string(),
+                None => "off".to_string(),
+            },
             _ => unreachable!("every key of SETTINGS has a value"),
         }
     }
@@ -346,6 +365,16 @@ impl ExtensionOptions for GyreOptions {
             }
             "neo_broadcast" => next.neo.selective_broadcast = parse_on_off(&name, value)?,
             "neo_adaptive" => next.neo.adaptive = parse_on_off(&name, value)?,
+            "neo_min_saving" => {
+                next.neo.min_saving = match value.trim().eq_ignore_ascii_case("off") {
+                    true => None,
+                    false => Some(parse_count(&name, value, 0, 100).map_err(|_| {
+                        invalid(format!(
+                            "{name} is a percentage from 0 to 100 or off, not '{value}'"
+                        ))
+                    })?),
+                }
+            }
             _ => {
                 let known: Vec<String> =
                     SETTINGS.iter().map(|(k, _)| format!("gyre.{k}")).collect();
@@ -477,10 +506,19 @@ mod tests {
         c.set("gyre.neo_partitions", "16").unwrap();
         c.set("gyre.neo_solver_ms", "0").unwrap();
         c.set("gyre.neo_adaptive", "off").unwrap();
+        assert_eq!(GyreOptions::of(&c).neo.min_saving, DEFAULT_NEO_MIN_SAVING);
+        c.set("gyre.neo_min_saving", "40").unwrap();
+        assert_eq!(GyreOptions::of(&c).neo.min_saving, Some(40));
+        c.set("gyre.neo_min_saving", "OFF").unwrap();
         let o = GyreOptions::of(&c);
         assert_eq!(
-            (o.neo.partitions, o.neo.milp, o.neo.adaptive),
-            (16, false, false)
+            (
+                o.neo.partitions,
+                o.neo.milp,
+                o.neo.adaptive,
+                o.neo.min_saving
+            ),
+            (16, false, false, None)
         );
         assert_eq!(o.join_kernel, JoinKernel::Radix);
         assert_eq!(o.join_strategy, JoinStrategy::Shuffle);
@@ -515,6 +553,7 @@ mod tests {
             ("gyre.skew_sfr", "maybe", "on or off"),
             ("gyre.neo_partitions", "0", "from 1 to 65536"),
             ("gyre.neo_solver_ms", "-1", "gyre.neo_solver_ms"),
+            ("gyre.neo_min_saving", "101", "from 0 to 100 or off"),
             ("gyre.nothing", "1", "gyre.join_strategy"),
         ] {
             let e = c.set(bad, value).unwrap_err().to_string();

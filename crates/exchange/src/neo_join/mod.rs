@@ -7,11 +7,15 @@
 //! hash shuffles with Neo-Join's four phases ([`stream`] holds one worker's run):
 //!
 //! 1. every worker collects both inputs, the workers agree on the key range
-//!    (exchange +0), and each counts bytes per fine MSB-radix bucket and side;
+//!    (exchange +0), and each counts bytes per fine MSB-radix bucket and side, and
+//!    the bytes a hash shuffle would send to each worker;
 //! 2. worker 0 receives the histograms (+1), merges buckets into partitions
 //!    (adaptive radix partitioning), assigns each partition to a worker or broadcasts
 //!    one of its sides (`gyre_join::neo::assign`: the MILP with HiGHS within a time
-//!    limit, else greedy) and sends the assignment to every worker (+2);
+//!    limit, else greedy) and sends the assignment to every worker (+2). Chosen at
+//!    run time (`min_saving`), it sends "hash placement" instead when the assignment
+//!    does not save enough of the busiest link: the rows then go where a hash shuffle
+//!    sends them, and a table already hash-placed on the key stays put;
 //! 3. worker 0 computes the open-shop schedule of the transfers, for EXPLAIN ANALYZE
 //!    (the shuffle itself runs under the transport's schedule);
 //! 4. every worker sends each row where its partition is joined (+3 build, +4
@@ -72,6 +76,11 @@ pub struct NeoSettings {
     pub solver_ms: u32,
     /// Allow selective broadcast where the join type permits it.
     pub selective_broadcast: bool,
+    /// `Some(pct)`: chosen at run time (`gyre.join_strategy = 'auto'`): Neo-Join's
+    /// assignment only where it cuts the busiest link by at least `pct` percent against
+    /// hash placement, as the workers measured it; otherwise every row goes where a hash
+    /// shuffle sends it. `None`: always the assignment.
+    pub min_saving: Option<u32>,
 }
 
 impl Default for NeoSettings {
@@ -83,6 +92,7 @@ impl Default for NeoSettings {
             milp: true,
             solver_ms: 100,
             selective_broadcast: true,
+            min_saving: None,
         }
     }
 }
@@ -136,6 +146,7 @@ impl NeoJoinExec {
             || settings.fine_bits == 0
             || settings.fine_bits > max_bits
             || settings.solver_ms > MAX_SOLVER_MS
+            || settings.min_saving.is_some_and(|pct| pct > 100)
         {
             return plan_err!("Neo-Join settings out of range: {settings:?}");
         }
@@ -222,6 +233,9 @@ impl DisplayAs for NeoJoinExec {
             (true, false, true) => "probe",
         };
         write!(f, ", broadcast={sides}")?;
+        if let Some(pct) = self.settings.min_saving {
+            write!(f, ", min_saving={pct}%")?;
+        }
         if let Some(e) = self.exchange {
             write!(f, ", exchanges={e}..{}", e + EXCHANGES_PER_NEO_JOIN - 1)?;
         }

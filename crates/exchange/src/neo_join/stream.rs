@@ -6,11 +6,14 @@
 //!    every row, as the kernels' ordered 64-bit value.
 //! 2. **Domain**: all workers swap their smallest and largest key (exchange +0), so
 //!    that all use one fine-bucket domain.
-//! 3. **Histogram**: bytes per fine bucket and side, sent to worker 0 (+1).
+//! 3. **Histogram**: bytes per fine bucket and side, and per worker a hash shuffle
+//!    would send them to, sent to worker 0 (+1).
 //! 4. **Assign** (worker 0): adaptive (or plain radix) partitions, the assignment and its schedule;
-//!    the partition bounds and placements go to every worker (+2).
+//!    the partition bounds and placements go to every worker (+2), or, chosen at run
+//!    time, "hash placement" where the assignment saves too little.
 //! 5. **Route**: every build row, then every probe row, to the worker that joins its
-//!    partition, or to all for a broadcast side (+3, +4); then end of stream. Rows
+//!    partition, or to all for a broadcast side (+3, +4), or where a hash shuffle
+//!    sends it; then end of stream. Rows
 //!    this worker joins itself skip the transport: they go to its join through a
 //!    channel, as the rows of the other workers arrive through the exchange.
 //!
@@ -24,6 +27,7 @@ use super::{
 };
 use crate::RelayedError;
 use crate::context::QueryContext;
+use crate::key_hash::hash_keys;
 use crate::memory::collect_counted;
 use crate::prepared::PreparedInputExec;
 use crate::receiver::ExchangeReceiverExec;
@@ -46,8 +50,8 @@ use datafusion::physical_plan::{
 use futures::StreamExt;
 use gyre_join::cyclo::{RingSpec, scatter};
 use gyre_join::neo::{
-    AssignOptions, Assignment, Broadcastable, FineHistogram, PartitionMap, Placement, RadixDomain,
-    Sizes, Solved, assign, open_shop,
+    AssignOptions, Broadcastable, Costs, FineHistogram, Method, PartitionMap, Placement,
+    RadixDomain, Sizes, Solved, assign, open_shop,
 };
 use gyre_join::{KeyDomain, Keys};
 use gyre_transport::{NodeId, SendEndpoint, To, node_name};
@@ -57,15 +61,17 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
-/// Below this many bytes on the busiest link of the greedy assignment the solver is
-/// not run: 1 MiB crosses a 1 Gbit/s link in 8 ms, far less than the solver may take
-/// (after run-time filters, TPC-H Q14's and Q19's inputs are kilobytes, and the solver
-/// used its whole 100 ms on them without proving an optimum).
-const SOLVER_MIN_BYTES: u64 = 1 << 20;
+/// The link rate the solver's time limit assumes (bytes per second, 1 Gbit/s) until
+/// the transport has measured one. After run-time filters, TPC-H Q14's and Q19's
+/// inputs are kilobytes, and the solver used its whole 100 ms on them without proving
+/// an optimum: it now gets a tenth of the greedy assignment's shuffle time.
+const ASSUMED_LINK_RATE: f64 = 125e6;
 
 /// Placement codes on the wire (a worker's index otherwise).
 const BROADCAST_BUILD: u64 = u64::MAX - 1;
 const BROADCAST_PROBE: u64 = u64::MAX;
+/// The whole assignment when the rows go where a hash shuffle sends them.
+const HASH_PLACEMENT: u64 = u64::MAX;
 
 pub(super) fn execute(
     exec: &NeoJoinExec,
@@ -220,6 +226,10 @@ struct Side {
     batches: Vec<RecordBatch>,
     /// Per batch: the ordered key of every row and which are NULL.
     keys: Vec<(Vec<u64>, Option<NullBuffer>)>,
+    /// Per batch: the worker a hash shuffle sends each row to (this one for NULL keys).
+    hash_to: Vec<Vec<u32>>,
+    /// Bytes a hash shuffle sends to each worker (this one's stay).
+    hash_bytes: Vec<u64>,
     row_bytes: u64,
     /// Smallest and largest non-NULL key, if any.
     range: Option<(u64, u64)>,
@@ -267,10 +277,9 @@ impl Router {
             self.side(probe, 1, reservation)?,
         ];
         let domain = self.agree_on_domain(&sides).await?;
-        let (map, placements) = self.assignment(domain, &sides).await?;
+        let routing = self.assignment(domain, &sides).await?;
         for (s, (side, kept)) in sides.into_iter().zip(kept).enumerate() {
-            self.route(s, side, &map, &placements, endpoints[s], kept)
-                .await?;
+            self.route(s, side, &routing, endpoints[s], kept).await?;
         }
         Ok(())
     }
@@ -283,32 +292,48 @@ impl Router {
         s: usize,
         reservation: &MemoryReservation,
     ) -> Result<Side> {
+        let n = self.qc.workers.len();
         let mut keys = Vec::with_capacity(batches.len());
+        let mut hash_to = Vec::with_capacity(batches.len());
+        let mut hash_rows = vec![0u64; n];
+        let mut hashes = Vec::new();
         let (mut bytes, mut rows) = (0u64, 0u64);
         let mut range: Option<(u64, u64)> = None;
         for batch in &batches {
             let array = self.keys[s].evaluate(batch)?.into_array(batch.num_rows())?;
             let k = Keys::from_array(array.as_ref())
                 .map_err(|e| internal_datafusion_err!("Neo-Join key: {e}"))?;
-            reservation.try_grow(batch.num_rows() * 8)?;
+            reservation.try_grow(batch.num_rows() * 12)?;
             let domain: KeyDomain = k.domain();
             let ordered: Vec<u64> = k.values().iter().map(|&v| domain.ordered(v)).collect();
             let nulls = k.nulls().cloned();
-            for (i, &key) in ordered.iter().enumerate() {
+            // DataFusion's hash repartitioning: hash modulo the partitions.
+            hash_keys(std::slice::from_ref(&array), batch.num_rows(), &mut hashes)?;
+            let mut to = Vec::with_capacity(batch.num_rows());
+            for (i, (&key, &hash)) in ordered.iter().zip(&hashes).enumerate() {
                 if nulls.as_ref().is_none_or(|n| n.is_valid(i)) {
                     range = Some(range.map_or((key, key), |(lo, hi)| (lo.min(key), hi.max(key))));
+                    let worker = (hash % n as u64) as usize;
+                    hash_rows[worker] += 1;
+                    to.push(worker as u32);
+                } else {
+                    to.push(self.partition as u32);
                 }
             }
             keys.push((ordered, nulls));
+            hash_to.push(to);
             for column in batch.columns() {
                 bytes += column.to_data().get_slice_memory_size()? as u64;
             }
             rows += batch.num_rows() as u64;
         }
+        let row_bytes = bytes.checked_div(rows).unwrap_or(0).max(1);
         Ok(Side {
             batches,
             keys,
-            row_bytes: bytes.checked_div(rows).unwrap_or(0).max(1),
+            hash_to,
+            hash_bytes: hash_rows.iter().map(|r| r * row_bytes).collect(),
+            row_bytes,
             range,
         })
     }
@@ -369,13 +394,9 @@ impl Router {
             .map_err(|e| internal_datafusion_err!("Neo-Join domain: {e}"))
     }
 
-    /// Histogram and assign: every worker's bytes per bucket to worker 0, its
-    /// partitions and placements back.
-    async fn assignment(
-        &self,
-        domain: RadixDomain,
-        sides: &[Side; 2],
-    ) -> Result<(PartitionMap, Vec<Placement>)> {
+    /// Histogram and assign: every worker's bytes per bucket (and per hash shuffle
+    /// destination) to worker 0, how to route back.
+    async fn assignment(&self, domain: RadixDomain, sides: &[Side; 2]) -> Result<Routing> {
         let n = self.qc.workers.len();
         let mut mine = vec![Vec::new(); n];
         for side in sides {
@@ -383,57 +404,44 @@ impl Router {
             h.add_keys(side.valid_keys(), side.row_bytes);
             mine[0].extend_from_slice(h.bytes());
         }
+        for side in sides {
+            mine[0].extend_from_slice(&side.hash_bytes);
+        }
         let histograms = self.scatter(HISTOGRAM_EXCHANGE, mine).await?;
         let mut mine = vec![Vec::new(); n];
         let mut planned = None;
         if self.partition == 0 {
             let timer = self.metrics.plan_time.timer();
-            let (words, plan) = self.plan(domain, histograms).await?;
+            let plan = self.plan(domain, histograms).await?;
             timer.done();
-            mine = vec![words; n];
+            mine = vec![plan.words(); n];
             planned = Some(plan);
         }
         let words = self.scatter(ASSIGNMENT_EXCHANGE, mine).await?;
-        if let Some((map, solved, sizes)) = planned {
+        if let Some(plan) = planned {
             // The schedule is for EXPLAIN ANALYZE: computed once the others have
             // the assignment.
-            let scheduled = tokio::task::spawn_blocking(move || {
-                open_shop(&solved.assignment.transfers(&sizes)).map(|r| (r.len(), solved, sizes))
-            })
-            .await
-            .map_err(|e| internal_datafusion_err!("the Neo-Join schedule failed: {e}"))?;
-            let (rounds, solved, sizes) = scheduled.map_err(|e| internal_datafusion_err!("{e}"))?;
-            self.report.lock().plan = Some(format!(
-                "partitions={}, assignment={}, solver_time={:.1}ms, broadcast_partitions={}, \
-                 busiest_link={}B (hash {}B), moved={}B (hash {}B), rounds={rounds}",
-                map.partitions(),
-                solved.method,
-                solved.elapsed.as_secs_f64() * 1e3,
-                solved.assignment.broadcasts(),
-                solved.costs.max(),
-                sizes.hash_max_cost(),
-                solved.costs.moved(),
-                sizes.hash_moved(),
-            ));
+            let report = tokio::task::spawn_blocking(move || plan.report())
+                .await
+                .map_err(|e| internal_datafusion_err!("the Neo-Join schedule failed: {e}"))?;
+            self.report.lock().plan = Some(report?);
         }
         self.decode(domain, &words[0])
     }
 
-    /// Worker 0: partitions and assignment; the assignment as words.
-    async fn plan(
-        &self,
-        domain: RadixDomain,
-        histograms: Vec<Vec<u64>>,
-    ) -> Result<(Vec<u64>, (PartitionMap, Solved, Sizes))> {
+    /// Worker 0: partitions, assignment, and whether to use it.
+    async fn plan(&self, domain: RadixDomain, histograms: Vec<Vec<u64>>) -> Result<Plan> {
+        let n = histograms.len();
         let buckets = domain.buckets();
-        let mut fine = Vec::with_capacity(histograms.len());
+        let mut fine = Vec::with_capacity(n);
+        let mut hash = Vec::with_capacity(n);
         for (i, words) in histograms.into_iter().enumerate() {
-            if words.len() != 2 * buckets {
+            if words.len() != 2 * buckets + 2 * n {
                 return internal_err!(
                     "{} sent {} histogram words, not {}",
                     node_name(self.qc.workers[i]),
                     words.len(),
-                    2 * buckets
+                    2 * buckets + 2 * n
                 );
             }
             if let Some(bad) = words.iter().find(|&&b| b > MAX_BUCKET_BYTES) {
@@ -442,12 +450,15 @@ impl Router {
                     node_name(self.qc.workers[i])
                 );
             }
-            let (build, probe) = words.split_at(buckets);
+            let (build, rest) = words.split_at(buckets);
+            let (probe, to) = rest.split_at(buckets);
             let histogram = |b: &[u64]| {
                 FineHistogram::from_bytes(domain, b.to_vec())
                     .map_err(|e| internal_datafusion_err!("{e}"))
             };
             fine.push((histogram(build)?, histogram(probe)?));
+            let (build_to, probe_to) = to.split_at(n);
+            hash.push(build_to.iter().zip(probe_to).map(|(b, p)| b + p).collect());
         }
         let global: Vec<u64> = (0..buckets)
             .map(|b| fine.iter().map(|(r, s)| r.bytes()[b] + s.bytes()[b]).sum())
@@ -464,29 +475,55 @@ impl Router {
         for (i, (build, probe)) in fine.iter().enumerate() {
             sizes.set(i, &build.per_partition(&map), &probe.per_partition(&map));
         }
+        let broadcast = match self.settings.selective_broadcast {
+            true => self.broadcast,
+            false => Broadcastable::NONE,
+        };
+        let hash_costs = Costs::of_transfers(&hash);
+        // Chosen at run time: no solver when even the best assignment cannot save enough.
+        let hopeless = self.settings.min_saving.is_some_and(|pct| {
+            let bound = sizes.busiest_link_lower_bound(broadcast) as u128;
+            bound * 100 > hash_costs.max() as u128 * (100 - pct as u128)
+        });
         let options = AssignOptions {
-            broadcast: if self.settings.selective_broadcast {
-                self.broadcast
-            } else {
-                Broadcastable::NONE
-            },
-            milp: self.settings.milp,
+            broadcast,
+            milp: self.settings.milp && !hopeless,
             time_limit: Duration::from_millis(self.settings.solver_ms as u64),
-            solver_min_bytes: SOLVER_MIN_BYTES,
+            link_rate: Some(self.qc.transport.link_rate().unwrap_or(ASSUMED_LINK_RATE)),
         };
         // The solver runs up to its time limit: off the runtime's threads.
-        let (solved, sizes) =
+        let (mut solved, sizes) =
             tokio::task::spawn_blocking(move || (assign(&sizes, &options), sizes))
                 .await
                 .map_err(|e| internal_datafusion_err!("the Neo-Join assignment failed: {e}"))?;
-        let words = encode(&map, &solved.assignment);
-        Ok((words, (map, solved, sizes)))
+        if hopeless && self.settings.milp {
+            solved.method = Method::Greedy {
+                reason: "no assignment saves enough over hash placement".into(),
+            };
+        }
+        let saving = solved.costs.saving_over(&hash_costs);
+        Ok(Plan {
+            hash_placement: self
+                .settings
+                .min_saving
+                .is_some_and(|pct| saving < pct as f64),
+            min_saving: self.settings.min_saving,
+            saving,
+            map,
+            solved,
+            sizes,
+            hash,
+            hash_costs,
+        })
     }
 
-    /// The assignment from worker 0's words, checked.
-    fn decode(&self, domain: RadixDomain, words: &[u64]) -> Result<(PartitionMap, Vec<Placement>)> {
+    /// The routing from worker 0's words, checked.
+    fn decode(&self, domain: RadixDomain, words: &[u64]) -> Result<Routing> {
         let n = self.qc.workers.len() as u64;
         let bad = |why: String| internal_datafusion_err!("bad Neo-Join assignment: {why}");
+        if words == [HASH_PLACEMENT] {
+            return Ok(Routing::Hash);
+        }
         let Some((&p, rest)) = words.split_first() else {
             return Err(bad("empty".into()));
         };
@@ -508,17 +545,16 @@ impl Router {
                 other => Err(bad(format!("placement {other}"))),
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok((map, placements))
+        Ok(Routing::Neo { map, placements })
     }
 
-    /// Route: each row of side `s` to where its partition is joined; the rows joined
-    /// here go to `kept`, which is dropped (the join's input ends) with the side.
+    /// Route: each row of side `s` to where it is joined; the rows joined here go to
+    /// `kept`, which is dropped (the join's input ends) with the side.
     async fn route(
         &self,
         s: usize,
         side: Side,
-        map: &PartitionMap,
-        placements: &[Placement],
+        routing: &Routing,
         ep: &SendEndpoint,
         kept: mpsc::UnboundedSender<RecordBatch>,
     ) -> Result<()> {
@@ -542,18 +578,29 @@ impl Router {
                 .map_err(|_| internal_datafusion_err!("a Neo-Join's local join is gone"))
         };
         let mut rows: Vec<Vec<u32>> = vec![Vec::new(); n + 1];
-        for (batch, (keys, nulls)) in side.batches.into_iter().zip(side.keys) {
-            for (row, &key) in keys.iter().enumerate() {
-                let valid = nulls.as_ref().is_none_or(|n| n.is_valid(row));
-                let to = match valid.then(|| placements[map.partition(key)]) {
-                    // NULL keys match nothing: the row stays (a preserved row once).
-                    None => me,
-                    Some(Placement::Node(i)) => i as usize,
-                    Some(p) if p == mine => n,
-                    // The other side is broadcast: this one stays.
-                    Some(_) => me,
-                };
-                rows[to].push(row as u32);
+        let batches = side.batches.into_iter().zip(side.keys).zip(side.hash_to);
+        for ((batch, (keys, nulls)), hash_to) in batches {
+            match routing {
+                // NULL keys are already this worker's.
+                Routing::Hash => {
+                    for (row, &to) in hash_to.iter().enumerate() {
+                        rows[to as usize].push(row as u32);
+                    }
+                }
+                Routing::Neo { map, placements } => {
+                    for (row, &key) in keys.iter().enumerate() {
+                        let valid = nulls.as_ref().is_none_or(|n| n.is_valid(row));
+                        let to = match valid.then(|| placements[map.partition(key)]) {
+                            // NULL keys match nothing: the row stays (a preserved row once).
+                            None => me,
+                            Some(Placement::Node(i)) => i as usize,
+                            Some(p) if p == mine => n,
+                            // The other side is broadcast: this one stays.
+                            Some(_) => me,
+                        };
+                        rows[to].push(row as u32);
+                    }
+                }
             }
             for (to, list) in rows.iter_mut().enumerate() {
                 if list.is_empty() {
@@ -592,14 +639,74 @@ impl Router {
     }
 }
 
-/// `[p, starts..., placements...]`.
-fn encode(map: &PartitionMap, assignment: &Assignment) -> Vec<u64> {
-    let mut words = vec![map.partitions() as u64];
-    words.extend(map.starts().iter().map(|&s| s as u64));
-    words.extend(assignment.placements().iter().map(|p| match p {
-        Placement::Node(i) => *i as u64,
-        Placement::BroadcastBuild => BROADCAST_BUILD,
-        Placement::BroadcastProbe => BROADCAST_PROBE,
-    }));
-    words
+/// Where each worker sends its rows.
+enum Routing {
+    /// By Neo-Join's partitions and their placements.
+    Neo {
+        map: PartitionMap,
+        placements: Vec<Placement>,
+    },
+    /// Where a hash shuffle sends them.
+    Hash,
+}
+
+/// Worker 0's decision and what it is based on.
+struct Plan {
+    /// Chosen at run time, and the assignment saves too little.
+    hash_placement: bool,
+    min_saving: Option<u32>,
+    /// The assignment's saving on the busiest link over hash placement, in percent.
+    saving: f64,
+    map: PartitionMap,
+    solved: Solved,
+    sizes: Sizes,
+    /// Bytes a hash shuffle would send (`hash[from][to]`), and their costs.
+    hash: Vec<Vec<u64>>,
+    hash_costs: Costs,
+}
+
+impl Plan {
+    /// `[HASH_PLACEMENT]`, or `[p, starts..., placements...]`.
+    fn words(&self) -> Vec<u64> {
+        if self.hash_placement {
+            return vec![HASH_PLACEMENT];
+        }
+        let mut words = vec![self.map.partitions() as u64];
+        words.extend(self.map.starts().iter().map(|&s| s as u64));
+        words.extend(self.solved.assignment.placements().iter().map(|p| match p {
+            Placement::Node(i) => *i as u64,
+            Placement::BroadcastBuild => BROADCAST_BUILD,
+            Placement::BroadcastProbe => BROADCAST_PROBE,
+        }));
+        words
+    }
+
+    /// What EXPLAIN ANALYZE shows, with the rounds of the schedule of what moves.
+    fn report(self) -> Result<String> {
+        let transfers = match self.hash_placement {
+            true => self.hash.clone(),
+            false => self.solved.assignment.transfers(&self.sizes),
+        };
+        let rounds = open_shop(&transfers)
+            .map_err(|e| internal_datafusion_err!("{e}"))?
+            .len();
+        let chosen = match (self.hash_placement, self.min_saving) {
+            (true, Some(pct)) => format!("placement=hash (saves {:.0}% < {pct}%)", self.saving),
+            (false, Some(pct)) => format!("placement=neo (saves {:.0}% >= {pct}%)", self.saving),
+            (_, None) => "placement=neo".to_string(),
+        };
+        Ok(format!(
+            "{chosen}, partitions={}, assignment={}, solver_time={:.1}ms, \
+             broadcast_partitions={}, busiest_link={}B (hash {}B), moved={}B (hash {}B), \
+             rounds={rounds}",
+            self.map.partitions(),
+            self.solved.method,
+            self.solved.elapsed.as_secs_f64() * 1e3,
+            self.solved.assignment.broadcasts(),
+            self.solved.costs.max(),
+            self.hash_costs.max(),
+            self.solved.costs.moved(),
+            self.hash_costs.moved(),
+        ))
+    }
 }

@@ -113,6 +113,33 @@ impl Sizes {
         self.total() * (n - 1) / n
     }
 
+    /// A lower bound on the busiest link of any assignment: each partition moves at
+    /// least what its largest holder lacks, or one side to every other node if that
+    /// side may be broadcast, and `n` nodes share the sending.
+    pub fn busiest_link_lower_bound(&self, broadcast: Broadcastable) -> u64 {
+        let n = self.nodes as u64;
+        let moved: u64 = (0..self.partitions)
+            .map(|j| {
+                let (mut all, mut most, mut build, mut probe) = (0, 0, 0, 0);
+                for i in 0..self.nodes {
+                    all += self.both(i, j);
+                    most = most.max(self.both(i, j));
+                    build += self.build(i, j);
+                    probe += self.probe(i, j);
+                }
+                let mut least = all - most;
+                if broadcast.build {
+                    least = least.min((n - 1) * build);
+                }
+                if broadcast.probe {
+                    least = least.min((n - 1) * probe);
+                }
+                least
+            })
+            .sum();
+        moved.div_ceil(n)
+    }
+
     /// The largest bytes one node sends or receives under hash placement.
     pub fn hash_max_cost(&self) -> u64 {
         let n = self.nodes as u64;
@@ -256,6 +283,35 @@ impl Costs {
     pub fn moved(&self) -> u64 {
         self.send.iter().sum()
     }
+
+    /// The costs of a transfer matrix (`matrix[from][to]`; the diagonal stays on its
+    /// node), such as the bytes a hash shuffle would send, as the workers measured them.
+    pub fn of_transfers(matrix: &[Vec<u64>]) -> Costs {
+        let n = matrix.len();
+        let mut costs = Costs {
+            send: vec![0; n],
+            receive: vec![0; n],
+        };
+        for (from, row) in matrix.iter().enumerate() {
+            for (to, &bytes) in row.iter().enumerate().take(n) {
+                if to != from {
+                    costs.send[from] += bytes;
+                    costs.receive[to] += bytes;
+                }
+            }
+        }
+        costs
+    }
+
+    /// The share of `other`'s busiest link these costs save, in percent (negative when
+    /// they cost more; 0 when neither moves anything).
+    pub fn saving_over(&self, other: &Costs) -> f64 {
+        match other.max() {
+            0 if self.max() == 0 => 0.0,
+            0 => f64::NEG_INFINITY,
+            base => 100.0 * (1.0 - self.max() as f64 / base as f64),
+        }
+    }
 }
 
 /// Costs as signed sums, so that a placement's share can be taken out again.
@@ -329,8 +385,15 @@ impl CostSums {
     }
 }
 
+/// The solver gets at most this fraction of the time the greedy assignment's shuffle
+/// would take: deciding must not cost more than the better decision saves.
+const SOLVER_SHARE: f64 = 0.1;
+/// A shorter time limit does not start the solver (building the model alone takes
+/// milliseconds).
+const MIN_SOLVER_TIME: Duration = Duration::from_millis(5);
+
 /// How to choose the assignment.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AssignOptions {
     /// Which sides may be broadcast (selective broadcast); `NONE` is OPT-ASSIGN.
     pub broadcast: Broadcastable,
@@ -338,10 +401,11 @@ pub struct AssignOptions {
     pub milp: bool,
     /// The solver's time limit; the best solution found by then is used.
     pub time_limit: Duration,
-    /// The greedy assignment only, when its busiest link carries fewer bytes: the
-    /// solver may use its whole time limit on inputs so small that no assignment
-    /// saves that much time.
-    pub solver_min_bytes: u64,
+    /// Bytes per second of each node's link, if known: the solver's time limit is cut
+    /// to a tenth of the time the greedy assignment's busiest link takes at this rate,
+    /// and the solver does not run when that leaves under 5 ms (on kilobytes the
+    /// solver may use its whole limit without proving an optimum, for nothing).
+    pub link_rate: Option<f64>,
 }
 
 impl Default for AssignOptions {
@@ -350,7 +414,7 @@ impl Default for AssignOptions {
             broadcast: Broadcastable::NONE,
             milp: true,
             time_limit: Duration::from_millis(100),
-            solver_min_bytes: 0,
+            link_rate: None,
         }
     }
 }
@@ -393,18 +457,21 @@ pub fn assign(sizes: &Sizes, options: &AssignOptions) -> Solved {
     // The greedy assignment may take half the time; the solver starts from it.
     let greedy = greedy(sizes, options.broadcast, start + options.time_limit / 2);
     let greedy_costs = greedy.costs(sizes);
+    let mut time_limit = options.time_limit;
+    let mut shuffle_ms = None;
+    if let Some(rate) = options.link_rate.filter(|r| *r > 0.0) {
+        let shuffle = greedy_costs.max() as f64 / rate;
+        shuffle_ms = Some(shuffle * 1e3);
+        time_limit = time_limit.min(Duration::from_secs_f64(shuffle * SOLVER_SHARE));
+    }
     let (assignment, costs, method) = if !options.milp {
         let reason = "the solver is off".to_string();
         (greedy, greedy_costs, Method::Greedy { reason })
-    } else if greedy_costs.max() < options.solver_min_bytes {
-        let reason = format!(
-            "busiest link {} B, below the solver's {} B",
-            greedy_costs.max(),
-            options.solver_min_bytes
-        );
+    } else if let Some(ms) = shuffle_ms.filter(|_| time_limit < MIN_SOLVER_TIME) {
+        let reason = format!("its shuffle takes {ms:.1} ms, too short to solve for");
         (greedy, greedy_costs, Method::Greedy { reason })
     } else {
-        let remaining = options.time_limit.saturating_sub(start.elapsed());
+        let remaining = time_limit.saturating_sub(start.elapsed());
         // A panic inside the binding is the solver failing, not the query.
         let solved = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             milp::solve(sizes, options.broadcast, &greedy, remaining)
@@ -414,7 +481,7 @@ pub fn assign(sizes: &Sizes, options: &AssignOptions) -> Solved {
             Ok((found, optimal, gap)) => {
                 // The MILP minimises the busiest link only; the local search then
                 // moves no partition whose place does not matter to it.
-                let polish = start + options.time_limit;
+                let polish = start + time_limit;
                 let found = improve(sizes, options.broadcast, found.placements, polish);
                 let costs = found.costs(sizes);
                 if costs.max() <= greedy_costs.max() {
