@@ -2,8 +2,9 @@
 //! hash joins that shuffle at least one input become [`NeoJoinExec`]s over the
 //! unshuffled inputs, which place both by Neo-Join's assignment instead
 //! (`gyre_exchange::neo_join`). With `auto` (and `gyre.neo_min_saving` not off) the
-//! same joins become Neo-Joins that choose at run time between the assignment and a
-//! hash shuffle. Where a join is safe to rewrite is Flow-Join's rule
+//! joins that shuffle both inputs become Neo-Joins that choose at run time between the
+//! assignment and a hash shuffle (with one input already placed on the key, a hash
+//! shuffle moves only the other one, without collecting both first). Where a join is safe to rewrite is Flow-Join's rule
 //! (nothing above relies on its hash partitioning or order); the join must have one
 //! integer or date key ([`NeoJoinExec::supports`]). A join whose inputs are both
 //! co-located already moves nothing and stays.
@@ -79,7 +80,9 @@ fn neo_join(
     let other_shuffle = |side: &Option<_>, input: &Arc<dyn ExecutionPlan>| {
         side.is_none() && input.is::<RepartitionExec>()
     };
+    let run_time = settings.min_saving.is_some();
     if (build.is_none() && probe.is_none())
+        || (run_time && (build.is_none() || probe.is_none()))
         || other_shuffle(&build, hj.left())
         || other_shuffle(&probe, hj.right())
     {
