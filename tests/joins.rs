@@ -673,7 +673,7 @@ async fn neo_join_answers_every_join_type_like_datafusion() {
     // A full join may broadcast neither side.
     let full = explain(EVERY_JOIN_TYPE[3]).await;
     assert!(
-        full.contains("NeoJoinExec: target_partitions=64, partitioning=adaptive, broadcast=none"),
+        full.contains("NeoJoinExec: target_partitions=16, partitioning=adaptive, broadcast=none"),
         "{full}"
     );
     // The session's settings reach the workers' Neo-Joins.

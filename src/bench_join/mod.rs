@@ -73,7 +73,8 @@ pub struct JoinArgs {
     /// broadcast), flow-fetch (Flow-Join fetching on demand: each
     /// worker's own heavy hitters, their build rows fetched), neo (Neo-Join: both inputs
     /// placed by a locality-aware assignment), neo-radix (Neo-Join with plain radix
-    /// partitioning and no selective broadcast, the thesis' baseline for skew), cyclo-hash, cyclo-sort-merge,
+    /// partitioning and no selective broadcast, the thesis' baseline for skew; either
+    /// as neo:P with gyre.neo_partitions = P), cyclo-hash, cyclo-sort-merge,
     /// cyclo-band:C, cyclo-lt|le|gt|ge, cyclo-nl-band:C, cyclo-theta:M:K (cyclo-join on
     /// the Data Roundabout with that local algorithm).
     #[arg(long, default_value = "hash,flow")]
@@ -294,12 +295,15 @@ fn check_strategy(strategy: &str) -> Result<(), BoxError> {
         Some(algorithm) => {
             gyre_join::cyclo::parse_algorithm(algorithm).map_err(|e| format!("--strategy: {e}"))?;
         }
-        None if sql::STRATEGIES.iter().any(|s| s.name == strategy) => {}
+        None if sql::sql_strategy(strategy).is_ok() => {}
         None => {
-            return Err(format!(
-                "--strategy: '{strategy}' is not hash, radix, flow, flow-fetch, neo, neo-radix or cyclo-ALGORITHM"
-            )
-            .into());
+            let why = match strategy.split_once(':') {
+                Some(_) => sql::sql_strategy(strategy).err().unwrap_or_default(),
+                None => format!(
+                    "'{strategy}' is not hash, radix, flow, flow-fetch, neo[:P], neo-radix[:P] or cyclo-ALGORITHM"
+                ),
+            };
+            return Err(format!("--strategy: {why}").into());
         }
     }
     Ok(())
@@ -602,6 +606,20 @@ fn check_agreement(runs: &[JoinResult]) -> Result<(), BoxError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn neo_strategies_take_a_partition_count() {
+        assert_eq!(sql::sql_strategy("neo:256").unwrap().1, Some(256));
+        assert_eq!(
+            sql::sql_strategy("neo-radix:8").unwrap().0.name,
+            "neo-radix"
+        );
+        assert_eq!(sql::sql_strategy("neo").unwrap().1, None);
+        for bad in ["neo:0", "neo:x", "hash:4", "nope"] {
+            assert!(check_strategy(bad).is_err(), "{bad}");
+        }
+        assert!(check_strategy("neo:1024").is_ok());
+    }
 
     /// Warm-up runs come first, one round of the strategies at the first exponent per
     /// `--warmup`, and are the ones dropped.

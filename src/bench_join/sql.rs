@@ -66,7 +66,8 @@ const fn strategy(
 }
 
 /// The strategies this path runs. `neo-radix` is the thesis' baseline for skew: plain
-/// radix partitioning, no selective broadcast.
+/// radix partitioning, no selective broadcast. Either Neo-Join takes a partition count
+/// after a colon (`neo:256`: `gyre.neo_partitions`, `auto` by default).
 pub const STRATEGIES: [SqlStrategy; 6] = [
     strategy("hash", ["off", "off", "hash", "shuffle", "on"]),
     strategy("flow", ["on", "off", "hash", "shuffle", "on"]),
@@ -75,6 +76,27 @@ pub const STRATEGIES: [SqlStrategy; 6] = [
     strategy("neo", ["off", "off", "hash", "neo", "on"]),
     strategy("neo-radix", ["off", "off", "hash", "neo", "off"]),
 ];
+
+/// The strategy named `name` (`neo:P`: `neo` with P partitions), with its Neo-Join
+/// partition count if it names one.
+pub fn sql_strategy(name: &str) -> Result<(&'static SqlStrategy, Option<u32>), String> {
+    let (base, partitions) = match name.split_once(':') {
+        Some((base, p)) if base.starts_with("neo") => {
+            let p = p
+                .parse::<u32>()
+                .ok()
+                .filter(|p| (1..=1 << 16).contains(p))
+                .ok_or_else(|| format!("'{name}': partitions from 1 to 65536, not '{p}'"))?;
+            (base, Some(p))
+        }
+        _ => (name, None),
+    };
+    let strategy = STRATEGIES
+        .iter()
+        .find(|s| s.name == base)
+        .ok_or_else(|| format!("'{name}' is not a SQL join strategy"))?;
+    Ok((strategy, partitions))
+}
 
 /// The query every run times.
 const QUERY: &str = "SELECT count(*) AS n, sum((b.pay * 1000003 + p.pay) % 1000000007) AS checksum \
@@ -138,17 +160,18 @@ impl<'a> SqlJoins<'a> {
     /// One run of `run.strategy` (one of [`STRATEGIES`]), loading its
     /// workload first if another one is loaded.
     pub async fn run(&mut self, run: &JoinRun) -> Result<JoinResult, BoxError> {
-        let SqlStrategy {
-            detection,
-            fetch,
-            kernel,
-            join: strategy,
-            neo_skew,
-            ..
-        } = STRATEGIES
-            .iter()
-            .find(|s| s.name == run.strategy)
-            .ok_or_else(|| format!("'{}' is not a SQL join strategy", run.strategy))?;
+        let (
+            SqlStrategy {
+                detection,
+                fetch,
+                kernel,
+                join: strategy,
+                neo_skew,
+                ..
+            },
+            partitions,
+        ) = sql_strategy(&run.strategy)?;
+        let partitions = partitions.map_or("auto".to_string(), |p| p.to_string());
         let (detection, fetch, kernel, strategy, neo_skew) =
             (*detection, *fetch, *kernel, *strategy, *neo_skew);
         let workload = Workload::of(run);
@@ -158,7 +181,8 @@ impl<'a> SqlJoins<'a> {
         self.sql(&format!(
             "SET gyre.join_strategy = '{strategy}'; SET gyre.skew_detection = '{detection}'; \
              SET gyre.skew_fetch = '{fetch}'; SET gyre.join_kernel = '{kernel}'; \
-             SET gyre.neo_adaptive = '{neo_skew}'; SET gyre.neo_broadcast = '{neo_skew}'"
+             SET gyre.neo_adaptive = '{neo_skew}'; SET gyre.neo_broadcast = '{neo_skew}'; \
+             SET gyre.neo_partitions = '{partitions}'"
         ))
         .await?;
         let flow = detection == "on";

@@ -233,7 +233,8 @@ const SETTINGS: [(&str, &str); 20] = [
     ),
     (
         "neo_partitions",
-        "How many partitions Neo-Join's adaptive radix partitioning aims for (1 to 65536).",
+        "How many partitions Neo-Join's adaptive radix partitioning aims for: 1 to 65536, \
+         or auto (4 per worker, the fastest measured).",
     ),
     (
         "neo_adaptive",
@@ -294,7 +295,10 @@ impl GyreOptions {
             "skew_sfr" => on_off(s.sfr),
             "skew_fetch" => on_off(s.fetch),
             "statement_timeout" => duration_text(self.statement_timeout),
-            "neo_partitions" => self.neo.partitions.to_string(),
+            "neo_partitions" => match self.neo.partitions {
+                0 => "auto".to_string(),
+                p => p.to_string(),
+            },
             "neo_adaptive" => on_off(self.neo.adaptive),
             "neo_solver_ms" => match self.neo.milp {
                 true => self.neo.solver_ms.to_string(),
@@ -355,7 +359,12 @@ impl ExtensionOptions for GyreOptions {
             "skew_sfr" => s.sfr = parse_on_off(&name, value)?,
             "skew_fetch" => s.fetch = parse_on_off(&name, value)?,
             "statement_timeout" => next.statement_timeout = parse_duration(&name, value)?,
-            "neo_partitions" => next.neo.partitions = parse_count(&name, value, 1, 1 << 16)?,
+            "neo_partitions" => {
+                next.neo.partitions = match value.trim().eq_ignore_ascii_case("auto") {
+                    true => 0,
+                    false => parse_count(&name, value, 1, 1 << 16)?,
+                }
+            }
             "neo_solver_ms" => {
                 let ms = parse_count(&name, value, 0, 60_000)?;
                 next.neo.milp = ms > 0;
@@ -503,6 +512,9 @@ mod tests {
         c.set("gyre.skew_threshold", "0.5%").unwrap();
         c.set("gyre.skew_detection", "off").unwrap();
         c.set("gyre.join_kernel", "RADIX").unwrap();
+        c.set("gyre.neo_partitions", "Auto").unwrap();
+        assert_eq!(GyreOptions::of(&c).neo.partitions, 0);
+        assert_eq!(GyreOptions::of(&c).neo.partitions_for(4), 16);
         c.set("gyre.neo_partitions", "16").unwrap();
         c.set("gyre.neo_solver_ms", "0").unwrap();
         c.set("gyre.neo_adaptive", "off").unwrap();

@@ -460,14 +460,13 @@ impl Router {
             let (build_to, probe_to) = to.split_at(n);
             hash.push(build_to.iter().zip(probe_to).map(|(b, p)| b + p).collect());
         }
+        let partitions = self.settings.partitions_for(n);
         let global: Vec<u64> = (0..buckets)
             .map(|b| fine.iter().map(|(r, s)| r.bytes()[b] + s.bytes()[b]).sum())
             .collect();
         let map = match self.settings.adaptive {
-            true => PartitionMap::adaptive(domain, &global, self.settings.partitions as usize),
-            false => {
-                PartitionMap::radix(domain, self.settings.partitions.next_power_of_two().ilog2())
-            }
+            true => PartitionMap::adaptive(domain, &global, partitions as usize),
+            false => PartitionMap::radix(domain, partitions.next_power_of_two().ilog2()),
         }
         .map_err(|e| internal_datafusion_err!("{e}"))?;
         let mut sizes = Sizes::new(fine.len(), map.partitions())
