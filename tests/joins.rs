@@ -676,6 +676,19 @@ async fn neo_join_answers_every_join_type_like_datafusion() {
         full.contains("NeoJoinExec: target_partitions=16, partitioning=adaptive, broadcast=none"),
         "{full}"
     );
+    // The radix join kernel joins the rows the assignment brings.
+    c.sql("SET gyre.join_kernel = 'radix'").await.unwrap();
+    for q in EVERY_JOIN_TYPE.iter().chain([&right_anti]) {
+        assert_eq!(differs(c, &reference, q).await, None, "[radix] {q}");
+    }
+    let radix = explain(EVERY_JOIN_TYPE[0]).await;
+    assert!(
+        radix.lines().any(|l| l.contains("NeoJoinExec")
+            && l.contains("kernel=radix")
+            && l.contains("radix_partitions=")),
+        "{radix}"
+    );
+    c.sql("SET gyre.join_kernel = 'auto'").await.unwrap();
     // The session's settings reach the workers' Neo-Joins.
     c.sql("SET gyre.neo_partitions = 16").await.unwrap();
     c.sql("SET gyre.neo_solver_ms = 0").await.unwrap();

@@ -73,8 +73,9 @@ pub struct JoinArgs {
     /// broadcast), flow-fetch (Flow-Join fetching on demand: each
     /// worker's own heavy hitters, their build rows fetched), neo (Neo-Join: both inputs
     /// placed by a locality-aware assignment), neo-radix (Neo-Join with plain radix
-    /// partitioning and no selective broadcast, the thesis' baseline for skew; either
-    /// as neo:P with gyre.neo_partitions = P), cyclo-hash, cyclo-sort-merge,
+    /// partitioning and no selective broadcast, the thesis' baseline for skew),
+    /// neo-radix-kernel (Neo-Join joining with the radix kernel); each Neo-Join as
+    /// neo...:P with gyre.neo_partitions = P, cyclo-hash, cyclo-sort-merge,
     /// cyclo-band:C, cyclo-lt|le|gt|ge, cyclo-nl-band:C, cyclo-theta:M:K (cyclo-join on
     /// the Data Roundabout with that local algorithm).
     #[arg(long, default_value = "hash,flow")]
@@ -300,7 +301,7 @@ fn check_strategy(strategy: &str) -> Result<(), BoxError> {
             let why = match strategy.split_once(':') {
                 Some(_) => sql::sql_strategy(strategy).err().unwrap_or_default(),
                 None => format!(
-                    "'{strategy}' is not hash, radix, flow, flow-fetch, neo[:P], neo-radix[:P] or cyclo-ALGORITHM"
+                    "'{strategy}' is not hash, radix, flow, flow-fetch, neo[-radix|-radix-kernel][:P] or cyclo-ALGORITHM"
                 ),
             };
             return Err(format!("--strategy: {why}").into());

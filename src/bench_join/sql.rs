@@ -66,15 +66,17 @@ const fn strategy(
 }
 
 /// The strategies this path runs. `neo-radix` is the thesis' baseline for skew: plain
-/// radix partitioning, no selective broadcast. Either Neo-Join takes a partition count
+/// radix partitioning, no selective broadcast; `neo-radix-kernel` joins with the radix
+/// kernel. Each Neo-Join takes a partition count
 /// after a colon (`neo:256`: `gyre.neo_partitions`, `auto` by default).
-pub const STRATEGIES: [SqlStrategy; 6] = [
+pub const STRATEGIES: [SqlStrategy; 7] = [
     strategy("hash", ["off", "off", "hash", "shuffle", "on"]),
     strategy("flow", ["on", "off", "hash", "shuffle", "on"]),
     strategy("flow-fetch", ["on", "on", "hash", "shuffle", "on"]),
     strategy("radix", ["off", "off", "radix", "shuffle", "on"]),
     strategy("neo", ["off", "off", "hash", "neo", "on"]),
     strategy("neo-radix", ["off", "off", "hash", "neo", "off"]),
+    strategy("neo-radix-kernel", ["off", "off", "radix", "neo", "on"]),
 ];
 
 /// The strategy named `name` (`neo:P`: `neo` with P partitions), with its Neo-Join
@@ -193,7 +195,7 @@ impl<'a> SqlJoins<'a> {
             let neo = strategy == "neo";
             if plan.contains("FlowJoinExec") != flow
                 || fetches != (flow && fetch == "on")
-                || plan.contains("RadixJoinExec") != radix
+                || (plan.contains("RadixJoinExec") || plan.contains("kernel=radix")) != radix
                 || plan.contains("NeoJoinExec") != neo
                 || (neo && plan.contains("partitioning=radix") != (neo_skew == "off"))
             {
@@ -201,6 +203,7 @@ impl<'a> SqlJoins<'a> {
                     "the {} run's plan is not a {}:\n{plan}",
                     run.strategy,
                     match (flow, fetch) {
+                        _ if radix && neo => "Neo-Join with the radix kernel",
                         _ if radix => "partitioned join with the radix kernel",
                         _ if neo && neo_skew == "off" => "Neo-Join with plain radix partitioning",
                         _ if neo => "Neo-Join",

@@ -21,7 +21,7 @@ use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::joins::HashJoinExec;
 use datafusion::physical_plan::{ChildrenPropertiesMode, ExecutionPlan, ReplaceChildrenOptions};
 use gyre_exchange::radix_join::radix_pays_off;
-use gyre_exchange::{RadixJoinExec, wrapped_join};
+use gyre_exchange::{NeoJoinExec, RadixJoinExec, wrapped_join};
 use std::sync::Arc;
 
 /// The physical optimizer rule that places radix joins (`gyre.join_kernel`), in one of
@@ -95,8 +95,22 @@ pub fn plan_radix_joins(
             false => node.replace_children(new, recompute()),
         }
     };
-    // A Flow-Join or Neo-Join runs the hash join below it itself: only that join's
-    // inputs change.
+    // A Neo-Join runs its local join itself: the kernel is one of its settings.
+    if let Some(neo) = plan.downcast_ref::<NeoJoinExec>() {
+        let join = rewrite_children(Arc::clone(neo.join()))?;
+        let mut settings = neo.settings();
+        // Only when asked for: `auto`'s estimate is not yet measured for Neo-Joins.
+        settings.radix_kernel |= workers.is_none();
+        if Arc::ptr_eq(&join, neo.join()) && settings == neo.settings() {
+            return Ok(plan);
+        }
+        return Ok(Arc::new(NeoJoinExec::try_new(
+            join,
+            settings,
+            neo.exchange(),
+        )?));
+    }
+    // A Flow-Join runs the hash join below it itself: only that join's inputs change.
     if let Some(wrapped) = wrapped_join(plan.as_ref()) {
         let join = rewrite_children(Arc::clone(wrapped))?;
         if Arc::ptr_eq(&join, wrapped) {

@@ -19,8 +19,8 @@
 //! 3. worker 0 computes the open-shop schedule of the transfers, for EXPLAIN ANALYZE
 //!    (the shuffle itself runs under the transport's schedule);
 //! 4. every worker sends each row where its partition is joined (+3 build, +4
-//!    probe; rows of its own partitions go to itself) and runs the hash join on what
-//!    arrives.
+//!    probe; rows of its own partitions go to itself) and runs the hash join (or the
+//!    radix join kernel, `radix_kernel`) on what arrives.
 //!
 //! Broadcasting a side replicates its rows, so a partition's side is broadcast only
 //! when the join never emits that side's rows on their own ([`broadcastable`]). Rows with a NULL key match
@@ -88,6 +88,10 @@ pub struct NeoSettings {
     /// hash placement, as the workers measured it; otherwise every row goes where a hash
     /// shuffle sends it. `None`: always the assignment.
     pub min_saving: Option<u32>,
+    /// Join the arriving rows with the radix join kernel (`gyre_join::radix`) instead
+    /// of DataFusion's hash table (`gyre.join_kernel`).
+    #[serde(default)]
+    pub radix_kernel: bool,
 }
 
 impl Default for NeoSettings {
@@ -100,6 +104,7 @@ impl Default for NeoSettings {
             solver_ms: 100,
             selective_broadcast: true,
             min_saving: None,
+            radix_kernel: false,
         }
     }
 }
@@ -252,6 +257,9 @@ impl DisplayAs for NeoJoinExec {
         write!(f, ", broadcast={sides}")?;
         if let Some(pct) = self.settings.min_saving {
             write!(f, ", min_saving={pct}%")?;
+        }
+        if self.settings.radix_kernel {
+            write!(f, ", kernel=radix")?;
         }
         if let Some(e) = self.exchange {
             write!(f, ", exchanges={e}..{}", e + EXCHANGES_PER_NEO_JOIN - 1)?;

@@ -30,6 +30,7 @@ use crate::context::QueryContext;
 use crate::key_hash::hash_keys;
 use crate::memory::collect_counted;
 use crate::prepared::PreparedInputExec;
+use crate::radix_join::radix_join_stream;
 use crate::receiver::ExchangeReceiverExec;
 use crate::sender::{Outlet, SendMetrics};
 use crate::task::{AbortOnDrop, run_detached};
@@ -41,6 +42,7 @@ use datafusion::common::{DataFusionError, Result, internal_datafusion_err, inter
 use datafusion::execution::TaskContext;
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
 use datafusion::physical_expr::PhysicalExprRef;
+use datafusion::physical_plan::joins::HashJoinExec;
 use datafusion::physical_plan::metrics::{Count, MetricBuilder, Time};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
@@ -142,12 +144,17 @@ pub(super) fn execute(
             probe_kept_rx,
             "probe rows",
         )?;
-        Arc::clone(exec.join())
-            .replace_children(
-                vec![build, probe],
-                ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute),
-            )?
-            .execute(partition, Arc::clone(&ctx))
+        let local = Arc::clone(exec.join()).replace_children(
+            vec![build, probe],
+            ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute),
+        )?;
+        match (
+            exec.settings().radix_kernel,
+            local.downcast_ref::<HashJoinExec>(),
+        ) {
+            (true, Some(hj)) => radix_join_stream(hj, partition, Arc::clone(&ctx), &exec.metrics),
+            _ => local.execute(partition, Arc::clone(&ctx)),
+        }
     })();
     let joined = match joined {
         Ok(joined) => joined,

@@ -104,6 +104,18 @@ impl RadixJoinExec {
     }
 }
 
+/// The radix kernel's stream for partition `partition` of `hj`, whose inputs may be
+/// any plan (a Neo-Join runs it over the rows the assignment brings), its figures
+/// in `metrics`.
+pub(crate) fn radix_join_stream(
+    hj: &HashJoinExec,
+    partition: usize,
+    context: Arc<TaskContext>,
+    metrics: &ExecutionPlanMetricsSet,
+) -> Result<SendableRecordBatchStream> {
+    stream::RadixJoinStream::start(hj, partition, context, metrics)
+}
+
 /// Radix partitions a build side must span before the kernel pays off: a build side
 /// that fits in one or two cache-sized partitions is probed about as fast through
 /// DataFusion's hash table (docs/results.md, "The radix join kernel in SQL").
