@@ -4,10 +4,10 @@
 //! (`gyre_exchange::neo_join`). With `auto` (and `gyre.neo_min_saving` not off) the
 //! joins that shuffle both inputs become Neo-Joins that choose at run time between the
 //! assignment and a hash shuffle (with one input already placed on the key, a hash
-//! shuffle moves only the other one, without collecting both first). Where a join is safe to rewrite is Flow-Join's rule
-//! (nothing above relies on its hash partitioning or order); the join must have one
-//! integer or date key ([`NeoJoinExec::supports`]). A join whose inputs are both
-//! co-located already moves nothing and stays.
+//! shuffle moves only the other one, without collecting both first). Where a join is
+//! safe to rewrite is Flow-Join's rule (nothing above relies on its hash partitioning
+//! or order); the join must have one integer or date key ([`NeoJoinExec::supports`]).
+//! A join whose inputs are both co-located already moves nothing and stays.
 
 use crate::flow::{recompute, rewrite_unpinned, unshuffled};
 use crate::options::{GyreOptions, JoinStrategy};

@@ -95,16 +95,20 @@ pub fn plan_radix_joins(
             false => node.replace_children(new, recompute()),
         }
     };
+    // Decided on the join as planned, its inputs' estimates not yet behind radix joins.
+    let kernel_pays_off = |hj: &HashJoinExec| {
+        RadixJoinExec::supports(hj).is_ok()
+            && workers.is_none_or(|n| {
+                estimated_rows(hj.left()).is_some_and(|rows| radix_pays_off(rows / n))
+            })
+    };
     // A Neo-Join runs its local join itself: the kernel is one of its settings.
     if let Some(neo) = plan.downcast_ref::<NeoJoinExec>() {
         let join = rewrite_children(Arc::clone(neo.join()))?;
         let mut settings = neo.settings();
-        // As for other joins: with `auto`, where the build side per worker is large
-        // enough (Neo-Join with the kernel took 0.58x its time with DataFusion's hash
-        // table on 1 M x 16 M rows).
-        settings.radix_kernel |= workers.is_none_or(|n| {
-            estimated_rows(neo.hash_join().left()).is_some_and(|rows| radix_pays_off(rows / n))
-        });
+        // As for other joins (Neo-Join with the kernel took 0.58x its time with
+        // DataFusion's hash table on 1 M x 16 M rows).
+        settings.radix_kernel |= kernel_pays_off(neo.hash_join());
         if Arc::ptr_eq(&join, neo.join()) && settings == neo.settings() {
             return Ok(plan);
         }
@@ -125,13 +129,9 @@ pub fn plan_radix_joins(
     if plan.is::<RadixJoinExec>() {
         return Ok(plan);
     }
-    // Decided on the join as planned, its inputs' estimates not yet behind radix joins.
-    let eligible = plan.downcast_ref::<HashJoinExec>().is_some_and(|hj| {
-        RadixJoinExec::supports(hj).is_ok()
-            && workers.is_none_or(|n| {
-                estimated_rows(hj.left()).is_some_and(|rows| radix_pays_off(rows / n))
-            })
-    });
+    let eligible = plan
+        .downcast_ref::<HashJoinExec>()
+        .is_some_and(kernel_pays_off);
     let plan = rewrite_children(plan)?;
     match eligible {
         true => Ok(Arc::new(RadixJoinExec::try_new(plan)?)),

@@ -8,14 +8,14 @@
 //!    that all use one fine-bucket domain.
 //! 3. **Histogram**: bytes per fine bucket and side, and per worker a hash shuffle
 //!    would send them to, sent to worker 0 (+1).
-//! 4. **Assign** (worker 0): adaptive (or plain radix) partitions, the assignment and its schedule;
-//!    the partition bounds and placements go to every worker (+2), or, chosen at run
-//!    time, "hash placement" where the assignment saves too little.
+//! 4. **Assign** (worker 0): adaptive (or plain radix) partitions, the assignment and
+//!    its schedule; the partition bounds and placements go to every worker (+2), or,
+//!    chosen at run time, "hash placement" where the assignment saves too little.
 //! 5. **Route**: every build row, then every probe row, to the worker that joins its
 //!    partition, or to all for a broadcast side (+3, +4), or where a hash shuffle
-//!    sends it; then end of stream. Rows
-//!    this worker joins itself skip the transport: they go to its join through a
-//!    channel, as the rows of the other workers arrive through the exchange.
+//!    sends it; then end of stream. Rows this worker joins itself skip the transport:
+//!    they go to its join through a channel, as the rows of the other workers arrive
+//!    through the exchange.
 //!
 //! The join reads its build exchange to the end before its probe exchange, and every
 //! router sends all build rows before any probe row, so no worker waits in a cycle.
@@ -690,7 +690,7 @@ impl Plan {
     /// What EXPLAIN ANALYZE shows, with the rounds of the schedule of what moves.
     fn report(self) -> Result<String> {
         let transfers = match self.hash_placement {
-            true => self.hash.clone(),
+            true => self.hash,
             false => self.solved.assignment.transfers(&self.sizes),
         };
         let rounds = open_shop(&transfers)
