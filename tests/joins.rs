@@ -619,8 +619,9 @@ async fn radix_join_kernel_answers_every_join_type_like_datafusion() {
 /// `SET gyre.join_strategy = neo` at sizes where the assignment has work to do: every
 /// join type, filters, NULL keys, a heavy key (a fifth of one input) and date keys,
 /// each answer DataFusion's. The plan shows the assignment; the heavy key's partition
-/// is broadcast by its small side where the join type allows it. Plain radix
-/// partitioning without broadcast, greedily assigned, answers the same.
+/// is broadcast by its small side where the join type allows it; each side moves in
+/// the rounds of its open-shop schedule. Plain radix partitioning without broadcast,
+/// greedily assigned, all transfers at once, answers the same.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn neo_join_answers_every_join_type_like_datafusion() {
     let setup = "
@@ -635,6 +636,8 @@ async fn neo_join_answers_every_join_type_like_datafusion() {
     let (cluster, reference) = start(4, setup).await;
     let c = &cluster.coordinator;
     c.sql("SET gyre.join_strategy = 'neo'").await.unwrap();
+    // Scheduled however short the shuffle.
+    c.sql("SET gyre.neo_schedule = 'open-shop'").await.unwrap();
     // A right anti join too: its build side may be broadcast.
     let right_anti =
         "SELECT count(*), sum(dn) FROM d WHERE NOT EXISTS (SELECT 1 FROM f WHERE fk = dk)";
@@ -661,6 +664,18 @@ async fn neo_join_answers_every_join_type_like_datafusion() {
         broadcast >= 1,
         "the heavy key's partition is not broadcast: {line}"
     );
+    // Each side moved in the rounds of its open-shop schedule, the barrier timed.
+    let rounds: Vec<u64> = line
+        .split("rounds=")
+        .nth(1)
+        .and_then(|v| v.split([',', ' ', ']']).next())
+        .map(|v| v.split('+').map(|r| r.parse().unwrap()).collect())
+        .unwrap_or_else(|| panic!("{line}"));
+    assert!(
+        line.contains("schedule=open-shop") && rounds.len() == 2 && rounds[0] + rounds[1] >= 3,
+        "{line}"
+    );
+    assert!(line.contains("round_wait="), "{line}");
     // A filtered build side prunes the probe rows before they are histogrammed and
     // routed, by every worker's build keys.
     let semi = explain(EVERY_JOIN_TYPE[4]).await;
@@ -689,7 +704,8 @@ async fn neo_join_answers_every_join_type_like_datafusion() {
         "{radix}"
     );
     c.sql("SET gyre.join_kernel = 'auto'").await.unwrap();
-    // The session's settings reach the workers' Neo-Joins.
+    // The session's settings reach the workers' Neo-Joins; all transfers at once.
+    c.sql("SET gyre.neo_schedule = free").await.unwrap();
     c.sql("SET gyre.neo_partitions = 16").await.unwrap();
     c.sql("SET gyre.neo_solver_ms = 0").await.unwrap();
     c.sql("SET gyre.neo_broadcast = off").await.unwrap();
@@ -702,7 +718,8 @@ async fn neo_join_answers_every_join_type_like_datafusion() {
         greedy.contains("target_partitions=16, partitioning=radix, broadcast=none")
             && greedy.contains("partitions=16, assignment=")
             && greedy.contains("assignment=greedy (the solver is off)")
-            && greedy.contains("broadcast_partitions=0"),
+            && greedy.contains("broadcast_partitions=0")
+            && greedy.contains("schedule=free"),
         "{greedy}"
     );
 }

@@ -34,10 +34,15 @@ async fn tpch_four_workers_radix_join_kernel() {
     common::check_cluster_with(4, SF, false, &["SET gyre.join_kernel = radix"]).await;
 }
 
-/// Every eligible partitioned join run as a Neo-Join (`gyre.join_strategy = neo`).
+/// Every eligible partitioned join run as a Neo-Join (`gyre.join_strategy = neo`),
+/// each side shuffled in the rounds of its open-shop schedule.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tpch_four_workers_neo_join() {
-    common::check_cluster_with(4, SF, false, &["SET gyre.join_strategy = neo"]).await;
+    let settings = [
+        "SET gyre.join_strategy = neo",
+        "SET gyre.neo_schedule = 'open-shop'",
+    ];
+    common::check_cluster_with(4, SF, false, &settings).await;
 }
 
 /// Generated TPC-H tables keep their generation order on each worker (chunked
@@ -124,6 +129,7 @@ async fn neo_join_answers_like_datafusion_on_one_to_three_workers() {
         let c = &cluster.coordinator;
         c.load_tpch_placed(0.01, true).await.unwrap();
         c.sql("SET gyre.join_strategy = neo").await.unwrap();
+        c.sql("SET gyre.neo_schedule = 'open-shop'").await.unwrap();
         let reference = reference_context(c, 2).await.unwrap();
         for q in queries {
             let got = c.sql_one(q).await.unwrap();

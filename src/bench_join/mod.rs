@@ -74,7 +74,8 @@ pub struct JoinArgs {
     /// worker's own heavy hitters, their build rows fetched), neo (Neo-Join: both inputs
     /// placed by a locality-aware assignment), neo-radix (Neo-Join with plain radix
     /// partitioning and no selective broadcast, the thesis' baseline for skew),
-    /// neo-radix-kernel (Neo-Join joining with the radix kernel); each Neo-Join as
+    /// neo-radix-kernel (Neo-Join joining with the radix kernel), neo-open-shop
+    /// (Neo-Join shuffling in synchronised open-shop rounds); each Neo-Join as
     /// neo...:P with gyre.neo_partitions = P, cyclo-hash, cyclo-sort-merge,
     /// cyclo-band:C, cyclo-lt|le|gt|ge, cyclo-nl-band:C, cyclo-theta:M:K (cyclo-join on
     /// the Data Roundabout with that local algorithm).
@@ -616,6 +617,10 @@ mod tests {
             "neo-radix"
         );
         assert_eq!(sql::sql_strategy("neo").unwrap().1, None);
+        assert_eq!(
+            sql::sql_strategy("neo-open-shop:16").unwrap().0.name,
+            "neo-open-shop"
+        );
         for bad in ["neo:0", "neo:x", "hash:4", "nope"] {
             assert!(check_strategy(bad).is_err(), "{bad}");
         }

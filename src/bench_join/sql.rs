@@ -49,11 +49,13 @@ pub struct SqlStrategy {
     join: &'static str,
     /// `gyre.neo_adaptive` and `gyre.neo_broadcast`: Neo-Join's skew handling.
     neo_skew: &'static str,
+    /// `gyre.neo_schedule`.
+    neo_schedule: &'static str,
 }
 
 const fn strategy(
     name: &'static str,
-    [detection, fetch, kernel, join, neo_skew]: [&'static str; 5],
+    [detection, fetch, kernel, join, neo_skew, neo_schedule]: [&'static str; 6],
 ) -> SqlStrategy {
     SqlStrategy {
         name,
@@ -62,21 +64,30 @@ const fn strategy(
         kernel,
         join,
         neo_skew,
+        neo_schedule,
     }
 }
 
 /// The strategies this path runs. `neo-radix` is the thesis' baseline for skew: plain
 /// radix partitioning, no selective broadcast; `neo-radix-kernel` joins with the radix
-/// kernel. Each Neo-Join takes a partition count
-/// after a colon (`neo:256`: `gyre.neo_partitions`, `auto` by default).
-pub const STRATEGIES: [SqlStrategy; 7] = [
-    strategy("hash", ["off", "off", "hash", "shuffle", "on"]),
-    strategy("flow", ["on", "off", "hash", "shuffle", "on"]),
-    strategy("flow-fetch", ["on", "on", "hash", "shuffle", "on"]),
-    strategy("radix", ["off", "off", "radix", "shuffle", "on"]),
-    strategy("neo", ["off", "off", "hash", "neo", "on"]),
-    strategy("neo-radix", ["off", "off", "hash", "neo", "off"]),
-    strategy("neo-radix-kernel", ["off", "off", "radix", "neo", "on"]),
+/// kernel; `neo-open-shop` shuffles in the rounds of the open-shop schedule. Each
+/// Neo-Join takes a partition count after a colon (`neo:256`: `gyre.neo_partitions`,
+/// `auto` by default).
+pub const STRATEGIES: [SqlStrategy; 8] = [
+    strategy("hash", ["off", "off", "hash", "shuffle", "on", "free"]),
+    strategy("flow", ["on", "off", "hash", "shuffle", "on", "free"]),
+    strategy("flow-fetch", ["on", "on", "hash", "shuffle", "on", "free"]),
+    strategy("radix", ["off", "off", "radix", "shuffle", "on", "free"]),
+    strategy("neo", ["off", "off", "hash", "neo", "on", "free"]),
+    strategy(
+        "neo-open-shop",
+        ["off", "off", "hash", "neo", "on", "open-shop"],
+    ),
+    strategy("neo-radix", ["off", "off", "hash", "neo", "off", "free"]),
+    strategy(
+        "neo-radix-kernel",
+        ["off", "off", "radix", "neo", "on", "free"],
+    ),
 ];
 
 /// The strategy named `name` (`neo:P`: `neo` with P partitions), with its Neo-Join
@@ -169,13 +180,20 @@ impl<'a> SqlJoins<'a> {
                 kernel,
                 join: strategy,
                 neo_skew,
+                neo_schedule,
                 ..
             },
             partitions,
         ) = sql_strategy(&run.strategy)?;
         let partitions = partitions.map_or("auto".to_string(), |p| p.to_string());
-        let (detection, fetch, kernel, strategy, neo_skew) =
-            (*detection, *fetch, *kernel, *strategy, *neo_skew);
+        let (detection, fetch, kernel, strategy, neo_skew, neo_schedule) = (
+            *detection,
+            *fetch,
+            *kernel,
+            *strategy,
+            *neo_skew,
+            *neo_schedule,
+        );
         let workload = Workload::of(run);
         if self.loaded.as_ref() != Some(&workload) {
             self.load(&workload).await?;
@@ -184,7 +202,7 @@ impl<'a> SqlJoins<'a> {
             "SET gyre.join_strategy = '{strategy}'; SET gyre.skew_detection = '{detection}'; \
              SET gyre.skew_fetch = '{fetch}'; SET gyre.join_kernel = '{kernel}'; \
              SET gyre.neo_adaptive = '{neo_skew}'; SET gyre.neo_broadcast = '{neo_skew}'; \
-             SET gyre.neo_partitions = '{partitions}'"
+             SET gyre.neo_partitions = '{partitions}'; SET gyre.neo_schedule = '{neo_schedule}'"
         ))
         .await?;
         let flow = detection == "on";
@@ -198,6 +216,7 @@ impl<'a> SqlJoins<'a> {
                 || (plan.contains("RadixJoinExec") || plan.contains("kernel=radix")) != radix
                 || plan.contains("NeoJoinExec") != neo
                 || (neo && plan.contains("partitioning=radix") != (neo_skew == "off"))
+                || (neo && !plan.contains(&format!("schedule={neo_schedule}")))
             {
                 return Err(format!(
                     "the {} run's plan is not a {}:\n{plan}",

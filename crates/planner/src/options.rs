@@ -8,7 +8,7 @@
 
 use datafusion::common::config::{ConfigEntry, ConfigExtension, ConfigOptions, ExtensionOptions};
 use datafusion::common::{DataFusionError, Result};
-use gyre_exchange::{BuildPreserving, Compression, NeoSettings, SkewSettings};
+use gyre_exchange::{BuildPreserving, Compression, NeoSchedule, NeoSettings, SkewSettings};
 use std::any::Any;
 
 /// How joins are distributed (`SET gyre.join_strategy`).
@@ -150,7 +150,7 @@ impl ConfigExtension for GyreOptions {
 pub const DEFAULT_NEO_MIN_SAVING: Option<u32> = Some(25);
 
 /// Every setting with its description, in the order `SHOW ALL` lists them.
-const SETTINGS: [(&str, &str); 20] = [
+const SETTINGS: [(&str, &str); 21] = [
     (
         "compression",
         "Arrow IPC compression of data sent between workers: none, lz4, zstd, or auto \
@@ -260,6 +260,13 @@ const SETTINGS: [(&str, &str); 20] = [
          percentage against hash placement, else a hash shuffle. 0 to 100, or off: auto \
          plans no Neo-Joins.",
     ),
+    (
+        "neo_schedule",
+        "open-shop: each side of a Neo-Join's shuffle runs in the rounds of its \
+         open-shop schedule, synchronised so that no worker receives from two at once; \
+         free (the default, as fast or faster where measured): every worker sends to \
+         all at once.",
+    ),
 ];
 
 impl GyreOptions {
@@ -309,6 +316,7 @@ impl GyreOptions {
                 Some(pct) => pct.to_string(),
                 None => "off".to_string(),
             },
+            "neo_schedule" => self.neo.schedule.name().to_string(),
             _ => unreachable!("every key of SETTINGS has a value"),
         }
     }
@@ -382,6 +390,17 @@ impl ExtensionOptions for GyreOptions {
                             "{name} is a percentage from 0 to 100 or off, not '{value}'"
                         ))
                     })?),
+                }
+            }
+            "neo_schedule" => {
+                next.neo.schedule = match value.trim().to_ascii_lowercase().as_str() {
+                    "free" => NeoSchedule::Free,
+                    "open-shop" | "open_shop" | "openshop" => NeoSchedule::OpenShop,
+                    _ => {
+                        return Err(invalid(format!(
+                            "{name} is open-shop or free, not '{value}'"
+                        )));
+                    }
                 }
             }
             _ => {
@@ -522,6 +541,9 @@ mod tests {
         c.set("gyre.neo_min_saving", "40").unwrap();
         assert_eq!(GyreOptions::of(&c).neo.min_saving, Some(40));
         c.set("gyre.neo_min_saving", "OFF").unwrap();
+        assert_eq!(GyreOptions::of(&c).neo.schedule, NeoSchedule::Free);
+        c.set("gyre.neo_schedule", "Open-Shop").unwrap();
+        assert_eq!(GyreOptions::of(&c).neo.schedule, NeoSchedule::OpenShop);
         let o = GyreOptions::of(&c);
         assert_eq!(
             (
@@ -566,6 +588,7 @@ mod tests {
             ("gyre.neo_partitions", "0", "from 1 to 65536"),
             ("gyre.neo_solver_ms", "-1", "gyre.neo_solver_ms"),
             ("gyre.neo_min_saving", "101", "from 0 to 100 or off"),
+            ("gyre.neo_schedule", "phased", "open-shop or free"),
             ("gyre.nothing", "1", "gyre.join_strategy"),
         ] {
             let e = c.set(bad, value).unwrap_err().to_string();

@@ -13,7 +13,8 @@
 //! The TCP backend ([`TcpTransport`]) runs one communication multiplexer per
 //! node on a thread of its own ([`mux`]), which owns every connection; see
 //! [`endpoint`] for flow control and termination, [`pool`] for message
-//! buffers, [`schedule`] for the free and phased network schedules,
+//! buffers, [`schedule`] for the free and phased network schedules and
+//! [`rounds`] for planned ones,
 //! [`auth`] for the handshake and [`frame`] for the wire format. A backend
 //! consists of a [`hub::Hub`] (backend-neutral stream table) and something
 //! that carries frames between nodes.
@@ -28,6 +29,7 @@ pub mod fuzzing;
 pub(crate) mod hub;
 pub(crate) mod mux;
 pub mod pool;
+pub mod rounds;
 pub mod schedule;
 pub mod seal;
 pub mod stats;

@@ -48,13 +48,14 @@ use std::fmt;
 use std::sync::Arc;
 
 /// Exchange ids a Neo-Join uses: key range, histograms, assignment, build rows, probe
-/// rows.
-pub const EXCHANGES_PER_NEO_JOIN: u32 = 5;
+/// rows, the open-shop schedule's round barrier.
+pub const EXCHANGES_PER_NEO_JOIN: u32 = 6;
 const DOMAIN_EXCHANGE: u32 = 0;
 const HISTOGRAM_EXCHANGE: u32 = 1;
 const ASSIGNMENT_EXCHANGE: u32 = 2;
 const BUILD_EXCHANGE: u32 = 3;
 const PROBE_EXCHANGE: u32 = 4;
+const ROUND_EXCHANGE: u32 = 5;
 
 /// Longest time limit a plan may give the solver.
 const MAX_SOLVER_MS: u32 = 60_000;
@@ -92,6 +93,32 @@ pub struct NeoSettings {
     /// of DataFusion's hash table (`gyre.join_kernel`).
     #[serde(default)]
     pub radix_kernel: bool,
+    /// How the assignment's transfers share the network (`gyre.neo_schedule`).
+    #[serde(default)]
+    pub schedule: NeoSchedule,
+}
+
+/// How a Neo-Join's shuffle uses the links.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum NeoSchedule {
+    /// Every worker sends to every other at once, as TCP shares the links (the
+    /// transport's own schedule applies). The default: on 4 emulated hosts at 110
+    /// Mbit/s and 1 Gbit/s it was as fast as the open-shop rounds or faster
+    /// (docs/results.md, "Open-shop rounds against a free shuffle").
+    #[default]
+    Free,
+    /// Each side's transfers in the rounds of their open-shop schedule, synchronised
+    /// (`gyre_transport::rounds`): no receiver ever has two senders.
+    OpenShop,
+}
+
+impl NeoSchedule {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Free => "free",
+            Self::OpenShop => "open-shop",
+        }
+    }
 }
 
 impl Default for NeoSettings {
@@ -105,6 +132,7 @@ impl Default for NeoSettings {
             selective_broadcast: true,
             min_saving: None,
             radix_kernel: false,
+            schedule: NeoSchedule::Free,
         }
     }
 }
@@ -261,6 +289,7 @@ impl DisplayAs for NeoJoinExec {
         if self.settings.radix_kernel {
             write!(f, ", kernel=radix")?;
         }
+        write!(f, ", schedule={}", self.settings.schedule.name())?;
         if let Some(e) = self.exchange {
             write!(f, ", exchanges={e}..{}", e + EXCHANGES_PER_NEO_JOIN - 1)?;
         }

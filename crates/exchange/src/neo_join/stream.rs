@@ -15,7 +15,10 @@
 //!    partition, or to all for a broadcast side (+3, +4), or where a hash shuffle
 //!    sends it; then end of stream. Rows this worker joins itself skip the transport:
 //!    they go to its join through a channel, as the rows of the other workers arrive
-//!    through the exchange.
+//!    through the exchange. Under the open-shop schedule each side's rows move in the
+//!    rounds of that side's schedule, which every worker computes from the transfer
+//!    matrices worker 0 sends with the assignment, kept in step by a round barrier
+//!    (+5, `gyre_transport::rounds`).
 //!
 //! The join reads its build exchange to the end before its probe exchange, and every
 //! router sends all build rows before any probe row, so no worker waits in a cycle.
@@ -23,7 +26,7 @@
 
 use super::{
     ASSIGNMENT_EXCHANGE, BUILD_EXCHANGE, DOMAIN_EXCHANGE, HISTOGRAM_EXCHANGE, NeoJoinExec,
-    NeoReport, NeoSettings, PROBE_EXCHANGE, broadcastable,
+    NeoReport, NeoSchedule, NeoSettings, PROBE_EXCHANGE, ROUND_EXCHANGE, broadcastable,
 };
 use crate::RelayedError;
 use crate::context::QueryContext;
@@ -32,7 +35,7 @@ use crate::memory::collect_counted;
 use crate::prepared::PreparedInputExec;
 use crate::radix_join::radix_join_stream;
 use crate::receiver::ExchangeReceiverExec;
-use crate::sender::{Outlet, SendMetrics};
+use crate::sender::{Outlet, SendMetrics, transport_err};
 use crate::task::{AbortOnDrop, run_detached};
 use arrow::array::{RecordBatch, UInt32Array};
 use arrow::buffer::NullBuffer;
@@ -52,10 +55,11 @@ use datafusion::physical_plan::{
 use futures::StreamExt;
 use gyre_join::cyclo::{RingSpec, scatter};
 use gyre_join::neo::{
-    AssignOptions, Broadcastable, Costs, FineHistogram, Method, PartitionMap, Placement,
-    RadixDomain, Sizes, Solved, assign, open_shop,
+    AssignOptions, Broadcastable, Costs, FineHistogram, Method, NodeRound, PartitionMap, Placement,
+    RadixDomain, Sizes, Solved, assign, node_rounds, open_shop,
 };
 use gyre_join::{KeyDomain, Keys};
+use gyre_transport::rounds::RoundBarrier;
 use gyre_transport::{NodeId, SendEndpoint, To, node_name};
 use parking_lot::Mutex;
 use std::sync::Arc;
@@ -183,6 +187,7 @@ pub(super) fn execute(
             shipped: m().counter("rows_shipped", partition),
             broadcast: m().counter("rows_broadcast", partition),
             plan_time: m().subset_time("plan_time", partition),
+            round_wait: m().subset_time("round_wait", partition),
         },
     };
     let reservation =
@@ -226,6 +231,8 @@ struct RouterMetrics {
     shipped: Count,
     broadcast: Count,
     plan_time: Time,
+    /// Time the open-shop schedule's barrier waited for other workers.
+    round_wait: Time,
 }
 
 /// One side's collected rows with their ordered keys.
@@ -285,8 +292,35 @@ impl Router {
         ];
         let domain = self.agree_on_domain(&sides).await?;
         let routing = self.assignment(domain, &sides).await?;
+        let mut barrier = match &routing {
+            Routing::Neo {
+                rounds: Some(_), ..
+            } => Some(
+                RoundBarrier::open(
+                    self.qc.transport.as_ref(),
+                    self.qc.query_id,
+                    self.first + ROUND_EXCHANGE,
+                    self.qc.workers.clone(),
+                    self.partition,
+                )
+                .map_err(transport_err)?,
+            ),
+            _ => None,
+        };
         for (s, (side, kept)) in sides.into_iter().zip(kept).enumerate() {
-            self.route(s, side, &routing, endpoints[s], kept).await?;
+            self.route(
+                s,
+                side,
+                &routing,
+                endpoints[s],
+                kept,
+                barrier.as_mut(),
+                reservation,
+            )
+            .await?;
+        }
+        if let Some(barrier) = barrier {
+            barrier.close().await.map_err(transport_err)?;
         }
         Ok(())
     }
@@ -433,7 +467,7 @@ impl Router {
                 .map_err(|e| internal_datafusion_err!("the Neo-Join schedule failed: {e}"))?;
             self.report.lock().plan = Some(report?);
         }
-        self.decode(domain, &words[0])
+        self.decode(domain, &words[0]).await
     }
 
     /// Worker 0: partitions, assignment, and whether to use it.
@@ -508,12 +542,15 @@ impl Router {
             };
         }
         let saving = solved.costs.saving_over(&hash_costs);
+        let side_transfers = (self.settings.schedule == NeoSchedule::OpenShop)
+            .then(|| [true, false].map(|build| solved.assignment.side_transfers(&sizes, build)));
         Ok(Plan {
             hash_placement: self
                 .settings
                 .min_saving
                 .is_some_and(|pct| saving < pct as f64),
             min_saving: self.settings.min_saving,
+            side_transfers,
             saving,
             map,
             solved,
@@ -524,7 +561,7 @@ impl Router {
     }
 
     /// The routing from worker 0's words, checked.
-    fn decode(&self, domain: RadixDomain, words: &[u64]) -> Result<Routing> {
+    async fn decode(&self, domain: RadixDomain, words: &[u64]) -> Result<Routing> {
         let n = self.qc.workers.len() as u64;
         let bad = |why: String| internal_datafusion_err!("bad Neo-Join assignment: {why}");
         if words == [HASH_PLACEMENT] {
@@ -533,9 +570,15 @@ impl Router {
         let Some((&p, rest)) = words.split_first() else {
             return Err(bad("empty".into()));
         };
-        if p == 0 || p > domain.buckets() as u64 || rest.len() as u64 != 2 * p {
+        // Under the open-shop schedule, each side's transfer matrix follows.
+        let matrices = match self.settings.schedule {
+            NeoSchedule::OpenShop => 2 * n * n,
+            NeoSchedule::Free => 0,
+        };
+        if p == 0 || p > domain.buckets() as u64 || rest.len() as u64 != 2 * p + matrices {
             return Err(bad(format!("{p} partitions in {} words", words.len())));
         }
+        let (rest, matrices) = rest.split_at(2 * p as usize);
         let (starts, codes) = rest.split_at(p as usize);
         let starts = starts
             .iter()
@@ -551,11 +594,48 @@ impl Router {
                 other => Err(bad(format!("placement {other}"))),
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(Routing::Neo { map, placements })
+        let rounds = match matrices.is_empty() {
+            true => None,
+            false => Some(self.rounds(matrices).await?),
+        };
+        Ok(Routing::Neo {
+            map,
+            placements,
+            rounds,
+        })
+    }
+
+    /// This worker's part of each side's open-shop schedule, from the transfer
+    /// matrices (every worker computes the same rounds from the same matrices).
+    async fn rounds(&self, words: &[u64]) -> Result<[Vec<NodeRound>; 2]> {
+        let n = self.qc.workers.len();
+        if let Some(bad) = words.iter().find(|&&b| b > MAX_BUCKET_BYTES) {
+            return internal_err!("bad Neo-Join assignment: a transfer of {bad} bytes");
+        }
+        let matrices: Vec<Vec<Vec<u64>>> = words
+            .chunks(n * n)
+            .map(|m| m.chunks(n).map(<[u64]>::to_vec).collect())
+            .collect();
+        let me = self.partition as u32;
+        tokio::task::spawn_blocking(move || {
+            let mut sides = matrices
+                .iter()
+                .map(|m| Ok(node_rounds(&open_shop(m)?, me)))
+                .collect::<gyre_join::error::Result<Vec<_>>>()?
+                .into_iter();
+            let mut next = || sides.next().unwrap_or_default();
+            Ok([next(), next()])
+        })
+        .await
+        .map_err(|e| internal_datafusion_err!("the Neo-Join schedule failed: {e}"))?
+        .map_err(|e: gyre_join::error::JoinError| internal_datafusion_err!("{e}"))
     }
 
     /// Route: each row of side `s` to where it is joined; the rows joined here go to
-    /// `kept`, which is dropped (the join's input ends) with the side.
+    /// `kept`, which is dropped (the join's input ends) with the side. With a
+    /// `barrier`, the rows for other workers wait for their rounds of the side's
+    /// open-shop schedule.
+    #[allow(clippy::too_many_arguments)]
     async fn route(
         &self,
         s: usize,
@@ -563,6 +643,8 @@ impl Router {
         routing: &Routing,
         ep: &SendEndpoint,
         kept: mpsc::UnboundedSender<RecordBatch>,
+        barrier: Option<&mut RoundBarrier>,
+        reservation: &MemoryReservation,
     ) -> Result<()> {
         let n = self.qc.workers.len();
         let me = self.partition;
@@ -570,6 +652,16 @@ impl Router {
             Placement::BroadcastBuild
         } else {
             Placement::BroadcastProbe
+        };
+        let scheduled = match (routing, barrier) {
+            (
+                Routing::Neo {
+                    rounds: Some(rounds),
+                    ..
+                },
+                Some(barrier),
+            ) => Some((&rounds[s], barrier)),
+            _ => None,
         };
         // One outlet per worker (this one's stays empty): each stream is one Arrow IPC
         // stream, so broadcast rows go through every other worker's outlet too.
@@ -583,9 +675,11 @@ impl Router {
             kept.send(part)
                 .map_err(|_| internal_datafusion_err!("a Neo-Join's local join is gone"))
         };
+        // Scheduled: per other worker, its rows (batch, row indices) in batch order.
+        let mut waiting: Vec<Vec<(usize, Vec<u32>)>> = vec![Vec::new(); n];
         let mut rows: Vec<Vec<u32>> = vec![Vec::new(); n + 1];
-        let batches = side.batches.into_iter().zip(side.keys).zip(side.hash_to);
-        for ((batch, (keys, nulls)), hash_to) in batches {
+        let batches = side.batches.iter().zip(side.keys).zip(side.hash_to);
+        for (b, ((batch, (keys, nulls)), hash_to)) in batches.enumerate() {
             match routing {
                 // NULL keys are already this worker's.
                 Routing::Hash => {
@@ -593,7 +687,9 @@ impl Router {
                         rows[to as usize].push(row as u32);
                     }
                 }
-                Routing::Neo { map, placements } => {
+                Routing::Neo {
+                    map, placements, ..
+                } => {
                     for (row, &key) in keys.iter().enumerate() {
                         let valid = nulls.as_ref().is_none_or(|n| n.is_valid(row));
                         let to = match valid.then(|| placements[map.partition(key)]) {
@@ -618,9 +714,25 @@ impl Router {
                     _ => &self.metrics.shipped,
                 };
                 counter.add(list.len());
+                if scheduled.is_some() && to != me {
+                    let list = std::mem::take(list);
+                    let others = if to == n { n - 1 } else { 1 };
+                    reservation.try_grow(list.len() * 4 * others)?;
+                    if to == n {
+                        keep(take_record_batch(batch, &UInt32Array::from(list.clone()))?)?;
+                        for (w, waiting) in waiting.iter_mut().enumerate() {
+                            if w != me {
+                                waiting.push((b, list.clone()));
+                            }
+                        }
+                    } else {
+                        waiting[to].push((b, list));
+                    }
+                    continue;
+                }
                 let part = match list.len() == batch.num_rows() {
                     true => batch.clone(),
-                    false => take_record_batch(&batch, &UInt32Array::from(std::mem::take(list)))?,
+                    false => take_record_batch(batch, &UInt32Array::from(std::mem::take(list)))?,
                 };
                 list.clear();
                 if to == n {
@@ -637,11 +749,97 @@ impl Router {
                 }
             }
         }
+        if let Some((rounds, barrier)) = scheduled {
+            let mut queues: Vec<RowQueue> = waiting.into_iter().map(RowQueue::new).collect();
+            for (r, round) in rounds.iter().enumerate() {
+                if let Some((to, bytes)) = round.send {
+                    let to = to as usize;
+                    if to >= n || to == me {
+                        return internal_err!("a Neo-Join round sends to worker index {to}");
+                    }
+                    // Up to the rows the schedule has sent by the end of this round; in
+                    // the last round to this worker, all that is left.
+                    let last = !rounds[r + 1..]
+                        .iter()
+                        .any(|later| later.send.is_some_and(|(t, _)| t as usize == to));
+                    let queue = &mut queues[to];
+                    queue.planned += bytes;
+                    let upto = match last {
+                        true => u64::MAX,
+                        false => queue.planned.div_ceil(side.row_bytes),
+                    };
+                    while let Some(part) = queue.next_part(&side.batches, upto)? {
+                        outlets[to].push(ep, part, &self.metrics.send).await?;
+                    }
+                    outlets[to].flush(ep, &self.metrics.send).await?;
+                    barrier.sent(to).await.map_err(transport_err)?;
+                }
+                let timer = self.metrics.round_wait.timer();
+                barrier
+                    .end(round.receive.map(|from| from as usize))
+                    .await
+                    .map_err(transport_err)?;
+                timer.done();
+            }
+            // Rows no round covered (none when the histograms counted every row): after
+            // the schedule, so that nothing is lost.
+            for (to, queue) in queues.iter_mut().enumerate() {
+                while let Some(part) = queue.next_part(&side.batches, u64::MAX)? {
+                    outlets[to].push(ep, part, &self.metrics.send).await?;
+                }
+            }
+        }
         for outlet in &mut outlets {
             outlet.flush(ep, &self.metrics.send).await?;
         }
         ep.finish();
         Ok(())
+    }
+}
+
+/// The rows waiting for one worker under a planned schedule, sent in order.
+struct RowQueue {
+    lists: Vec<(usize, Vec<u32>)>,
+    /// The next list and the position in it.
+    at: (usize, usize),
+    sent: u64,
+    /// Bytes the schedule has sent to this worker so far.
+    planned: u64,
+}
+
+impl RowQueue {
+    fn new(lists: Vec<(usize, Vec<u32>)>) -> Self {
+        Self {
+            lists,
+            at: (0, 0),
+            sent: 0,
+            planned: 0,
+        }
+    }
+
+    /// The next rows, from one batch, while fewer than `upto` were sent.
+    fn next_part(&mut self, batches: &[RecordBatch], upto: u64) -> Result<Option<RecordBatch>> {
+        let (list, offset) = self.at;
+        let Some((b, rows)) = self.lists.get(list) else {
+            return Ok(None);
+        };
+        if self.sent >= upto {
+            return Ok(None);
+        }
+        let take = (rows.len() - offset).min((upto - self.sent).min(usize::MAX as u64) as usize);
+        let part = match (offset, take) {
+            (0, t) if t == batches[*b].num_rows() => batches[*b].clone(),
+            _ => take_record_batch(
+                &batches[*b],
+                &UInt32Array::from(rows[offset..offset + take].to_vec()),
+            )?,
+        };
+        self.sent += take as u64;
+        self.at = match offset + take == rows.len() {
+            true => (list + 1, 0),
+            false => (list, offset + take),
+        };
+        Ok(Some(part))
     }
 }
 
@@ -651,6 +849,8 @@ enum Routing {
     Neo {
         map: PartitionMap,
         placements: Vec<Placement>,
+        /// Under the open-shop schedule: this worker's part of each side's rounds.
+        rounds: Option<[Vec<NodeRound>; 2]>,
     },
     /// Where a hash shuffle sends them.
     Hash,
@@ -661,6 +861,8 @@ struct Plan {
     /// Chosen at run time, and the assignment saves too little.
     hash_placement: bool,
     min_saving: Option<u32>,
+    /// Under the open-shop schedule: each side's transfers (`[from][to]` bytes).
+    side_transfers: Option<[Vec<Vec<u64>>; 2]>,
     /// The assignment's saving on the busiest link over hash placement, in percent.
     saving: f64,
     map: PartitionMap,
@@ -684,18 +886,26 @@ impl Plan {
             Placement::BroadcastBuild => BROADCAST_BUILD,
             Placement::BroadcastProbe => BROADCAST_PROBE,
         }));
+        for matrix in self.side_transfers.iter().flatten() {
+            words.extend(matrix.iter().flatten());
+        }
         words
     }
 
-    /// What EXPLAIN ANALYZE shows, with the rounds of the schedule of what moves.
+    /// What EXPLAIN ANALYZE shows, with the rounds of the schedule of what moves: the
+    /// rounds each side ran in under the open-shop schedule, else those of an
+    /// open-shop schedule of all of it, for comparison.
     fn report(self) -> Result<String> {
-        let transfers = match self.hash_placement {
-            true => self.hash,
-            false => self.solved.assignment.transfers(&self.sizes),
+        let count = |m: &[Vec<u64>]| {
+            open_shop(m)
+                .map(|r| r.len())
+                .map_err(|e| internal_datafusion_err!("{e}"))
         };
-        let rounds = open_shop(&transfers)
-            .map_err(|e| internal_datafusion_err!("{e}"))?
-            .len();
+        let rounds = match (&self.side_transfers, self.hash_placement) {
+            (Some([build, probe]), false) => format!("{}+{}", count(build)?, count(probe)?),
+            (_, true) => count(&self.hash)?.to_string(),
+            (None, false) => count(&self.solved.assignment.transfers(&self.sizes))?.to_string(),
+        };
         let chosen = match (self.hash_placement, self.min_saving) {
             (true, Some(pct)) => format!("placement=hash (saves {:.0}% < {pct}%)", self.saving),
             (false, Some(pct)) => format!("placement=neo (saves {:.0}% >= {pct}%)", self.saving),

@@ -237,20 +237,39 @@ impl Assignment {
 
     /// Bytes from each node to each other node (`matrix[from][to]`, zero diagonal).
     pub fn transfers(&self, sizes: &Sizes) -> Vec<Vec<u64>> {
+        let mut matrix = self.side_transfers(sizes, true);
+        let probe = self.side_transfers(sizes, false);
+        for (row, other) in matrix.iter_mut().zip(probe) {
+            for (cell, bytes) in row.iter_mut().zip(other) {
+                *cell += bytes;
+            }
+        }
+        matrix
+    }
+
+    /// The build side's (`build`) or the probe side's part of [`Assignment::transfers`]:
+    /// each side is shuffled on its own, the build side first.
+    pub fn side_transfers(&self, sizes: &Sizes, build: bool) -> Vec<Vec<u64>> {
         let n = sizes.nodes;
         let mut matrix = vec![vec![0u64; n]; n];
+        let bytes = |from: usize, j: usize| match build {
+            true => sizes.build(from, j),
+            false => sizes.probe(from, j),
+        };
         for (j, &placement) in self.placements.iter().enumerate() {
             for (from, row) in matrix.iter_mut().enumerate() {
                 match placement {
                     Placement::Node(to) if to as usize != from => {
-                        row[to as usize] += sizes.both(from, j)
+                        row[to as usize] += bytes(from, j)
                     }
                     Placement::Node(_) => {}
                     Placement::BroadcastBuild | Placement::BroadcastProbe => {
-                        let bytes = sizes.broadcast(placement, from, j);
+                        if (placement == Placement::BroadcastBuild) != build {
+                            continue; // the other side stays
+                        }
                         for (to, cell) in row.iter_mut().enumerate() {
                             if to != from {
-                                *cell += bytes;
+                                *cell += bytes(from, j);
                             }
                         }
                     }

@@ -25,7 +25,7 @@ pub use assign::{
     AssignOptions, Assignment, Broadcastable, Costs, Method, Placement, Sizes, Solved, assign,
 };
 pub use histogram::{FineHistogram, PartitionMap, RadixDomain};
-pub use schedule::{Round, Transfer, lower_bound, open_shop};
+pub use schedule::{NodeRound, Round, Transfer, lower_bound, node_rounds, open_shop};
 
 #[cfg(test)]
 mod tests;

@@ -109,6 +109,35 @@ pub fn open_shop(matrix: &[Vec<u64>]) -> Result<Vec<Round>> {
     Ok(rounds)
 }
 
+/// What one node does in one round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct NodeRound {
+    /// The node it sends to, and how many bytes.
+    pub send: Option<(u32, u64)>,
+    /// The node it receives from.
+    pub receive: Option<u32>,
+}
+
+/// `node`'s part of every round, in order (idle rounds included: every node takes part
+/// in every round's synchronisation).
+pub fn node_rounds(rounds: &[Round], node: u32) -> Vec<NodeRound> {
+    rounds
+        .iter()
+        .map(|round| NodeRound {
+            send: round
+                .transfers
+                .iter()
+                .find(|t| t.from == node)
+                .map(|t| (t.to, t.bytes)),
+            receive: round
+                .transfers
+                .iter()
+                .find(|t| t.to == node)
+                .map(|t| t.from),
+        })
+        .collect()
+}
+
 /// A perfect matching on the positive entries whose smallest entry is largest
 /// (`matching[row] = column`), if any.
 fn bottleneck_matching(matrix: &[Vec<u64>]) -> Option<Vec<usize>> {
@@ -223,6 +252,12 @@ mod tests {
         assert_eq!(pairs(&rounds[0]), vec![(0, 1), (1, 2), (2, 0)]);
         assert_eq!(pairs(&rounds[1]), vec![(0, 2), (1, 0), (2, 1)]);
         assert_eq!(pairs(&rounds[2]), vec![(2, 0)]);
+        let mine = node_rounds(&rounds, 0);
+        assert_eq!(mine.len(), 3);
+        assert_eq!(mine[2].send, None);
+        assert_eq!(mine[2].receive, Some(2));
+        let sent: u64 = mine.iter().filter_map(|r| r.send).map(|(_, b)| b).sum();
+        assert_eq!(sent, 6 + 5);
         // 34 units over 3 nodes in 12: 94% of the links' capacity.
         assert_eq!(lower_bound(&matrix), 12);
     }

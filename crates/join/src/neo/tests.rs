@@ -114,6 +114,14 @@ fn the_thesis_example_is_solved_to_its_unique_optimum() {
     // The same costs from the transfer matrix, as measured transfers are costed.
     let matrix = solved.assignment.transfers(&sizes);
     assert_eq!(Costs::of_transfers(&matrix), solved.costs);
+    // The two sides' transfers add up to it.
+    let [build, probe] = [true, false].map(|b| solved.assignment.side_transfers(&sizes, b));
+    for i in 0..3 {
+        for k in 0..3 {
+            assert_eq!(build[i][k] + probe[i][k], matrix[i][k]);
+        }
+    }
+    assert_ne!(build, matrix);
 }
 
 #[test]
@@ -292,6 +300,15 @@ fn selective_broadcast_keeps_a_skewed_partition_in_place() {
     let matrix = broadcast_all.transfers(&sizes);
     assert_eq!(matrix[0][1], 1_000 + 500 * 3);
     assert_eq!(matrix[2][2], 0);
+    // Shuffled side by side: all of it is the build side's, the probe side stays.
+    assert_eq!(broadcast_all.side_transfers(&sizes, true), matrix);
+    assert!(
+        broadcast_all
+            .side_transfers(&sizes, false)
+            .iter()
+            .flatten()
+            .all(|&b| b == 0)
+    );
     let costs = broadcast_all.costs(&sizes);
     assert_eq!(costs.send[0], 3 * 2_500);
     assert_eq!(costs.receive[0], 3 * 2_500);
