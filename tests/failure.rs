@@ -258,6 +258,31 @@ async fn killed_worker_fails_a_flow_join_too() {
     assert!(result.is_err(), "{result:?}");
 }
 
+/// The same during a Neo-Join shuffling in open-shop rounds, with key 3 heavy on both
+/// sides (10K x 30K rows, joined for seconds): neither its exchanges of key ranges,
+/// histograms and assignment nor its round barrier waits for the dead worker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_worker_fails_a_neo_join_too() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let result = kill_worker_during(
+        &[
+            "CREATE TABLE d (k BIGINT, w BIGINT) PARTITION BY w",
+            "INSERT INTO d SELECT CASE WHEN value % 100 = 0 THEN 3 ELSE value END, value % 1000 \
+             FROM generate_series(1, 1000000) AS s(value)",
+            "CREATE TABLE s (id BIGINT, k BIGINT) PARTITION BY id",
+            "INSERT INTO s SELECT value, CASE WHEN value % 100 = 1 THEN 3 ELSE value % 1000000 END \
+             FROM generate_series(1, 3000000) AS s(value)",
+            "SET gyre.join_strategy = 'neo'",
+            "SET gyre.neo_schedule = 'open-shop'",
+        ],
+        "SELECT d.w % 10, count(*) FROM s JOIN d ON s.k = d.k GROUP BY 1 ORDER BY 1",
+        &["NeoJoinExec", "schedule=open-shop"],
+        "SELECT count(*) FROM s",
+    )
+    .await;
+    assert!(result.is_err(), "{result:?}");
+}
+
 /// A stopped worker (SIGSTOP: its sockets stay open, nothing answers) fails the query
 /// it was running and a DDL statement sent to it within 5 s, each naming it, since its
 /// heartbeats stop too; the cluster stays usable.

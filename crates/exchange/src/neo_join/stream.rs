@@ -59,7 +59,7 @@ use gyre_join::neo::{
     RadixDomain, Sizes, Solved, assign, node_rounds, open_shop,
 };
 use gyre_join::{KeyDomain, Keys};
-use gyre_transport::rounds::RoundBarrier;
+use gyre_transport::rounds::{Next, RoundBarrier};
 use gyre_transport::{NodeId, SendEndpoint, To, node_name};
 use parking_lot::Mutex;
 use std::sync::Arc;
@@ -774,9 +774,16 @@ impl Router {
                     outlets[to].flush(ep, &self.metrics.send).await?;
                     barrier.sent(to).await.map_err(transport_err)?;
                 }
+                // The next round's receiver must be done with this one; after the side's
+                // last round, everybody.
+                let next = match rounds.get(r + 1).map(|next| next.send) {
+                    None => Next::All,
+                    Some(Some((to, _))) => Next::Node(to as usize),
+                    Some(None) => Next::Nobody,
+                };
                 let timer = self.metrics.round_wait.timer();
                 barrier
-                    .end(round.receive.map(|from| from as usize))
+                    .end(round.receive.map(|from| from as usize), next)
                     .await
                     .map_err(transport_err)?;
                 timer.done();
