@@ -228,6 +228,19 @@ async fn killed_worker_fails_the_query_and_names_itself() {
     .ok();
 }
 
+/// Key 7 heavy on the probe side, key 3 on both (10K x 30K rows: 300M joined rows).
+const HEAVY_KEYS: [&str; 4] = [
+    "CREATE TABLE d (k BIGINT, w BIGINT) PARTITION BY w",
+    "INSERT INTO d SELECT CASE WHEN value % 100 = 0 THEN 3 ELSE value END, value % 1000 \
+     FROM generate_series(1, 1000000) AS s(value)",
+    "CREATE TABLE s (id BIGINT, k BIGINT) PARTITION BY id",
+    "INSERT INTO s SELECT value, CASE WHEN value % 3 = 0 THEN 7 \
+     WHEN value % 100 = 1 THEN 3 ELSE value % 1000000 END \
+     FROM generate_series(1, 3000000) AS s(value)",
+];
+const HEAVY_KEYS_JOIN: &str =
+    "SELECT d.w % 10, count(*) FROM s JOIN d ON s.k = d.k GROUP BY 1 ORDER BY 1";
+
 /// The same during a Flow-Join that routes both inputs, with a key heavy on the probe
 /// side (7) and one on both sides (3: 10K x 30K rows, joined by SFR for seconds): its
 /// detection rounds, broadcasts, held rows and SFR must not wait for the dead worker.
@@ -235,17 +248,8 @@ async fn killed_worker_fails_the_query_and_names_itself() {
 async fn killed_worker_fails_a_flow_join_too() {
     let _serial = ONE_AT_A_TIME.lock().await;
     let result = kill_worker_during(
-        &[
-            "CREATE TABLE d (k BIGINT, w BIGINT) PARTITION BY w",
-            "INSERT INTO d SELECT CASE WHEN value % 100 = 0 THEN 3 ELSE value END, value % 1000 \
-             FROM generate_series(1, 1000000) AS s(value)",
-            "CREATE TABLE s (id BIGINT, k BIGINT) PARTITION BY id",
-            "INSERT INTO s SELECT value, CASE WHEN value % 3 = 0 THEN 7 \
-             WHEN value % 100 = 1 THEN 3 ELSE value % 1000000 END \
-             FROM generate_series(1, 3000000) AS s(value)",
-            "SET gyre.join_strategy = 'shuffle'",
-        ],
-        "SELECT d.w % 10, count(*) FROM s JOIN d ON s.k = d.k GROUP BY 1 ORDER BY 1",
+        &[&HEAVY_KEYS[..], &["SET gyre.join_strategy = 'shuffle'"]].concat(),
+        HEAVY_KEYS_JOIN,
         &[
             "FlowJoinExec",
             "skew detection on build and probe hashes",
@@ -258,24 +262,19 @@ async fn killed_worker_fails_a_flow_join_too() {
     assert!(result.is_err(), "{result:?}");
 }
 
-/// The same during a Neo-Join shuffling in open-shop rounds, with key 3 heavy on both
-/// sides (10K x 30K rows, joined for seconds): neither its exchanges of key ranges,
-/// histograms and assignment nor its round barrier waits for the dead worker.
+/// The same during a Neo-Join shuffling in open-shop rounds (the keys heavy on both
+/// sides joined for seconds): neither its exchanges of key ranges, histograms and
+/// assignment nor its round barrier waits for the dead worker.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_worker_fails_a_neo_join_too() {
     let _serial = ONE_AT_A_TIME.lock().await;
+    let neo = [
+        "SET gyre.join_strategy = 'neo'",
+        "SET gyre.neo_schedule = 'open-shop'",
+    ];
     let result = kill_worker_during(
-        &[
-            "CREATE TABLE d (k BIGINT, w BIGINT) PARTITION BY w",
-            "INSERT INTO d SELECT CASE WHEN value % 100 = 0 THEN 3 ELSE value END, value % 1000 \
-             FROM generate_series(1, 1000000) AS s(value)",
-            "CREATE TABLE s (id BIGINT, k BIGINT) PARTITION BY id",
-            "INSERT INTO s SELECT value, CASE WHEN value % 100 = 1 THEN 3 ELSE value % 1000000 END \
-             FROM generate_series(1, 3000000) AS s(value)",
-            "SET gyre.join_strategy = 'neo'",
-            "SET gyre.neo_schedule = 'open-shop'",
-        ],
-        "SELECT d.w % 10, count(*) FROM s JOIN d ON s.k = d.k GROUP BY 1 ORDER BY 1",
+        &[&HEAVY_KEYS[..], &neo].concat(),
+        HEAVY_KEYS_JOIN,
         &["NeoJoinExec", "schedule=open-shop"],
         "SELECT count(*) FROM s",
     )

@@ -373,61 +373,45 @@ mod tests {
         b.close().await.unwrap();
     }
 
-    #[tokio::test]
-    async fn a_bad_marker_fails_the_barrier_naming_its_sender() {
+    /// A barrier on node 1 of two, whose peer writes `marker` (or only ends its
+    /// stream) on the barrier's stream instead of keeping the protocol; the error
+    /// of ending a round that receives from `source`.
+    async fn against_a_rogue(query: u64, marker: Option<&[u8]>, source: Option<usize>) -> String {
         let ids = vec![1, 2];
         let nodes = loopback_cluster(&ids, config()).await.unwrap();
-        let mut b = RoundBarrier::open(&nodes[0], 3, BARRIER, ids.clone(), 0).unwrap();
+        let mut b = RoundBarrier::open(&nodes[0], query, BARRIER, ids, 0).unwrap();
         let rogue = nodes[1]
             .open_send(SendSpec {
-                query: 3,
+                query,
                 exchange: BARRIER,
                 from: 1,
                 destinations: vec![1],
                 groups: vec![],
             })
             .unwrap();
-        for bytes in [&[1u8, 2, 3][..]] {
-            let mut buf = rogue.acquire(To::Node(1)).await.unwrap();
-            buf.vec_mut().extend_from_slice(bytes);
-            rogue.put(buf, false).unwrap();
+        match marker {
+            Some(bytes) => {
+                let mut buf = rogue.acquire(To::Node(1)).await.unwrap();
+                buf.vec_mut().extend_from_slice(bytes);
+                rogue.put(buf, false).unwrap();
+            }
+            None => rogue.finish(),
         }
-        let e = b.end(None, Next::All).await.unwrap_err().to_string();
+        b.end(source, Next::All).await.unwrap_err().to_string()
+    }
+
+    #[tokio::test]
+    async fn a_bad_marker_fails_the_barrier_naming_its_sender() {
+        let e = against_a_rogue(3, Some(&[1, 2, 3]), None).await;
         assert!(
             e.contains("worker 2") && e.contains("a marker of 3 bytes"),
             "{e}"
         );
-
         // A marker for a round it has not reached, and a stream that ends early.
-        let mut b = RoundBarrier::open(&nodes[0], 4, BARRIER, ids.clone(), 0).unwrap();
-        let rogue = nodes[1]
-            .open_send(SendSpec {
-                query: 4,
-                exchange: BARRIER,
-                from: 1,
-                destinations: vec![1],
-                groups: vec![],
-            })
-            .unwrap();
-        let mut buf = rogue.acquire(To::Node(1)).await.unwrap();
-        buf.vec_mut().extend_from_slice(&DONE.to_le_bytes());
-        buf.vec_mut().extend_from_slice(&5u64.to_le_bytes());
-        rogue.put(buf, false).unwrap();
-        let e = b.end(None, Next::All).await.unwrap_err().to_string();
+        let early = [DONE.to_le_bytes(), 5u64.to_le_bytes()].concat();
+        let e = against_a_rogue(4, Some(&early), None).await;
         assert!(e.contains("out of order"), "{e}");
-
-        let mut b = RoundBarrier::open(&nodes[0], 5, BARRIER, ids, 0).unwrap();
-        let rogue = nodes[1]
-            .open_send(SendSpec {
-                query: 5,
-                exchange: BARRIER,
-                from: 1,
-                destinations: vec![1],
-                groups: vec![],
-            })
-            .unwrap();
-        rogue.finish();
-        let e = b.end(Some(1), Next::All).await.unwrap_err().to_string();
+        let e = against_a_rogue(5, None, Some(1)).await;
         assert!(e.contains("ended its stream before"), "{e}");
     }
 }
