@@ -240,7 +240,8 @@ struct Side {
     batches: Vec<RecordBatch>,
     /// Per batch: the ordered key of every row and which are NULL.
     keys: Vec<(Vec<u64>, Option<NullBuffer>)>,
-    /// Per batch: the worker a hash shuffle sends each row to (this one for NULL keys).
+    /// Per batch: the worker a hash shuffle sends each row to (this one for NULL keys);
+    /// empty unless hash placement may be chosen at run time.
     hash_to: Vec<Vec<u32>>,
     /// Bytes a hash shuffle sends to each worker (this one's stay).
     hash_bytes: Vec<u64>,
@@ -340,25 +341,32 @@ impl Router {
         let mut hashes = Vec::new();
         let (mut bytes, mut rows) = (0u64, 0u64);
         let mut range: Option<(u64, u64)> = None;
+        // Only a Neo-Join chosen at run time may route by hash.
+        let keep_hash_to = self.settings.min_saving.is_some();
         for batch in &batches {
             let array = self.keys[s].evaluate(batch)?.into_array(batch.num_rows())?;
             let k = Keys::from_array(array.as_ref())
                 .map_err(|e| internal_datafusion_err!("Neo-Join key: {e}"))?;
-            reservation.try_grow(batch.num_rows() * 12)?;
+            reservation.try_grow(batch.num_rows() * if keep_hash_to { 12 } else { 8 })?;
             let domain: KeyDomain = k.domain();
             let ordered: Vec<u64> = k.values().iter().map(|&v| domain.ordered(v)).collect();
             let nulls = k.nulls().cloned();
             // DataFusion's hash repartitioning: hash modulo the partitions.
             hash_keys(std::slice::from_ref(&array), batch.num_rows(), &mut hashes)?;
-            let mut to = Vec::with_capacity(batch.num_rows());
+            let mut to = Vec::with_capacity(if keep_hash_to { batch.num_rows() } else { 0 });
             for (i, (&key, &hash)) in ordered.iter().zip(&hashes).enumerate() {
-                if nulls.as_ref().is_none_or(|n| n.is_valid(i)) {
-                    range = Some(range.map_or((key, key), |(lo, hi)| (lo.min(key), hi.max(key))));
-                    let worker = (hash % n as u64) as usize;
-                    hash_rows[worker] += 1;
+                let worker = match nulls.as_ref().is_none_or(|n| n.is_valid(i)) {
+                    true => {
+                        range =
+                            Some(range.map_or((key, key), |(lo, hi)| (lo.min(key), hi.max(key))));
+                        let worker = (hash % n as u64) as usize;
+                        hash_rows[worker] += 1;
+                        worker
+                    }
+                    false => self.partition,
+                };
+                if keep_hash_to {
                     to.push(worker as u32);
-                } else {
-                    to.push(self.partition as u32);
                 }
             }
             keys.push((ordered, nulls));
@@ -565,7 +573,12 @@ impl Router {
         let n = self.qc.workers.len() as u64;
         let bad = |why: String| internal_datafusion_err!("bad Neo-Join assignment: {why}");
         if words == [HASH_PLACEMENT] {
-            return Ok(Routing::Hash);
+            return match self.settings.min_saving {
+                Some(_) => Ok(Routing::Hash),
+                None => Err(bad(
+                    "hash placement for a Neo-Join not chosen at run time".into()
+                )),
+            };
         }
         let Some((&p, rest)) = words.split_first() else {
             return Err(bad("empty".into()));
