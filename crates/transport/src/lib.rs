@@ -107,6 +107,32 @@ impl fmt::Display for TransportError {
 
 impl std::error::Error for TransportError {}
 
+/// Opens `exchange` of `query` from `nodes[index]` to every other of `nodes` and back
+/// (all-to-all exchanges of small messages: histograms, markers). Each node's sender
+/// and source slot is its position in `nodes`.
+pub fn open_to_others(
+    t: &dyn Transport,
+    query: u64,
+    exchange: u32,
+    nodes: &[NodeId],
+    index: usize,
+) -> Result<(SendEndpoint, ReceiveEndpoint), TransportError> {
+    let others: Vec<usize> = (0..nodes.len()).filter(|&i| i != index).collect();
+    let send = t.open_send(SendSpec {
+        query,
+        exchange,
+        from: index as u32,
+        destinations: others.iter().map(|&i| nodes[i]).collect(),
+        groups: vec![],
+    })?;
+    let recv = t.open_receive(ReceiveSpec {
+        query,
+        exchange,
+        sources: others.iter().map(|&i| (i as u32, nodes[i])).collect(),
+    })?;
+    Ok((send, recv))
+}
+
 /// The seam between exchange operators and the network.
 pub trait Transport: Send + Sync + fmt::Debug + 'static {
     /// This node's id.

@@ -26,7 +26,7 @@
 //! or not. A peer's markers are checked (size, kind, order); a peer that breaks the
 //! protocol or ends its stream early fails the barrier with an error naming it.
 
-use crate::{NodeId, ReceiveEndpoint, ReceiveSpec, SendEndpoint, SendSpec, To, Transport};
+use crate::{NodeId, ReceiveEndpoint, SendEndpoint, To, Transport, open_to_others};
 use crate::{TransportError, node_name};
 use std::time::{Duration, Instant};
 
@@ -77,22 +77,10 @@ impl RoundBarrier {
                 "position {index} in a barrier of {n} nodes"
             )));
         }
-        let others: Vec<usize> = (0..n).filter(|&i| i != index).collect();
-        let (send, recv) = match others.is_empty() {
-            true => (None, None),
-            false => {
-                let send = t.open_send(SendSpec {
-                    query,
-                    exchange,
-                    from: index as u32,
-                    destinations: others.iter().map(|&i| nodes[i]).collect(),
-                    groups: vec![],
-                })?;
-                let recv = t.open_receive(ReceiveSpec {
-                    query,
-                    exchange,
-                    sources: others.iter().map(|&i| (i as u32, nodes[i])).collect(),
-                })?;
+        let (send, recv) = match n {
+            1 => (None, None),
+            _ => {
+                let (send, recv) = open_to_others(t, query, exchange, &nodes, index)?;
                 (Some(send), Some(recv))
             }
         };
@@ -253,7 +241,7 @@ impl RoundBarrier {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{TcpTransport, TransportConfig, loopback_cluster};
+    use crate::{SendSpec, TcpTransport, TransportConfig, loopback_cluster};
     use std::sync::Arc;
 
     const DATA: u32 = 1;
@@ -275,23 +263,7 @@ mod tests {
     /// One node's part: its data for each round, then the barrier; after each round the
     /// data of that round's source must already be here.
     async fn node(t: Arc<TcpTransport>, ids: Vec<NodeId>, me: usize, pairwise: bool) -> Vec<usize> {
-        let others: Vec<usize> = (0..ids.len()).filter(|&i| i != me).collect();
-        let data = t
-            .open_send(SendSpec {
-                query: 7,
-                exchange: DATA,
-                from: me as u32,
-                destinations: others.iter().map(|&i| ids[i]).collect(),
-                groups: vec![],
-            })
-            .unwrap();
-        let recv = t
-            .open_receive(ReceiveSpec {
-                query: 7,
-                exchange: DATA,
-                sources: others.iter().map(|&i| (i as u32, ids[i])).collect(),
-            })
-            .unwrap();
+        let (data, recv) = open_to_others(t.as_ref(), 7, DATA, &ids, me).unwrap();
         let mut barrier = RoundBarrier::open(t.as_ref(), 7, BARRIER, ids.clone(), me).unwrap();
         let mut got = vec![];
         for (r, pairs) in ROUNDS.iter().enumerate() {

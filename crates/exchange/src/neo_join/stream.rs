@@ -625,19 +625,13 @@ impl Router {
         if let Some(bad) = words.iter().find(|&&b| b > MAX_BUCKET_BYTES) {
             return internal_err!("bad Neo-Join assignment: a transfer of {bad} bytes");
         }
-        let matrices: Vec<Vec<Vec<u64>>> = words
-            .chunks(n * n)
-            .map(|m| m.chunks(n).map(<[u64]>::to_vec).collect())
-            .collect();
+        // The build side's n x n words, then the probe side's (checked by `decode`).
+        let [build, probe] = [&words[..n * n], &words[n * n..]]
+            .map(|m| m.chunks(n).map(<[u64]>::to_vec).collect::<Vec<_>>());
         let me = self.partition as u32;
         tokio::task::spawn_blocking(move || {
-            let mut sides = matrices
-                .iter()
-                .map(|m| Ok(node_rounds(&open_shop(m)?, me)))
-                .collect::<gyre_join::error::Result<Vec<_>>>()?
-                .into_iter();
-            let mut next = || sides.next().unwrap_or_default();
-            Ok([next(), next()])
+            let mine = |m: &[Vec<u64>]| Ok(node_rounds(&open_shop(m)?, me));
+            Ok([mine(&build)?, mine(&probe)?])
         })
         .await
         .map_err(|e| internal_datafusion_err!("the Neo-Join schedule failed: {e}"))?
@@ -732,7 +726,7 @@ impl Router {
                     let others = if to == n { n - 1 } else { 1 };
                     reservation.try_grow(list.len() * 4 * others)?;
                     if to == n {
-                        keep(take_record_batch(batch, &UInt32Array::from(list.clone()))?)?;
+                        keep(rows_of(batch, list.clone())?)?;
                         for (w, waiting) in waiting.iter_mut().enumerate() {
                             if w != me {
                                 waiting.push((b, list.clone()));
@@ -743,11 +737,7 @@ impl Router {
                     }
                     continue;
                 }
-                let part = match list.len() == batch.num_rows() {
-                    true => batch.clone(),
-                    false => take_record_batch(batch, &UInt32Array::from(std::mem::take(list)))?,
-                };
-                list.clear();
+                let part = rows_of(batch, std::mem::take(list))?;
                 if to == n {
                     for (w, outlet) in outlets.iter_mut().enumerate() {
                         if w != me {
@@ -817,6 +807,14 @@ impl Router {
     }
 }
 
+/// Rows `rows` (ascending, no repeats) of `batch`: the batch itself when that is all.
+fn rows_of(batch: &RecordBatch, rows: Vec<u32>) -> Result<RecordBatch> {
+    match rows.len() == batch.num_rows() {
+        true => Ok(batch.clone()),
+        false => Ok(take_record_batch(batch, &UInt32Array::from(rows))?),
+    }
+}
+
 /// The rows waiting for one worker under a planned schedule, sent in order.
 struct RowQueue {
     lists: Vec<(usize, Vec<u32>)>,
@@ -847,13 +845,7 @@ impl RowQueue {
             return Ok(None);
         }
         let take = (rows.len() - offset).min((upto - self.sent).min(usize::MAX as u64) as usize);
-        let part = match (offset, take) {
-            (0, t) if t == batches[*b].num_rows() => batches[*b].clone(),
-            _ => take_record_batch(
-                &batches[*b],
-                &UInt32Array::from(rows[offset..offset + take].to_vec()),
-            )?,
-        };
+        let part = rows_of(&batches[*b], rows[offset..offset + take].to_vec())?;
         self.sent += take as u64;
         self.at = match offset + take == rows.len() {
             true => (list + 1, 0),

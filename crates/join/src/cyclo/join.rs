@@ -15,9 +15,7 @@
 
 use std::time::{Duration, Instant};
 
-use gyre_transport::{
-    ReceiveEndpoint, ReceiveSpec, SendEndpoint, SendSpec, To, Transport, node_name,
-};
+use gyre_transport::{ReceiveEndpoint, SendEndpoint, To, Transport, node_name};
 
 use crate::keys::Keys;
 use crate::pairs::JoinPairs;
@@ -131,18 +129,8 @@ fn open_to_others(
     exchange: u32,
 ) -> Result<(Vec<usize>, SendEndpoint, ReceiveEndpoint)> {
     let others: Vec<usize> = (0..ring.len()).filter(|&i| i != ring.index).collect();
-    let send = t.open_send(SendSpec {
-        query: ring.query,
-        exchange,
-        from: ring.index as u32,
-        destinations: others.iter().map(|&i| ring.nodes[i]).collect(),
-        groups: vec![],
-    })?;
-    let recv = t.open_receive(ReceiveSpec {
-        query: ring.query,
-        exchange,
-        sources: others.iter().map(|&i| (i as u32, ring.nodes[i])).collect(),
-    })?;
+    let (send, recv) =
+        gyre_transport::open_to_others(t, ring.query, exchange, &ring.nodes, ring.index)?;
     Ok((others, send, recv))
 }
 
