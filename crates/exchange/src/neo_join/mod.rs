@@ -16,8 +16,11 @@
 //!    run time (`min_saving`), it sends "hash placement" instead when the assignment
 //!    does not save enough of the busiest link: the rows then go where a hash shuffle
 //!    sends them, and a table already hash-placed on the key stays put;
-//! 3. worker 0 computes the open-shop schedule of the transfers, for EXPLAIN ANALYZE
-//!    (the shuffle itself runs under the transport's schedule);
+//! 3. the transfers' open-shop schedule: under `schedule = OpenShop` worker 0 sends
+//!    each side's transfer matrix with the assignment, every worker computes the
+//!    rounds from it and a round barrier (+5) keeps them apart; under `Free` the
+//!    schedule is only computed for EXPLAIN ANALYZE and the shuffle runs under the
+//!    transport's schedule;
 //! 4. every worker sends each row where its partition is joined (+3 build, +4
 //!    probe; rows of its own partitions go to itself) and runs the hash join (or the
 //!    radix join kernel, `radix_kernel`) on what arrives.
