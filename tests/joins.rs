@@ -470,18 +470,9 @@ async fn run_time_filters_reach_below_aggregations_on_their_group_keys() {
     for q in queries {
         assert_eq!(differs(c, &reference, q).await, None, "{q}");
     }
-    // The plan's lines in order: a target that pruned, right below the partial
-    // aggregation and right above the scan of `fact`.
-    let r = c
-        .sql_one(&format!("EXPLAIN ANALYZE {}", queries[1]))
-        .await
-        .unwrap();
-    let mut lines = Vec::new();
-    for b in &r.batches {
-        let column = arrow::compute::cast(b.column(b.num_columns() - 1), &DataType::Utf8).unwrap();
-        let column = column.as_string::<i32>();
-        lines.extend((0..column.len()).map(|i| column.value(i).trim().to_string()));
-    }
+    // A target that pruned, right below the partial aggregation and right above the
+    // scan of `fact`.
+    let lines = explain_analyze_lines(c, queries[1]).await;
     let below = lines.windows(3).any(|w| {
         w[0].starts_with("AggregateExec: mode=Partial")
             && w[1].starts_with("FilterTargetExec")
@@ -493,6 +484,21 @@ async fn run_time_filters_reach_below_aggregations_on_their_group_keys() {
         "no target pruned below the partial aggregation:\n{}",
         lines.join("\n")
     );
+}
+
+/// The lines of `EXPLAIN ANALYZE q`, in order, trimmed.
+async fn explain_analyze_lines(
+    c: &std::sync::Arc<gyre_cluster::Coordinator>,
+    q: &str,
+) -> Vec<String> {
+    let r = c.sql_one(&format!("EXPLAIN ANALYZE {q}")).await.unwrap();
+    let mut lines = Vec::new();
+    for b in &r.batches {
+        let column = arrow::compute::cast(b.column(b.num_columns() - 1), &DataType::Utf8).unwrap();
+        let column = column.as_string::<i32>();
+        lines.extend((0..column.len()).map(|i| column.value(i).trim().to_string()));
+    }
+    lines
 }
 
 /// Run-time filters across the network: with every join shuffled, a join's build keys
@@ -791,4 +797,95 @@ async fn auto_chooses_neo_join_at_run_time_by_measured_locality() {
     c.sql("SET gyre.neo_min_saving = off").await.unwrap();
     let off = explain(local[0]).await;
     assert!(!off.contains("NeoJoinExec"), "{off}");
+}
+
+/// Neo aggregations (`gyre.join_strategy = neo`): a GROUP BY whose partial aggregates
+/// are placed by one integer or date group key. Rows range-placed by their key keep
+/// their groups where they are (the assignment moves a fraction of what a hash shuffle
+/// moves); spread ones are assigned like any partition. Every aggregate function,
+/// several group keys, NULL keys (one group), date keys, HAVING and DISTINCT answer as
+/// DataFusion does, in free and open-shop rounds; a string key stays a hash shuffle.
+/// With `auto`, the clustered GROUP BY uses the assignment and the spread one hash
+/// placement, on all group keys.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn neo_aggregation_answers_like_datafusion() {
+    let setup = "
+        CREATE TABLE gb (k BIGINT, p INT, v INT, d DATE, s VARCHAR) PARTITION BY p;
+        INSERT INTO gb SELECT CASE WHEN value % 101 = 0 THEN NULL ELSE value / 3 END,
+            value / 60000, value % 1000, arrow_cast(CAST(value % 3000 AS INT), 'Date32'),
+            concat('s', value % 97) FROM generate_series(0, 239999) AS t(value);
+        CREATE TABLE g AS SELECT k, v, d, s FROM gb;
+        CREATE TABLE h (k BIGINT, w INT) PARTITION BY w;
+        INSERT INTO h SELECT value % 80000, value % 1000 FROM generate_series(0, 119999) AS t(value)";
+    let (cluster, reference) = start(4, setup).await;
+    let c = &cluster.coordinator;
+    let clustered = "SELECT k, count(*), sum(v), avg(v), min(d), max(s), count(DISTINCT s) \
+                     FROM g GROUP BY k";
+    let queries = [
+        clustered,
+        "SELECT k, d, count(*) FROM g GROUP BY k, d HAVING count(*) > 1",
+        "SELECT d, count(*), sum(v) FROM g GROUP BY d",
+        "SELECT v, count(DISTINCT k), max(k) FROM g GROUP BY v",
+        "SELECT s, count(*) FROM g GROUP BY s",
+        "SELECT g.k, count(*), sum(w) FROM g JOIN h ON g.k = h.k GROUP BY g.k",
+        "SELECT v, count(*), sum(k) FROM g GROUP BY v HAVING sum(k) > 10",
+        // A Neo-Join's run-time filter of every worker's build keys reaches below
+        // the Neo aggregation feeding its probe side.
+        "SELECT count(*), sum(n) FROM h JOIN (SELECT k, count(*) AS n FROM g GROUP BY k) x \
+         ON h.k = x.k WHERE h.w < 10",
+    ];
+    let explain = |q: &str| {
+        let sql = format!("EXPLAIN ANALYZE {q}");
+        async move { text(c.sql_one(&sql).await.unwrap()) }
+    };
+    let neo_line = |plan: &str| -> String {
+        plan.lines()
+            .find(|l| l.contains("NeoAggregateExec") && l.contains("placement="))
+            .unwrap_or_else(|| panic!("no Neo aggregation in:\n{plan}"))
+            .to_string()
+    };
+    let bytes = |line: &str, key: &str| -> (u64, u64) {
+        let rest = line.split(key).nth(1).unwrap();
+        let number = |s: &str| s.split('B').next().unwrap().parse::<u64>().unwrap();
+        (number(rest), number(rest.split("(hash ").nth(1).unwrap()))
+    };
+    c.sql("SET gyre.join_strategy = 'neo'").await.unwrap();
+    for schedule in ["open-shop", "free"] {
+        c.sql(&format!("SET gyre.neo_schedule = '{schedule}'"))
+            .await
+            .unwrap();
+        for q in queries {
+            assert_eq!(differs(c, &reference, q).await, None, "[{schedule}] {q}");
+        }
+        let line = neo_line(&explain(clustered).await);
+        let (moved, hash) = bytes(&line, "moved=");
+        assert!(moved * 4 < hash, "moved {moved} of hash's {hash}: {line}");
+        assert!(line.contains(&format!("schedule={schedule}")), "{line}");
+    }
+    let filtered = explain_analyze_lines(c, queries[7]).await;
+    assert!(
+        filtered
+            .windows(2)
+            .any(|w| w[0].starts_with("FilterTargetExec")
+                && w[0].contains("from every worker")
+                && !w[0].contains("rows_pruned=0,")
+                && w[1].starts_with("GyreScanExec: table=g")),
+        "{}",
+        filtered.join("\n")
+    );
+    let string_key = explain(queries[4]).await;
+    assert!(!string_key.contains("NeoAggregateExec"), "{string_key}");
+    // Placed by the date key, the one integer or date key there is.
+    let dates = explain(queries[2]).await;
+    assert!(dates.contains("NeoAggregateExec: key=d@0"), "{dates}");
+
+    c.sql("SET gyre.join_strategy = 'auto'").await.unwrap();
+    for q in queries {
+        assert_eq!(differs(c, &reference, q).await, None, "[auto] {q}");
+    }
+    let placement =
+        |plan: &str| neo_line(plan).split("placement=").nth(1).unwrap()[..3].to_string();
+    assert_eq!(placement(&explain(clustered).await), "neo");
+    let spread = explain(queries[6]).await;
+    assert_eq!(placement(&spread), "has", "{spread}");
 }

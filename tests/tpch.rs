@@ -48,7 +48,8 @@ async fn tpch_four_workers_neo_join() {
 /// Generated TPC-H tables keep their generation order on each worker (chunked
 /// placement): orders and lineitem of one order key range are on one worker, and
 /// Neo-Join's assignment keeps them there, moving a fraction of what hash placement
-/// moves (the thesis' time-of-creation clustering, Q12's join).
+/// moves (the thesis' time-of-creation clustering, Q12's join); so does a Neo
+/// aggregation with the groups of Q18's GROUP BY l_orderkey.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn neo_join_keeps_clustered_tpch_rows_in_place() {
     use gyre_cluster::LocalCluster;
@@ -58,12 +59,27 @@ async fn neo_join_keeps_clustered_tpch_rows_in_place() {
     let c = &cluster.coordinator;
     c.load_tpch_placed(0.05, true).await.unwrap();
     c.sql("SET gyre.join_strategy = neo").await.unwrap();
-    let q = "SELECT l_shipmode, count(*) FROM orders JOIN lineitem ON o_orderkey = l_orderkey \
-             WHERE l_shipmode IN ('MAIL', 'SHIP') GROUP BY l_shipmode ORDER BY l_shipmode";
-    let got = c.sql_one(q).await.unwrap();
+    let join = "SELECT l_shipmode, count(*) FROM orders JOIN lineitem ON o_orderkey = l_orderkey \
+                WHERE l_shipmode IN ('MAIL', 'SHIP') GROUP BY l_shipmode ORDER BY l_shipmode";
+    let aggregate = "SELECT l_orderkey, sum(l_quantity) FROM lineitem GROUP BY l_orderkey \
+                     HAVING sum(l_quantity) > 250";
     let reference = gyre_cluster::reference::reference_context(c, 2)
         .await
         .unwrap();
+    for (q, operator) in [(join, "NeoJoinExec"), (aggregate, "NeoAggregateExec")] {
+        keeps_in_place(c, &reference, q, operator).await;
+    }
+}
+
+/// `q` answers as DataFusion does and its `operator` moves under a quarter of the
+/// bytes hash placement would, on the busiest link too.
+async fn keeps_in_place(
+    c: &std::sync::Arc<gyre_cluster::Coordinator>,
+    reference: &datafusion::prelude::SessionContext,
+    q: &str,
+    operator: &str,
+) {
+    let got = c.sql_one(q).await.unwrap();
     let want = reference.sql(q).await.unwrap().collect().await.unwrap();
     assert_eq!(
         gyre_cluster::reference::canonical_rows(&got.batches).unwrap(),
@@ -75,8 +91,8 @@ async fn neo_join_keeps_clustered_tpch_rows_in_place() {
         .to_string();
     let line = text
         .lines()
-        .find(|l| l.contains("NeoJoinExec") && l.contains("assignment="))
-        .unwrap_or_else(|| panic!("no Neo-Join plan in:\n{text}"));
+        .find(|l| l.contains(operator) && l.contains("assignment="))
+        .unwrap_or_else(|| panic!("no {operator} plan in:\n{text}"));
     let bytes = |key: &str| -> (u64, u64) {
         let rest = line.split(key).nth(1).unwrap();
         let moved: u64 = rest.split('B').next().unwrap().parse().unwrap();
@@ -100,7 +116,8 @@ async fn neo_join_keeps_clustered_tpch_rows_in_place() {
 /// Neo-Join on 1 to 3 workers (4: above) over TPC-H in generation order: joins on the
 /// order key find orders and lineitem clustered on the same worker (locality near
 /// 100%), the join on the customer key finds none. Every join type answers as
-/// DataFusion does, and on 2 or more workers the joins are Neo-Joins.
+/// DataFusion does, and on 2 or more workers the joins are Neo-Joins and the GROUP BY
+/// on the order key a Neo aggregation.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn neo_join_answers_like_datafusion_on_one_to_three_workers() {
     use gyre_cluster::LocalCluster;
@@ -121,6 +138,8 @@ async fn neo_join_answers_like_datafusion_on_one_to_three_workers() {
          (SELECT 1 FROM lineitem WHERE l_orderkey = o_orderkey AND l_discount > 0.09)",
         "SELECT c_mktsegment, count(*) FROM customer JOIN orders ON c_custkey = o_custkey \
          GROUP BY c_mktsegment ORDER BY c_mktsegment",
+        "SELECT l_orderkey, sum(l_quantity), count(*) FROM lineitem GROUP BY l_orderkey \
+         HAVING sum(l_quantity) > 250",
     ];
     for workers in 1..=3 {
         let cluster = LocalCluster::start(workers, 1, "127.0.0.1:0".parse().unwrap())
@@ -145,5 +164,10 @@ async fn neo_join_answers_like_datafusion_on_one_to_three_workers() {
             .unwrap()
             .to_string();
         assert_eq!(plan.contains("NeoJoinExec"), workers > 1, "{plan}");
+        let plan = c.sql_one(&format!("EXPLAIN {}", queries[7])).await.unwrap();
+        let plan = arrow::util::pretty::pretty_format_batches(&plan.batches)
+            .unwrap()
+            .to_string();
+        assert_eq!(plan.contains("NeoAggregateExec"), workers > 1, "{plan}");
     }
 }

@@ -29,8 +29,8 @@ use datafusion_proto::physical_plan::{
 use datafusion_proto::protobuf;
 use gyre_exchange::{
     CycloJoinExec, CycloJoinType, CycloKernel, CycloSide, ExchangeReceiverExec, ExchangeSenderExec,
-    FilterFrom, FilterSourceExec, FilterTargetExec, FlowJoinExec, NeoJoinExec, NeoSettings,
-    Placement, RadixJoinExec, ReceiveMode, SendMode, SkewSettings, flow::FlowInputs,
+    FilterFrom, FilterSourceExec, FilterTargetExec, FlowJoinExec, NeoAggregateExec, NeoJoinExec,
+    NeoSettings, Placement, RadixJoinExec, ReceiveMode, SendMode, SkewSettings, flow::FlowInputs,
 };
 use prost::Message;
 use serde::{Deserialize, Serialize};
@@ -131,6 +131,13 @@ enum NodeProto {
     Radix,
     /// A [`NeoJoinExec`]: its one input is the hash join it runs.
     Neo {
+        settings: NeoSettings,
+        exchange: Option<u32>,
+    },
+    /// A [`NeoAggregateExec`]: its one input is the aggregate it runs; `key`, the
+    /// group expression it places rows by.
+    NeoAggregate {
+        key: usize,
         settings: NeoSettings,
         exchange: Option<u32>,
     },
@@ -498,6 +505,21 @@ impl PhysicalExtensionCodec for GyreCodec {
                 };
                 Arc::new(NeoJoinExec::try_new(Arc::clone(join), settings, exchange)?)
             }
+            NodeProto::NeoAggregate {
+                key,
+                settings,
+                exchange,
+            } => {
+                let [aggregate] = inputs else {
+                    return internal_err!("a Neo aggregation has one input, got {}", inputs.len());
+                };
+                Arc::new(NeoAggregateExec::try_new(
+                    Arc::clone(aggregate),
+                    key,
+                    settings,
+                    exchange,
+                )?)
+            }
             NodeProto::FileScan { scan, compression } => {
                 let scan = self.decode_plan(&scan, ctx)?;
                 let mut config = scan
@@ -696,6 +718,12 @@ impl PhysicalExtensionCodec for GyreCodec {
             NodeProto::Radix
         } else if let Some(neo) = node.downcast_ref::<NeoJoinExec>() {
             NodeProto::Neo {
+                settings: neo.settings(),
+                exchange: neo.exchange(),
+            }
+        } else if let Some(neo) = node.downcast_ref::<NeoAggregateExec>() {
+            NodeProto::NeoAggregate {
+                key: neo.key(),
                 settings: neo.settings(),
                 exchange: neo.exchange(),
             }

@@ -22,7 +22,7 @@ pub mod flow;
 mod join_filter;
 pub mod key_hash;
 mod memory;
-pub mod neo_join;
+pub mod neo;
 pub mod network;
 mod prepared;
 pub mod radix_join;
@@ -36,7 +36,7 @@ pub use codec::{AUTO_LZ4_BELOW_BYTES_PER_SEC, BatchDecoder, BatchEncoder, Compre
 pub use context::{ExchangeId, Placement, QueryContext};
 pub use cyclo::{CycloJoinExec, CycloJoinType, CycloKernel, CycloSide};
 pub use flow::{BuildPreserving, FlowJoinExec, SkewSettings};
-pub use neo_join::{NeoJoinExec, NeoSchedule, NeoSettings};
+pub use neo::{NeoAggregateExec, NeoJoinExec, NeoSchedule, NeoSettings};
 pub use network::{InputsAt, NetworkOperator, network_operator, wrapped_join};
 pub use radix_join::RadixJoinExec;
 pub use receiver::{ExchangeReceiverExec, ReceiveMode};

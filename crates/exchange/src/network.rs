@@ -3,7 +3,8 @@
 //! Most rows cross the network in the exchanges the stage splitter places wherever a
 //! plan moves between workers. Some operators move rows themselves: a cyclo-join
 //! rotates one input around the workers' ring, a Flow-Join routes its probe input and
-//! its heavy keys' traffic, a Neo-Join places both inputs by its assignment. The splitter knows such an operator only through
+//! its heavy keys' traffic, a Neo-Join places both inputs by its assignment, a Neo
+//! aggregation its input. The splitter knows such an operator only through
 //! [`NetworkOperator`]: how many exchange ids it needs, where its inputs must run, and
 //! a copy of it that uses the ids it is handed. Every worker decodes the same plan, so
 //! every worker opens the same streams.
@@ -11,7 +12,7 @@
 //! [`network_operator`] is the one place that lists these operators.
 
 use crate::context::ExchangeId;
-use crate::{CycloJoinExec, FlowJoinExec, NeoJoinExec};
+use crate::{CycloJoinExec, FlowJoinExec, NeoAggregateExec, NeoJoinExec};
 use datafusion::common::Result;
 use datafusion::physical_plan::ExecutionPlan;
 use std::sync::Arc;
@@ -48,6 +49,9 @@ pub fn network_operator(plan: &dyn ExecutionPlan) -> Option<&dyn NetworkOperator
     }
     if let Some(join) = plan.downcast_ref::<NeoJoinExec>() {
         return Some(join);
+    }
+    if let Some(aggregate) = plan.downcast_ref::<NeoAggregateExec>() {
+        return Some(aggregate);
     }
     None
 }

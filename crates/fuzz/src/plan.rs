@@ -316,6 +316,7 @@ mod tests {
             "CycloJoinExec",
             "RadixJoinExec",
             "NeoJoinExec",
+            "NeoAggregateExec",
         ] {
             assert!(
                 found.contains(node),

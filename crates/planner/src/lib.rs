@@ -38,7 +38,7 @@ use std::sync::Arc;
 pub fn network_operator_rules() -> Vec<Arc<dyn PhysicalOptimizerRule + Send + Sync>> {
     vec![
         Arc::new(CycloJoinRule),
-        Arc::new(NeoJoinRule),
+        Arc::new(NeoRule),
         Arc::new(RadixJoinRule::before_flow_joins()),
         Arc::new(FlowJoinRule),
         Arc::new(RadixJoinRule::after_flow_joins()),
@@ -47,7 +47,7 @@ pub fn network_operator_rules() -> Vec<Arc<dyn PhysicalOptimizerRule + Send + Sy
 pub use flow::{FlowJoinRule, plan_flow_joins};
 pub use join_order::{JoinReorder, TableStatistics};
 pub use join_selection::DistributedJoinSelection;
-pub use neo::NeoJoinRule;
+pub use neo::NeoRule;
 pub use options::{GyreOptions, JoinKernel, JoinStrategy};
 pub use radix::{RadixJoinRule, plan_radix_joins};
 pub use replay::ReplayExec;

@@ -1,30 +1,42 @@
-//! Where the planner puts Neo-Joins (`SET gyre.join_strategy = 'neo'`): partitioned
-//! hash joins that shuffle at least one input become [`NeoJoinExec`]s over the
-//! unshuffled inputs, which place both by Neo-Join's assignment instead
-//! (`gyre_exchange::neo_join`). With `auto` (and `gyre.neo_min_saving` not off) the
-//! joins that shuffle both inputs become Neo-Joins that choose at run time between the
-//! assignment and a hash shuffle (with one input already placed on the key, a hash
-//! shuffle moves only the other one, without collecting both first). Where a join is
-//! safe to rewrite is Flow-Join's rule (nothing above relies on its hash partitioning
-//! or order); the join must have one integer or date key ([`NeoJoinExec::supports`]).
-//! A join whose inputs are both co-located already moves nothing and stays.
+//! Where the planner puts Neo shuffles (`SET gyre.join_strategy = 'neo'`):
+//! - partitioned hash joins that shuffle at least one input become [`NeoJoinExec`]s
+//!   over the unshuffled inputs, which place both by Neo-Join's assignment instead
+//!   (`gyre_exchange::neo`); the join must have one integer or date key
+//!   ([`NeoJoinExec::supports`]). A join whose inputs are both co-located already
+//!   moves nothing and stays;
+//! - partitioned aggregates over a hash shuffle on their group keys become
+//!   [`NeoAggregateExec`]s over the unshuffled input, placed by one integer or date
+//!   group key ([`NeoAggregateExec::supports`]; of several, the one with the most
+//!   distinct values where statistics know, else the first).
+//!
+//! With `auto` (and `gyre.neo_min_saving` not off) the joins that shuffle both inputs,
+//! and the aggregations, become Neo shuffles that choose at run time between the
+//! assignment and the hash shuffle they replace (with one input already placed on the
+//! key, a hash shuffle moves only the other one, without collecting both first). Where
+//! an operator is safe to rewrite is Flow-Join's rule (nothing above relies on its hash
+//! partitioning or order).
 
 use crate::flow::{recompute, rewrite_unpinned, unshuffled};
 use crate::options::{GyreOptions, JoinStrategy};
 use datafusion::common::Result;
 use datafusion::common::config::ConfigOptions;
+use datafusion::common::stats::Precision;
+use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
+use datafusion::physical_plan::aggregates::AggregateExec;
 use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
 use datafusion::physical_plan::repartition::RepartitionExec;
+use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
 use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
-use gyre_exchange::{NeoJoinExec, NeoSettings};
+use gyre_exchange::{NeoAggregateExec, NeoJoinExec, NeoSettings};
 use std::sync::Arc;
 
-/// The physical optimizer rule that places Neo-Joins over one partition per worker.
+/// The physical optimizer rule that places Neo-Joins and Neo aggregations over one
+/// partition per worker.
 #[derive(Debug, Default)]
-pub struct NeoJoinRule;
+pub struct NeoRule;
 
-impl PhysicalOptimizerRule for NeoJoinRule {
+impl PhysicalOptimizerRule for NeoRule {
     fn optimize(
         &self,
         plan: Arc<dyn ExecutionPlan>,
@@ -40,11 +52,14 @@ impl PhysicalOptimizerRule for NeoJoinRule {
         if n < 2 {
             return Ok(plan);
         }
-        rewrite_unpinned(plan, false, &|node| neo_join(node, n, settings))
+        rewrite_unpinned(plan, false, &|node| match neo_join(node, n, settings)? {
+            Some(join) => Ok(Some(join)),
+            None => neo_aggregate(node, n, settings),
+        })
     }
 
     fn name(&self) -> &str {
-        "gyre_neo_joins"
+        "gyre_neo_shuffles"
     }
 
     fn schema_check(&self) -> bool {
@@ -92,4 +107,50 @@ fn neo_join(
     let probe = probe.unwrap_or_else(|| Arc::clone(hj.right()));
     let join = Arc::clone(node).replace_children(vec![build, probe], recompute())?;
     Ok(Some(Arc::new(NeoJoinExec::try_new(join, settings, None)?)))
+}
+
+/// The Neo aggregation for `node`, if it is an eligible aggregate over a hash shuffle
+/// on its group keys.
+fn neo_aggregate(
+    node: &Arc<dyn ExecutionPlan>,
+    n: usize,
+    settings: NeoSettings,
+) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+    let Some(agg) = node.downcast_ref::<AggregateExec>() else {
+        return Ok(None);
+    };
+    let Ok(keys) = NeoAggregateExec::supports(agg) else {
+        return Ok(None);
+    };
+    let group = agg.group_expr().input_exprs();
+    let Some(input) = unshuffled(agg.input(), &group, n) else {
+        return Ok(None);
+    };
+    // Placing rows by a key with few values leaves most workers idle: of several, the
+    // key with the most distinct values where the statistics know them.
+    let statistics = StatisticsContext::new()
+        .compute(input.as_ref(), &StatisticsArgs::new())
+        .ok();
+    let distinct = |k: &usize| {
+        let column = group[*k].downcast_ref::<Column>()?;
+        match statistics
+            .as_ref()?
+            .column_statistics
+            .get(column.index())?
+            .distinct_count
+        {
+            Precision::Exact(d) | Precision::Inexact(d) => Some(d),
+            Precision::Absent => None,
+        }
+    };
+    let key = keys
+        .iter()
+        .rev()
+        .max_by_key(|k| distinct(k).unwrap_or(0))
+        .copied()
+        .unwrap_or(keys[0]);
+    let aggregate = Arc::clone(node).replace_children(vec![input], recompute())?;
+    Ok(Some(Arc::new(NeoAggregateExec::try_new(
+        aggregate, key, settings, None,
+    )?)))
 }

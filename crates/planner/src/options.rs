@@ -161,7 +161,8 @@ const SETTINGS: [(&str, &str); 21] = [
         "How joins are distributed: auto (broadcast or shuffle by size, cyclo-join for \
          large non-equi joins), shuffle, broadcast, cyclo (inner joins rotate around \
          the workers' ring), or neo (equi-joins on one integer key placed by Neo-Join's \
-         locality-aware assignment, with selective broadcast of skewed partitions).",
+         locality-aware assignment, with selective broadcast of skewed partitions; \
+         GROUP BYs with an integer or date key placed the same way).",
     ),
     (
         "join_kernel",
@@ -254,11 +255,11 @@ const SETTINGS: [(&str, &str); 21] = [
     ),
     (
         "neo_min_saving",
-        "With gyre.join_strategy = auto, shuffled equi-joins on one integer key run as \
-         Neo-Joins that decide at run time, from the measured placement of both inputs: \
-         Neo-Join's assignment where it cuts the busiest link by at least this \
-         percentage against hash placement, else a hash shuffle. 0 to 100, or off: auto \
-         plans no Neo-Joins.",
+        "With gyre.join_strategy = auto, shuffled equi-joins on one integer key and \
+         GROUP BYs with an integer or date key run as Neo shuffles that decide at run \
+         time, from the measured placement of their inputs: Neo-Join's assignment where \
+         it cuts the busiest link by at least this percentage against hash placement, \
+         else a hash shuffle. 0 to 100, or off: auto plans no Neo shuffles.",
     ),
     (
         "neo_schedule",

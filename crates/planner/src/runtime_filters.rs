@@ -15,6 +15,8 @@
 //! may). A Neo-Join collects its whole build side before its probe side, then routes
 //! both: its probe input gets a target of every worker's build keys (as below), even
 //! right above a scan, since each row it drops is neither histogrammed nor routed.
+//! A Neo aggregation moves groups between workers like an exchange: a target goes
+//! below it only with the whole build side's keys.
 //!
 //! Where the probe rows come from another worker stage (an exchange receiver), the
 //! target goes into that stage, on the sender's input, and the rows are pruned before
@@ -43,7 +45,7 @@ use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::{ChildrenPropertiesMode, ExecutionPlan, ReplaceChildrenOptions};
 use gyre_exchange::{
     ExchangeId, ExchangeReceiverExec, ExchangeSenderExec, FilterFrom, FilterSourceExec,
-    FilterTargetExec, NeoJoinExec, Placement, wrapped_join,
+    FilterTargetExec, NeoAggregateExec, NeoJoinExec, Placement, wrapped_join,
 };
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -249,6 +251,7 @@ impl Placer {
         }
         let passes_rows = plan.is::<ProjectionExec>()
             || plan.is::<AggregateExec>()
+            || plan.is::<NeoAggregateExec>()
             || plan.is::<CoalescePartitionsExec>()
             || plan.is::<RepartitionExec>()
             || plan.is::<CooperativeExec>()
@@ -306,6 +309,25 @@ impl Placer {
                 from,
             });
             return Ok(Some(Arc::clone(node)));
+        }
+        // A Neo aggregation moves its groups between workers, as an exchange does: a
+        // target below it needs the whole build side's keys (a broadcast join's, or
+        // every worker's part as under a Neo-Join). A partitioned join's own part
+        // never reaches one: such a join needs its input hash-partitioned, so the
+        // planner leaves the aggregation below it a plain one.
+        if let Some(neo) = node.downcast_ref::<NeoAggregateExec>() {
+            if matches!(from, FilterFrom::Partition) {
+                return Ok(None);
+            }
+            let Some((child, inner)) = follow(neo.aggregate().as_ref(), columns) else {
+                return Ok(None);
+            };
+            let placed = self.place_or_target(&child, inner, id, from)?;
+            let aggregate =
+                Arc::clone(neo.aggregate()).replace_children(vec![placed], recompute())?;
+            return Ok(Some(
+                Arc::clone(node).replace_children(vec![aggregate], recompute())?,
+            ));
         }
         let Some((child, inner)) = follow(node.as_ref(), columns) else {
             return Ok(None);

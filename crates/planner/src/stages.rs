@@ -136,6 +136,8 @@ fn join_note(line: &str) -> &'static str {
         "  <- Flow-Join: partitioned, heavy hitters kept local, their build rows broadcast"
     } else if l.starts_with("NeoJoinExec") {
         "  <- Neo-Join: both inputs placed by a locality-aware assignment"
+    } else if l.starts_with("NeoAggregateExec") {
+        "  <- Neo aggregation: groups placed by a locality-aware assignment"
     } else if l.starts_with("CycloJoinExec") {
         "  <- cyclo-join (rotating input travels the ring of workers)"
     } else if l.starts_with("NestedLoopJoinExec") || l.starts_with("CrossJoinExec") {

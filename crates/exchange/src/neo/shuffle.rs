@@ -1,39 +1,38 @@
-//! One worker's Neo-Join. [`execute`] builds the local hash join over the two
+//! One worker's Neo shuffle. [`execute`] builds the operator's local plan over the
 //! exchanges that bring this worker its partitions' rows and starts the *router*
 //! task that feeds them. The router's states, in order:
 //!
-//! 1. **Collect**: both local inputs, counted in the worker's memory pool; the key of
+//! 1. **Collect**: every local input, counted in the worker's memory pool; the key of
 //!    every row, as the kernels' ordered 64-bit value.
 //! 2. **Domain**: all workers swap their smallest and largest key (exchange +0), so
 //!    that all use one fine-bucket domain.
-//! 3. **Histogram**: bytes per fine bucket and side, and per worker a hash shuffle
+//! 3. **Histogram**: bytes per fine bucket and input, and per worker a hash shuffle
 //!    would send them to, sent to worker 0 (+1).
 //! 4. **Assign** (worker 0): adaptive (or plain radix) partitions, the assignment and
 //!    its schedule; the partition bounds and placements go to every worker (+2), or,
 //!    chosen at run time, "hash placement" where the assignment saves too little.
-//! 5. **Route**: every build row, then every probe row, to the worker that joins its
-//!    partition, or to all for a broadcast side (+3, +4), or where a hash shuffle
-//!    sends it; then end of stream. Rows this worker joins itself skip the transport:
-//!    they go to its join through a channel, as the rows of the other workers arrive
-//!    through the exchange. Under the open-shop schedule each side's rows move in the
-//!    rounds of that side's schedule, which every worker computes from the transfer
-//!    matrices worker 0 sends with the assignment, kept in step by a round barrier
-//!    (+5, `gyre_transport::rounds`).
+//! 5. **Route**: every row of the first input, then of the second, to the worker that
+//!    processes its partition, or to all for a broadcast side (+3, +4), or where a
+//!    hash shuffle sends it; then end of stream. Rows this worker processes itself
+//!    skip the transport: they go to its local plan through a channel, as the rows of
+//!    the other workers arrive through the exchange. Under the open-shop schedule each
+//!    input's rows move in the rounds of that input's schedule, which every worker
+//!    computes from the transfer matrices worker 0 sends with the assignment, kept in
+//!    step by a round barrier (the last exchange, `gyre_transport::rounds`).
 //!
-//! The join reads its build exchange to the end before its probe exchange, and every
+//! A join reads its build exchange to the end before its probe exchange, and every
 //! router sends all build rows before any probe row, so no worker waits in a cycle.
-//! Any failure fails both data endpoints, so every worker's join learns why.
+//! Any failure fails every data endpoint, so every worker's local plan learns why.
 
 use super::{
-    ASSIGNMENT_EXCHANGE, BUILD_EXCHANGE, DOMAIN_EXCHANGE, HISTOGRAM_EXCHANGE, NeoJoinExec,
-    NeoReport, NeoSchedule, NeoSettings, PROBE_EXCHANGE, ROUND_EXCHANGE, broadcastable,
+    ASSIGNMENT_EXCHANGE, DOMAIN_EXCHANGE, FIRST_DATA_EXCHANGE, HISTOGRAM_EXCHANGE, NeoReport,
+    NeoSchedule, NeoSettings,
 };
 use crate::RelayedError;
-use crate::context::QueryContext;
+use crate::context::{ExchangeId, QueryContext};
 use crate::key_hash::hash_keys;
 use crate::memory::collect_counted;
 use crate::prepared::PreparedInputExec;
-use crate::radix_join::radix_join_stream;
 use crate::receiver::ExchangeReceiverExec;
 use crate::sender::{Outlet, SendMetrics, transport_err};
 use crate::task::{AbortOnDrop, run_detached};
@@ -45,8 +44,7 @@ use datafusion::common::{DataFusionError, Result, internal_datafusion_err, inter
 use datafusion::execution::TaskContext;
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
 use datafusion::physical_expr::PhysicalExprRef;
-use datafusion::physical_plan::joins::HashJoinExec;
-use datafusion::physical_plan::metrics::{Count, MetricBuilder, Time};
+use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricBuilder, Time};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     ChildrenPropertiesMode, ExecutionPlan, ExecutionPlanProperties, ReplaceChildrenOptions,
@@ -79,110 +77,154 @@ const BROADCAST_PROBE: u64 = u64::MAX;
 /// The whole assignment when the rows go where a hash shuffle sends them.
 const HASH_PLACEMENT: u64 = u64::MAX;
 
+/// Where rows whose key is NULL go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum NullKeys {
+    /// They stay on the worker that has them: in a join they match nothing.
+    Stay,
+    /// All to worker 0: in an aggregation NULL is one group.
+    ToFirstWorker,
+}
+
+/// A network operator that moves its inputs by a Neo shuffle, as the shuffle sees it.
+pub(super) struct Shuffled<'a> {
+    /// "Neo-Join", "Neo aggregation": how errors name it.
+    pub what: &'static str,
+    /// What runs on the rows that arrive: its children (one or two) are the operator's
+    /// unshuffled inputs, replaced by streams of the rows this worker processes.
+    pub local: &'a Arc<dyn ExecutionPlan>,
+    /// Per input: how its local stand-in is named.
+    pub input_names: &'static [&'static str],
+    /// Per input: the integer or date key its rows are placed by.
+    pub keys: Vec<PhysicalExprRef>,
+    /// Per input: what a hash shuffle of it hashes, where that is more than the key
+    /// (all of an aggregation's group keys); else empty.
+    pub hash_by: Vec<Vec<PhysicalExprRef>>,
+    /// Which of two inputs may be broadcast instead of partitioned.
+    pub broadcast: Broadcastable,
+    pub nulls: NullKeys,
+    pub settings: NeoSettings,
+    pub exchange: Option<ExchangeId>,
+    pub metrics: &'a ExecutionPlanMetricsSet,
+    pub report: &'a Arc<Mutex<NeoReport>>,
+}
+
+/// Runs partition `partition` of `op`: its local plan, with `run_local` (given the
+/// local plan over the arriving rows), and the router that feeds it.
 pub(super) fn execute(
-    exec: &NeoJoinExec,
+    op: Shuffled<'_>,
     partition: usize,
     ctx: Arc<TaskContext>,
+    run_local: impl FnOnce(Arc<dyn ExecutionPlan>) -> Result<SendableRecordBatchStream>,
 ) -> Result<SendableRecordBatchStream> {
     let qc = QueryContext::of(&ctx)?;
     let n = qc.workers.len();
-    let Some(first) = exec.exchange() else {
-        return internal_err!("a Neo-Join ran without exchange ids");
+    let what = op.what;
+    let Some(first) = op.exchange else {
+        return internal_err!("a {what} ran without exchange ids");
     };
-    let hj = exec.hash_join();
-    if partition >= n || hj.left().output_partitioning().partition_count() != n {
+    let children: Vec<Arc<dyn ExecutionPlan>> = op.local.children().into_iter().cloned().collect();
+    if children.is_empty()
+        || children.len() > 2
+        || children.len() != op.keys.len()
+        || children.len() != op.input_names.len()
+    {
         return internal_err!(
-            "Neo-Join partition {partition} of a join planned for {} workers, run on {n}",
-            hj.left().output_partitioning().partition_count()
+            "a {what} with {} inputs and {} keys",
+            children.len(),
+            op.keys.len()
         );
     }
-    // The data endpoints first: whatever fails later fails them, so no join waits.
-    let open = |exchange: u32| qc.open_send(exchange, partition, qc.workers.clone());
-    let build_ep = open(first + BUILD_EXCHANGE)?;
-    let probe_ep = open(first + PROBE_EXCHANGE)?;
-
+    if let Some(c) = children
+        .iter()
+        .find(|c| c.output_partitioning().partition_count() != n)
+        .or((partition >= n).then_some(&children[0]))
+    {
+        return internal_err!(
+            "{what} partition {partition} of a plan for {} workers, run on {n}",
+            c.output_partitioning().partition_count()
+        );
+    }
+    // The data endpoints first: whatever fails later fails them, so no worker waits.
+    let endpoints = (0..children.len() as u32)
+        .map(|s| {
+            qc.open_send(
+                first + FIRST_DATA_EXCHANGE + s,
+                partition,
+                qc.workers.clone(),
+            )
+        })
+        .collect::<Result<Vec<_>>>()?;
     let me = node_name(qc.me());
-    let fail = move |eps: [&SendEndpoint; 2], e: &DataFusionError| {
-        let why = RelayedError::at(e, &format!("{me} in a Neo-Join")).wire();
+    let fail = move |eps: &[SendEndpoint], e: &DataFusionError| {
+        let why = RelayedError::at(e, &format!("{me} in a {what}")).wire();
         for ep in eps {
             ep.fail(&why);
         }
     };
-    let inputs = hj
-        .left()
-        .execute(partition, Arc::clone(&ctx))
-        .and_then(|build| Ok((build, hj.right().execute(partition, Arc::clone(&ctx))?)));
-    let (build_input, probe_input) = match inputs {
+    let inputs = children
+        .iter()
+        .map(|c| c.execute(partition, Arc::clone(&ctx)))
+        .collect::<Result<Vec<_>>>();
+    let inputs = match inputs {
         Ok(inputs) => inputs,
         Err(e) => {
-            fail([&build_ep, &probe_ep], &e);
+            fail(&endpoints, &e);
             return Err(e);
         }
     };
 
-    // Each input of the local join: the rows other workers send, and the rows this
+    // Each input of the local plan: the rows other workers send, and the rows this
     // worker keeps (no encoding, no transport).
-    let (build_kept, build_kept_rx) = mpsc::unbounded_channel();
-    let (probe_kept, probe_kept_rx) = mpsc::unbounded_channel();
-    let input = |exchange: u32,
-                 schema: SchemaRef,
-                 kept: mpsc::UnboundedReceiver<RecordBatch>,
-                 name: &'static str|
-     -> Result<Arc<dyn ExecutionPlan>> {
-        let received = ExchangeReceiverExec::shuffled(exchange, Arc::clone(&schema), n)
-            .execute(partition, Arc::clone(&ctx))?;
-        let kept = UnboundedReceiverStream::new(kept).map(Ok);
-        let both = RecordBatchStreamAdapter::new(schema, futures::stream::select(received, kept));
-        Ok(PreparedInputExec::new(name, Box::pin(both), n))
-    };
-    let joined = (|| {
-        let build = input(
-            first + BUILD_EXCHANGE,
-            hj.left().schema(),
-            build_kept_rx,
-            "build rows",
-        )?;
-        let probe = input(
-            first + PROBE_EXCHANGE,
-            hj.right().schema(),
-            probe_kept_rx,
-            "probe rows",
-        )?;
-        let local = Arc::clone(exec.join()).replace_children(
-            vec![build, probe],
+    let (kept, kept_rx): (Vec<_>, Vec<_>) = children
+        .iter()
+        .map(|_| mpsc::unbounded_channel::<RecordBatch>())
+        .unzip();
+    let local = (|| {
+        let arriving = children
+            .iter()
+            .zip(kept_rx)
+            .enumerate()
+            .map(|(s, (child, kept))| -> Result<Arc<dyn ExecutionPlan>> {
+                let exchange = first + FIRST_DATA_EXCHANGE + s as u32;
+                let schema = child.schema();
+                let received = ExchangeReceiverExec::shuffled(exchange, Arc::clone(&schema), n)
+                    .execute(partition, Arc::clone(&ctx))?;
+                let kept = UnboundedReceiverStream::new(kept).map(Ok);
+                let both =
+                    RecordBatchStreamAdapter::new(schema, futures::stream::select(received, kept));
+                Ok(PreparedInputExec::new(op.input_names[s], Box::pin(both), n))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let local = Arc::clone(op.local).replace_children(
+            arriving,
             ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute),
         )?;
-        match (
-            exec.settings().radix_kernel,
-            local.downcast_ref::<HashJoinExec>(),
-        ) {
-            (true, Some(hj)) => radix_join_stream(hj, partition, Arc::clone(&ctx), &exec.metrics),
-            _ => local.execute(partition, Arc::clone(&ctx)),
-        }
+        run_local(local)
     })();
-    let joined = match joined {
-        Ok(joined) => joined,
+    let output = match local {
+        Ok(output) => output,
         Err(e) => {
-            fail([&build_ep, &probe_ep], &e);
+            fail(&endpoints, &e);
             return Err(e);
         }
     };
 
-    let m = || MetricBuilder::new(&exec.metrics);
+    let m = || MetricBuilder::new(op.metrics);
     let router = Router {
         qc: Arc::clone(&qc),
+        what,
         partition,
         first,
-        settings: exec.settings(),
-        broadcast: broadcastable(*hj.join_type()),
-        keys: [
-            Arc::clone(&hj.on()[0].0) as PhysicalExprRef,
-            Arc::clone(&hj.on()[0].1),
-        ],
-        schemas: [hj.left().schema(), hj.right().schema()],
-        report: Arc::clone(&exec.report),
+        settings: op.settings,
+        broadcast: op.broadcast,
+        nulls: op.nulls,
+        keys: op.keys,
+        hash_by: op.hash_by,
+        schemas: children.iter().map(|c| c.schema()).collect(),
+        report: Arc::clone(op.report),
         metrics: RouterMetrics {
-            send: SendMetrics::new(&exec.metrics, partition),
+            send: SendMetrics::new(op.metrics, partition),
             kept: m().counter("rows_kept", partition),
             shipped: m().counter("rows_shipped", partition),
             broadcast: m().counter("rows_broadcast", partition),
@@ -191,33 +233,28 @@ pub(super) fn execute(
         },
     };
     let reservation =
-        MemoryConsumer::new(format!("NeoJoinExec[{partition}] inputs")).register(ctx.memory_pool());
+        MemoryConsumer::new(format!("{what}[{partition}] inputs")).register(ctx.memory_pool());
     let (err_tx, err_rx) = tokio::sync::mpsc::unbounded_channel();
     let task = tokio::spawn(async move {
-        let endpoints = [&build_ep, &probe_ep];
         let result = async {
-            let build = collect_counted(build_input, &reservation).await?;
-            let probe = collect_counted(probe_input, &reservation).await?;
-            router
-                .run(
-                    [build, probe],
-                    endpoints,
-                    [build_kept, probe_kept],
-                    &reservation,
-                )
-                .await
+            let mut collected = Vec::with_capacity(inputs.len());
+            for input in inputs {
+                collected.push(collect_counted(input, &reservation).await?);
+            }
+            router.run(collected, &endpoints, kept, &reservation).await
         }
         .await;
         if let Err(e) = result {
-            fail(endpoints, &e);
+            fail(&endpoints, &e);
             let _ = err_tx.send(e);
         }
     });
-    // The router ends with the query's output: a failed join or a released query
-    // stops it (the output runs detached, so a consumer that stops early does not).
+    // The router ends with the query's output: a failed local plan or a released
+    // query stops it (the output runs detached, so a consumer that stops early does
+    // not).
     let guard = AbortOnDrop(task);
-    let schema = joined.schema();
-    let output = futures::stream::select(joined, UnboundedReceiverStream::new(err_rx).map(Err))
+    let schema = output.schema();
+    let output = futures::stream::select(output, UnboundedReceiverStream::new(err_rx).map(Err))
         .map(move |batch| {
             let _ = &guard;
             batch
@@ -240,14 +277,16 @@ struct Side {
     batches: Vec<RecordBatch>,
     /// Per batch: the ordered key of every row and which are NULL.
     keys: Vec<(Vec<u64>, Option<NullBuffer>)>,
-    /// Per batch: the worker a hash shuffle sends each row to (this one for NULL keys);
-    /// empty unless hash placement may be chosen at run time.
+    /// Per batch: the worker a hash shuffle sends each row to (a join's NULL keys stay
+    /// on this one); empty unless hash placement may be chosen at run time.
     hash_to: Vec<Vec<u32>>,
     /// Bytes a hash shuffle sends to each worker (this one's stay).
     hash_bytes: Vec<u64>,
     row_bytes: u64,
     /// Smallest and largest non-NULL key, if any.
     range: Option<(u64, u64)>,
+    /// Where rows with a NULL key go.
+    null_to: usize,
 }
 
 impl Side {
@@ -268,12 +307,16 @@ const MAX_BUCKET_BYTES: u64 = 1 << 48;
 
 struct Router {
     qc: Arc<QueryContext>,
+    what: &'static str,
     partition: usize,
     first: u32,
     settings: NeoSettings,
     broadcast: Broadcastable,
-    keys: [PhysicalExprRef; 2],
-    schemas: [SchemaRef; 2],
+    nulls: NullKeys,
+    /// Per input.
+    keys: Vec<PhysicalExprRef>,
+    hash_by: Vec<Vec<PhysicalExprRef>>,
+    schemas: Vec<SchemaRef>,
     report: Arc<Mutex<NeoReport>>,
     metrics: RouterMetrics,
 }
@@ -281,16 +324,16 @@ struct Router {
 impl Router {
     async fn run(
         &self,
-        inputs: [Vec<RecordBatch>; 2],
-        endpoints: [&SendEndpoint; 2],
-        kept: [mpsc::UnboundedSender<RecordBatch>; 2],
+        inputs: Vec<Vec<RecordBatch>>,
+        endpoints: &[SendEndpoint],
+        kept: Vec<mpsc::UnboundedSender<RecordBatch>>,
         reservation: &MemoryReservation,
     ) -> Result<()> {
-        let [build, probe] = inputs;
-        let sides = [
-            self.side(build, 0, reservation)?,
-            self.side(probe, 1, reservation)?,
-        ];
+        let sides = inputs
+            .into_iter()
+            .enumerate()
+            .map(|(s, batches)| self.side(batches, s, reservation))
+            .collect::<Result<Vec<_>>>()?;
         let domain = self.agree_on_domain(&sides).await?;
         let routing = self.assignment(domain, &sides).await?;
         let mut barrier = match &routing {
@@ -300,7 +343,7 @@ impl Router {
                 RoundBarrier::open(
                     self.qc.transport.as_ref(),
                     self.qc.query_id,
-                    self.first + ROUND_EXCHANGE,
+                    self.first + FIRST_DATA_EXCHANGE + self.keys.len() as u32,
                     self.qc.workers.clone(),
                     self.partition,
                 )
@@ -313,7 +356,7 @@ impl Router {
                 s,
                 side,
                 &routing,
-                endpoints[s],
+                &endpoints[s],
                 kept,
                 barrier.as_mut(),
                 reservation,
@@ -341,29 +384,42 @@ impl Router {
         let mut hashes = Vec::new();
         let (mut bytes, mut rows) = (0u64, 0u64);
         let mut range: Option<(u64, u64)> = None;
-        // Only a Neo-Join chosen at run time may route by hash.
+        // Only a Neo shuffle chosen at run time may route by hash.
         let keep_hash_to = self.settings.min_saving.is_some();
+        let null_to = match self.nulls {
+            NullKeys::Stay => self.partition,
+            NullKeys::ToFirstWorker => 0,
+        };
         for batch in &batches {
             let array = self.keys[s].evaluate(batch)?.into_array(batch.num_rows())?;
+            let hashed = match self.hash_by[s].is_empty() {
+                true => vec![Arc::clone(&array)],
+                false => self.hash_by[s]
+                    .iter()
+                    .map(|e| e.evaluate(batch)?.into_array(batch.num_rows()))
+                    .collect::<Result<Vec<_>>>()?,
+            };
             let k = Keys::from_array(array.as_ref())
-                .map_err(|e| internal_datafusion_err!("Neo-Join key: {e}"))?;
+                .map_err(|e| internal_datafusion_err!("{} key: {e}", self.what))?;
             reservation.try_grow(batch.num_rows() * if keep_hash_to { 12 } else { 8 })?;
             let domain: KeyDomain = k.domain();
             let ordered: Vec<u64> = k.values().iter().map(|&v| domain.ordered(v)).collect();
             let nulls = k.nulls().cloned();
             // DataFusion's hash repartitioning: hash modulo the partitions.
-            hash_keys(std::slice::from_ref(&array), batch.num_rows(), &mut hashes)?;
+            hash_keys(&hashed, batch.num_rows(), &mut hashes)?;
             let mut to = Vec::with_capacity(if keep_hash_to { batch.num_rows() } else { 0 });
             for (i, (&key, &hash)) in ordered.iter().zip(&hashes).enumerate() {
-                let worker = match nulls.as_ref().is_none_or(|n| n.is_valid(i)) {
-                    true => {
-                        range =
-                            Some(range.map_or((key, key), |(lo, hi)| (lo.min(key), hi.max(key))));
+                let valid = nulls.as_ref().is_none_or(|n| n.is_valid(i));
+                if valid {
+                    range = Some(range.map_or((key, key), |(lo, hi)| (lo.min(key), hi.max(key))));
+                }
+                let worker = match (valid, self.nulls) {
+                    (false, NullKeys::Stay) => self.partition,
+                    _ => {
                         let worker = (hash % n as u64) as usize;
                         hash_rows[worker] += 1;
                         worker
                     }
-                    false => self.partition,
                 };
                 if keep_hash_to {
                     to.push(worker as u32);
@@ -384,6 +440,7 @@ impl Router {
             hash_bytes: hash_rows.iter().map(|r| r * row_bytes).collect(),
             row_bytes,
             range,
+            null_to,
         })
     }
 
@@ -410,7 +467,7 @@ impl Router {
     }
 
     /// Domain: the union of every worker's key range.
-    async fn agree_on_domain(&self, sides: &[Side; 2]) -> Result<RadixDomain> {
+    async fn agree_on_domain(&self, sides: &[Side]) -> Result<RadixDomain> {
         let (min, max) = sides
             .iter()
             .filter_map(|s| s.range)
@@ -440,12 +497,12 @@ impl Router {
             (lo, hi) = (0, 0);
         }
         RadixDomain::new(lo, hi, self.settings.fine_bits)
-            .map_err(|e| internal_datafusion_err!("Neo-Join domain: {e}"))
+            .map_err(|e| internal_datafusion_err!("{} domain: {e}", self.what))
     }
 
     /// Histogram and assign: every worker's bytes per bucket (and per hash shuffle
     /// destination) to worker 0, how to route back.
-    async fn assignment(&self, domain: RadixDomain, sides: &[Side; 2]) -> Result<Routing> {
+    async fn assignment(&self, domain: RadixDomain, sides: &[Side]) -> Result<Routing> {
         let n = self.qc.workers.len();
         let mut mine = vec![Vec::new(); n];
         for side in sides {
@@ -472,7 +529,7 @@ impl Router {
             // the assignment.
             let report = tokio::task::spawn_blocking(move || plan.report())
                 .await
-                .map_err(|e| internal_datafusion_err!("the Neo-Join schedule failed: {e}"))?;
+                .map_err(|e| internal_datafusion_err!("the {} schedule failed: {e}", self.what))?;
             self.report.lock().plan = Some(report?);
         }
         self.decode(domain, &words[0]).await
@@ -481,16 +538,17 @@ impl Router {
     /// Worker 0: partitions, assignment, and whether to use it.
     async fn plan(&self, domain: RadixDomain, histograms: Vec<Vec<u64>>) -> Result<Plan> {
         let n = histograms.len();
+        let inputs = self.keys.len();
         let buckets = domain.buckets();
-        let mut fine = Vec::with_capacity(n);
+        let mut fine: Vec<Vec<FineHistogram>> = Vec::with_capacity(n);
         let mut hash = Vec::with_capacity(n);
         for (i, words) in histograms.into_iter().enumerate() {
-            if words.len() != 2 * buckets + 2 * n {
+            let expected = inputs * (buckets + n);
+            if words.len() != expected {
                 return internal_err!(
-                    "{} sent {} histogram words, not {}",
+                    "{} sent {} histogram words, not {expected}",
                     node_name(self.qc.workers[i]),
-                    words.len(),
-                    2 * buckets + 2 * n
+                    words.len()
                 );
             }
             if let Some(bad) = words.iter().find(|&&b| b > MAX_BUCKET_BYTES) {
@@ -499,19 +557,26 @@ impl Router {
                     node_name(self.qc.workers[i])
                 );
             }
-            let (build, rest) = words.split_at(buckets);
-            let (probe, to) = rest.split_at(buckets);
-            let histogram = |b: &[u64]| {
-                FineHistogram::from_bytes(domain, b.to_vec())
-                    .map_err(|e| internal_datafusion_err!("{e}"))
-            };
-            fine.push((histogram(build)?, histogram(probe)?));
-            let (build_to, probe_to) = to.split_at(n);
-            hash.push(build_to.iter().zip(probe_to).map(|(b, p)| b + p).collect());
+            // Each input's histogram, then each input's bytes per hash destination.
+            let (histograms, to) = words.split_at(inputs * buckets);
+            fine.push(
+                histograms
+                    .chunks(buckets)
+                    .map(|b| {
+                        FineHistogram::from_bytes(domain, b.to_vec())
+                            .map_err(|e| internal_datafusion_err!("{e}"))
+                    })
+                    .collect::<Result<_>>()?,
+            );
+            hash.push(
+                (0..n)
+                    .map(|w| to.chunks(n).map(|input| input[w]).sum())
+                    .collect::<Vec<u64>>(),
+            );
         }
         let partitions = self.settings.partitions_for(n);
         let global: Vec<u64> = (0..buckets)
-            .map(|b| fine.iter().map(|(r, s)| r.bytes()[b] + s.bytes()[b]).sum())
+            .map(|b| fine.iter().flatten().map(|h| h.bytes()[b]).sum())
             .collect();
         let map = match self.settings.adaptive {
             true => PartitionMap::adaptive(domain, &global, partitions as usize),
@@ -520,8 +585,11 @@ impl Router {
         .map_err(|e| internal_datafusion_err!("{e}"))?;
         let mut sizes = Sizes::new(fine.len(), map.partitions())
             .map_err(|e| internal_datafusion_err!("{e}"))?;
-        for (i, (build, probe)) in fine.iter().enumerate() {
-            sizes.set(i, &build.per_partition(&map), &probe.per_partition(&map));
+        // One input is a build side with an empty probe side.
+        let empty = vec![0; map.partitions()];
+        for (i, inputs) in fine.iter().enumerate() {
+            let per_input: Vec<Vec<u64>> = inputs.iter().map(|h| h.per_partition(&map)).collect();
+            sizes.set(i, &per_input[0], per_input.get(1).unwrap_or(&empty));
         }
         let broadcast = match self.settings.selective_broadcast {
             true => self.broadcast,
@@ -543,15 +611,20 @@ impl Router {
         let (mut solved, sizes) =
             tokio::task::spawn_blocking(move || (assign(&sizes, &options), sizes))
                 .await
-                .map_err(|e| internal_datafusion_err!("the Neo-Join assignment failed: {e}"))?;
+                .map_err(|e| {
+                    internal_datafusion_err!("the {} assignment failed: {e}", self.what)
+                })?;
         if hopeless && self.settings.milp {
             solved.method = Method::Greedy {
                 reason: "no assignment saves enough over hash placement".into(),
             };
         }
         let saving = solved.costs.saving_over(&hash_costs);
-        let side_transfers = (self.settings.schedule == NeoSchedule::OpenShop)
-            .then(|| [true, false].map(|build| solved.assignment.side_transfers(&sizes, build)));
+        let side_transfers = (self.settings.schedule == NeoSchedule::OpenShop).then(|| {
+            (0..inputs)
+                .map(|s| solved.assignment.side_transfers(&sizes, s == 0))
+                .collect()
+        });
         Ok(Plan {
             hash_placement: self
                 .settings
@@ -571,21 +644,21 @@ impl Router {
     /// The routing from worker 0's words, checked.
     async fn decode(&self, domain: RadixDomain, words: &[u64]) -> Result<Routing> {
         let n = self.qc.workers.len() as u64;
-        let bad = |why: String| internal_datafusion_err!("bad Neo-Join assignment: {why}");
+        let bad = |why: String| internal_datafusion_err!("bad {} assignment: {why}", self.what);
         if words == [HASH_PLACEMENT] {
             return match self.settings.min_saving {
                 Some(_) => Ok(Routing::Hash),
                 None => Err(bad(
-                    "hash placement for a Neo-Join not chosen at run time".into()
+                    "hash placement where it is not chosen at run time".into()
                 )),
             };
         }
         let Some((&p, rest)) = words.split_first() else {
             return Err(bad("empty".into()));
         };
-        // Under the open-shop schedule, each side's transfer matrix follows.
+        // Under the open-shop schedule, each input's transfer matrix follows.
         let matrices = match self.settings.schedule {
-            NeoSchedule::OpenShop => 2 * n * n,
+            NeoSchedule::OpenShop => self.keys.len() as u64 * n * n,
             NeoSchedule::Free => 0,
         };
         if p == 0 || p > domain.buckets() as u64 || rest.len() as u64 != 2 * p + matrices {
@@ -618,29 +691,33 @@ impl Router {
         })
     }
 
-    /// This worker's part of each side's open-shop schedule, from the transfer
+    /// This worker's part of each input's open-shop schedule, from the transfer
     /// matrices (every worker computes the same rounds from the same matrices).
-    async fn rounds(&self, words: &[u64]) -> Result<[Vec<NodeRound>; 2]> {
+    async fn rounds(&self, words: &[u64]) -> Result<Vec<Vec<NodeRound>>> {
         let n = self.qc.workers.len();
         if let Some(bad) = words.iter().find(|&&b| b > MAX_BUCKET_BYTES) {
-            return internal_err!("bad Neo-Join assignment: a transfer of {bad} bytes");
+            return internal_err!("bad {} assignment: a transfer of {bad} bytes", self.what);
         }
-        // The build side's n x n words, then the probe side's (checked by `decode`).
-        let [build, probe] = [&words[..n * n], &words[n * n..]]
-            .map(|m| m.chunks(n).map(<[u64]>::to_vec).collect::<Vec<_>>());
+        // Each input's n x n words in turn (their number checked by `decode`).
+        let matrices: Vec<Vec<Vec<u64>>> = words
+            .chunks(n * n)
+            .map(|m| m.chunks(n).map(<[u64]>::to_vec).collect())
+            .collect();
         let me = self.partition as u32;
         tokio::task::spawn_blocking(move || {
-            let mine = |m: &[Vec<u64>]| Ok(node_rounds(&open_shop(m)?, me));
-            Ok([mine(&build)?, mine(&probe)?])
+            matrices
+                .iter()
+                .map(|m| Ok(node_rounds(&open_shop(m)?, me)))
+                .collect::<std::result::Result<Vec<_>, gyre_join::error::JoinError>>()
         })
         .await
-        .map_err(|e| internal_datafusion_err!("the Neo-Join schedule failed: {e}"))?
-        .map_err(|e: gyre_join::error::JoinError| internal_datafusion_err!("{e}"))
+        .map_err(|e| internal_datafusion_err!("the {} schedule failed: {e}", self.what))?
+        .map_err(|e| internal_datafusion_err!("{e}"))
     }
 
-    /// Route: each row of side `s` to where it is joined; the rows joined here go to
-    /// `kept`, which is dropped (the join's input ends) with the side. With a
-    /// `barrier`, the rows for other workers wait for their rounds of the side's
+    /// Route: each row of input `s` to where it is processed; the rows processed here
+    /// go to `kept`, which is dropped (the local input ends) with the side. With a
+    /// `barrier`, the rows for other workers wait for their rounds of the input's
     /// open-shop schedule.
     #[allow(clippy::too_many_arguments)]
     async fn route(
@@ -680,7 +757,7 @@ impl Router {
             .collect::<Result<Vec<_>>>()?;
         let keep = |part: RecordBatch| {
             kept.send(part)
-                .map_err(|_| internal_datafusion_err!("a Neo-Join's local join is gone"))
+                .map_err(|_| internal_datafusion_err!("a {}'s local plan is gone", self.what))
         };
         // Scheduled: per other worker, its rows (batch, row indices) in batch order.
         let mut waiting: Vec<Vec<(usize, Vec<u32>)>> = vec![Vec::new(); n];
@@ -700,8 +777,9 @@ impl Router {
                     for (row, &key) in keys.iter().enumerate() {
                         let valid = nulls.as_ref().is_none_or(|n| n.is_valid(row));
                         let to = match valid.then(|| placements[map.partition(key)]) {
-                            // NULL keys match nothing: the row stays (a preserved row once).
-                            None => me,
+                            // Join: NULL keys match nothing, the row stays (a preserved
+                            // row once). Aggregation: one group, on worker 0.
+                            None => side.null_to,
                             Some(Placement::Node(i)) => i as usize,
                             Some(p) if p == mine => n,
                             // The other side is broadcast: this one stays.
@@ -758,7 +836,7 @@ impl Router {
                 if let Some((to, bytes)) = round.send {
                     let to = to as usize;
                     if to >= n || to == me {
-                        return internal_err!("a Neo-Join round sends to worker index {to}");
+                        return internal_err!("a {} round sends to worker index {to}", self.what);
                     }
                     // Up to the rows the schedule has sent by the end of this round; in
                     // the last round to this worker, all that is left.
@@ -861,8 +939,8 @@ enum Routing {
     Neo {
         map: PartitionMap,
         placements: Vec<Placement>,
-        /// Under the open-shop schedule: this worker's part of each side's rounds.
-        rounds: Option<[Vec<NodeRound>; 2]>,
+        /// Under the open-shop schedule: this worker's part of each input's rounds.
+        rounds: Option<Vec<Vec<NodeRound>>>,
     },
     /// Where a hash shuffle sends them.
     Hash,
@@ -873,8 +951,8 @@ struct Plan {
     /// Chosen at run time, and the assignment saves too little.
     hash_placement: bool,
     min_saving: Option<u32>,
-    /// Under the open-shop schedule: each side's transfers (`[from][to]` bytes).
-    side_transfers: Option<[Vec<Vec<u64>>; 2]>,
+    /// Under the open-shop schedule: each input's transfers (`[from][to]` bytes).
+    side_transfers: Option<Vec<Vec<Vec<u64>>>>,
     /// The assignment's saving on the busiest link over hash placement, in percent.
     saving: f64,
     map: PartitionMap,
@@ -914,7 +992,11 @@ impl Plan {
                 .map_err(|e| internal_datafusion_err!("{e}"))
         };
         let rounds = match (&self.side_transfers, self.hash_placement) {
-            (Some([build, probe]), false) => format!("{}+{}", count(build)?, count(probe)?),
+            (Some(inputs), false) => inputs
+                .iter()
+                .map(|m| count(m).map(|r| r.to_string()))
+                .collect::<Result<Vec<_>>>()?
+                .join("+"),
             (_, true) => count(&self.hash)?.to_string(),
             (None, false) => count(&self.solved.assignment.transfers(&self.sizes))?.to_string(),
         };
