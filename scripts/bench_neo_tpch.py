@@ -7,8 +7,9 @@ load`'s writer) when DATA holds none, builds `gyre cluster up --nodes N --link L
 reads the i-th run of each table's files, so orders and lineitem of one order-key
 range share a worker and part is clustered by part key (the time-of-creation
 clustering the thesis exploits; lineitem has none on the part key). Then runs the
-queries (default Q12, Q14, Q19; `agg18` is Q18's GROUP BY l_orderkey on its own, a
-Neo aggregation's case) with each `gyre.join_strategy` in turn (default neo,
+queries (default Q12, Q14, Q19; `agg18` is Q18's GROUP BY l_orderkey on its own,
+whose groups lie on one worker each, `aggcust` a GROUP BY o_custkey, whose groups
+are spread over all) with each `gyre.join_strategy` in turn (default neo,
 shuffle, broadcast; `auto:off` is auto with gyre.neo_min_saving = off, so auto
 without run-time Neo-Joins), REPEAT rounds, the strategies' order rotating from round to
 round. Times are `gyre sql --timing`'s: statement sent to results fetched, through
@@ -42,6 +43,9 @@ DUCKDB_DIR = os.path.expanduser("~/.cache/gyre/python-duckdb-1.5.5")
 EXTRA = {
     "agg18": "SELECT l_orderkey, sum(l_quantity) AS q FROM lineitem GROUP BY l_orderkey "
              "HAVING sum(l_quantity) > 300 ORDER BY l_orderkey",
+    # Groups spread over every worker (orders lie by order key): no locality.
+    "aggcust": "SELECT o_custkey, count(*) AS n, sum(o_totalprice) AS p FROM orders "
+               "GROUP BY o_custkey HAVING count(*) > 30 ORDER BY o_custkey",
 }
 
 
