@@ -833,6 +833,8 @@ async fn neo_aggregation_answers_like_datafusion() {
         // the Neo aggregation feeding its probe side.
         "SELECT count(*), sum(n) FROM h JOIN (SELECT k, count(*) AS n FROM g GROUP BY k) x \
          ON h.k = x.k WHERE h.w < 10",
+        // A sort above makes its own order: the aggregation below it moves freely.
+        "SELECT k, sum(v) FROM g GROUP BY k ORDER BY k DESC LIMIT 50",
     ];
     let explain = |q: &str| {
         let sql = format!("EXPLAIN ANALYZE {q}");
@@ -873,6 +875,8 @@ async fn neo_aggregation_answers_like_datafusion() {
         "{}",
         filtered.join("\n")
     );
+    let sorted = explain(queries[8]).await;
+    assert!(sorted.contains("NeoAggregateExec"), "{sorted}");
     let string_key = explain(queries[4]).await;
     assert!(!string_key.contains("NeoAggregateExec"), "{string_key}");
     // Placed by the date key, the one integer or date key there is.

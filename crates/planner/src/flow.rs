@@ -14,9 +14,11 @@
 //! - if its build (left) input is such a shuffle too, the Flow-Join routes the build
 //!   input as well and detects skew on it (`gyre.skew_build_side`, on by default);
 //! - nothing above relies on the join's output being hash-partitioned or ordered (heavy
-//!   keys are joined on every worker): no ancestor requires a hash distribution or an
-//!   order that reaches the join through operators passing partitioning through, and
-//!   no interleave (a union of inputs hash-partitioned alike) above it;
+//!   keys are joined on every worker): no ancestor requires a hash distribution that
+//!   reaches the join through operators passing partitioning through, or an order
+//!   that reaches it through operators keeping their input's order (a sort above
+//!   makes its own), and no interleave (a union of inputs hash-partitioned alike)
+//!   above it;
 //! - it is not in the recursive term of a recursive query, which runs on the
 //!   coordinator beside its work table, as DataFusion planned it;
 //! - it is not run by the radix join kernel (`gyre.join_kernel = radix`).
@@ -37,7 +39,7 @@ use datafusion::physical_plan::{
     ReplaceChildrenOptions,
 };
 use gyre_exchange::flow::{FlowInputs, flow_join_supported};
-use gyre_exchange::{FlowJoinExec, RadixJoinExec, SkewSettings, wrapped_join};
+use gyre_exchange::{FlowJoinExec, NeoAggregateExec, RadixJoinExec, SkewSettings, wrapped_join};
 use std::sync::Arc;
 
 pub(crate) fn recompute() -> ReplaceChildrenOptions {
@@ -77,7 +79,9 @@ pub fn plan_flow_joins(
     settings: Option<&SkewSettings>,
 ) -> Result<Arc<dyn ExecutionPlan>> {
     match settings {
-        Some(s) if n > 1 => rewrite_unpinned(plan, false, &|node| flow_join(node, n, s)),
+        Some(s) if n > 1 => {
+            rewrite_unpinned(plan, Pinned::default(), &|node| flow_join(node, n, s))
+        }
         _ => Ok(plan),
     }
 }
@@ -86,20 +90,37 @@ pub fn plan_flow_joins(
 pub(crate) type Convert<'a> =
     dyn Fn(&Arc<dyn ExecutionPlan>) -> Result<Option<Arc<dyn ExecutionPlan>>> + 'a;
 
+/// What an ancestor relies on from a node: its hash partitioning, its order.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Pinned {
+    pub partitioning: bool,
+    pub ordering: bool,
+}
+
 /// Replaces, bottom-up, every node `convert` rewrites and on which nothing above
-/// relies for its hash partitioning or order (see the module doc); the joins a
-/// network operator or radix join wraps stay as they are. `pinned`: an ancestor
-/// relies on this node's hash partitioning or order.
+/// relies for its hash partitioning or order (see the module doc); the joins and
+/// aggregates a network operator or radix join wraps stay as they are. A node's hash
+/// partitioning is relied on through operators that pass it on; its order only
+/// through operators that keep their input's order (not through a sort, which makes
+/// its own).
 pub(crate) fn rewrite_unpinned(
     node: Arc<dyn ExecutionPlan>,
-    pinned: bool,
+    pinned: Pinned,
     convert: &Convert<'_>,
 ) -> Result<Arc<dyn ExecutionPlan>> {
     let distributions = node.input_distribution_requirements();
     let orderings = node.required_input_ordering();
-    let passes_on = !node.is::<RepartitionExec>()
-        && (matches!(node.output_partitioning(), Partitioning::Hash(..))
-            || node.output_ordering().is_some());
+    let keeps_order = node.maintains_input_order();
+    let passes_partitioning = !node.is::<RepartitionExec>()
+        && matches!(node.output_partitioning(), Partitioning::Hash(..));
+    let ordered = node.output_ordering().is_some();
+    // The hash join (or aggregate) a radix join or network operator runs, and the
+    // inputs of an interleave, which merges partition i of every input (they must stay
+    // hash-partitioned alike; it states no requirement DataFusion would check).
+    let wraps = node.is::<InterleaveExec>()
+        || node.is::<RadixJoinExec>()
+        || node.is::<NeoAggregateExec>()
+        || wrapped_join(node.as_ref()).is_some();
     let children: Vec<Arc<dyn ExecutionPlan>> = node.children().into_iter().cloned().collect();
     let mut new_children = Vec::with_capacity(children.len());
     let mut changed = false;
@@ -108,17 +129,17 @@ pub(crate) fn rewrite_unpinned(
             new_children.push(Arc::clone(child));
             continue;
         }
-        let needs = matches!(
-            distributions.child_distribution(i),
-            Some(Distribution::KeyPartitioned(_))
-        ) || orderings.get(i).is_some_and(Option::is_some)
-            // An interleave merges partition i of every input: they must stay
-            // hash-partitioned alike (it states no requirement DataFusion would check).
-            || node.is::<InterleaveExec>()
-            // The hash join a radix join or network operator runs stays as it is.
-            || node.is::<RadixJoinExec>()
-            || wrapped_join(node.as_ref()).is_some()
-            || (pinned && passes_on);
+        let needs = Pinned {
+            partitioning: wraps
+                || matches!(
+                    distributions.child_distribution(i),
+                    Some(Distribution::KeyPartitioned(_))
+                )
+                || (pinned.partitioning && passes_partitioning),
+            ordering: wraps
+                || orderings.get(i).is_some_and(Option::is_some)
+                || (pinned.ordering && ordered && keeps_order.get(i).copied().unwrap_or(true)),
+        };
         let new = rewrite_unpinned(Arc::clone(child), needs, convert)?;
         changed |= !Arc::ptr_eq(&new, child);
         new_children.push(new);
@@ -128,7 +149,10 @@ pub(crate) fn rewrite_unpinned(
     } else {
         node
     };
-    if !pinned && let Some(new) = convert(&node)? {
+    if !pinned.partitioning
+        && !pinned.ordering
+        && let Some(new) = convert(&node)?
+    {
         return Ok(new);
     }
     Ok(node)

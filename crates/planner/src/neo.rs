@@ -16,7 +16,7 @@
 //! an operator is safe to rewrite is Flow-Join's rule (nothing above relies on its hash
 //! partitioning or order).
 
-use crate::flow::{recompute, rewrite_unpinned, unshuffled};
+use crate::flow::{Pinned, recompute, rewrite_unpinned, unshuffled};
 use crate::options::{GyreOptions, JoinStrategy};
 use datafusion::common::Result;
 use datafusion::common::config::ConfigOptions;
@@ -52,10 +52,14 @@ impl PhysicalOptimizerRule for NeoRule {
         if n < 2 {
             return Ok(plan);
         }
-        rewrite_unpinned(plan, false, &|node| match neo_join(node, n, settings)? {
-            Some(join) => Ok(Some(join)),
-            None => neo_aggregate(node, n, settings),
-        })
+        rewrite_unpinned(
+            plan,
+            Pinned::default(),
+            &|node| match neo_join(node, n, settings)? {
+                Some(join) => Ok(Some(join)),
+                None => neo_aggregate(node, n, settings),
+            },
+        )
     }
 
     fn name(&self) -> &str {
