@@ -805,8 +805,7 @@ async fn auto_chooses_neo_join_at_run_time_by_measured_locality() {
 /// moves); spread ones are assigned like any partition. Every aggregate function,
 /// several group keys, NULL keys (one group), date keys, HAVING and DISTINCT answer as
 /// DataFusion does, in free and open-shop rounds; a string key stays a hash shuffle.
-/// With `auto`, the clustered GROUP BY uses the assignment and the spread one hash
-/// placement, on all group keys.
+/// `auto` keeps GROUP BYs hash-shuffled.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn neo_aggregation_answers_like_datafusion() {
     let setup = "
@@ -884,12 +883,6 @@ async fn neo_aggregation_answers_like_datafusion() {
     assert!(dates.contains("NeoAggregateExec: key=d@0"), "{dates}");
 
     c.sql("SET gyre.join_strategy = 'auto'").await.unwrap();
-    for q in queries {
-        assert_eq!(differs(c, &reference, q).await, None, "[auto] {q}");
-    }
-    let placement =
-        |plan: &str| neo_line(plan).split("placement=").nth(1).unwrap()[..3].to_string();
-    assert_eq!(placement(&explain(clustered).await), "neo");
-    let spread = explain(queries[6]).await;
-    assert_eq!(placement(&spread), "has", "{spread}");
+    let auto = explain(clustered).await;
+    assert!(!auto.contains("NeoAggregateExec"), "{auto}");
 }

@@ -138,6 +138,10 @@ const PLAN_QUERIES: &[(&str, &str)] = &[
         "SET gyre.join_strategy = 'neo'",
         "SELECT a.s, b.name FROM a JOIN b ON a.k = b.k AND a.f > b.h",
     ),
+    (
+        "SET gyre.join_strategy = 'neo'",
+        "SELECT g, count(*), sum(f) FROM a GROUP BY g",
+    ),
     // `{dir}`: a temporary directory.
     (
         "",

@@ -9,12 +9,15 @@
 //!   group key ([`NeoAggregateExec::supports`]; of several, the one with the most
 //!   distinct values where statistics know, else the first).
 //!
-//! With `auto` (and `gyre.neo_min_saving` not off) the joins that shuffle both inputs,
-//! and the aggregations, become Neo shuffles that choose at run time between the
-//! assignment and the hash shuffle they replace (with one input already placed on the
-//! key, a hash shuffle moves only the other one, without collecting both first). Where
-//! an operator is safe to rewrite is Flow-Join's rule (nothing above relies on its hash
-//! partitioning or order).
+//! With `auto` (and `gyre.neo_min_saving` not off) the joins that shuffle both inputs
+//! become Neo-Joins that choose at run time between the assignment and a hash shuffle
+//! (with one input already placed on the key, a hash shuffle moves only the other one,
+//! without collecting both first). GROUP BYs stay hash shuffles under `auto`: deciding
+//! at run time made a GROUP BY whose groups are spread over the workers 13-19% slower
+//! on 4 emulated hosts, against 3.5x faster where they were clustered at 110 Mbit/s
+//! and 1.02x at 1 Gbit/s (docs/results.md, "Neo aggregations"). Where an operator is
+//! safe to rewrite is Flow-Join's rule (nothing above relies on its hash partitioning
+//! or order).
 
 use crate::flow::{Pinned, recompute, rewrite_unpinned, unshuffled};
 use crate::options::{GyreOptions, JoinStrategy};
@@ -44,11 +47,14 @@ impl PhysicalOptimizerRule for NeoRule {
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let n = config.execution.target_partitions;
         let mut settings = GyreOptions::of(config).neo;
-        match JoinStrategy::of(config) {
+        let strategy = JoinStrategy::of(config);
+        match strategy {
             JoinStrategy::Neo => settings.min_saving = None,
             JoinStrategy::Auto if settings.min_saving.is_some() => {}
             _ => return Ok(plan),
         }
+        // Under `auto`, GROUP BYs keep their hash shuffle (see the module doc).
+        let aggregates = strategy == JoinStrategy::Neo;
         if n < 2 {
             return Ok(plan);
         }
@@ -57,7 +63,8 @@ impl PhysicalOptimizerRule for NeoRule {
             Pinned::default(),
             &|node| match neo_join(node, n, settings)? {
                 Some(join) => Ok(Some(join)),
-                None => neo_aggregate(node, n, settings),
+                None if aggregates => neo_aggregate(node, n, settings),
+                None => Ok(None),
             },
         )
     }

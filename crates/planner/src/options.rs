@@ -255,11 +255,11 @@ const SETTINGS: [(&str, &str); 21] = [
     ),
     (
         "neo_min_saving",
-        "With gyre.join_strategy = auto, shuffled equi-joins on one integer key and \
-         GROUP BYs with an integer or date key run as Neo shuffles that decide at run \
-         time, from the measured placement of their inputs: Neo-Join's assignment where \
-         it cuts the busiest link by at least this percentage against hash placement, \
-         else a hash shuffle. 0 to 100, or off: auto plans no Neo shuffles.",
+        "With gyre.join_strategy = auto, shuffled equi-joins on one integer key run as \
+         Neo-Joins that decide at run time, from the measured placement of both inputs: \
+         Neo-Join's assignment where it cuts the busiest link by at least this \
+         percentage against hash placement, else a hash shuffle. 0 to 100, or off: auto \
+         plans no Neo-Joins.",
     ),
     (
         "neo_schedule",

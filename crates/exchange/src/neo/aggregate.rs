@@ -9,8 +9,7 @@
 //! already are, within the assignment's bound on the busiest link. Rows equal on every
 //! group key are equal on that one, so each group still ends up on one worker; the
 //! aggregate then runs on what arrives. Rows whose key is NULL go to worker 0. No part
-//! of an aggregation's input can be broadcast. Chosen at run time, hash placement
-//! hashes every group key, as the shuffle it replaces does.
+//! of an aggregation's input can be broadcast.
 //!
 //! Where it pays: groups that are mostly on one worker already, as after a join on
 //! the same key or on tables in generation order (a `GROUP BY l_orderkey` over
@@ -249,14 +248,13 @@ impl ExecutionPlan for NeoAggregateExec {
         partition: usize,
         context: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
-        let group_keys = self.aggregate_exec().group_expr().input_exprs();
         let op = Shuffled {
             what: "Neo aggregation",
             local: &self.aggregate,
             input_names: &["grouped rows"],
-            keys: vec![Arc::clone(&group_keys[self.key])],
-            // Hash placement is the plan's shuffle: on every group key.
-            hash_by: vec![group_keys],
+            keys: vec![Arc::clone(
+                &self.aggregate_exec().group_expr().input_exprs()[self.key],
+            )],
             broadcast: Broadcastable::NONE,
             nulls: NullKeys::ToFirstWorker,
             settings: self.settings,

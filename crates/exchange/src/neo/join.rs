@@ -221,7 +221,6 @@ impl ExecutionPlan for NeoJoinExec {
             local: &self.join,
             input_names: &["build rows", "probe rows"],
             keys: vec![Arc::clone(&hj.on()[0].0), Arc::clone(&hj.on()[0].1)],
-            hash_by: vec![vec![], vec![]],
             broadcast: broadcastable(*hj.join_type()),
             nulls: NullKeys::Stay,
             settings: self.settings,

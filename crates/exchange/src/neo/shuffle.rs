@@ -97,9 +97,6 @@ pub(super) struct Shuffled<'a> {
     pub input_names: &'static [&'static str],
     /// Per input: the integer or date key its rows are placed by.
     pub keys: Vec<PhysicalExprRef>,
-    /// Per input: what a hash shuffle of it hashes, where that is more than the key
-    /// (all of an aggregation's group keys); else empty.
-    pub hash_by: Vec<Vec<PhysicalExprRef>>,
     /// Which of two inputs may be broadcast instead of partitioned.
     pub broadcast: Broadcastable,
     pub nulls: NullKeys,
@@ -220,7 +217,6 @@ pub(super) fn execute(
         broadcast: op.broadcast,
         nulls: op.nulls,
         keys: op.keys,
-        hash_by: op.hash_by,
         schemas: children.iter().map(|c| c.schema()).collect(),
         report: Arc::clone(op.report),
         metrics: RouterMetrics {
@@ -315,7 +311,6 @@ struct Router {
     nulls: NullKeys,
     /// Per input.
     keys: Vec<PhysicalExprRef>,
-    hash_by: Vec<Vec<PhysicalExprRef>>,
     schemas: Vec<SchemaRef>,
     report: Arc<Mutex<NeoReport>>,
     metrics: RouterMetrics,
@@ -392,13 +387,6 @@ impl Router {
         };
         for batch in &batches {
             let array = self.keys[s].evaluate(batch)?.into_array(batch.num_rows())?;
-            let hashed = match self.hash_by[s].is_empty() {
-                true => vec![Arc::clone(&array)],
-                false => self.hash_by[s]
-                    .iter()
-                    .map(|e| e.evaluate(batch)?.into_array(batch.num_rows()))
-                    .collect::<Result<Vec<_>>>()?,
-            };
             let k = Keys::from_array(array.as_ref())
                 .map_err(|e| internal_datafusion_err!("{} key: {e}", self.what))?;
             reservation.try_grow(batch.num_rows() * if keep_hash_to { 12 } else { 8 })?;
@@ -406,7 +394,7 @@ impl Router {
             let ordered: Vec<u64> = k.values().iter().map(|&v| domain.ordered(v)).collect();
             let nulls = k.nulls().cloned();
             // DataFusion's hash repartitioning: hash modulo the partitions.
-            hash_keys(&hashed, batch.num_rows(), &mut hashes)?;
+            hash_keys(std::slice::from_ref(&array), batch.num_rows(), &mut hashes)?;
             let mut to = Vec::with_capacity(if keep_hash_to { batch.num_rows() } else { 0 });
             for (i, (&key, &hash)) in ordered.iter().zip(&hashes).enumerate() {
                 let valid = nulls.as_ref().is_none_or(|n| n.is_valid(i));
