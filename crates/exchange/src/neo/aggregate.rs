@@ -16,7 +16,7 @@
 //! lineitem placed in chunks), where a hash shuffle moves `(n - 1) / n` of the rows.
 
 use super::shuffle::{self, NullKeys, Shuffled};
-use super::{NeoReport, NeoSettings, neo_exchanges};
+use super::{NeoReport, NeoSettings, fmt_shuffle, neo_exchanges};
 use crate::context::ExchangeId;
 use crate::cyclo::key_type_supported;
 use crate::network::{InputsAt, NetworkOperator};
@@ -171,29 +171,19 @@ impl NetworkOperator for NeoAggregateExec {
 
 impl DisplayAs for NeoAggregateExec {
     fn fmt_as(&self, _: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        let n = self.props.output_partitioning().partition_count();
         write!(
             f,
-            "NeoAggregateExec: key={}, target_partitions={}, partitioning={}",
-            self.aggregate_exec().group_expr().input_exprs()[self.key],
-            self.settings.partitions_for(n),
-            if self.settings.adaptive {
-                "adaptive"
-            } else {
-                "radix"
-            }
+            "NeoAggregateExec: key={}, ",
+            self.aggregate_exec().group_expr().input_exprs()[self.key]
         )?;
-        if let Some(pct) = self.settings.min_saving {
-            write!(f, ", min_saving={pct}%")?;
-        }
-        write!(f, ", schedule={}", self.settings.schedule.name())?;
-        if let Some(e) = self.exchange {
-            write!(f, ", exchanges={e}..{}", e + neo_exchanges(1) - 1)?;
-        }
-        if let Some(plan) = &self.report.lock().plan {
-            write!(f, ", {plan}")?;
-        }
-        Ok(())
+        fmt_shuffle(
+            f,
+            &self.settings,
+            self.props.output_partitioning().partition_count(),
+            "",
+            self.exchange.map(|e| (e, neo_exchanges(1))),
+            &self.report,
+        )
     }
 }
 

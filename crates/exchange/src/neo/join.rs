@@ -13,7 +13,7 @@
 //! with a NULL key match nothing and stay where they are.
 
 use super::shuffle::{self, NullKeys, Shuffled};
-use super::{NeoReport, NeoSettings, neo_exchanges};
+use super::{NeoReport, NeoSettings, fmt_shuffle, neo_exchanges};
 use crate::RadixJoinExec;
 use crate::context::ExchangeId;
 use crate::network::{InputsAt, NetworkOperator};
@@ -134,17 +134,6 @@ impl NetworkOperator for NeoJoinExec {
 
 impl DisplayAs for NeoJoinExec {
     fn fmt_as(&self, _: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(
-            f,
-            "NeoJoinExec: target_partitions={}, partitioning={}",
-            self.settings
-                .partitions_for(self.props.output_partitioning().partition_count()),
-            if self.settings.adaptive {
-                "adaptive"
-            } else {
-                "radix"
-            }
-        )?;
         let b = broadcastable(*self.hash_join().join_type());
         let sides = match (self.settings.selective_broadcast, b.build, b.probe) {
             (false, ..) | (true, false, false) => "none",
@@ -152,21 +141,20 @@ impl DisplayAs for NeoJoinExec {
             (true, true, false) => "build",
             (true, false, true) => "probe",
         };
-        write!(f, ", broadcast={sides}")?;
-        if let Some(pct) = self.settings.min_saving {
-            write!(f, ", min_saving={pct}%")?;
-        }
-        if self.settings.radix_kernel {
-            write!(f, ", kernel=radix")?;
-        }
-        write!(f, ", schedule={}", self.settings.schedule.name())?;
-        if let Some(e) = self.exchange {
-            write!(f, ", exchanges={e}..{}", e + neo_exchanges(2) - 1)?;
-        }
-        if let Some(plan) = &self.report.lock().plan {
-            write!(f, ", {plan}")?;
-        }
-        Ok(())
+        let kernel = if self.settings.radix_kernel {
+            ", kernel=radix"
+        } else {
+            ""
+        };
+        write!(f, "NeoJoinExec: ")?;
+        fmt_shuffle(
+            f,
+            &self.settings,
+            self.props.output_partitioning().partition_count(),
+            &format!(", broadcast={sides}{kernel}"),
+            self.exchange.map(|e| (e, neo_exchanges(2))),
+            &self.report,
+        )
     }
 }
 

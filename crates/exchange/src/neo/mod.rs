@@ -36,7 +36,10 @@ mod shuffle;
 pub use aggregate::NeoAggregateExec;
 pub use join::{NeoJoinExec, broadcastable};
 
+use crate::context::ExchangeId;
+use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
+use std::fmt;
 
 /// Exchange ids before the data exchanges: key range, histograms, assignment. Then
 /// one per input, then the open-shop schedule's round barrier.
@@ -152,6 +155,40 @@ impl NeoSettings {
             p => p,
         }
     }
+}
+
+/// How a Neo shuffle shows in a plan: its partitioning, `own` (what the operator adds),
+/// the run-time choice, the schedule, its `exchanges` (first id, count) and what
+/// worker 0 decided.
+fn fmt_shuffle(
+    f: &mut fmt::Formatter,
+    settings: &NeoSettings,
+    workers: usize,
+    own: &str,
+    exchanges: Option<(ExchangeId, u32)>,
+    report: &Mutex<NeoReport>,
+) -> fmt::Result {
+    write!(
+        f,
+        "target_partitions={}, partitioning={}{own}",
+        settings.partitions_for(workers),
+        if settings.adaptive {
+            "adaptive"
+        } else {
+            "radix"
+        }
+    )?;
+    if let Some(pct) = settings.min_saving {
+        write!(f, ", min_saving={pct}%")?;
+    }
+    write!(f, ", schedule={}", settings.schedule.name())?;
+    if let Some((first, count)) = exchanges {
+        write!(f, ", exchanges={first}..{}", first + count - 1)?;
+    }
+    if let Some(plan) = &report.lock().plan {
+        write!(f, ", {plan}")?;
+    }
+    Ok(())
 }
 
 /// What worker 0 decided and each worker moved, shown by EXPLAIN ANALYZE.
