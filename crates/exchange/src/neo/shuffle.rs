@@ -273,16 +273,14 @@ struct Side {
     batches: Vec<RecordBatch>,
     /// Per batch: the ordered key of every row and which are NULL.
     keys: Vec<(Vec<u64>, Option<NullBuffer>)>,
-    /// Per batch: the worker a hash shuffle sends each row to (a join's NULL keys stay
-    /// on this one); empty unless hash placement may be chosen at run time.
+    /// Per batch: the worker a hash shuffle sends each row to (a NULL key's row where
+    /// [`Router::null_to`] says); empty unless hash placement may be chosen at run time.
     hash_to: Vec<Vec<u32>>,
     /// Bytes a hash shuffle sends to each worker (this one's stay).
     hash_bytes: Vec<u64>,
     row_bytes: u64,
     /// Smallest and largest non-NULL key, if any.
     range: Option<(u64, u64)>,
-    /// Where rows with a NULL key go.
-    null_to: usize,
 }
 
 impl Side {
@@ -317,6 +315,14 @@ struct Router {
 }
 
 impl Router {
+    /// Where this worker sends a row whose key is NULL, however the rows are placed.
+    fn null_to(&self) -> usize {
+        match self.nulls {
+            NullKeys::Stay => self.partition,
+            NullKeys::ToFirstWorker => 0,
+        }
+    }
+
     async fn run(
         &self,
         inputs: Vec<Vec<RecordBatch>>,
@@ -381,10 +387,6 @@ impl Router {
         let mut range: Option<(u64, u64)> = None;
         // Only a Neo shuffle chosen at run time may route by hash.
         let keep_hash_to = self.settings.min_saving.is_some();
-        let null_to = match self.nulls {
-            NullKeys::Stay => self.partition,
-            NullKeys::ToFirstWorker => 0,
-        };
         for batch in &batches {
             let array = self.keys[s].evaluate(batch)?.into_array(batch.num_rows())?;
             let k = Keys::from_array(array.as_ref())
@@ -397,17 +399,15 @@ impl Router {
             hash_keys(std::slice::from_ref(&array), batch.num_rows(), &mut hashes)?;
             let mut to = Vec::with_capacity(if keep_hash_to { batch.num_rows() } else { 0 });
             for (i, (&key, &hash)) in ordered.iter().zip(&hashes).enumerate() {
-                let valid = nulls.as_ref().is_none_or(|n| n.is_valid(i));
-                if valid {
-                    range = Some(range.map_or((key, key), |(lo, hi)| (lo.min(key), hi.max(key))));
-                }
-                let worker = match (valid, self.nulls) {
-                    (false, NullKeys::Stay) => self.partition,
-                    _ => {
+                let worker = match nulls.as_ref().is_none_or(|n| n.is_valid(i)) {
+                    true => {
+                        range =
+                            Some(range.map_or((key, key), |(lo, hi)| (lo.min(key), hi.max(key))));
                         let worker = (hash % n as u64) as usize;
                         hash_rows[worker] += 1;
                         worker
                     }
+                    false => self.null_to(),
                 };
                 if keep_hash_to {
                     to.push(worker as u32);
@@ -428,7 +428,6 @@ impl Router {
             hash_bytes: hash_rows.iter().map(|r| r * row_bytes).collect(),
             row_bytes,
             range,
-            null_to,
         })
     }
 
@@ -767,7 +766,7 @@ impl Router {
                         let to = match valid.then(|| placements[map.partition(key)]) {
                             // Join: NULL keys match nothing, the row stays (a preserved
                             // row once). Aggregation: one group, on worker 0.
-                            None => side.null_to,
+                            None => self.null_to(),
                             Some(Placement::Node(i)) => i as usize,
                             Some(p) if p == mine => n,
                             // The other side is broadcast: this one stays.
