@@ -1,0 +1,470 @@
+//! The primary's database: the row store, its transactions, its log and checkpoints.
+//!
+//! Transactions run one at a time under one lock (HyPer's serial execution: no latches,
+//! no lock manager). A transaction that changed data gets the next LSN and its redo
+//! entry is queued while the lock is held, so log order is commit order; the caller is
+//! told "committed" only after the entry's group is durable. Later transactions may read
+//! its writes before that (early lock release): if the primary dies first, both are lost
+//! together, since the log is replayed as a prefix.
+//!
+//! With a data directory, `open` recovers: the newest checkpoint, then the log after it
+//! (logical entries by running their procedure again). Without one, nothing is written
+//! and the database lives in memory.
+
+use crate::checkpoint;
+use crate::error::{Error, Result};
+use crate::log::segment;
+use crate::log::writer::{LogStats, LogWriter};
+use crate::log::{Entry, LogMode};
+use crate::procedure::{Procedures, check_args};
+use crate::store::{Store, TableDef, TableId};
+use crate::txn::{Pending, Txn};
+use crate::value::{Column, Value};
+use parking_lot::{ArcMutexGuard, Mutex, RawMutex};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Where the log and checkpoints live; `None` keeps everything in memory.
+    pub data_dir: Option<PathBuf>,
+    pub log_mode: LogMode,
+    /// Share fsyncs between transactions (on), or fsync each before the next runs.
+    pub group_commit: bool,
+    /// A log segment is closed once it holds this many bytes.
+    pub segment_bytes: u64,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            data_dir: None,
+            log_mode: LogMode::Logical,
+            group_commit: true,
+            segment_bytes: 64 << 20,
+        }
+    }
+}
+
+impl Options {
+    pub fn durable(dir: impl Into<PathBuf>) -> Self {
+        Self {
+            data_dir: Some(dir.into()),
+            ..Self::default()
+        }
+    }
+}
+
+/// What recovery did when the database opened.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Recovery {
+    /// The LSN of the checkpoint loaded (0: none).
+    pub checkpoint_lsn: u64,
+    /// Log entries replayed after it.
+    pub replayed: u64,
+    /// Bytes cut off the log's end: a group torn by a crash, never acknowledged.
+    pub torn_bytes: u64,
+}
+
+pub struct Database {
+    store: Arc<Mutex<Store>>,
+    log: Option<LogWriter>,
+    checkpoints: Option<PathBuf>,
+    procedures: Procedures,
+    options: Options,
+    recovery: Recovery,
+    checkpointing: Mutex<()>,
+}
+
+impl Database {
+    /// Opens (and recovers) the database. `procedures` must hold every procedure the
+    /// log names.
+    pub fn open(options: Options, procedures: Procedures) -> Result<Self> {
+        let Some(dir) = options.data_dir.clone() else {
+            return Ok(Self {
+                store: Arc::default(),
+                log: None,
+                checkpoints: None,
+                procedures,
+                options,
+                recovery: Recovery::default(),
+                checkpointing: Mutex::new(()),
+            });
+        };
+        let log_dir = dir.join("log");
+        let checkpoint_dir = dir.join("checkpoints");
+        for d in [&dir, &log_dir, &checkpoint_dir] {
+            std::fs::create_dir_all(d).map_err(|e| Error::io(d, "create", e))?;
+        }
+        remove_unfinished_checkpoints(&checkpoint_dir)?;
+        let mut recovery = Recovery::default();
+        let mut store = match checkpoint::list(&checkpoint_dir)?.last() {
+            Some((lsn, path)) => {
+                recovery.checkpoint_lsn = *lsn;
+                checkpoint::load(path)?
+            }
+            None => Store::default(),
+        };
+        let segments = segment::list(&log_dir)?;
+        let mut tail = None;
+        for (i, (first, path)) in segments.iter().enumerate() {
+            let last = i + 1 == segments.len();
+            let bytes = std::fs::read(path).map_err(|e| Error::io(path, "read", e))?;
+            let scan = segment::scan(path, &bytes, last)?;
+            if let Some((lsn, _)) = scan.entries.first()
+                && lsn != first
+            {
+                return Err(Error::corrupt(
+                    path,
+                    format!("named for LSN {first}, starts at {lsn}"),
+                ));
+            }
+            for (lsn, entry) in scan.entries {
+                if lsn <= store.lsn {
+                    continue;
+                }
+                if lsn != store.lsn + 1 {
+                    return Err(Error::corrupt(
+                        path,
+                        format!(
+                            "the log misses LSNs {} to {} (after the checkpoint at {})",
+                            store.lsn + 1,
+                            lsn - 1,
+                            recovery.checkpoint_lsn
+                        ),
+                    ));
+                }
+                replay(&mut store, &procedures, lsn, entry)
+                    .map_err(|e| Error::corrupt(path, format!("replaying LSN {lsn}: {e}")))?;
+                recovery.replayed += 1;
+            }
+            recovery.torn_bytes += scan.torn_bytes;
+            if last {
+                tail = Some((path.clone(), scan.valid_len));
+            }
+        }
+        if recovery.torn_bytes > 0 || recovery.replayed > 0 {
+            tracing::info!(
+                "{}: recovered to LSN {} (checkpoint {}, {} log entries replayed, {} torn bytes cut)",
+                dir.display(),
+                store.lsn,
+                recovery.checkpoint_lsn,
+                recovery.replayed,
+                recovery.torn_bytes
+            );
+        }
+        let log = LogWriter::open(&log_dir, store.lsn + 1, tail, options.segment_bytes)?;
+        Ok(Self {
+            store: Arc::new(Mutex::new(store)),
+            log: Some(log),
+            checkpoints: Some(checkpoint_dir),
+            procedures,
+            options,
+            recovery,
+            checkpointing: Mutex::new(()),
+        })
+    }
+
+    pub fn recovery(&self) -> Recovery {
+        self.recovery
+    }
+
+    pub fn procedures(&self) -> &Procedures {
+        &self.procedures
+    }
+
+    /// Creates a table with these columns and primary key (column names).
+    pub fn create_table(&self, name: &str, columns: Vec<Column>, key: &[&str]) -> Result<TableId> {
+        let key = key
+            .iter()
+            .map(|k| {
+                columns
+                    .iter()
+                    .position(|c| c.name == *k)
+                    .ok_or_else(|| Error::Constraint(format!("{name} has no column {k}")))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let mut store = self.store.lock();
+        let def = TableDef {
+            id: store.next_table_id(),
+            name: name.to_string(),
+            columns,
+            key,
+        };
+        let id = def.id;
+        store.create_table(def.clone())?;
+        let lsn = store.lsn + 1;
+        if let Err(e) = self.append(lsn, &Entry::CreateTable(def)) {
+            store.drop_table(id)?;
+            return Err(e);
+        }
+        store.lsn = lsn;
+        drop(store);
+        self.wait_durable(lsn)?;
+        Ok(id)
+    }
+
+    pub fn drop_table(&self, name: &str) -> Result<()> {
+        let mut store = self.store.lock();
+        let id = store.table_id(name)?;
+        let lsn = store.lsn + 1;
+        self.append(lsn, &Entry::DropTable(id))?;
+        store.drop_table(id)?;
+        store.lsn = lsn;
+        drop(store);
+        self.wait_durable(lsn)
+    }
+
+    /// Runs a stored procedure as one transaction and returns its rows once it is
+    /// durable. An error rolls it back and nothing is logged.
+    pub fn call(&self, name: &str, args: &[Value]) -> Result<Vec<Vec<Value>>> {
+        let procedure = self.procedures.get(name)?.clone();
+        check_args(procedure.as_ref(), args)?;
+        let mut store = self.store.lock();
+        let mut txn = Txn::new(&mut store);
+        let out = match procedure.run(&mut txn, args) {
+            Ok(out) => out,
+            Err(e) => {
+                txn.rollback();
+                return Err(e);
+            }
+        };
+        let logical = (procedure.deterministic() && self.options.log_mode == LogMode::Logical)
+            .then(|| Entry::Logical {
+                procedure: procedure.name().to_string(),
+                args: args.to_vec(),
+            });
+        let lsn = self.commit(&mut txn, logical)?;
+        drop(store);
+        if let Some(lsn) = lsn {
+            self.wait_durable(lsn)?;
+        }
+        Ok(out)
+    }
+
+    /// Runs `body` as one transaction, logged physically, and returns once durable.
+    pub fn transaction<R>(&self, body: impl FnOnce(&mut Txn<'_>) -> Result<R>) -> Result<R> {
+        let mut store = self.store.lock();
+        let mut txn = Txn::new(&mut store);
+        let out = match body(&mut txn) {
+            Ok(out) => out,
+            Err(e) => {
+                txn.rollback();
+                return Err(e);
+            }
+        };
+        let lsn = self.commit(&mut txn, None)?;
+        drop(store);
+        if let Some(lsn) = lsn {
+            self.wait_durable(lsn)?;
+        }
+        Ok(out)
+    }
+
+    /// Starts an interactive transaction (BEGIN): it holds the primary until it commits
+    /// or rolls back, as every transaction here runs alone.
+    pub fn begin(self: &Arc<Self>) -> Transaction {
+        Transaction {
+            db: self.clone(),
+            guard: Some(self.store.lock_arc()),
+            pending: Some(Pending::default()),
+        }
+    }
+
+    /// Gives the transaction its LSN and queues its entry (under the lock). Returns the
+    /// LSN to wait for, or none if it changed nothing.
+    fn commit(&self, txn: &mut Txn<'_>, logical: Option<Entry>) -> Result<Option<u64>> {
+        if txn.is_empty() {
+            return Ok(None);
+        }
+        let entry = logical.unwrap_or_else(|| Entry::Physical {
+            ops: txn.ops().to_vec(),
+        });
+        let lsn = txn.store().lsn + 1;
+        if let Err(e) = self.append(lsn, &entry) {
+            txn.rollback();
+            return Err(e);
+        }
+        txn.take_ops();
+        txn.store().lsn = lsn;
+        if !self.options.group_commit {
+            // The next transaction runs only once this one is on disk.
+            self.wait_durable(lsn)?;
+        }
+        Ok(Some(lsn))
+    }
+
+    fn append(&self, lsn: u64, entry: &Entry) -> Result<()> {
+        match &self.log {
+            Some(log) => log.append(lsn, entry),
+            None => Ok(()),
+        }
+    }
+
+    fn wait_durable(&self, lsn: u64) -> Result<()> {
+        match &self.log {
+            Some(log) => log.wait_durable(lsn),
+            None => Ok(()),
+        }
+    }
+
+    /// Writes a checkpoint at the current LSN and drops the older checkpoints and the
+    /// log segments it makes unnecessary. Transactions go on while it is written.
+    /// Returns its LSN (none without a data directory).
+    pub fn checkpoint(&self) -> Result<Option<u64>> {
+        let (Some(log), Some(root)) = (&self.log, &self.checkpoints) else {
+            return Ok(None);
+        };
+        let _one_at_a_time = self.checkpointing.lock();
+        let copy = self.store.lock().clone();
+        // Nothing that might still be lost goes into a checkpoint.
+        log.wait_durable(copy.lsn)?;
+        log.roll();
+        checkpoint::write(root, &copy)?;
+        for (lsn, dir) in checkpoint::list(root)? {
+            if lsn < copy.lsn {
+                std::fs::remove_dir_all(&dir).map_err(|e| Error::io(&dir, "remove", e))?;
+            }
+        }
+        let segments = segment::list(log.dir())?;
+        for pair in segments.windows(2) {
+            if pair[1].0 <= copy.lsn + 1 {
+                let path = &pair[0].1;
+                std::fs::remove_file(path).map_err(|e| Error::io(path, "remove", e))?;
+            }
+        }
+        Ok(Some(copy.lsn))
+    }
+
+    /// Reads the store as of the last commit.
+    pub fn read<R>(&self, f: impl FnOnce(&Store) -> R) -> R {
+        f(&self.store.lock())
+    }
+
+    /// A copy of the whole store (O(number of tables)), to read without holding the lock.
+    pub fn snapshot(&self) -> Store {
+        self.store.lock().clone()
+    }
+
+    /// The LSN of the last committed transaction (durable or not yet).
+    pub fn lsn(&self) -> u64 {
+        self.store.lock().lsn
+    }
+
+    pub fn durable_lsn(&self) -> u64 {
+        match &self.log {
+            Some(log) => log.durable_lsn(),
+            None => self.lsn(),
+        }
+    }
+
+    pub fn log_stats(&self) -> Option<LogStats> {
+        self.log.as_ref().map(LogWriter::stats)
+    }
+
+    pub fn data_dir(&self) -> Option<&Path> {
+        self.options.data_dir.as_deref()
+    }
+}
+
+/// An interactive transaction: statements run through [`Transaction::run`] until
+/// [`Transaction::commit`]; dropping it rolls back.
+pub struct Transaction {
+    db: Arc<Database>,
+    guard: Option<ArcMutexGuard<RawMutex, Store>>,
+    pending: Option<Pending>,
+}
+
+impl Transaction {
+    /// Runs one statement. An error rolls the whole transaction back (as in
+    /// PostgreSQL, the transaction cannot go on after a failed statement).
+    pub fn run<R>(&mut self, statement: impl FnOnce(&mut Txn<'_>) -> Result<R>) -> Result<R> {
+        let (Some(guard), Some(pending)) = (self.guard.as_mut(), self.pending.take()) else {
+            return Err(Error::Aborted("the transaction has ended".into()));
+        };
+        let mut txn = Txn::resume(guard, pending);
+        match statement(&mut txn) {
+            Ok(out) => {
+                self.pending = Some(txn.suspend());
+                Ok(out)
+            }
+            Err(e) => {
+                txn.rollback();
+                self.guard = None;
+                Err(e)
+            }
+        }
+    }
+
+    /// Commits and returns once durable, with the LSN (none if nothing changed).
+    pub fn commit(mut self) -> Result<Option<u64>> {
+        let (Some(mut guard), Some(pending)) = (self.guard.take(), self.pending.take()) else {
+            return Err(Error::Aborted("the transaction has ended".into()));
+        };
+        let mut txn = Txn::resume(&mut guard, pending);
+        let lsn = self.db.commit(&mut txn, None)?;
+        drop(guard);
+        if let Some(lsn) = lsn {
+            self.db.wait_durable(lsn)?;
+        }
+        Ok(lsn)
+    }
+
+    pub fn rollback(mut self) {
+        self.undo();
+    }
+
+    fn undo(&mut self) {
+        if let (Some(guard), Some(pending)) = (self.guard.as_mut(), self.pending.take()) {
+            Txn::resume(guard, pending).rollback();
+        }
+        self.guard = None;
+    }
+}
+
+impl Drop for Transaction {
+    fn drop(&mut self) {
+        self.undo();
+    }
+}
+
+/// Applies one log entry to the store during recovery.
+fn replay(store: &mut Store, procedures: &Procedures, lsn: u64, entry: Entry) -> Result<()> {
+    match entry {
+        Entry::CreateTable(def) => store.create_table(def)?,
+        Entry::DropTable(id) => store.drop_table(id)?,
+        Entry::Physical { ops } => {
+            let mut txn = Txn::new(store);
+            for op in ops {
+                if let Err(e) = txn.apply_op(op) {
+                    txn.rollback();
+                    return Err(e);
+                }
+            }
+            txn.take_ops();
+        }
+        Entry::Logical { procedure, args } => {
+            let procedure = procedures.get(&procedure)?.clone();
+            check_args(procedure.as_ref(), &args)?;
+            let mut txn = Txn::new(store);
+            if let Err(e) = procedure.run(&mut txn, &args) {
+                txn.rollback();
+                return Err(e);
+            }
+            txn.take_ops();
+        }
+    }
+    store.lsn = lsn;
+    Ok(())
+}
+
+fn remove_unfinished_checkpoints(root: &Path) -> Result<()> {
+    for entry in std::fs::read_dir(root).map_err(|e| Error::io(root, "list", e))? {
+        let entry = entry.map_err(|e| Error::io(root, "list", e))?;
+        if entry.file_name().to_string_lossy().ends_with(".tmp") {
+            let path = entry.path();
+            std::fs::remove_dir_all(&path).map_err(|e| Error::io(&path, "remove", e))?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,31 @@
+//! ScyPer's transactional core (Rödiger's thesis, chapter 5; Mühlbauer et al.,
+//! "ScyPer: Elastic OLAP Throughput on Transactional Data"): one primary runs every
+//! transaction on a row store and writes a redo log of the committed ones.
+//!
+//! - [`value`]: values, column types and their checks.
+//! - [`store`]: tables of rows by primary key; the one place a row changes.
+//! - [`txn`]: the handle transactions read and write through, with undo for rollback.
+//! - [`procedure`]: stored procedures, logged by name and arguments.
+//! - [`log`]: the redo log: entries, segment format, group commit.
+//! - [`checkpoint`]: the store at an LSN as Parquet, so recovery replays only the log
+//!   after it.
+//! - [`database`]: all of it together, with recovery on open.
+//! - [`columnar`]: rows to Arrow batches and back.
+
+pub mod checkpoint;
+pub mod columnar;
+pub mod database;
+pub mod error;
+pub mod log;
+pub mod procedure;
+pub mod store;
+pub mod txn;
+pub mod value;
+
+pub use database::{Database, Options, Recovery, Transaction};
+pub use error::{Error, Result};
+pub use log::LogMode;
+pub use procedure::{Procedure, Procedures};
+pub use store::{Key, Row, RowOp, Store, TableDef, TableId};
+pub use txn::Txn;
+pub use value::{Column, ColumnType, Value};

@@ -1,0 +1,332 @@
+//! Group commit: one thread writes the log, a group of entries per write and fsync.
+//!
+//! Committing transactions append their entries to a queue in LSN order and wait until
+//! the durable LSN reaches theirs. The committer thread takes everything queued,
+//! compresses it as one group (LZ4: single entries are too small to compress, groups
+//! are not), writes it, fsyncs, and then announces the new durable LSN. While one group
+//! is being synced the next one fills, so under load many transactions share an fsync.
+//! Without group commit the primary waits for each transaction's own fsync before
+//! running the next, which makes every group one transaction.
+//!
+//! A failed write or fsync stops the log for good: whether that group reached the disk
+//! is unknown, so no later transaction may be acknowledged on top of it.
+
+use super::Entry;
+use super::segment::{self, HEADER, MAX_GROUP_BYTES};
+use crate::error::{Error, Result};
+use parking_lot::{Condvar, Mutex};
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::thread::JoinHandle;
+
+/// How much the log has written since it was opened.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LogStats {
+    pub groups: u64,
+    pub entries: u64,
+    /// Entry bytes before compression.
+    pub raw_bytes: u64,
+    /// Bytes written to segments (frames, compressed).
+    pub written_bytes: u64,
+}
+
+struct Group {
+    first_lsn: u64,
+    count: u32,
+    raw: Vec<u8>,
+}
+
+#[derive(Default)]
+struct Queue {
+    groups: Vec<Group>,
+    next_lsn: u64,
+    roll: bool,
+    closing: bool,
+}
+
+struct Durability {
+    lsn: u64,
+    failed: Option<String>,
+}
+
+struct Shared {
+    dir: PathBuf,
+    segment_bytes: u64,
+    queue: Mutex<Queue>,
+    wake: Condvar,
+    durable: Mutex<Durability>,
+    durable_changed: Condvar,
+    groups: AtomicU64,
+    entries: AtomicU64,
+    raw_bytes: AtomicU64,
+    written_bytes: AtomicU64,
+}
+
+/// The open log: appends entries and tells when they are durable.
+pub struct LogWriter {
+    shared: Arc<Shared>,
+    committer: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// The segment being appended to.
+struct Segment {
+    file: File,
+    path: PathBuf,
+    len: u64,
+}
+
+impl LogWriter {
+    /// Opens the log in `dir` for appending entries from `next_lsn` on. `tail` is the
+    /// last segment and the length of its valid part, as recovery found them: it is cut
+    /// to that length and appended to; without one a new segment starts.
+    pub fn open(
+        dir: &Path,
+        next_lsn: u64,
+        tail: Option<(PathBuf, u64)>,
+        segment_bytes: u64,
+    ) -> Result<Self> {
+        let segment = match tail {
+            Some((path, valid_len)) if valid_len >= HEADER.len() as u64 => {
+                let file = OpenOptions::new()
+                    .write(true)
+                    .open(&path)
+                    .map_err(|e| Error::io(&path, "open", e))?;
+                file.set_len(valid_len)
+                    .map_err(|e| Error::io(&path, "cut the torn tail of", e))?;
+                file.sync_all().map_err(|e| Error::io(&path, "fsync", e))?;
+                let mut file = file;
+                use std::io::Seek;
+                file.seek(std::io::SeekFrom::End(0))
+                    .map_err(|e| Error::io(&path, "seek in", e))?;
+                Segment {
+                    file,
+                    path,
+                    len: valid_len,
+                }
+            }
+            Some((path, _)) => {
+                // A segment whose header never made it: start it over.
+                std::fs::remove_file(&path).map_err(|e| Error::io(&path, "remove", e))?;
+                create_segment(dir, next_lsn)?
+            }
+            None => create_segment(dir, next_lsn)?,
+        };
+        let shared = Arc::new(Shared {
+            dir: dir.to_path_buf(),
+            segment_bytes,
+            queue: Mutex::new(Queue {
+                next_lsn,
+                ..Queue::default()
+            }),
+            wake: Condvar::new(),
+            durable: Mutex::new(Durability {
+                lsn: next_lsn - 1,
+                failed: None,
+            }),
+            durable_changed: Condvar::new(),
+            groups: AtomicU64::new(0),
+            entries: AtomicU64::new(0),
+            raw_bytes: AtomicU64::new(0),
+            written_bytes: AtomicU64::new(0),
+        });
+        let thread_shared = shared.clone();
+        let committer = std::thread::Builder::new()
+            .name("gyre-redo-log".into())
+            .spawn(move || commit_loop(&thread_shared, segment))
+            .map_err(|e| Error::io(dir, "start the log thread for", e))?;
+        Ok(Self {
+            shared,
+            committer: Mutex::new(Some(committer)),
+        })
+    }
+
+    /// Queues the entry of the transaction with LSN `lsn` (the next one, as the caller
+    /// holds the primary's lock). It is durable once [`LogWriter::wait_durable`] says so.
+    pub fn append(&self, lsn: u64, entry: &Entry) -> Result<()> {
+        if let Some(failed) = &self.shared.durable.lock().failed {
+            return Err(Error::LogFailed(failed.clone()));
+        }
+        let mut raw = Vec::new();
+        segment::encode_entry(&mut raw, entry);
+        if raw.len() > MAX_GROUP_BYTES {
+            return Err(Error::Unsupported(format!(
+                "a transaction whose log entry has {} bytes (at most {MAX_GROUP_BYTES})",
+                raw.len()
+            )));
+        }
+        let mut q = self.shared.queue.lock();
+        if lsn != q.next_lsn {
+            return Err(Error::LogFailed(format!(
+                "entry {lsn} appended where {} was next",
+                q.next_lsn
+            )));
+        }
+        q.next_lsn += 1;
+        match q.groups.last_mut() {
+            Some(g) if g.raw.len() + raw.len() <= MAX_GROUP_BYTES => {
+                g.raw.extend_from_slice(&raw);
+                g.count += 1;
+            }
+            _ => q.groups.push(Group {
+                first_lsn: lsn,
+                count: 1,
+                raw,
+            }),
+        }
+        drop(q);
+        self.shared.wake.notify_one();
+        Ok(())
+    }
+
+    /// Blocks until every entry up to `lsn` is on disk, or the log failed.
+    pub fn wait_durable(&self, lsn: u64) -> Result<()> {
+        let mut d = self.shared.durable.lock();
+        loop {
+            if d.lsn >= lsn {
+                return Ok(());
+            }
+            if let Some(failed) = &d.failed {
+                return Err(Error::LogFailed(failed.clone()));
+            }
+            self.shared.durable_changed.wait(&mut d);
+        }
+    }
+
+    pub fn durable_lsn(&self) -> u64 {
+        self.shared.durable.lock().lsn
+    }
+
+    /// Starts a new segment with the next group, so that a checkpoint can drop the
+    /// segments before it.
+    pub fn roll(&self) {
+        self.shared.queue.lock().roll = true;
+        self.shared.wake.notify_one();
+    }
+
+    pub fn stats(&self) -> LogStats {
+        let s = &self.shared;
+        LogStats {
+            groups: s.groups.load(Ordering::Relaxed),
+            entries: s.entries.load(Ordering::Relaxed),
+            raw_bytes: s.raw_bytes.load(Ordering::Relaxed),
+            written_bytes: s.written_bytes.load(Ordering::Relaxed),
+        }
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.shared.dir
+    }
+}
+
+impl Drop for LogWriter {
+    /// Writes what is queued, then stops the committer.
+    fn drop(&mut self) {
+        self.shared.queue.lock().closing = true;
+        self.shared.wake.notify_one();
+        if let Some(handle) = self.committer.lock().take() {
+            let _ = handle.join();
+        }
+    }
+}
+
+fn create_segment(dir: &Path, first_lsn: u64) -> Result<Segment> {
+    let path = dir.join(segment::file_name(first_lsn));
+    let mut file = OpenOptions::new()
+        .create_new(true)
+        .write(true)
+        .open(&path)
+        .map_err(|e| Error::io(&path, "create", e))?;
+    file.write_all(HEADER)
+        .map_err(|e| Error::io(&path, "write", e))?;
+    file.sync_all().map_err(|e| Error::io(&path, "fsync", e))?;
+    sync_dir(dir)?;
+    Ok(Segment {
+        file,
+        path,
+        len: HEADER.len() as u64,
+    })
+}
+
+/// Makes a directory's entries (files created, renamed, removed) durable.
+pub fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| Error::io(dir, "fsync the directory", e))
+}
+
+fn commit_loop(shared: &Shared, mut segment: Segment) {
+    loop {
+        let (groups, roll) = {
+            let mut q = shared.queue.lock();
+            while q.groups.is_empty() && !q.closing {
+                shared.wake.wait(&mut q);
+            }
+            if q.groups.is_empty() {
+                return;
+            }
+            (std::mem::take(&mut q.groups), std::mem::take(&mut q.roll))
+        };
+        match write_groups(shared, &mut segment, &groups, roll) {
+            Ok(()) => {
+                let last = groups.last().map(|g| g.first_lsn + u64::from(g.count) - 1);
+                let mut d = shared.durable.lock();
+                d.lsn = last.unwrap_or(d.lsn);
+                drop(d);
+                shared.durable_changed.notify_all();
+            }
+            Err(e) => {
+                tracing::error!("redo log: {e}");
+                shared.durable.lock().failed = Some(e.to_string());
+                shared.durable_changed.notify_all();
+                // Waiters learn of the failure; later appends are refused. Drain the
+                // queue until closing so nothing waits on this thread.
+                let mut q = shared.queue.lock();
+                while !q.closing {
+                    q.groups.clear();
+                    shared.wake.wait(&mut q);
+                }
+                return;
+            }
+        }
+    }
+}
+
+fn write_groups(
+    shared: &Shared,
+    segment: &mut Segment,
+    groups: &[Group],
+    roll: bool,
+) -> Result<()> {
+    if (roll || segment.len >= shared.segment_bytes) && segment.len > HEADER.len() as u64 {
+        *segment = create_segment(&shared.dir, groups[0].first_lsn)?;
+    }
+    let mut bytes = Vec::new();
+    let mut entries = 0u64;
+    let mut raw_bytes = 0u64;
+    for g in groups {
+        bytes.extend_from_slice(&segment::encode_frame(g.first_lsn, g.count, &g.raw));
+        entries += u64::from(g.count);
+        raw_bytes += g.raw.len() as u64;
+    }
+    segment
+        .file
+        .write_all(&bytes)
+        .map_err(|e| Error::io(&segment.path, "write", e))?;
+    segment
+        .file
+        .sync_data()
+        .map_err(|e| Error::io(&segment.path, "fsync", e))?;
+    segment.len += bytes.len() as u64;
+    shared
+        .groups
+        .fetch_add(groups.len() as u64, Ordering::Relaxed);
+    shared.entries.fetch_add(entries, Ordering::Relaxed);
+    shared.raw_bytes.fetch_add(raw_bytes, Ordering::Relaxed);
+    shared
+        .written_bytes
+        .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+    Ok(())
+}

@@ -1,0 +1,92 @@
+//! Stored procedures: transactions written in Rust, called by name with arguments.
+//!
+//! HyPer (and ScyPer after it) runs OLTP as pre-canned procedures: a procedure's name
+//! and arguments are all a logical redo entry needs, provided its outcome depends only
+//! on the database state. A procedure that reads the clock or draws random numbers
+//! says so ([`Procedure::deterministic`]) and is logged physically.
+
+use crate::error::{Error, Result};
+use crate::txn::Txn;
+use crate::value::{Column, Value};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+pub trait Procedure: Send + Sync {
+    fn name(&self) -> &str;
+
+    /// The parameters: names, types and whether NULL is allowed.
+    fn params(&self) -> Vec<Column>;
+
+    /// Whether the same arguments on the same state always make the same changes.
+    fn deterministic(&self) -> bool {
+        true
+    }
+
+    /// The transaction's body: reads and writes through `txn`; an error rolls it back.
+    /// Returns the rows the caller sees (none for most).
+    fn run(&self, txn: &mut Txn<'_>, args: &[Value]) -> Result<Vec<Vec<Value>>>;
+}
+
+/// The procedures a database can call (and replay).
+#[derive(Clone, Default)]
+pub struct Procedures {
+    by_name: BTreeMap<String, Arc<dyn Procedure>>,
+}
+
+impl Procedures {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn with(mut self, procedure: impl Procedure + 'static) -> Self {
+        self.register(Arc::new(procedure));
+        self
+    }
+
+    pub fn register(&mut self, procedure: Arc<dyn Procedure>) {
+        self.by_name
+            .insert(procedure.name().to_ascii_lowercase(), procedure);
+    }
+
+    /// The procedure with this name (case-insensitive, as SQL names are).
+    pub fn get(&self, name: &str) -> Result<&Arc<dyn Procedure>> {
+        self.by_name
+            .get(&name.to_ascii_lowercase())
+            .ok_or_else(|| Error::NoSuchProcedure(name.to_string()))
+    }
+
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.by_name.keys().map(String::as_str)
+    }
+}
+
+/// Checks `args` against a procedure's parameters.
+pub fn check_args(procedure: &dyn Procedure, args: &[Value]) -> Result<()> {
+    let params = procedure.params();
+    if params.len() != args.len() {
+        return Err(Error::Arguments(format!(
+            "{} takes {} arguments, got {}",
+            procedure.name(),
+            params.len(),
+            args.len()
+        )));
+    }
+    for (p, a) in params.iter().zip(args) {
+        if a.is_null() {
+            if !p.nullable {
+                return Err(Error::Arguments(format!(
+                    "{}: {} must not be NULL",
+                    procedure.name(),
+                    p.name
+                )));
+            }
+        } else if let Err(e) = p.column_type.check(a) {
+            return Err(Error::Arguments(format!(
+                "{}: {}: {e}",
+                procedure.name(),
+                p.name
+            )));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,379 @@
+//! The primary's row store: tables of rows indexed by primary key.
+//!
+//! Each table is a persistent ordered map from key to row (`imbl::OrdMap`): lookups and
+//! range scans by key prefix serve the stored procedures, and cloning a table is O(1),
+//! so a checkpoint copies the whole store under the lock and writes it while
+//! transactions go on. Rows and keys are shared slices, cheap to clone when the map
+//! copies a node.
+//!
+//! [`Store::apply`] is the one place a row changes: transactions call it and record its
+//! undo, recovery calls it to replay physical log entries.
+
+use crate::error::{Error, Result};
+use crate::value::{Column, Value, schema_of};
+use arrow_schema::SchemaRef;
+use imbl::OrdMap;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+/// A table's number, stable across restarts (logged with its creation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct TableId(pub u32);
+
+pub type Key = Arc<[Value]>;
+pub type Row = Arc<[Value]>;
+
+/// What a transactional table is: its columns and which of them form the primary key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TableDef {
+    pub id: TableId,
+    pub name: String,
+    pub columns: Vec<Column>,
+    /// Column indexes of the primary key, in key order.
+    pub key: Vec<usize>,
+}
+
+impl TableDef {
+    pub fn schema(&self) -> SchemaRef {
+        schema_of(&self.columns)
+    }
+
+    /// Checks the definition itself: at least one column, names unique, a key of
+    /// distinct existing columns.
+    pub fn validate(&self) -> Result<()> {
+        if self.columns.is_empty() {
+            return Err(Error::Constraint(format!(
+                "table {} has no columns",
+                self.name
+            )));
+        }
+        let mut names = std::collections::HashSet::new();
+        for c in &self.columns {
+            if !names.insert(c.name.as_str()) {
+                return Err(Error::Constraint(format!(
+                    "table {} has two columns named {}",
+                    self.name, c.name
+                )));
+            }
+        }
+        if self.key.is_empty() {
+            return Err(Error::Constraint(format!(
+                "table {} needs a primary key",
+                self.name
+            )));
+        }
+        let mut seen = std::collections::HashSet::new();
+        for &k in &self.key {
+            if k >= self.columns.len() || !seen.insert(k) {
+                return Err(Error::Constraint(format!(
+                    "table {}: primary key column {k} does not exist or repeats",
+                    self.name
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The key of a row (already checked to have every column).
+    pub fn key_of(&self, row: &[Value]) -> Key {
+        self.key.iter().map(|&k| row[k].clone()).collect()
+    }
+
+    /// Whether `row` fits the table: one value per column, each of the column's type,
+    /// NULL only where allowed and never in the key.
+    pub fn check_row(&self, row: &[Value]) -> Result<()> {
+        if row.len() != self.columns.len() {
+            return Err(Error::Constraint(format!(
+                "table {} has {} columns, the row {}",
+                self.name,
+                self.columns.len(),
+                row.len()
+            )));
+        }
+        for (i, (c, v)) in self.columns.iter().zip(row).enumerate() {
+            if v.is_null() {
+                if !c.nullable || self.key.contains(&i) {
+                    return Err(Error::Constraint(format!(
+                        "NULL in {}.{}, which is NOT NULL",
+                        self.name, c.name
+                    )));
+                }
+            } else if let Err(e) = c.column_type.check(v) {
+                return Err(Error::Constraint(format!("{}.{}: {e}", self.name, c.name)));
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks a key given on its own (for a delete or a lookup): one value per key
+    /// column, of its type.
+    pub fn check_key(&self, key: &[Value]) -> Result<()> {
+        if key.len() != self.key.len() {
+            return Err(Error::Constraint(format!(
+                "the key of {} has {} columns, not {}",
+                self.name,
+                self.key.len(),
+                key.len()
+            )));
+        }
+        for (&k, v) in self.key.iter().zip(key) {
+            let c = &self.columns[k];
+            if let Err(e) = c.column_type.check(v) {
+                return Err(Error::Constraint(format!("{}.{}: {e}", self.name, c.name)));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One table: its definition and its rows by key.
+#[derive(Debug, Clone)]
+pub struct Table {
+    pub def: Arc<TableDef>,
+    pub rows: OrdMap<Key, Row>,
+}
+
+/// One change to one row, as transactions make it and as physical log entries carry it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum RowOp {
+    Insert {
+        table: TableId,
+        row: Vec<Value>,
+    },
+    /// Replaces the row with the same key (the key does not change).
+    Update {
+        table: TableId,
+        row: Vec<Value>,
+    },
+    Delete {
+        table: TableId,
+        key: Vec<Value>,
+    },
+}
+
+/// How to take a [`RowOp`] back.
+#[derive(Debug)]
+pub(crate) enum Undo {
+    Restore(TableId, Key, Row),
+    Remove(TableId, Key),
+}
+
+/// Every table, and the LSN of the last transaction applied to them.
+#[derive(Debug, Clone, Default)]
+pub struct Store {
+    tables: BTreeMap<TableId, Table>,
+    names: HashMap<String, TableId>,
+    next_table: u32,
+    /// The LSN of the last log entry applied (0: none yet).
+    pub lsn: u64,
+}
+
+impl Store {
+    pub fn table_id(&self, name: &str) -> Result<TableId> {
+        self.names
+            .get(name)
+            .copied()
+            .ok_or_else(|| Error::NoSuchTable(name.to_string()))
+    }
+
+    pub fn table(&self, id: TableId) -> Result<&Table> {
+        self.tables
+            .get(&id)
+            .ok_or_else(|| Error::NoSuchTable(format!("#{}", id.0)))
+    }
+
+    fn table_mut(&mut self, id: TableId) -> Result<&mut Table> {
+        self.tables
+            .get_mut(&id)
+            .ok_or_else(|| Error::NoSuchTable(format!("#{}", id.0)))
+    }
+
+    pub fn tables(&self) -> impl Iterator<Item = &Table> {
+        self.tables.values()
+    }
+
+    /// The id the next created table gets.
+    pub fn next_table_id(&self) -> TableId {
+        TableId(self.next_table)
+    }
+
+    /// Adds a table (checked); its id must be the next one, so that replay and the
+    /// primary agree.
+    pub fn create_table(&mut self, def: TableDef) -> Result<()> {
+        def.validate()?;
+        if self.names.contains_key(&def.name) {
+            return Err(Error::TableExists(def.name));
+        }
+        if def.id.0 < self.next_table || self.tables.contains_key(&def.id) {
+            return Err(Error::Constraint(format!(
+                "table id {} of {} is taken",
+                def.id.0, def.name
+            )));
+        }
+        self.next_table = def.id.0 + 1;
+        self.names.insert(def.name.clone(), def.id);
+        self.tables.insert(
+            def.id,
+            Table {
+                def: Arc::new(def),
+                rows: OrdMap::new(),
+            },
+        );
+        Ok(())
+    }
+
+    /// Adds a table with its rows, as a checkpoint holds them.
+    pub(crate) fn restore_table(&mut self, def: TableDef, rows: OrdMap<Key, Row>) -> Result<()> {
+        let id = def.id;
+        self.create_table(def)?;
+        self.table_mut(id)?.rows = rows;
+        Ok(())
+    }
+
+    pub(crate) fn set_next_table_id(&mut self, id: u32) {
+        self.next_table = self.next_table.max(id);
+    }
+
+    pub fn drop_table(&mut self, id: TableId) -> Result<()> {
+        let table = self
+            .tables
+            .remove(&id)
+            .ok_or_else(|| Error::NoSuchTable(format!("#{}", id.0)))?;
+        self.names.remove(&table.def.name);
+        Ok(())
+    }
+
+    /// Applies one change, checked, and returns how to undo it.
+    pub(crate) fn apply(&mut self, op: RowOp) -> Result<Undo> {
+        match op {
+            RowOp::Insert { table, row } => {
+                let t = self.table_mut(table)?;
+                t.def.check_row(&row)?;
+                let key = t.def.key_of(&row);
+                if t.rows.contains_key(&key) {
+                    return Err(Error::Constraint(format!(
+                        "duplicate key {key:?} in {}",
+                        t.def.name
+                    )));
+                }
+                t.rows.insert(key.clone(), row.into());
+                Ok(Undo::Remove(table, key))
+            }
+            RowOp::Update { table, row } => {
+                let t = self.table_mut(table)?;
+                t.def.check_row(&row)?;
+                let key = t.def.key_of(&row);
+                match t.rows.get_mut(&key) {
+                    Some(old) => {
+                        let old = std::mem::replace(old, row.into());
+                        Ok(Undo::Restore(table, key, old))
+                    }
+                    None => Err(Error::Constraint(format!(
+                        "no row with key {key:?} in {} to update",
+                        t.def.name
+                    ))),
+                }
+            }
+            RowOp::Delete { table, key } => {
+                let t = self.table_mut(table)?;
+                t.def.check_key(&key)?;
+                let key: Key = key.into();
+                match t.rows.remove(&key) {
+                    Some(old) => Ok(Undo::Restore(table, key, old)),
+                    None => Err(Error::Constraint(format!(
+                        "no row with key {key:?} in {} to delete",
+                        t.def.name
+                    ))),
+                }
+            }
+        }
+    }
+
+    /// Takes back one change made by [`Store::apply`] (in reverse order of applying).
+    pub(crate) fn undo(&mut self, undo: Undo) {
+        match undo {
+            Undo::Restore(table, key, row) => {
+                if let Some(t) = self.tables.get_mut(&table) {
+                    t.rows.insert(key, row);
+                }
+            }
+            Undo::Remove(table, key) => {
+                if let Some(t) = self.tables.get_mut(&table) {
+                    t.rows.remove(&key);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::value::ColumnType;
+
+    fn accounts() -> TableDef {
+        TableDef {
+            id: TableId(0),
+            name: "accounts".into(),
+            columns: vec![
+                Column::new("id", ColumnType::Int64, false),
+                Column::new("balance", ColumnType::Int64, true),
+            ],
+            key: vec![0],
+        }
+    }
+
+    #[test]
+    fn apply_and_undo() {
+        let mut s = Store::default();
+        s.create_table(accounts()).unwrap();
+        let t = TableId(0);
+        let u1 = s
+            .apply(RowOp::Insert {
+                table: t,
+                row: vec![Value::Int(1), Value::Int(10)],
+            })
+            .unwrap();
+        let dup = s.apply(RowOp::Insert {
+            table: t,
+            row: vec![Value::Int(1), Value::Int(11)],
+        });
+        assert!(matches!(dup, Err(Error::Constraint(_))));
+        let u2 = s
+            .apply(RowOp::Update {
+                table: t,
+                row: vec![Value::Int(1), Value::Null],
+            })
+            .unwrap();
+        assert!(
+            s.apply(RowOp::Insert {
+                table: t,
+                row: vec![Value::Null, Value::Int(1)],
+            })
+            .is_err()
+        );
+        assert_eq!(s.table(t).unwrap().rows.len(), 1);
+        s.undo(u2);
+        let key: Key = vec![Value::Int(1)].into();
+        assert_eq!(s.table(t).unwrap().rows[&key][1], Value::Int(10));
+        s.undo(u1);
+        assert!(s.table(t).unwrap().rows.is_empty());
+    }
+
+    #[test]
+    fn definitions_are_checked() {
+        let mut d = accounts();
+        d.key = vec![];
+        assert!(d.validate().is_err());
+        d.key = vec![0, 0];
+        assert!(d.validate().is_err());
+        d.key = vec![2];
+        assert!(d.validate().is_err());
+        let mut s = Store::default();
+        s.create_table(accounts()).unwrap();
+        let mut again = accounts();
+        again.id = TableId(1);
+        assert!(matches!(s.create_table(again), Err(Error::TableExists(_))));
+    }
+}

@@ -1,0 +1,162 @@
+//! The transaction handle stored procedures and interactive transactions work through.
+//!
+//! Transactions run one at a time on the primary (HyPer's serial execution), so a
+//! [`Txn`] has the store to itself: reads see its own writes, and every write is applied
+//! at once, with its undo kept in memory for a rollback and its [`RowOp`] kept for the
+//! physical redo entry. Nothing is logged for a transaction that rolls back.
+
+use crate::error::{Error, Result};
+use crate::store::{Key, Row, RowOp, Store, TableDef, TableId, Undo};
+use crate::value::Value;
+use std::ops::Bound;
+
+pub struct Txn<'a> {
+    store: &'a mut Store,
+    pending: Pending,
+}
+
+/// What a transaction has done so far: kept apart from the store's borrow so that an
+/// interactive transaction can hold it between statements.
+#[derive(Debug, Default)]
+pub(crate) struct Pending {
+    undo: Vec<Undo>,
+    ops: Vec<RowOp>,
+}
+
+impl<'a> Txn<'a> {
+    pub(crate) fn new(store: &'a mut Store) -> Self {
+        Self::resume(store, Pending::default())
+    }
+
+    pub(crate) fn resume(store: &'a mut Store, pending: Pending) -> Self {
+        Self { store, pending }
+    }
+
+    pub(crate) fn suspend(self) -> Pending {
+        self.pending
+    }
+
+    pub fn table(&self, name: &str) -> Result<TableId> {
+        self.store.table_id(name)
+    }
+
+    pub fn def(&self, table: TableId) -> Result<&TableDef> {
+        Ok(&self.store.table(table)?.def)
+    }
+
+    /// The row with this key, if there is one.
+    pub fn get(&self, table: TableId, key: &[Value]) -> Result<Option<Row>> {
+        let t = self.store.table(table)?;
+        t.def.check_key(key)?;
+        Ok(t.rows.get(key).cloned())
+    }
+
+    /// Rows whose keys lie between `lo` and `hi`, in key order.
+    pub fn range<'s>(
+        &'s self,
+        table: TableId,
+        lo: Bound<&'s [Value]>,
+        hi: Bound<&'s [Value]>,
+    ) -> Result<impl DoubleEndedIterator<Item = (&'s Key, &'s Row)> + 's> {
+        let t = self.store.table(table)?;
+        Ok(t.rows.range::<_, [Value]>((lo, hi)))
+    }
+
+    /// Rows whose keys start with `prefix`, in key order (a shorter key sorts first, so
+    /// they start at `prefix` itself).
+    pub fn prefix<'s>(
+        &'s self,
+        table: TableId,
+        prefix: &'s [Value],
+    ) -> Result<impl Iterator<Item = (&'s Key, &'s Row)> + 's> {
+        let t = self.store.table(table)?;
+        Ok(t.rows
+            .range::<_, [Value]>((Bound::Included(prefix), Bound::Unbounded))
+            .take_while(move |(k, _)| k.starts_with(prefix)))
+    }
+
+    /// The row with the greatest key starting with `prefix` (the newest order of a
+    /// customer, say). Reads from the end when the prefix ends in an integer.
+    pub fn last_with_prefix(&self, table: TableId, prefix: &[Value]) -> Result<Option<Row>> {
+        let t = self.store.table(table)?;
+        if let Some((Value::Int(last), head)) = prefix.split_last()
+            && let Some(next) = last.checked_add(1)
+        {
+            let mut end = head.to_vec();
+            end.push(Value::Int(next));
+            return Ok(t
+                .rows
+                .range::<_, [Value]>((Bound::Included(prefix), Bound::Excluded(&end[..])))
+                .next_back()
+                .map(|(_, r)| r.clone()));
+        }
+        Ok(self.prefix(table, prefix)?.last().map(|(_, r)| r.clone()))
+    }
+
+    /// Every row of the table, in key order.
+    pub fn scan(&self, table: TableId) -> Result<impl DoubleEndedIterator<Item = (&Key, &Row)>> {
+        Ok(self.store.table(table)?.rows.iter())
+    }
+
+    pub fn insert(&mut self, table: TableId, row: Vec<Value>) -> Result<()> {
+        self.apply_op(RowOp::Insert { table, row })
+    }
+
+    /// Replaces the row that has the same key; an error if there is none.
+    pub fn update(&mut self, table: TableId, row: Vec<Value>) -> Result<()> {
+        self.apply_op(RowOp::Update { table, row })
+    }
+
+    /// Deletes the row with this key; false if there was none.
+    pub fn delete(&mut self, table: TableId, key: &[Value]) -> Result<bool> {
+        if self.get(table, key)?.is_none() {
+            return Ok(false);
+        }
+        self.apply_op(RowOp::Delete {
+            table,
+            key: key.to_vec(),
+        })?;
+        Ok(true)
+    }
+
+    pub(crate) fn apply_op(&mut self, op: RowOp) -> Result<()> {
+        let undo = self.store.apply(op.clone())?;
+        self.pending.undo.push(undo);
+        self.pending.ops.push(op);
+        Ok(())
+    }
+
+    /// Whether the transaction changed anything (only such transactions are logged).
+    pub fn is_empty(&self) -> bool {
+        self.pending.ops.is_empty()
+    }
+
+    /// The row operations made so far, for a physical redo entry.
+    pub(crate) fn ops(&self) -> &[RowOp] {
+        &self.pending.ops
+    }
+
+    /// Forgets the undo: the transaction committed.
+    pub(crate) fn take_ops(&mut self) -> Vec<RowOp> {
+        self.pending.undo.clear();
+        std::mem::take(&mut self.pending.ops)
+    }
+
+    /// The store, for the commit that follows.
+    pub(crate) fn store(&mut self) -> &mut Store {
+        self.store
+    }
+
+    /// Takes back every change, newest first.
+    pub(crate) fn rollback(&mut self) {
+        while let Some(u) = self.pending.undo.pop() {
+            self.store.undo(u);
+        }
+        self.pending.ops.clear();
+    }
+
+    /// An error that makes the caller roll the transaction back, with a reason.
+    pub fn abort(reason: impl Into<String>) -> Error {
+        Error::Aborted(reason.into())
+    }
+}

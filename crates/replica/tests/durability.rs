@@ -1,0 +1,599 @@
+//! The primary's durability: recovery from the log and checkpoints, rollback, group
+//! commit, and kill -9 at random moments while transactions commit.
+//!
+//! The workload is a bank: `transfer(id, from, to, amount)` moves money between
+//! accounts and records the transfer; the total never changes, and each account's
+//! balance equals its start plus what the recorded transfers moved. A transaction
+//! applied partly, twice, or lost after it was acknowledged breaks one of these.
+
+use gyre_replica::{
+    Column, ColumnType, Database, Error, LogMode, Options, Procedure, Procedures, Result, Txn,
+    Value,
+};
+use rand::Rng;
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufRead, Write};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const ACCOUNTS: i64 = 50;
+const START: i64 = 1_000;
+
+struct Transfer;
+
+impl Procedure for Transfer {
+    fn name(&self) -> &str {
+        "transfer"
+    }
+
+    fn params(&self) -> Vec<Column> {
+        ["id", "from", "to", "amount"]
+            .iter()
+            .map(|n| Column::new(*n, ColumnType::Int64, false))
+            .collect()
+    }
+
+    fn run(&self, txn: &mut Txn<'_>, args: &[Value]) -> Result<Vec<Vec<Value>>> {
+        let [id, from, to, amount] = args else {
+            unreachable!("checked against params")
+        };
+        let accounts = txn.table("accounts")?;
+        let transfers = txn.table("transfers")?;
+        let amount = amount.as_int().unwrap();
+        let balance = |txn: &mut Txn<'_>, account: &Value, delta: i64| -> Result<()> {
+            let row = txn
+                .get(accounts, std::slice::from_ref(account))?
+                .ok_or_else(|| Txn::abort(format!("no account {account:?}")))?;
+            let new = row[1].as_int().unwrap() + delta;
+            if new < 0 {
+                return Err(Txn::abort("insufficient funds"));
+            }
+            txn.update(accounts, vec![account.clone(), Value::Int(new)])
+        };
+        // Credit first, so that a failed debit has something to undo.
+        balance(txn, to, amount)?;
+        balance(txn, from, -amount)?;
+        txn.insert(
+            transfers,
+            vec![id.clone(), from.clone(), to.clone(), Value::Int(amount)],
+        )?;
+        Ok(vec![])
+    }
+}
+
+/// A procedure whose outcome depends on the clock: always logged physically.
+struct Stamp;
+
+impl Procedure for Stamp {
+    fn name(&self) -> &str {
+        "stamp"
+    }
+
+    fn params(&self) -> Vec<Column> {
+        vec![Column::new("id", ColumnType::Int64, false)]
+    }
+
+    fn deterministic(&self) -> bool {
+        false
+    }
+
+    fn run(&self, txn: &mut Txn<'_>, args: &[Value]) -> Result<Vec<Vec<Value>>> {
+        let stamps = txn.table("stamps")?;
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as i64;
+        txn.insert(stamps, vec![args[0].clone(), Value::Int(now)])?;
+        Ok(vec![])
+    }
+}
+
+fn procedures() -> Procedures {
+    Procedures::new().with(Transfer).with(Stamp)
+}
+
+fn int(name: &str) -> Column {
+    Column::new(name, ColumnType::Int64, false)
+}
+
+/// Opens the bank, creating its tables and accounts if the database is new.
+fn open_bank(options: Options) -> Database {
+    let db = Database::open(options, procedures()).unwrap();
+    if db.read(|s| s.table_id("accounts").is_err()) {
+        db.create_table("accounts", vec![int("id"), int("balance")], &["id"])
+            .unwrap();
+        db.create_table(
+            "transfers",
+            vec![int("id"), int("src"), int("dst"), int("amount")],
+            &["id"],
+        )
+        .unwrap();
+        db.create_table("stamps", vec![int("id"), int("at")], &["id"])
+            .unwrap();
+        db.transaction(|txn| {
+            let t = txn.table("accounts")?;
+            for a in 0..ACCOUNTS {
+                txn.insert(t, vec![Value::Int(a), Value::Int(START)])?;
+            }
+            Ok(())
+        })
+        .unwrap();
+    }
+    db
+}
+
+fn transfer(db: &Database, id: i64, rng: &mut impl Rng) -> Result<Vec<Vec<Value>>> {
+    let from = rng.random_range(0..ACCOUNTS);
+    let to = (from + rng.random_range(1..ACCOUNTS)) % ACCOUNTS;
+    let amount = rng.random_range(1..300);
+    db.call(
+        "transfer",
+        &[id.into(), from.into(), to.into(), amount.into()],
+    )
+}
+
+/// Every table's rows, to compare two states.
+fn contents(db: &Database) -> BTreeMap<String, Vec<Vec<Value>>> {
+    db.read(|s| {
+        s.tables()
+            .map(|t| {
+                (
+                    t.def.name.clone(),
+                    t.rows.values().map(|r| r.to_vec()).collect(),
+                )
+            })
+            .collect()
+    })
+}
+
+/// Checks the bank's invariants and returns the recorded transfer ids.
+fn check_bank(db: &Database) -> BTreeSet<i64> {
+    let c = contents(db);
+    let mut expected = vec![START; ACCOUNTS as usize];
+    let mut ids = BTreeSet::new();
+    for t in &c["transfers"] {
+        let [id, src, dst, amount] = [0, 1, 2, 3].map(|i| t[i].as_int().unwrap());
+        expected[src as usize] -= amount;
+        expected[dst as usize] += amount;
+        ids.insert(id);
+    }
+    let balances: Vec<i64> = c["accounts"]
+        .iter()
+        .map(|r| r[1].as_int().unwrap())
+        .collect();
+    assert_eq!(
+        balances, expected,
+        "balances do not match the recorded transfers"
+    );
+    assert_eq!(balances.iter().sum::<i64>(), START * ACCOUNTS);
+    ids
+}
+
+#[test]
+fn memory_only_without_a_data_dir() {
+    let db = open_bank(Options::default());
+    let mut rng = rand::rng();
+    for id in 0..100 {
+        let _ = transfer(&db, id, &mut rng);
+    }
+    assert!(!check_bank(&db).is_empty());
+    assert!(db.log_stats().is_none());
+    assert_eq!(db.checkpoint().unwrap(), None);
+}
+
+#[test]
+fn reopening_replays_logical_and_physical_entries() {
+    for mode in [LogMode::Logical, LogMode::Physical] {
+        let dir = tempfile::tempdir().unwrap();
+        let options = Options {
+            log_mode: mode,
+            ..Options::durable(dir.path())
+        };
+        let before = {
+            let db = open_bank(options.clone());
+            let mut rng = rand::rng();
+            for id in 0..300 {
+                let _ = transfer(&db, id, &mut rng);
+            }
+            for id in 0..5 {
+                db.call("stamp", &[id.into()]).unwrap();
+            }
+            check_bank(&db);
+            let stats = db.log_stats().unwrap();
+            assert!(stats.entries >= 300 - 50, "{stats:?}");
+            (contents(&db), db.lsn())
+        };
+        let db = open_bank(options);
+        assert_eq!(contents(&db), before.0, "{mode:?}");
+        assert_eq!(db.lsn(), before.1);
+        assert_eq!(db.recovery().replayed, before.1);
+        check_bank(&db);
+    }
+}
+
+#[test]
+fn rollbacks_change_nothing_and_are_not_logged() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Arc::new(open_bank(Options::durable(dir.path())));
+    let lsn = db.lsn();
+    let before = contents(&db);
+    // More than the balance: the credit is undone.
+    let err = db
+        .call(
+            "transfer",
+            &[1.into(), 0.into(), 1.into(), (START + 1).into()],
+        )
+        .unwrap_err();
+    assert!(matches!(err, Error::Aborted(_)), "{err}");
+    // A duplicate id: the insert fails after both balances changed.
+    db.call("transfer", &[2.into(), 0.into(), 1.into(), 5.into()])
+        .unwrap();
+    let err = db
+        .call("transfer", &[2.into(), 3.into(), 4.into(), 5.into()])
+        .unwrap_err();
+    assert!(matches!(err, Error::Constraint(_)), "{err}");
+    // Wrong arguments never run.
+    assert!(matches!(
+        db.call("transfer", &[2.into(), 3.into()]),
+        Err(Error::Arguments(_))
+    ));
+    assert!(matches!(
+        db.call("transfer", &["x".into(), 3.into(), 4.into(), 5.into()]),
+        Err(Error::Arguments(_))
+    ));
+    assert!(matches!(
+        db.call("nope", &[]),
+        Err(Error::NoSuchProcedure(_))
+    ));
+    assert_eq!(db.lsn(), lsn + 1);
+    // An interactive transaction dropped (or failed) rolls back.
+    {
+        let mut t = db.begin();
+        t.run(|txn| {
+            let a = txn.table("accounts")?;
+            txn.update(a, vec![0.into(), 0.into()])
+        })
+        .unwrap();
+    }
+    let mut t = db.begin();
+    let failed = t.run(|txn| {
+        let a = txn.table("accounts")?;
+        txn.update(a, vec![0.into(), 0.into()])?;
+        txn.insert(a, vec![1.into(), 0.into()])
+    });
+    assert!(failed.is_err());
+    assert!(
+        t.commit().is_err(),
+        "a failed statement ends the transaction"
+    );
+    assert_eq!(db.lsn(), lsn + 1);
+    let after = contents(&db);
+    assert_eq!(after["accounts"][0][1], Value::Int(START - 5));
+    assert_eq!(after["accounts"][1][1], Value::Int(START + 5));
+    assert_eq!(before["transfers"].len() + 1, after["transfers"].len());
+    // An interactive transaction that commits is durable.
+    let mut t = db.begin();
+    let lsn_committed = {
+        t.run(|txn| {
+            let a = txn.table("accounts")?;
+            txn.update(a, vec![10.into(), (START - 7).into()])?;
+            txn.update(a, vec![11.into(), (START + 7).into()])?;
+            let tr = txn.table("transfers")?;
+            txn.insert(tr, vec![99.into(), 10.into(), 11.into(), 7.into()])
+        })
+        .unwrap();
+        t.commit().unwrap().unwrap()
+    };
+    drop(db);
+    let db = open_bank(Options::durable(dir.path()));
+    assert_eq!(db.lsn(), lsn_committed);
+    assert!(check_bank(&db).contains(&99));
+}
+
+#[test]
+fn checkpoints_bound_replay_and_drop_old_segments() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = Options {
+        segment_bytes: 4096,
+        ..Options::durable(dir.path())
+    };
+    let (before, checkpoint_lsn, lsn) = {
+        let db = open_bank(options.clone());
+        let mut rng = rand::rng();
+        for id in 0..400 {
+            let _ = transfer(&db, id, &mut rng);
+        }
+        let segments_before = std::fs::read_dir(dir.path().join("log")).unwrap().count();
+        assert!(segments_before > 3, "{segments_before} segments");
+        let c = db.checkpoint().unwrap().unwrap();
+        for id in 400..500 {
+            let _ = transfer(&db, id, &mut rng);
+        }
+        // The second checkpoint drops the first and every segment before it.
+        let c2 = db.checkpoint().unwrap().unwrap();
+        assert!(c2 > c);
+        for id in 500..550 {
+            let _ = transfer(&db, id, &mut rng);
+        }
+        let segments = std::fs::read_dir(dir.path().join("log")).unwrap().count();
+        assert!(
+            segments < segments_before,
+            "{segments} of {segments_before}"
+        );
+        let checkpoints = std::fs::read_dir(dir.path().join("checkpoints"))
+            .unwrap()
+            .count();
+        assert_eq!(checkpoints, 1);
+        (contents(&db), c2, db.lsn())
+    };
+    let db = open_bank(options);
+    assert_eq!(contents(&db), before);
+    let r = db.recovery();
+    assert_eq!(r.checkpoint_lsn, checkpoint_lsn);
+    assert_eq!(r.replayed, lsn - checkpoint_lsn);
+    check_bank(&db);
+}
+
+#[test]
+fn group_commit_shares_fsyncs() {
+    for group_commit in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Arc::new(open_bank(Options {
+            group_commit,
+            ..Options::durable(dir.path())
+        }));
+        let start = db.log_stats().unwrap();
+        let threads: Vec<_> = (0..4)
+            .map(|t| {
+                let db = db.clone();
+                std::thread::spawn(move || {
+                    let mut rng = rand::rng();
+                    for i in 0..100 {
+                        let _ = transfer(&db, t * 1000 + i, &mut rng);
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let s = db.log_stats().unwrap();
+        let (groups, entries) = (s.groups - start.groups, s.entries - start.entries);
+        if group_commit {
+            assert!(groups < entries, "{groups} groups for {entries} entries");
+        } else {
+            assert_eq!(groups, entries);
+        }
+        check_bank(&db);
+    }
+}
+
+#[test]
+fn a_corrupt_segment_that_is_not_the_last_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = Options {
+        segment_bytes: 2048,
+        ..Options::durable(dir.path())
+    };
+    {
+        let db = open_bank(options.clone());
+        let mut rng = rand::rng();
+        for id in 0..200 {
+            let _ = transfer(&db, id, &mut rng);
+        }
+    }
+    let mut segments: Vec<_> = std::fs::read_dir(dir.path().join("log"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    segments.sort();
+    assert!(segments.len() > 2);
+    let victim = &segments[1];
+    let mut bytes = std::fs::read(victim).unwrap();
+    let n = bytes.len();
+    bytes[n - 3] ^= 0xff;
+    std::fs::write(victim, bytes).unwrap();
+    let err = Database::open(options, procedures()).err().unwrap();
+    let msg = err.to_string();
+    assert!(
+        msg.contains(&victim.file_name().unwrap().to_string_lossy().to_string()),
+        "{msg}"
+    );
+}
+
+/// A power loss can tear the group being written (kill -9 cannot: the kernel finishes
+/// the write). Cut the log anywhere in its last segment: recovery keeps a prefix of
+/// whole transactions and the database takes new ones.
+#[test]
+fn a_torn_tail_recovers_a_prefix_of_whole_transactions() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = Options {
+        segment_bytes: 1 << 20,
+        ..Options::durable(dir.path())
+    };
+    let full_lsn = {
+        let db = open_bank(options.clone());
+        let mut rng = rand::rng();
+        for id in 0..300 {
+            let _ = transfer(&db, id, &mut rng);
+        }
+        db.lsn()
+    };
+    let log = dir.path().join("log");
+    let mut segments: Vec<_> = std::fs::read_dir(&log)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    segments.sort();
+    let last = segments.last().unwrap().clone();
+    let bytes = std::fs::read(&last).unwrap();
+    let mut rng = rand::rng();
+    let mut previous = 0;
+    for _ in 0..12 {
+        // Cut ever further in (never below the bank's set-up, the first 5 entries).
+        let cut = rng.random_range(bytes.len() / 2..bytes.len() - 1);
+        let copy = tempfile::tempdir().unwrap();
+        std::fs::create_dir(copy.path().join("log")).unwrap();
+        std::fs::write(
+            copy.path().join("log").join(last.file_name().unwrap()),
+            &bytes[..cut],
+        )
+        .unwrap();
+        let db = open_bank(Options::durable(copy.path()));
+        let r = db.recovery();
+        assert!(db.lsn() < full_lsn, "{r:?}");
+        check_bank(&db);
+        let mut rng = rand::rng();
+        transfer(&db, 1_000_000, &mut rng)
+            .or_else(|_| transfer(&db, 1_000_001, &mut rng))
+            .ok();
+        let lsn = db.lsn();
+        drop(db);
+        let db = open_bank(Options::durable(copy.path()));
+        assert_eq!(db.lsn(), lsn, "appending after the cut tail");
+        check_bank(&db);
+        previous = previous.max(lsn);
+    }
+    assert!(previous > 5);
+}
+
+/// The environment variable that makes `crash_child` run: the data directory.
+const CHILD_DIR: &str = "GYRE_REPLICA_CRASH_DIR";
+
+/// Run by `kill_9_loses_nothing_acknowledged` in a child process: transfers from four
+/// threads, a checkpoint now and then, printing each transfer id once acknowledged,
+/// until killed.
+#[test]
+#[ignore = "run as a child process by kill_9_loses_nothing_acknowledged"]
+fn crash_child() {
+    let Ok(dir) = std::env::var(CHILD_DIR) else {
+        return;
+    };
+    let round: i64 = std::env::var("GYRE_REPLICA_CRASH_ROUND")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let options = Options {
+        log_mode: if round % 2 == 0 {
+            LogMode::Logical
+        } else {
+            LogMode::Physical
+        },
+        group_commit: round % 3 != 2,
+        segment_bytes: 16 << 10,
+        ..Options::durable(&dir)
+    };
+    let db = Arc::new(open_bank(options));
+    println!("ready");
+    let checkpointer = {
+        let db = db.clone();
+        std::thread::spawn(move || {
+            loop {
+                std::thread::sleep(Duration::from_millis(30));
+                db.checkpoint().unwrap();
+            }
+        })
+    };
+    let workers: Vec<_> = (0..4)
+        .map(|t| {
+            let db = db.clone();
+            std::thread::spawn(move || {
+                let mut rng = rand::rng();
+                for i in 0.. {
+                    let id = round * 1_000_000_000 + t * 100_000_000 + i;
+                    if transfer(&db, id, &mut rng).is_ok() {
+                        let mut out = std::io::stdout().lock();
+                        writeln!(out, "ack {id}").unwrap();
+                        out.flush().unwrap();
+                    }
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().unwrap();
+    }
+    checkpointer.join().unwrap();
+}
+
+/// kill -9 at a random moment, then recovery, in a loop: every acknowledged transfer is
+/// there, no transfer is there partly. `GYRE_CRASH_ROUNDS` sets the number of rounds.
+#[test]
+fn kill_9_loses_nothing_acknowledged() {
+    let rounds: i64 = std::env::var("GYRE_CRASH_ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(6);
+    let dir = tempfile::tempdir().unwrap();
+    let mut acknowledged = BTreeSet::new();
+    let mut rng = rand::rng();
+    let started = Instant::now();
+    for round in 0..rounds {
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "crash_child",
+                "--ignored",
+                "--nocapture",
+                "--test-threads",
+                "1",
+            ])
+            .env(CHILD_DIR, dir.path())
+            .env("GYRE_REPLICA_CRASH_ROUND", round.to_string())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let reader = std::thread::spawn(move || {
+            let mut acks = Vec::new();
+            let mut ready = false;
+            for line in std::io::BufReader::new(stdout).split(b'\n') {
+                let Ok(line) = line else { break };
+                let line = String::from_utf8_lossy(&line);
+                if line.trim_end().ends_with("ready") {
+                    ready = true;
+                }
+                if let Some(id) = line.strip_prefix("ack ")
+                    && let Ok(id) = id.trim().parse::<i64>()
+                {
+                    acks.push(id);
+                }
+            }
+            (ready, acks)
+        });
+        std::thread::sleep(Duration::from_millis(rng.random_range(100..600)));
+        child.kill().unwrap(); // SIGKILL
+        child.wait().unwrap();
+        let (ready, acks) = reader.join().unwrap();
+        assert!(ready, "round {round}: the child never opened the database");
+        let db = open_bank(Options::durable(dir.path()));
+        let present = check_bank(&db);
+        let missing: Vec<_> = acks.iter().filter(|id| !present.contains(id)).collect();
+        assert!(
+            missing.is_empty(),
+            "round {round}: {} acknowledged transfers lost, e.g. {:?} (recovery {:?})",
+            missing.len(),
+            &missing[..missing.len().min(5)],
+            db.recovery()
+        );
+        acknowledged.extend(acks.iter().copied());
+        eprintln!(
+            "round {round}: {} acknowledged, {} present, recovery {:?}",
+            acks.len(),
+            present.len(),
+            db.recovery()
+        );
+        assert!(acknowledged.is_subset(&present));
+    }
+    assert!(
+        acknowledged.len() as i64 > rounds,
+        "only {} transfers acknowledged in {rounds} rounds",
+        acknowledged.len()
+    );
+    eprintln!(
+        "{rounds} rounds, {} transfers acknowledged, {:.1} s",
+        acknowledged.len(),
+        started.elapsed().as_secs_f64()
+    );
+}
