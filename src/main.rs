@@ -58,6 +58,8 @@ enum Command {
         max_concurrent_queries: Option<usize>,
         #[command(flatten)]
         files: DataRootArgs,
+        #[command(flatten)]
+        primary: PrimaryArgs,
     },
     /// Run a worker that joins a coordinator.
     Worker {
@@ -277,6 +279,36 @@ impl DataRootArgs {
     }
 }
 
+/// Where the coordinator keeps its transactional tables and how it logs them.
+#[derive(Args, Clone, Default)]
+struct PrimaryArgs {
+    /// Keep the transactional tables (`WITH (replication = 'full')`) under this
+    /// directory: a redo log and checkpoints, recovered on start. Without it they live
+    /// in memory only.
+    #[arg(long, value_name = "DIR")]
+    data_dir: Option<PathBuf>,
+    /// Log stored procedures by name and arguments (`logical`) or every transaction by
+    /// its row changes (`physical`).
+    #[arg(long = "log", default_value = "logical", value_parser = ["logical", "physical"])]
+    log_mode: String,
+    /// fsync each transaction before the next runs, instead of sharing fsyncs.
+    #[arg(long)]
+    no_group_commit: bool,
+}
+
+impl PrimaryArgs {
+    fn config(&self) -> gyre_cluster::PrimaryConfig {
+        gyre_cluster::PrimaryConfig {
+            data_dir: self.data_dir.clone(),
+            log_mode: self.log_mode.parse().expect("checked by clap"),
+            group_commit: !self.no_group_commit,
+            // No stored procedures are built in yet: `CALL` runs those a program
+            // embedding the cluster registers.
+            procedures: gyre_replica::Procedures::new(),
+        }
+    }
+}
+
 /// How `gyre sql` and `gyre load` reach a coordinator.
 #[derive(Args, Clone)]
 struct ConnectArgs {
@@ -380,6 +412,8 @@ struct LocalArgs {
     #[command(flatten)]
     files: DataRootArgs,
     #[command(flatten)]
+    primary: PrimaryArgs,
+    #[command(flatten)]
     links: LinkArgs,
     #[command(flatten)]
     input: SqlInput,
@@ -472,6 +506,7 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             front,
             max_concurrent_queries,
             files,
+            primary,
         } => {
             let secret = secret.secret()?;
             let front = front.front_door(listen)?;
@@ -486,6 +521,7 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
                 },
                 max_concurrent_queries,
                 local_files,
+                primary: primary.config(),
                 ..Default::default()
             };
             let coordinator = Coordinator::start(config).await?;
@@ -633,6 +669,7 @@ async fn run_local(args: LocalArgs) -> Result<(), Box<dyn std::error::Error>> {
         worker_memory: args.memory_limit,
         local_files: args.files.local_files(listen)?,
         encrypt_links: args.links.encrypt_links,
+        primary: args.primary.config(),
     };
     let cluster =
         LocalCluster::start_limited(args.workers, threads, listen, &front, &limits).await?;

@@ -11,6 +11,7 @@ pub mod files;
 pub mod flight_sql;
 pub mod local;
 pub mod modify;
+pub mod primary_table;
 pub mod progress;
 pub mod protocol;
 pub mod reference;
@@ -21,6 +22,6 @@ pub mod tpch;
 pub mod worker;
 pub mod workers_table;
 
-pub use coordinator::{Coordinator, CoordinatorConfig};
+pub use coordinator::{Coordinator, CoordinatorConfig, PrimaryConfig};
 pub use local::{Limits, LocalCluster};
 pub use worker::{Worker, WorkerConfig};

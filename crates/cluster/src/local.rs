@@ -41,6 +41,9 @@ pub struct Limits {
     pub local_files: LocalFiles,
     /// Seal the data links between the nodes (see `gyre_transport::seal`).
     pub encrypt_links: bool,
+    /// The transactional tables: where they are kept (`--data-dir`), how they are
+    /// logged, the stored procedures.
+    pub primary: crate::coordinator::PrimaryConfig,
 }
 
 impl std::fmt::Debug for LocalCluster {
@@ -88,6 +91,7 @@ impl LocalCluster {
             },
             max_concurrent_queries: limits.max_concurrent_queries,
             local_files: limits.local_files.clone(),
+            primary: limits.primary.clone(),
             ..Default::default()
         };
         let coordinator = Coordinator::start(config).await?;

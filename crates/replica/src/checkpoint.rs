@@ -107,7 +107,7 @@ fn write_table(path: &Path, def: &TableDef, rows: &OrdMap<Key, Row>) -> Result<(
     let mut writer = ArrowWriter::try_new(file, def.schema(), Some(props)).map_err(parquet)?;
     let mut chunk: Vec<&Row> = Vec::with_capacity(BATCH_ROWS);
     let flush = |chunk: &mut Vec<&Row>, writer: &mut ArrowWriter<File>| {
-        let batch = columnar::to_batch(def, chunk.iter().map(|r| &r[..]));
+        let batch = columnar::to_batch(&def.columns, chunk.iter().map(|r| &r[..]));
         chunk.clear();
         writer.write(&batch).map_err(parquet)
     };

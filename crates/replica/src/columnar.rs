@@ -6,7 +6,7 @@
 
 use crate::error::{Error, Result};
 use crate::store::TableDef;
-use crate::value::{ColumnType, Value};
+use crate::value::{Column, ColumnType, Value, schema_of};
 use arrow_array::builder::{
     BooleanBuilder, Date32Builder, Decimal128Builder, Float32Builder, Float64Builder, Int8Builder,
     Int16Builder, Int32Builder, Int64Builder, StringBuilder, TimestampMicrosecondBuilder,
@@ -22,14 +22,13 @@ use arrow_array::types::{
 use arrow_array::{Array, ArrayRef, RecordBatch};
 use std::sync::Arc;
 
-/// One record batch of `rows` (each already checked against `def`).
+/// One record batch of `rows` (each already checked against `columns`).
 pub fn to_batch<'r>(
-    def: &TableDef,
+    columns: &[Column],
     rows: impl Iterator<Item = &'r [Value]> + Clone,
 ) -> RecordBatch {
-    let schema = def.schema();
-    let columns: Vec<ArrayRef> = def
-        .columns
+    let schema = schema_of(columns);
+    let arrays: Vec<ArrayRef> = columns
         .iter()
         .enumerate()
         .map(|(i, c)| column(c.column_type, rows.clone().map(|r| &r[i])))
@@ -37,7 +36,7 @@ pub fn to_batch<'r>(
     let n = rows.count();
     RecordBatch::try_new_with_options(
         schema,
-        columns,
+        arrays,
         &arrow_array::RecordBatchOptions::new().with_row_count(Some(n)),
     )
     .expect("columns built from the table's own types")
@@ -161,7 +160,8 @@ pub fn from_batch(def: &TableDef, batch: &RecordBatch) -> Result<Vec<Vec<Value>>
     Ok(rows)
 }
 
-fn value_at(t: ColumnType, a: &dyn Array, i: usize) -> Value {
+/// The value in row `i` of `a`, an array of type `t`'s Arrow type.
+pub fn value_at(t: ColumnType, a: &dyn Array, i: usize) -> Value {
     if a.is_null(i) {
         return Value::Null;
     }
@@ -192,7 +192,6 @@ fn value_at(t: ColumnType, a: &dyn Array, i: usize) -> Value {
 mod tests {
     use super::*;
     use crate::store::TableId;
-    use crate::value::Column;
 
     #[test]
     fn every_type_round_trips() {
@@ -257,7 +256,7 @@ mod tests {
                 r
             })
             .collect();
-        let batch = to_batch(&def, rows.iter().map(|r| &r[..]));
+        let batch = to_batch(&def.columns, rows.iter().map(|r| &r[..]));
         assert_eq!(batch.schema(), def.schema());
         assert_eq!(from_batch(&def, &batch).unwrap(), rows);
     }

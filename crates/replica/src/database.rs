@@ -68,12 +68,17 @@ pub struct Recovery {
 
 pub struct Database {
     store: Arc<Mutex<Store>>,
+    /// The store as of the last durable commit, for readers: they never wait for a
+    /// transaction, and never see one that could still be lost.
+    committed: Mutex<Arc<Store>>,
     log: Option<LogWriter>,
     checkpoints: Option<PathBuf>,
     procedures: Procedures,
     options: Options,
     recovery: Recovery,
     checkpointing: Mutex<()>,
+    /// The log's written bytes when the last checkpoint began.
+    checkpointed_at: std::sync::atomic::AtomicU64,
 }
 
 impl Database {
@@ -83,12 +88,14 @@ impl Database {
         let Some(dir) = options.data_dir.clone() else {
             return Ok(Self {
                 store: Arc::default(),
+                committed: Mutex::default(),
                 log: None,
                 checkpoints: None,
                 procedures,
                 options,
                 recovery: Recovery::default(),
                 checkpointing: Mutex::new(()),
+                checkpointed_at: Default::default(),
             });
         };
         let log_dir = dir.join("log");
@@ -155,6 +162,7 @@ impl Database {
         }
         let log = LogWriter::open(&log_dir, store.lsn + 1, tail, options.segment_bytes)?;
         Ok(Self {
+            committed: Mutex::new(Arc::new(store.clone())),
             store: Arc::new(Mutex::new(store)),
             log: Some(log),
             checkpoints: Some(checkpoint_dir),
@@ -162,6 +170,7 @@ impl Database {
             options,
             recovery,
             checkpointing: Mutex::new(()),
+            checkpointed_at: Default::default(),
         })
     }
 
@@ -199,8 +208,10 @@ impl Database {
             return Err(e);
         }
         store.lsn = lsn;
+        let state = store.clone();
         drop(store);
         self.wait_durable(lsn)?;
+        self.publish(state);
         Ok(id)
     }
 
@@ -211,8 +222,11 @@ impl Database {
         self.append(lsn, &Entry::DropTable(id))?;
         store.drop_table(id)?;
         store.lsn = lsn;
+        let state = store.clone();
         drop(store);
-        self.wait_durable(lsn)
+        self.wait_durable(lsn)?;
+        self.publish(state);
+        Ok(())
     }
 
     /// Runs a stored procedure as one transaction and returns its rows once it is
@@ -234,11 +248,9 @@ impl Database {
                 procedure: procedure.name().to_string(),
                 args: args.to_vec(),
             });
-        let lsn = self.commit(&mut txn, logical)?;
+        let committed = self.commit(&mut txn, logical)?;
         drop(store);
-        if let Some(lsn) = lsn {
-            self.wait_durable(lsn)?;
-        }
+        self.acknowledge(committed)?;
         Ok(out)
     }
 
@@ -253,11 +265,9 @@ impl Database {
                 return Err(e);
             }
         };
-        let lsn = self.commit(&mut txn, None)?;
+        let committed = self.commit(&mut txn, None)?;
         drop(store);
-        if let Some(lsn) = lsn {
-            self.wait_durable(lsn)?;
-        }
+        self.acknowledge(committed)?;
         Ok(out)
     }
 
@@ -271,9 +281,24 @@ impl Database {
         }
     }
 
+    /// [`Database::begin`], waiting at most `wait` for the transaction running now.
+    pub fn try_begin(self: &Arc<Self>, wait: std::time::Duration) -> Result<Transaction> {
+        let guard = self.store.try_lock_arc_for(wait).ok_or_else(|| {
+            Error::Busy(format!(
+                "another transaction has held the primary for more than {} ms",
+                wait.as_millis()
+            ))
+        })?;
+        Ok(Transaction {
+            db: self.clone(),
+            guard: Some(guard),
+            pending: Some(Pending::default()),
+        })
+    }
+
     /// Gives the transaction its LSN and queues its entry (under the lock). Returns the
-    /// LSN to wait for, or none if it changed nothing.
-    fn commit(&self, txn: &mut Txn<'_>, logical: Option<Entry>) -> Result<Option<u64>> {
+    /// LSN to wait for and the state to publish then, or none if it changed nothing.
+    fn commit(&self, txn: &mut Txn<'_>, logical: Option<Entry>) -> Result<Option<(u64, Store)>> {
         if txn.is_empty() {
             return Ok(None);
         }
@@ -287,11 +312,31 @@ impl Database {
         }
         txn.take_ops();
         txn.store().lsn = lsn;
+        let state = txn.store().clone();
         if !self.options.group_commit {
             // The next transaction runs only once this one is on disk.
             self.wait_durable(lsn)?;
         }
+        Ok(Some((lsn, state)))
+    }
+
+    /// Waits until a commit is durable, then lets readers see it.
+    fn acknowledge(&self, committed: Option<(u64, Store)>) -> Result<Option<u64>> {
+        let Some((lsn, state)) = committed else {
+            return Ok(None);
+        };
+        self.wait_durable(lsn)?;
+        self.publish(state);
         Ok(Some(lsn))
+    }
+
+    /// Makes `state` what readers see, unless they already see a later one (commits
+    /// become durable in LSN order, but their waiters wake in any order).
+    fn publish(&self, state: Store) {
+        let mut committed = self.committed.lock();
+        if state.lsn > committed.lsn {
+            *committed = Arc::new(state);
+        }
     }
 
     fn append(&self, lsn: u64, entry: &Entry) -> Result<()> {
@@ -316,11 +361,42 @@ impl Database {
             return Ok(None);
         };
         let _one_at_a_time = self.checkpointing.lock();
+        self.checkpoint_locked(log, root)
+    }
+
+    /// Writes a checkpoint if the log has grown by `bytes` since the last one began,
+    /// unless one is being written. Returns its LSN if it wrote one.
+    pub fn checkpoint_if_grown(&self, bytes: u64) -> Result<Option<u64>> {
+        let (Some(log), Some(root)) = (&self.log, &self.checkpoints) else {
+            return Ok(None);
+        };
+        if self.log_bytes_since_checkpoint() < bytes {
+            return Ok(None);
+        }
+        let Some(_one_at_a_time) = self.checkpointing.try_lock() else {
+            return Ok(None);
+        };
+        self.checkpoint_locked(log, root)
+    }
+
+    /// Log bytes written since the last checkpoint began (or since the log opened).
+    pub fn log_bytes_since_checkpoint(&self) -> u64 {
+        let written = self.log.as_ref().map_or(0, |l| l.stats().written_bytes);
+        written.saturating_sub(
+            self.checkpointed_at
+                .load(std::sync::atomic::Ordering::Relaxed),
+        )
+    }
+
+    fn checkpoint_locked(&self, log: &LogWriter, root: &Path) -> Result<Option<u64>> {
         let copy = self.store.lock().clone();
+        let written = log.stats().written_bytes;
         // Nothing that might still be lost goes into a checkpoint.
         log.wait_durable(copy.lsn)?;
         log.roll();
         checkpoint::write(root, &copy)?;
+        self.checkpointed_at
+            .store(written, std::sync::atomic::Ordering::Relaxed);
         for (lsn, dir) in checkpoint::list(root)? {
             if lsn < copy.lsn {
                 std::fs::remove_dir_all(&dir).map_err(|e| Error::io(&dir, "remove", e))?;
@@ -336,19 +412,20 @@ impl Database {
         Ok(Some(copy.lsn))
     }
 
-    /// Reads the store as of the last commit.
+    /// Reads the store as of the last durable commit.
     pub fn read<R>(&self, f: impl FnOnce(&Store) -> R) -> R {
-        f(&self.store.lock())
+        f(&self.snapshot())
     }
 
-    /// A copy of the whole store (O(number of tables)), to read without holding the lock.
-    pub fn snapshot(&self) -> Store {
-        self.store.lock().clone()
+    /// The store as of the last durable commit; it does not wait for a running
+    /// transaction.
+    pub fn snapshot(&self) -> Arc<Store> {
+        self.committed.lock().clone()
     }
 
-    /// The LSN of the last committed transaction (durable or not yet).
+    /// The LSN of the last durable commit.
     pub fn lsn(&self) -> u64 {
-        self.store.lock().lsn
+        self.committed.lock().lsn
     }
 
     pub fn durable_lsn(&self) -> u64 {
@@ -364,6 +441,15 @@ impl Database {
 
     pub fn data_dir(&self) -> Option<&Path> {
         self.options.data_dir.as_deref()
+    }
+}
+
+impl std::fmt::Debug for Database {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Database")
+            .field("data_dir", &self.options.data_dir)
+            .field("lsn", &self.lsn())
+            .finish()
     }
 }
 
@@ -396,18 +482,37 @@ impl Transaction {
         }
     }
 
+    /// Runs a stored procedure inside this transaction (logged physically with the
+    /// rest of it).
+    pub fn call(&mut self, name: &str, args: &[Value]) -> Result<Vec<Vec<Value>>> {
+        let procedure = self.db.procedures.get(name)?.clone();
+        check_args(procedure.as_ref(), args)?;
+        self.run(|txn| procedure.run(txn, args))
+    }
+
+    /// The store with this transaction's own writes, to read without the lock (its
+    /// statements' queries run on other threads).
+    pub fn snapshot(&self) -> Result<Store> {
+        match &self.guard {
+            Some(guard) if self.pending.is_some() => Ok((**guard).clone()),
+            _ => Err(Error::Aborted("the transaction has ended".into())),
+        }
+    }
+
+    /// Whether the transaction can still run statements.
+    pub fn is_open(&self) -> bool {
+        self.guard.is_some() && self.pending.is_some()
+    }
+
     /// Commits and returns once durable, with the LSN (none if nothing changed).
     pub fn commit(mut self) -> Result<Option<u64>> {
         let (Some(mut guard), Some(pending)) = (self.guard.take(), self.pending.take()) else {
             return Err(Error::Aborted("the transaction has ended".into()));
         };
         let mut txn = Txn::resume(&mut guard, pending);
-        let lsn = self.db.commit(&mut txn, None)?;
+        let committed = self.db.commit(&mut txn, None)?;
         drop(guard);
-        if let Some(lsn) = lsn {
-            self.db.wait_durable(lsn)?;
-        }
-        Ok(lsn)
+        self.db.acknowledge(committed)
     }
 
     pub fn rollback(mut self) {

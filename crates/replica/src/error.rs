@@ -29,6 +29,8 @@ pub enum Error {
     /// The call's arguments do not match the procedure's parameters.
     Arguments(String),
     Unsupported(String),
+    /// A transaction could not start in time: another one holds the primary.
+    Busy(String),
     /// The log writer failed earlier (a write or an fsync): nothing more commits, since
     /// whether the failed group reached the disk is unknown.
     LogFailed(String),
@@ -68,6 +70,7 @@ impl fmt::Display for Error {
             Error::NoSuchProcedure(p) => write!(f, "no stored procedure named {p}"),
             Error::Arguments(m) => write!(f, "wrong arguments: {m}"),
             Error::Unsupported(m) => write!(f, "not supported: {m}"),
+            Error::Busy(m) => write!(f, "the primary is busy: {m}"),
             Error::LogFailed(m) => write!(f, "the redo log failed, nothing commits: {m}"),
             Error::Parquet(m) => write!(f, "checkpoint file: {m}"),
         }

@@ -17,6 +17,11 @@ pub trait Procedure: Send + Sync {
     /// The parameters: names, types and whether NULL is allowed.
     fn params(&self) -> Vec<Column>;
 
+    /// The columns of the rows [`Procedure::run`] returns (none by default).
+    fn returns(&self) -> Vec<Column> {
+        Vec::new()
+    }
+
     /// Whether the same arguments on the same state always make the same changes.
     fn deterministic(&self) -> bool {
         true

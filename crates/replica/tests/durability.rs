@@ -335,6 +335,27 @@ fn checkpoints_bound_replay_and_drop_old_segments() {
 }
 
 #[test]
+fn checkpoints_follow_the_log_growth() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = open_bank(Options::durable(dir.path()));
+    assert_eq!(db.checkpoint_if_grown(1 << 20).unwrap(), None);
+    let mut rng = rand::rng();
+    let mut id = 0;
+    while db.log_bytes_since_checkpoint() < 8 << 10 {
+        let _ = transfer(&db, id, &mut rng);
+        id += 1;
+    }
+    let lsn = db.checkpoint_if_grown(8 << 10).unwrap().unwrap();
+    assert_eq!(lsn, db.lsn());
+    assert!(db.log_bytes_since_checkpoint() < 8 << 10);
+    assert_eq!(db.checkpoint_if_grown(8 << 10).unwrap(), None);
+    drop(db);
+    let db = open_bank(Options::durable(dir.path()));
+    assert_eq!(db.recovery().checkpoint_lsn, lsn);
+    check_bank(&db);
+}
+
+#[test]
 fn group_commit_shares_fsyncs() {
     for group_commit in [true, false] {
         let dir = tempfile::tempdir().unwrap();

@@ -360,9 +360,11 @@ impl Coordinator {
         no_result()
     }
 
-    /// Whether a table (distributed or a stream) is called `name`.
+    /// Whether a table (distributed, transactional or a stream) is called `name`.
     pub(super) fn exists(&self, name: &str) -> bool {
-        self.tables.read().contains_key(name) || self.streams.read().contains(name)
+        self.tables.read().contains_key(name)
+            || self.streams.read().contains(name)
+            || self.is_primary(name)
     }
 
     pub(super) fn file_table(&self, name: &str) -> Option<Arc<FileTable>> {

@@ -5,14 +5,18 @@
 //! - [`statements`]: parsing and running each statement of a session;
 //! - [`planning`]: a query's planning state and its stages;
 //! - [`queries`]: a query's lifecycle on the workers;
-//! - [`catalog`]: tables, in memory and following their files.
+//! - [`catalog`]: tables, in memory and following their files;
+//! - [`primary`]: transactional tables and transactions on the primary.
 
 mod bench;
 mod catalog;
 mod membership;
 mod planning;
+mod primary;
 mod queries;
 mod statements;
+
+pub use primary::PrimaryConfig;
 
 use crate::codec::{GyreCodec, schema_to_bytes};
 use crate::execution::{DeferredQuery, QueryExecution};
@@ -84,6 +88,8 @@ pub struct CoordinatorConfig {
     pub max_concurrent_queries: Option<usize>,
     /// The local files statements may read and write (`--data-root`).
     pub local_files: LocalFiles,
+    /// The transactional tables: where they are kept, how they are logged.
+    pub primary: PrimaryConfig,
 }
 
 impl Default for CoordinatorConfig {
@@ -95,6 +101,7 @@ impl Default for CoordinatorConfig {
             heartbeat_timeout: Duration::from_secs(3),
             max_concurrent_queries: None,
             local_files: LocalFiles::Anywhere,
+            primary: PrimaryConfig::default(),
         }
     }
 }
@@ -159,6 +166,10 @@ pub struct Coordinator {
     query_slots: Option<Arc<tokio::sync::Semaphore>>,
     /// Counts worker deaths, so that calls waiting on a worker learn of its death.
     deaths: tokio::sync::watch::Sender<u64>,
+    /// The row store of the transactional tables, with its log.
+    primary: Arc<gyre_replica::Database>,
+    /// Open transactions, by session id.
+    transactions: Mutex<HashMap<String, primary::SessionTxn>>,
     config: CoordinatorConfig,
 }
 
@@ -225,9 +236,10 @@ impl Coordinator {
     pub async fn start(config: CoordinatorConfig) -> Result<Arc<Self>> {
         let transport =
             TcpTransport::bind(COORDINATOR, config.data_listen, config.transport.clone()).await?;
+        let primary = config.primary.open()?;
         let ctx = coordinator_context();
         config.local_files.confine(&ctx.runtime_env());
-        let default_session = SessionContext::new_with_state(ctx.state());
+        let default_session = session_of(&ctx);
         let coordinator = Arc::new(Self {
             transport,
             ctx,
@@ -248,8 +260,11 @@ impl Coordinator {
                 .max_concurrent_queries
                 .map(|n| Arc::new(tokio::sync::Semaphore::new(n.max(1)))),
             deaths: tokio::sync::watch::Sender::new(0),
+            primary,
+            transactions: Mutex::new(HashMap::new()),
             config,
         });
+        coordinator.register_primary_tables()?;
         let weak = Arc::downgrade(&coordinator);
         let workers_function = Arc::new(WorkersFunction(Weak::clone(&weak)));
         for ctx in [&coordinator.ctx, &coordinator.default_session] {
@@ -268,6 +283,8 @@ impl Coordinator {
                     now.duration_since(last)
                         .saturating_sub(MEMBER_CHECK_INTERVAL),
                 );
+                c.roll_back_idle_transactions();
+                c.checkpoint_if_due();
                 last = now;
             }
         });
@@ -284,7 +301,7 @@ impl Coordinator {
     /// A new client session: the shared catalog with the default settings. Its `SET`s,
     /// prepared statements and `SHOW`s are its own.
     pub fn new_session(&self) -> SessionContext {
-        SessionContext::new_with_state(self.ctx.state())
+        session_of(&self.ctx)
     }
 
     /// The session [`Coordinator::sql`] runs in.
@@ -297,6 +314,15 @@ impl Coordinator {
     pub fn register_object_store(&self, url: &url::Url, store: Arc<dyn object_store::ObjectStore>) {
         self.ctx.runtime_env().register_object_store(url, store);
     }
+}
+
+/// A session over `ctx`'s catalog with `ctx`'s settings, and an id of its own (its
+/// transaction, if it opens one, is found by it).
+fn session_of(ctx: &SessionContext) -> SessionContext {
+    let state = datafusion::execution::SessionStateBuilder::new_from_existing(ctx.state())
+        .with_session_id(format!("{:032x}", rand::random::<u128>()))
+        .build();
+    SessionContext::new_with_state(state)
 }
 
 /// A query id with the coordinator's task context and the channel on which any

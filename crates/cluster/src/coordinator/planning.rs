@@ -13,6 +13,9 @@ impl Coordinator {
         config.set_extension(Arc::new(SessionPartitions(own)));
         config.options_mut().execution.target_partitions = workers.len().max(1);
         config.set_extension(Arc::new(QueryWorkers(workers.to_vec())));
+        config.set_extension(Arc::new(crate::primary_table::PrimarySnapshot(
+            self.primary_snapshot(session),
+        )));
         state
     }
 

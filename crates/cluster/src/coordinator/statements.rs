@@ -82,11 +82,33 @@ impl Coordinator {
     ) -> Result<Outcome> {
         self.started().await?;
         let mut statements = self.parse(session, sql)?;
-        let Some(mut last) = statements.pop_back() else {
+        let Some(last) = statements.pop_back() else {
             return plan_err!("no statement to run");
         };
         for stmt in statements {
             self.run_statement(session, stmt).await?;
+        }
+        let ends = ends_transaction(&last);
+        if !ends {
+            self.transaction_busy(session, true)?;
+        }
+        let outcome = self.deferred_last(session, last).await;
+        if let Err(e) = &outcome
+            && !ends
+        {
+            self.abort_transaction(session, e);
+        }
+        let _ = self.transaction_busy(session, false);
+        outcome
+    }
+
+    async fn deferred_last(
+        self: &Arc<Self>,
+        session: &SessionContext,
+        mut last: DFStatement,
+    ) -> Result<Outcome> {
+        if let Some(done) = self.primary_statement(session, &mut last).await? {
+            return Ok(Outcome::Done(done));
         }
         let placement = take_partition_by(&mut last)?;
         let workers = self.live_workers();
@@ -111,11 +133,34 @@ impl Coordinator {
         }))
     }
 
+    /// Runs one statement; inside a transaction, a failed one rolls it back.
     pub(super) async fn run_statement(
+        self: &Arc<Self>,
+        session: &SessionContext,
+        stmt: DFStatement,
+    ) -> Result<StatementResult> {
+        let ends = ends_transaction(&stmt);
+        if !ends {
+            self.transaction_busy(session, true)?;
+        }
+        let result = self.run_one(session, stmt).await;
+        if let Err(e) = &result
+            && !ends
+        {
+            self.abort_transaction(session, e);
+        }
+        let _ = self.transaction_busy(session, false);
+        result
+    }
+
+    async fn run_one(
         self: &Arc<Self>,
         session: &SessionContext,
         mut stmt: DFStatement,
     ) -> Result<StatementResult> {
+        if let Some(done) = self.primary_statement(session, &mut stmt).await? {
+            return Ok(done);
+        }
         let placement = take_partition_by(&mut stmt)?;
         let workers = self.live_workers();
         let state = self.query_state(session, &workers);
@@ -152,6 +197,9 @@ impl Coordinator {
         workers: Vec<NodeId>,
         placement: Option<TablePlacement>,
     ) -> Result<StatementResult> {
+        if let Some(done) = self.primary_plan(session, &state, &plan, &workers).await? {
+            return Ok(done);
+        }
         match plan {
             LogicalPlan::Ddl(DdlStatement::CreateMemoryTable(cmd)) => {
                 self.create_table(state, cmd, workers, placement).await
@@ -297,6 +345,12 @@ pub(super) fn take_partition_by(stmt: &mut DFStatement) -> Result<Option<TablePl
         },
         other => plan_err!("PARTITION BY takes one column name, not '{other}'"),
     }
+}
+
+/// Whether a statement ends a transaction (it runs even after a failed statement).
+fn ends_transaction(stmt: &DFStatement) -> bool {
+    matches!(stmt, DFStatement::Statement(s)
+        if matches!(s.as_ref(), SqlStatement::Commit { .. } | SqlStatement::Rollback { .. }))
 }
 
 /// Whether a plan only reads (its result can be produced lazily, as the client pulls).
