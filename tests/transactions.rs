@@ -263,6 +263,26 @@ async fn dml_and_transactions_on_a_replicated_table() {
     assert!(err.contains("inside a transaction"), "{err}");
     sql(c, &a, "ROLLBACK").await;
 
+    // BEGIN inside a transaction is ignored (as in PostgreSQL): the transaction goes on.
+    sql(c, &a, "BEGIN").await;
+    sql(
+        c,
+        &a,
+        "UPDATE accounts SET balance = balance + 0 WHERE id = 6",
+    )
+    .await;
+    sql(c, &a, "BEGIN").await;
+    sql(c, &a, "COMMIT").await;
+    // DataFusion plans no UPDATE ... FROM (so no key can come from another table).
+    sql(c, &a, "CREATE TABLE moves (old BIGINT, new BIGINT)").await;
+    let err = fails(
+        c,
+        &a,
+        "UPDATE accounts SET balance = moves.new FROM moves WHERE accounts.id = moves.old",
+    )
+    .await;
+    assert!(err.contains("not supported"), "{err}");
+
     // Stored procedures, alone and inside a transaction.
     assert_eq!(
         sql(c, &a, "CALL transfer(10, 11, 5 * 2)").await,
@@ -272,6 +292,8 @@ async fn dml_and_transactions_on_a_replicated_table() {
     assert!(err.contains("insufficient funds"), "{err}");
     let err = fails(c, &a, "CALL transfer(1, 2)").await;
     assert!(err.contains("takes 3 arguments"), "{err}");
+    let err = fails(c, &a, "CALL transfer(1, 2, 'ten')").await;
+    assert!(err.contains("amount"), "{err}");
     sql(c, &a, "BEGIN").await;
     sql(c, &a, "CALL transfer(20, 21, 7)").await;
     sql(

@@ -16,8 +16,11 @@ def wait_for(uri, proc, timeout=120):
             conn = flightsql.connect(uri)
             with conn.cursor() as cur:
                 cur.execute("select count(*) from lineitem")
-                cur.fetchall()
-            return conn
+                # The table may be there before all its rows are.
+                if cur.fetchall() == [(60175,)]:
+                    return conn
+            conn.close()
+            time.sleep(0.5)
         except Exception:
             time.sleep(0.5)
     raise RuntimeError("the cluster did not come up")
@@ -64,6 +67,35 @@ def sessions_are_separate(uri):
     b.close()
 
 
+def transactions_commit_per_connection(uri):
+    """BEGIN ... COMMIT on a transactional table: another connection sees the change
+    only once it commits, and never a rolled-back one."""
+    a, b = flightsql.connect(uri), flightsql.connect(uri)
+    with a.cursor() as ca, b.cursor() as cb:
+        ca.execute(
+            "CREATE TABLE acc (id BIGINT PRIMARY KEY, balance BIGINT NOT NULL) "
+            "WITH (replication = 'full')"
+        )
+        ca.execute("INSERT INTO acc VALUES (1, 100), (2, 100)")
+        ca.execute("BEGIN")
+        ca.execute("UPDATE acc SET balance = balance - 10 WHERE id = 1")
+        ca.execute("UPDATE acc SET balance = balance + 10 WHERE id = 2")
+        ca.execute("SELECT balance FROM acc ORDER BY id")
+        assert ca.fetchall() == [(90,), (110,)]
+        cb.execute("SELECT balance FROM acc ORDER BY id")
+        assert cb.fetchall() == [(100,), (100,)]
+        ca.execute("COMMIT")
+        cb.execute("SELECT balance FROM acc ORDER BY id")
+        assert cb.fetchall() == [(90,), (110,)]
+        ca.execute("BEGIN")
+        ca.execute("DELETE FROM acc")
+        ca.execute("ROLLBACK")
+        cb.execute("SELECT count(*) FROM acc")
+        assert cb.fetchall() == [(2,)]
+    a.close()
+    b.close()
+
+
 def main():
     gyre = os.environ.get("GYRE_BIN", "target/release/gyre")
     port = os.environ.get("GYRE_PORT", "50071")
@@ -93,8 +125,9 @@ def main():
             except flightsql.Error as e:
                 assert "no_such_column" in str(e), e
         sessions_are_separate(f"grpc://127.0.0.1:{port}")
+        transactions_commit_per_connection(f"grpc://127.0.0.1:{port}")
         conn.close()
-        print("2 passed, 0 failed")
+        print("3 passed, 0 failed")
     finally:
         proc.terminate()
         proc.wait(timeout=30)

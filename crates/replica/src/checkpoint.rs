@@ -135,6 +135,9 @@ pub fn load(dir: &Path) -> Result<Store> {
         if t.file.contains('/') || t.file.contains("..") {
             return Err(Error::corrupt(&path, format!("file name {}", t.file)));
         }
+        t.def
+            .validate()
+            .map_err(|e| Error::corrupt(&path, e.to_string()))?;
         let file_path = dir.join(&t.file);
         let rows = read_table(&file_path, &t.def)?;
         if rows.len() as u64 != t.rows {

@@ -33,6 +33,8 @@ pub struct Options {
     pub group_commit: bool,
     /// A log segment is closed once it holds this many bytes.
     pub segment_bytes: u64,
+    /// How long a transaction waits for the one running now before it fails as busy.
+    pub lock_wait: std::time::Duration,
 }
 
 impl Default for Options {
@@ -42,6 +44,7 @@ impl Default for Options {
             log_mode: LogMode::Logical,
             group_commit: true,
             segment_bytes: 64 << 20,
+            lock_wait: std::time::Duration::from_secs(10),
         }
     }
 }
@@ -130,7 +133,7 @@ impl Database {
                 if lsn <= store.lsn {
                     continue;
                 }
-                if lsn != store.lsn + 1 {
+                if Some(lsn) != store.lsn.checked_add(1) {
                     return Err(Error::corrupt(
                         path,
                         format!(
@@ -160,7 +163,8 @@ impl Database {
                 recovery.torn_bytes
             );
         }
-        let log = LogWriter::open(&log_dir, store.lsn + 1, tail, options.segment_bytes)?;
+        let next = next_lsn(&store).map_err(|_| Error::corrupt(&dir, "the LSN is at its limit"))?;
+        let log = LogWriter::open(&log_dir, next, tail, options.segment_bytes)?;
         Ok(Self {
             committed: Mutex::new(Arc::new(store.clone())),
             store: Arc::new(Mutex::new(store)),
@@ -184,6 +188,18 @@ impl Database {
 
     /// Creates a table with these columns and primary key (column names).
     pub fn create_table(&self, name: &str, columns: Vec<Column>, key: &[&str]) -> Result<TableId> {
+        self.create_table_with_rows(name, columns, key, Vec::new())
+    }
+
+    /// Creates a table holding `rows`: one log entry, so that after a crash the table
+    /// is there with all of them or not at all (CREATE TABLE ... AS SELECT).
+    pub fn create_table_with_rows(
+        &self,
+        name: &str,
+        columns: Vec<Column>,
+        key: &[&str],
+        rows: Vec<Vec<Value>>,
+    ) -> Result<TableId> {
         let key = key
             .iter()
             .map(|k| {
@@ -193,7 +209,7 @@ impl Database {
                     .ok_or_else(|| Error::Constraint(format!("{name} has no column {k}")))
             })
             .collect::<Result<Vec<_>>>()?;
-        let mut store = self.store.lock();
+        let mut store = self.lock()?;
         let def = TableDef {
             id: store.next_table_id(),
             name: name.to_string(),
@@ -201,10 +217,12 @@ impl Database {
             key,
         };
         let id = def.id;
-        store.create_table(def.clone())?;
-        let lsn = store.lsn + 1;
-        if let Err(e) = self.append(lsn, &Entry::CreateTable(def)) {
-            store.drop_table(id)?;
+        let lsn = next_lsn(&store)?;
+        let entry = Entry::CreateTable { def, rows };
+        // Applied as recovery applies it, then logged; taken back if either fails.
+        let before = store.clone();
+        if let Err(e) = apply_create(&mut store, &entry).and_then(|()| self.append(lsn, &entry)) {
+            *store = before;
             return Err(e);
         }
         store.lsn = lsn;
@@ -216,9 +234,9 @@ impl Database {
     }
 
     pub fn drop_table(&self, name: &str) -> Result<()> {
-        let mut store = self.store.lock();
+        let mut store = self.lock()?;
         let id = store.table_id(name)?;
-        let lsn = store.lsn + 1;
+        let lsn = next_lsn(&store)?;
         self.append(lsn, &Entry::DropTable(id))?;
         store.drop_table(id)?;
         store.lsn = lsn;
@@ -229,26 +247,28 @@ impl Database {
         Ok(())
     }
 
+    /// The primary's lock, waited for at most `lock_wait`.
+    fn lock(&self) -> Result<parking_lot::MutexGuard<'_, Store>> {
+        self.store
+            .try_lock_for(self.options.lock_wait)
+            .ok_or_else(|| busy(self.options.lock_wait))
+    }
+
     /// Runs a stored procedure as one transaction and returns its rows once it is
-    /// durable. An error rolls it back and nothing is logged.
+    /// durable. An error (or a panic) rolls it back and nothing is logged.
     pub fn call(&self, name: &str, args: &[Value]) -> Result<Vec<Vec<Value>>> {
         let procedure = self.procedures.get(name)?.clone();
         check_args(procedure.as_ref(), args)?;
-        let mut store = self.store.lock();
+        let mut store = self.lock()?;
         let mut txn = Txn::new(&mut store);
-        let out = match procedure.run(&mut txn, args) {
-            Ok(out) => out,
-            Err(e) => {
-                txn.rollback();
-                return Err(e);
-            }
-        };
+        let out = txn.run_guarded(procedure.name(), |txn| procedure.run(txn, args))?;
         let logical = (procedure.deterministic() && self.options.log_mode == LogMode::Logical)
             .then(|| Entry::Logical {
                 procedure: procedure.name().to_string(),
                 args: args.to_vec(),
             });
         let committed = self.commit(&mut txn, logical)?;
+        drop(txn);
         drop(store);
         self.acknowledge(committed)?;
         Ok(out)
@@ -256,16 +276,11 @@ impl Database {
 
     /// Runs `body` as one transaction, logged physically, and returns once durable.
     pub fn transaction<R>(&self, body: impl FnOnce(&mut Txn<'_>) -> Result<R>) -> Result<R> {
-        let mut store = self.store.lock();
+        let mut store = self.lock()?;
         let mut txn = Txn::new(&mut store);
-        let out = match body(&mut txn) {
-            Ok(out) => out,
-            Err(e) => {
-                txn.rollback();
-                return Err(e);
-            }
-        };
+        let out = txn.run_guarded("the transaction", body)?;
         let committed = self.commit(&mut txn, None)?;
+        drop(txn);
         drop(store);
         self.acknowledge(committed)?;
         Ok(out)
@@ -281,14 +296,13 @@ impl Database {
         }
     }
 
-    /// [`Database::begin`], waiting at most `wait` for the transaction running now.
-    pub fn try_begin(self: &Arc<Self>, wait: std::time::Duration) -> Result<Transaction> {
-        let guard = self.store.try_lock_arc_for(wait).ok_or_else(|| {
-            Error::Busy(format!(
-                "another transaction has held the primary for more than {} ms",
-                wait.as_millis()
-            ))
-        })?;
+    /// [`Database::begin`], waiting at most `lock_wait` for the transaction running now.
+    pub fn try_begin(self: &Arc<Self>) -> Result<Transaction> {
+        let wait = self.options.lock_wait;
+        let guard = self
+            .store
+            .try_lock_arc_for(wait)
+            .ok_or_else(|| busy(wait))?;
         Ok(Transaction {
             db: self.clone(),
             guard: Some(guard),
@@ -297,15 +311,19 @@ impl Database {
     }
 
     /// Gives the transaction its LSN and queues its entry (under the lock). Returns the
-    /// LSN to wait for and the state to publish then, or none if it changed nothing.
-    fn commit(&self, txn: &mut Txn<'_>, logical: Option<Entry>) -> Result<Option<(u64, Store)>> {
+    /// LSN to wait for and the state to publish then. A transaction that changed
+    /// nothing waits for the last commit it may have read, and publishes nothing.
+    fn commit(&self, txn: &mut Txn<'_>, logical: Option<Entry>) -> Result<Committed> {
         if txn.is_empty() {
-            return Ok(None);
+            return Ok(Committed {
+                lsn: txn.store().lsn,
+                state: None,
+            });
         }
         let entry = logical.unwrap_or_else(|| Entry::Physical {
             ops: txn.ops().to_vec(),
         });
-        let lsn = txn.store().lsn + 1;
+        let lsn = next_lsn(txn.store())?;
         if let Err(e) = self.append(lsn, &entry) {
             txn.rollback();
             return Err(e);
@@ -317,17 +335,20 @@ impl Database {
             // The next transaction runs only once this one is on disk.
             self.wait_durable(lsn)?;
         }
-        Ok(Some((lsn, state)))
+        Ok(Committed {
+            lsn,
+            state: Some(state),
+        })
     }
 
-    /// Waits until a commit is durable, then lets readers see it.
-    fn acknowledge(&self, committed: Option<(u64, Store)>) -> Result<Option<u64>> {
-        let Some((lsn, state)) = committed else {
-            return Ok(None);
-        };
-        self.wait_durable(lsn)?;
-        self.publish(state);
-        Ok(Some(lsn))
+    /// Waits until a commit is durable, then lets readers see it. Returns its LSN, or
+    /// none for a transaction that changed nothing.
+    fn acknowledge(&self, committed: Committed) -> Result<Option<u64>> {
+        self.wait_durable(committed.lsn)?;
+        Ok(committed.state.map(|state| {
+            self.publish(state);
+            committed.lsn
+        }))
     }
 
     /// Makes `state` what readers see, unless they already see a later one (commits
@@ -469,13 +490,14 @@ impl Transaction {
             return Err(Error::Aborted("the transaction has ended".into()));
         };
         let mut txn = Txn::resume(guard, pending);
-        match statement(&mut txn) {
+        match txn.run_guarded("the statement", statement) {
             Ok(out) => {
                 self.pending = Some(txn.suspend());
                 Ok(out)
             }
             Err(e) => {
                 txn.rollback();
+                drop(txn);
                 self.guard = None;
                 Err(e)
             }
@@ -488,6 +510,11 @@ impl Transaction {
         let procedure = self.db.procedures.get(name)?.clone();
         check_args(procedure.as_ref(), args)?;
         self.run(|txn| procedure.run(txn, args))
+    }
+
+    /// Whether the transaction has changed anything so far.
+    pub fn is_empty(&self) -> bool {
+        self.pending.as_ref().is_none_or(Pending::is_empty)
     }
 
     /// The store with this transaction's own writes, to read without the lock (its
@@ -511,6 +538,7 @@ impl Transaction {
         };
         let mut txn = Txn::resume(&mut guard, pending);
         let committed = self.db.commit(&mut txn, None)?;
+        drop(txn);
         drop(guard);
         self.db.acknowledge(committed)
     }
@@ -536,7 +564,7 @@ impl Drop for Transaction {
 /// Applies one log entry to the store during recovery.
 fn replay(store: &mut Store, procedures: &Procedures, lsn: u64, entry: Entry) -> Result<()> {
     match entry {
-        Entry::CreateTable(def) => store.create_table(def)?,
+        entry @ Entry::CreateTable { .. } => apply_create(store, &entry)?,
         Entry::DropTable(id) => store.drop_table(id)?,
         Entry::Physical { ops } => {
             let mut txn = Txn::new(store);
@@ -552,14 +580,47 @@ fn replay(store: &mut Store, procedures: &Procedures, lsn: u64, entry: Entry) ->
             let procedure = procedures.get(&procedure)?.clone();
             check_args(procedure.as_ref(), &args)?;
             let mut txn = Txn::new(store);
-            if let Err(e) = procedure.run(&mut txn, &args) {
-                txn.rollback();
-                return Err(e);
-            }
+            txn.run_guarded(procedure.name(), |txn| procedure.run(txn, &args))?;
             txn.take_ops();
         }
     }
     store.lsn = lsn;
+    Ok(())
+}
+
+/// What a commit leaves to do once the lock is released.
+struct Committed {
+    /// Wait until this LSN is durable.
+    lsn: u64,
+    /// Then let readers see this (none: the transaction changed nothing).
+    state: Option<Store>,
+}
+
+fn next_lsn(store: &Store) -> Result<u64> {
+    store
+        .lsn
+        .checked_add(1)
+        .ok_or_else(|| Error::LogFailed("the LSNs are exhausted".into()))
+}
+
+fn busy(wait: std::time::Duration) -> Error {
+    Error::Busy(format!(
+        "another transaction has held the primary for more than {} ms",
+        wait.as_millis()
+    ))
+}
+
+/// Creates a table and inserts its first rows, as a `CreateTable` entry says.
+fn apply_create(store: &mut Store, entry: &Entry) -> Result<()> {
+    let Entry::CreateTable { def, rows } = entry else {
+        unreachable!("called with CreateTable entries only")
+    };
+    store.create_table(def.clone())?;
+    let mut txn = Txn::new(store);
+    for row in rows {
+        txn.insert(def.id, row.clone())?;
+    }
+    txn.take_ops();
     Ok(())
 }
 

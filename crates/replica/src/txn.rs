@@ -23,6 +23,12 @@ pub(crate) struct Pending {
     ops: Vec<RowOp>,
 }
 
+impl Pending {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+}
+
 impl<'a> Txn<'a> {
     pub(crate) fn new(store: &'a mut Store) -> Self {
         Self::resume(store, Pending::default())
@@ -32,8 +38,8 @@ impl<'a> Txn<'a> {
         Self { store, pending }
     }
 
-    pub(crate) fn suspend(self) -> Pending {
-        self.pending
+    pub(crate) fn suspend(mut self) -> Pending {
+        std::mem::take(&mut self.pending)
     }
 
     pub fn table(&self, name: &str) -> Result<TableId> {
@@ -155,8 +161,36 @@ impl<'a> Txn<'a> {
         self.pending.ops.clear();
     }
 
+    /// Runs `body` on this transaction; a panic in it becomes an error, so that the
+    /// caller rolls back instead of unwinding past the primary's lock.
+    pub(crate) fn run_guarded<R>(
+        &mut self,
+        what: &str,
+        body: impl FnOnce(&mut Txn<'_>) -> Result<R>,
+    ) -> Result<R> {
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| body(self))) {
+            Ok(out) => out,
+            Err(panic) => {
+                let message = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
+                Err(Error::Aborted(format!("{what} panicked: {message}")))
+            }
+        }
+    }
+
     /// An error that makes the caller roll the transaction back, with a reason.
     pub fn abort(reason: impl Into<String>) -> Error {
         Error::Aborted(reason.into())
+    }
+}
+
+/// A transaction dropped before it committed (an error returned early, a panic) takes
+/// its writes back, so the store never keeps part of one.
+impl Drop for Txn<'_> {
+    fn drop(&mut self) {
+        self.rollback();
     }
 }

@@ -243,7 +243,15 @@ impl ColumnType {
             (ColumnType::UInt8, Value::Int(v)) => range(*v, 0, u8::MAX.into()),
             (ColumnType::UInt16, Value::Int(v)) => range(*v, 0, u16::MAX.into()),
             (ColumnType::UInt32, Value::Int(v)) => range(*v, 0, u32::MAX.into()),
-            (ColumnType::Float32 | ColumnType::Float64, Value::Float(_)) => Ok(()),
+            // A REAL holds only what an f32 can: a checkpoint stores it as one.
+            (ColumnType::Float32, Value::Float(v)) => {
+                if v.is_nan() || f64::from(*v as f32) == *v {
+                    Ok(())
+                } else {
+                    Err(format!("{v} is not exactly a 32-bit float"))
+                }
+            }
+            (ColumnType::Float64, Value::Float(_)) => Ok(()),
             (ColumnType::Decimal { precision, .. }, Value::Decimal(v)) => {
                 let limit = 10i128
                     .checked_pow(u32::from(*precision))

@@ -17,6 +17,11 @@
 //!   PostgreSQL.
 //! - Inside a transaction only reads, `CALL`, `SET` and changes to transactional tables
 //!   run: distributed tables are not transactional (yet), and DDL commits on its own.
+//!   `BEGIN` inside one is ignored, as in PostgreSQL.
+//!
+//! A session's transaction is `Open` between statements, `Running` while a statement
+//! changes rows in it (the transaction is moved to a blocking thread, off the map), and
+//! `Aborted` once a statement failed, was cancelled, or it idled too long.
 
 use super::*;
 use crate::primary_table::{PrimarySnapshot, PrimaryTable, replica_err};
@@ -25,9 +30,7 @@ use datafusion::sql::sqlparser::ast::{
     CreateTableOptions, FunctionArg, FunctionArgExpr, FunctionArguments, SqlOption,
     Value as SqlValue,
 };
-use gyre_replica::{
-    Database, LogMode, Procedures, Store, TableDef, Transaction, Txn, Value, columnar,
-};
+use gyre_replica::{Database, LogMode, Procedures, Store, TableDef, Transaction, Value, columnar};
 use std::path::PathBuf;
 
 /// How long a statement waits for another session's transaction to end.
@@ -79,6 +82,7 @@ impl PrimaryConfig {
             data_dir: self.data_dir.as_ref().map(|d| d.join("primary")),
             log_mode: self.log_mode,
             group_commit: self.group_commit,
+            lock_wait: LOCK_WAIT,
             ..Default::default()
         };
         let db = Database::open(options, self.procedures.clone()).map_err(replica_err)?;
@@ -88,12 +92,36 @@ impl PrimaryConfig {
 
 /// A session's transaction.
 pub(super) struct SessionTxn {
-    /// `None` once a statement failed and rolled it back: only its end is accepted.
-    txn: Option<Transaction>,
-    /// Why it was rolled back.
-    aborted: String,
+    state: TxnState,
     /// Since when no statement runs in it (`None`: one runs now).
     idle_since: Option<Instant>,
+}
+
+enum TxnState {
+    Open(Transaction),
+    /// A statement is changing rows in it on a blocking thread.
+    Running,
+    /// Rolled back, for this reason: only COMMIT or ROLLBACK are accepted.
+    Aborted(String),
+}
+
+/// A statement running in a session, which may hold a transaction: when it ends
+/// (finished, failed, or dropped because its client went away) the transaction is idle
+/// again, or aborted if the statement left it running.
+pub(super) struct TxnStatement {
+    coordinator: Arc<Coordinator>,
+    session: String,
+}
+
+impl Drop for TxnStatement {
+    fn drop(&mut self) {
+        if let Some(t) = self.coordinator.transactions.lock().get_mut(&self.session) {
+            t.idle_since = Some(Instant::now());
+            if matches!(t.state, TxnState::Running) {
+                t.state = TxnState::Aborted("its statement was cancelled".into());
+            }
+        }
+    }
 }
 
 impl Coordinator {
@@ -128,7 +156,10 @@ impl Coordinator {
     /// last durable commit.
     pub(super) fn primary_snapshot(&self, session: &SessionContext) -> Arc<Store> {
         let txns = self.transactions.lock();
-        if let Some(SessionTxn { txn: Some(t), .. }) = txns.get(&session.session_id())
+        if let Some(SessionTxn {
+            state: TxnState::Open(t),
+            ..
+        }) = txns.get(&session.session_id())
             && let Ok(store) = t.snapshot()
         {
             return Arc::new(store);
@@ -141,30 +172,83 @@ impl Coordinator {
         self.transactions.lock().contains_key(&session.session_id())
     }
 
-    /// Marks the session's transaction busy (a statement runs in it) or idle; refuses
-    /// statements in a transaction a failed statement ended.
-    pub(super) fn transaction_busy(&self, session: &SessionContext, busy: bool) -> Result<()> {
+    /// Starts a statement of `session`. In a transaction it is refused if a failed
+    /// statement ended the transaction or another statement runs in it, unless it
+    /// `ends` the transaction (COMMIT, ROLLBACK).
+    pub(super) fn transaction_statement(
+        self: &Arc<Self>,
+        session: &SessionContext,
+        ends: bool,
+    ) -> Result<TxnStatement> {
+        let sid = session.session_id();
         let mut txns = self.transactions.lock();
-        let Some(t) = txns.get_mut(&session.session_id()) else {
-            return Ok(());
-        };
-        t.idle_since = (!busy).then(Instant::now);
-        if busy && t.txn.is_none() {
-            return Err(exec_err(format!(
-                "the transaction was rolled back ({}): statements are ignored until ROLLBACK",
-                t.aborted
-            )));
+        if let Some(t) = txns.get_mut(&sid)
+            && !ends
+        {
+            if let TxnState::Aborted(why) = &t.state {
+                return Err(exec_err(format!(
+                    "the transaction was rolled back ({why}): statements are ignored until ROLLBACK"
+                )));
+            }
+            if t.idle_since.is_none() {
+                return Err(exec_err(
+                    "another statement of this session is running in its transaction",
+                ));
+            }
+            t.idle_since = None;
         }
-        Ok(())
+        Ok(TxnStatement {
+            coordinator: Arc::clone(self),
+            session: sid,
+        })
     }
 
     /// Rolls the session's transaction back after a failed statement.
     pub(super) fn abort_transaction(&self, session: &SessionContext, why: &DataFusionError) {
         if let Some(t) = self.transactions.lock().get_mut(&session.session_id())
-            && t.txn.take().is_some()
+            && !matches!(t.state, TxnState::Aborted(_))
         {
-            t.aborted = format!("a statement failed: {why}");
+            t.state = TxnState::Aborted(format!("a statement failed: {why}"));
         }
+    }
+
+    /// Runs `work` on the session's open transaction on a blocking thread (it may take
+    /// a while, and must not hold the map of transactions meanwhile).
+    async fn with_transaction<R: Send + 'static>(
+        &self,
+        session: &SessionContext,
+        work: impl FnOnce(&mut Transaction) -> gyre_replica::Result<R> + Send + 'static,
+    ) -> Result<R> {
+        let sid = session.session_id();
+        let mut txn = {
+            let mut txns = self.transactions.lock();
+            let t = txns
+                .get_mut(&sid)
+                .ok_or_else(|| exec_err("the transaction has ended"))?;
+            match std::mem::replace(&mut t.state, TxnState::Running) {
+                TxnState::Open(txn) => txn,
+                other => {
+                    t.state = other;
+                    return Err(exec_err("the transaction is not open"));
+                }
+            }
+        };
+        let (txn, out) = tokio::task::spawn_blocking(move || {
+            let out = work(&mut txn);
+            (txn, out)
+        })
+        .await
+        .map_err(|e| exec_err(e.to_string()))?;
+        if let Some(t) = self.transactions.lock().get_mut(&sid)
+            && matches!(t.state, TxnState::Running)
+        {
+            t.state = if txn.is_open() {
+                TxnState::Open(txn)
+            } else {
+                TxnState::Aborted("a statement failed".into())
+            };
+        }
+        out.map_err(replica_err)
     }
 
     /// Writes a checkpoint in the background once the log has grown by
@@ -186,9 +270,12 @@ impl Coordinator {
         for t in self.transactions.lock().values_mut() {
             if t.idle_since
                 .is_some_and(|s| s.elapsed() > IDLE_IN_TRANSACTION)
-                && t.txn.take().is_some()
+                && matches!(t.state, TxnState::Open(_))
             {
-                t.aborted = format!("idle for more than {} s", IDLE_IN_TRANSACTION.as_secs());
+                t.state = TxnState::Aborted(format!(
+                    "idle for more than {} s",
+                    IDLE_IN_TRANSACTION.as_secs()
+                ));
             }
         }
     }
@@ -210,19 +297,20 @@ impl Coordinator {
                     return not_impl_err!("BEGIN ... END blocks");
                 }
                 if self.in_transaction(session) {
-                    return Err(exec_err("a transaction is already open in this session"));
+                    // As PostgreSQL: a warning there, nothing here.
+                    return no_result().map(Some);
                 }
                 let db = Arc::clone(&self.primary);
-                let txn = tokio::task::spawn_blocking(move || db.try_begin(LOCK_WAIT))
+                let txn = tokio::task::spawn_blocking(move || db.try_begin())
                     .await
                     .map_err(|e| exec_err(e.to_string()))?
                     .map_err(replica_err)?;
                 self.transactions.lock().insert(
                     sid,
                     SessionTxn {
-                        txn: Some(txn),
-                        aborted: String::new(),
-                        idle_since: Some(Instant::now()),
+                        state: TxnState::Open(txn),
+                        // The statement's end marks it idle.
+                        idle_since: None,
                     },
                 );
                 no_result().map(Some)
@@ -234,11 +322,16 @@ impl Coordinator {
                 let Some(t) = self.transactions.lock().remove(&sid) else {
                     return no_result().map(Some);
                 };
-                let Some(txn) = t.txn else {
-                    return Err(exec_err(format!(
-                        "the transaction was rolled back ({})",
-                        t.aborted
-                    )));
+                let txn = match t.state {
+                    TxnState::Open(txn) => txn,
+                    TxnState::Running => {
+                        return Err(exec_err(
+                            "a statement was still running in the transaction: rolled back",
+                        ));
+                    }
+                    TxnState::Aborted(why) => {
+                        return Err(exec_err(format!("the transaction was rolled back ({why})")));
+                    }
                 };
                 tokio::task::spawn_blocking(move || txn.commit())
                     .await
@@ -343,45 +436,42 @@ impl Coordinator {
             return plan_err!("a table WITH (replication = 'full') needs a PRIMARY KEY");
         };
         let key_names: Vec<String> = key.iter().map(|&k| columns[k].name.clone()).collect();
+        // The rows of CREATE TABLE ... AS SELECT, checked against the new table's rules:
+        // the table appears with all of them, in one log entry, or not at all.
+        let def = TableDef {
+            id: gyre_replica::TableId(0),
+            name: name.clone(),
+            columns: columns.clone(),
+            key,
+        };
+        def.validate().map_err(replica_err)?;
+        let empty =
+            matches!(cmd.input.as_ref(), LogicalPlan::EmptyRelation(e) if !e.produce_one_row);
+        let mut rows = vec![];
+        if !empty {
+            let result = self
+                .run_query(state, Arc::unwrap_or_clone(cmd.input), workers)
+                .await?;
+            for batch in &result.batches {
+                rows.extend(rows_of(&def, batch)?);
+            }
+        }
         let db = Arc::clone(&self.primary);
         let table = name.clone();
         tokio::task::spawn_blocking(move || {
             let key: Vec<&str> = key_names.iter().map(String::as_str).collect();
-            db.create_table(&table, columns, &key)
+            db.create_table_with_rows(&table, columns, &key, rows)
         })
         .await
         .map_err(|e| exec_err(e.to_string()))?
         .map_err(replica_err)?;
-        let def = self
-            .primary
-            .snapshot()
-            .table_id(&name)
-            .and_then(|id| Ok(self.primary.snapshot().table(id)?.def.as_ref().clone()))
-            .map_err(replica_err)?;
+        let store = self.primary.snapshot();
+        let def = store
+            .table(store.table_id(&name).map_err(replica_err)?)
+            .map_err(replica_err)?
+            .def
+            .clone();
         self.register_primary(&def)?;
-        let empty =
-            matches!(cmd.input.as_ref(), LogicalPlan::EmptyRelation(e) if !e.produce_one_row);
-        if !empty {
-            let input = Arc::unwrap_or_clone(cmd.input);
-            let filled = self
-                .change_rows(
-                    session,
-                    state,
-                    &def,
-                    WriteOp::Insert(InsertOp::Append),
-                    input,
-                    workers,
-                )
-                .await;
-            if let Err(e) = filled {
-                let db = Arc::clone(&self.primary);
-                let _ = tokio::task::spawn_blocking(move || db.drop_table(&name)).await;
-                let _ = self
-                    .ctx
-                    .deregister_table(TableReference::bare(def.name.as_str()));
-                return Err(e);
-            }
-        }
         no_result()
     }
 
@@ -405,7 +495,7 @@ impl Coordinator {
                     .def
                     .clone();
                 if d.op == WriteOp::Update {
-                    key_untouched(&d.input, &def)?;
+                    key_untouched(&d.input, &d.table_name, &def)?;
                 }
                 let input = d.input.as_ref().clone();
                 self.change_rows(
@@ -458,6 +548,7 @@ impl Coordinator {
         input: LogicalPlan,
         workers: Vec<NodeId>,
     ) -> Result<StatementResult> {
+        #[derive(Clone, Copy)]
         enum Change {
             Insert,
             Update,
@@ -469,13 +560,12 @@ impl Coordinator {
             WriteOp::Delete => Change::Delete,
             other => return not_impl_err!("{other} on a transactional table"),
         };
-        let sid = session.session_id();
         // Outside BEGIN the statement is its own transaction.
         let own = if self.in_transaction(session) {
             None
         } else {
             let db = Arc::clone(&self.primary);
-            let txn = tokio::task::spawn_blocking(move || db.try_begin(LOCK_WAIT))
+            let txn = tokio::task::spawn_blocking(move || db.try_begin())
                 .await
                 .map_err(|e| exec_err(e.to_string()))?
                 .map_err(replica_err)?;
@@ -489,41 +579,56 @@ impl Coordinator {
             .config_mut()
             .set_extension(Arc::new(PrimarySnapshot(snapshot)));
         let result = self.run_query(state, input, workers).await?;
-        let mut rows = Vec::new();
+        let mut rows: Vec<Vec<Value>> = Vec::new();
         for batch in &result.batches {
             rows.extend(rows_of(def, batch)?);
         }
-        let count = rows.len() as u64;
-        let table = def.id;
-        let apply = |txn: &mut Txn<'_>| -> gyre_replica::Result<()> {
+        if !matches!(change, Change::Insert) {
+            // An UPDATE ... FROM may match a row several times; a DELETE deletes once.
+            let mut seen = std::collections::BTreeSet::new();
+            let mut unique = Vec::with_capacity(rows.len());
             for row in rows {
-                match change {
-                    Change::Insert => txn.insert(table, row)?,
-                    Change::Update => txn.update(table, row)?,
-                    Change::Delete => {
-                        let key = def.key_of(&row);
-                        txn.delete(table, &key)?;
-                    }
+                let key = def.key_of(&row);
+                if seen.insert(key.clone()) {
+                    unique.push(row);
+                } else if matches!(change, Change::Update) {
+                    return Err(exec_err(format!(
+                        "UPDATE of {} changes the row with key {key:?} more than once \
+                         (its FROM matches it several times)",
+                        def.name
+                    )));
                 }
             }
-            Ok(())
+            rows = unique;
+        }
+        let count = rows.len() as u64;
+        let def = def.clone();
+        let apply = move |txn: &mut Transaction| -> gyre_replica::Result<()> {
+            txn.run(|txn| {
+                for row in rows {
+                    match change {
+                        Change::Insert => txn.insert(def.id, row)?,
+                        Change::Update => txn.update(def.id, row)?,
+                        Change::Delete => {
+                            let key = def.key_of(&row);
+                            txn.delete(def.id, &key)?;
+                        }
+                    }
+                }
+                Ok(())
+            })
         };
         match own {
             Some(mut txn) => {
-                txn.run(apply).map_err(replica_err)?;
-                tokio::task::spawn_blocking(move || txn.commit())
-                    .await
-                    .map_err(|e| exec_err(e.to_string()))?
-                    .map_err(replica_err)?;
+                tokio::task::spawn_blocking(move || {
+                    apply(&mut txn)?;
+                    txn.commit()
+                })
+                .await
+                .map_err(|e| exec_err(e.to_string()))?
+                .map_err(replica_err)?;
             }
-            None => {
-                let mut txns = self.transactions.lock();
-                let txn = txns
-                    .get_mut(&sid)
-                    .and_then(|t| t.txn.as_mut())
-                    .ok_or_else(|| exec_err("the transaction has ended"))?;
-                txn.run(apply).map_err(replica_err)?;
-            }
+            None => self.with_transaction(session, apply).await?,
         }
         count_result(count)
     }
@@ -557,27 +662,33 @@ impl Coordinator {
         }
         let mut values = Vec::with_capacity(args.len());
         if !args.is_empty() {
-            let batches = session
-                .sql(&format!("SELECT {}", args.join(", ")))
-                .await?
-                .collect()
+            // Evaluated as a query of the session (subqueries read its transaction).
+            let workers = self.live_workers();
+            let state = self.query_state(session, &workers);
+            let plan = state
+                .create_logical_plan(&format!("SELECT {}", args.join(", ")))
                 .await?;
-            let batch = batches
+            let result = self.run_query(state, plan, workers).await?;
+            let batch = result
+                .batches
                 .iter()
                 .find(|b| b.num_rows() > 0)
                 .ok_or_else(|| exec_err("CALL's arguments gave no values"))?;
+            let strict = arrow::compute::CastOptions {
+                safe: false,
+                ..Default::default()
+            };
             for (p, array) in params.iter().zip(batch.columns()) {
-                let array = arrow::compute::cast(array, &p.column_type.data_type())?;
+                let array =
+                    arrow::compute::cast_with_options(array, &p.column_type.data_type(), &strict)
+                        .map_err(|e| exec_err(format!("CALL {name}: {}: {e}", p.name)))?;
                 values.push(columnar::value_at(p.column_type, array.as_ref(), 0));
             }
         }
         let rows = if self.in_transaction(session) {
-            let mut txns = self.transactions.lock();
-            let txn = txns
-                .get_mut(&session.session_id())
-                .and_then(|t| t.txn.as_mut())
-                .ok_or_else(|| exec_err("the transaction has ended"))?;
-            txn.call(name, &values).map_err(replica_err)?
+            let name = name.to_string();
+            self.with_transaction(session, move |txn| txn.call(&name, &values))
+                .await?
         } else {
             let db = Arc::clone(&self.primary);
             let name = name.to_string();
@@ -631,15 +742,27 @@ fn rows_of(def: &TableDef, batch: &RecordBatch) -> Result<Vec<Vec<Value>>> {
 }
 
 /// An UPDATE may not change a key column: the row would need a new place in the index
-/// and its old key is not in the new row.
-fn key_untouched(input: &LogicalPlan, def: &TableDef) -> Result<()> {
+/// and its old key is not in the new row. A key column must be the target table's own
+/// (by its name or alias), not another table's of an `UPDATE ... FROM`.
+fn key_untouched(input: &LogicalPlan, target: &TableReference, def: &TableDef) -> Result<()> {
     let LogicalPlan::Projection(p) = input else {
         return plan_err!("UPDATE of a transactional table: unexpected plan");
     };
+    let mut names = vec![target.table().to_string()];
+    input.apply(|node| {
+        if let LogicalPlan::SubqueryAlias(a) = node
+            && matches!(a.input.as_ref(), LogicalPlan::TableScan(s) if s.table_name.table() == target.table())
+        {
+            names.push(a.alias.table().to_string());
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })?;
     for &k in &def.key {
         let name = &def.columns[k].name;
         let same = matches!(p.expr.get(k).map(|e| e.clone().unalias()),
-            Some(datafusion::logical_expr::Expr::Column(c)) if &c.name == name);
+            Some(datafusion::logical_expr::Expr::Column(c))
+                if &c.name == name
+                    && c.relation.as_ref().is_none_or(|r| names.iter().any(|n| n == r.table())));
         if !same {
             return plan_err!(
                 "UPDATE cannot change {name}, a primary key column of {}: delete the row \

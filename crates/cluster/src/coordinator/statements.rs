@@ -89,16 +89,13 @@ impl Coordinator {
             self.run_statement(session, stmt).await?;
         }
         let ends = ends_transaction(&last);
-        if !ends {
-            self.transaction_busy(session, true)?;
-        }
+        let _statement = self.transaction_statement(session, ends)?;
         let outcome = self.deferred_last(session, last).await;
         if let Err(e) = &outcome
             && !ends
         {
             self.abort_transaction(session, e);
         }
-        let _ = self.transaction_busy(session, false);
         outcome
     }
 
@@ -140,16 +137,13 @@ impl Coordinator {
         stmt: DFStatement,
     ) -> Result<StatementResult> {
         let ends = ends_transaction(&stmt);
-        if !ends {
-            self.transaction_busy(session, true)?;
-        }
+        let _statement = self.transaction_statement(session, ends)?;
         let result = self.run_one(session, stmt).await;
         if let Err(e) = &result
             && !ends
         {
             self.abort_transaction(session, e);
         }
-        let _ = self.transaction_busy(session, false);
         result
     }
 

@@ -30,7 +30,11 @@ pub enum Entry {
     Physical {
         ops: Vec<RowOp>,
     },
-    CreateTable(TableDef),
+    /// A new table with its first rows (CREATE TABLE ... AS SELECT in one entry).
+    CreateTable {
+        def: TableDef,
+        rows: Vec<Vec<Value>>,
+    },
     DropTable(TableId),
 }
 

@@ -23,8 +23,9 @@ use std::path::{Path, PathBuf};
 pub const HEADER: &[u8; 16] = b"GYREREDO\x01\0\0\0\0\0\0\0";
 const FRAME_MAGIC: u32 = 0x4759_4752;
 pub const FRAME_HEADER: usize = 28;
-/// The largest group, uncompressed: larger groups are split by the writer.
-pub const MAX_GROUP_BYTES: usize = 64 << 20;
+/// The largest group, uncompressed (and so the largest transaction's entry): larger
+/// groups are split by the writer.
+pub const MAX_GROUP_BYTES: usize = 256 << 20;
 
 /// A segment's file name: its first LSN, zero-padded so that names sort by LSN.
 pub fn file_name(first_lsn: u64) -> String {
@@ -136,6 +137,17 @@ pub fn scan(path: &Path, bytes: &[u8], last: bool) -> Result<Scan> {
                 scan.valid_len = at as u64;
             }
             Err(detail) if last => {
+                // Only the group being written at the crash can be torn: a valid group
+                // further on means this one was damaged after it was written.
+                if let Some(later) = valid_frame_after(&bytes[at + 1..]) {
+                    return Err(Error::corrupt(
+                        path,
+                        format!(
+                            "offset {at}: {detail}, yet a valid group follows at offset {}",
+                            at + 1 + later
+                        ),
+                    ));
+                }
                 tracing::warn!(
                     "{}: cutting off {} bytes after offset {at} ({detail}): a group torn by a crash",
                     path.display(),
@@ -150,6 +162,14 @@ pub fn scan(path: &Path, bytes: &[u8], last: bool) -> Result<Scan> {
         }
     }
     Ok(scan)
+}
+
+/// Where the first valid group in `bytes` starts, if one does.
+fn valid_frame_after(bytes: &[u8]) -> Option<usize> {
+    let magic = FRAME_MAGIC.to_le_bytes();
+    (0..bytes.len().saturating_sub(FRAME_HEADER - 1))
+        .filter(|&i| bytes[i..i + 4] == magic)
+        .find(|&i| frame(&bytes[i..]).is_ok())
 }
 
 /// Decodes the frame at the start of `bytes`: its first LSN, its entries and its length.
@@ -184,7 +204,11 @@ fn frame(bytes: &[u8]) -> std::result::Result<(u64, Vec<Entry>, usize), String> 
     if hasher.finalize() != crc {
         return Err("checksum mismatch".into());
     }
-    if first_lsn == 0 || count == 0 || count > raw / 5 {
+    if first_lsn == 0
+        || count == 0
+        || count > raw / 5
+        || first_lsn.checked_add(count as u64).is_none()
+    {
         return Err(format!("group of {count} entries from LSN {first_lsn}"));
     }
     let data = lz4_flex::block::decompress(&bytes[FRAME_HEADER..end], raw)
@@ -255,6 +279,10 @@ mod tests {
         );
         assert_eq!(s.entries.last().unwrap().0, 5);
         assert_eq!(s.valid_len, file.len() as u64);
+        // A damaged group followed by a valid one is corruption, not a torn tail.
+        let mut damaged = file.clone();
+        damaged[HEADER.len() + 30] ^= 0x01;
+        assert!(scan(p, &damaged, true).is_err());
         // Every cut inside the second group leaves the first.
         for cut in HEADER.len() + g1.len() + 1..file.len() {
             let s = scan(p, &file[..cut], true).unwrap();
