@@ -147,6 +147,13 @@ impl Coordinator {
         Ok(())
     }
 
+    /// The definition of transactional table `name`, as last committed.
+    fn primary_def(&self, name: &str) -> Result<Arc<TableDef>> {
+        let store = self.primary.snapshot();
+        let id = store.table_id(name).map_err(replica_err)?;
+        Ok(Arc::clone(&store.table(id).map_err(replica_err)?.def))
+    }
+
     /// Whether `name` is a transactional table.
     pub(super) fn is_primary(&self, name: &str) -> bool {
         self.primary.snapshot().table_id(name).is_ok()
@@ -465,13 +472,7 @@ impl Coordinator {
         .await
         .map_err(|e| exec_err(e.to_string()))?
         .map_err(replica_err)?;
-        let store = self.primary.snapshot();
-        let def = store
-            .table(store.table_id(&name).map_err(replica_err)?)
-            .map_err(replica_err)?
-            .def
-            .clone();
-        self.register_primary(&def)?;
+        self.register_primary(&*self.primary_def(&name)?)?;
         no_result()
     }
 
@@ -487,13 +488,7 @@ impl Coordinator {
         let in_txn = self.in_transaction(session);
         match plan {
             LogicalPlan::Dml(d) if self.is_primary(&self.table_name(&d.table_name)?) => {
-                let name = self.table_name(&d.table_name)?;
-                let store = self.primary.snapshot();
-                let def = store
-                    .table(store.table_id(&name).map_err(replica_err)?)
-                    .map_err(replica_err)?
-                    .def
-                    .clone();
+                let def = self.primary_def(&self.table_name(&d.table_name)?)?;
                 if d.op == WriteOp::Update {
                     key_untouched(&d.input, &d.table_name, &def)?;
                 }

@@ -89,8 +89,20 @@ impl Coordinator {
             self.run_statement(session, stmt).await?;
         }
         let ends = ends_transaction(&last);
+        self.in_session_transaction(session, ends, self.deferred_last(session, last))
+            .await
+    }
+
+    /// Runs one statement of `session` (`ends`: COMMIT or ROLLBACK); inside a
+    /// transaction, a failed one rolls it back.
+    async fn in_session_transaction<T>(
+        self: &Arc<Self>,
+        session: &SessionContext,
+        ends: bool,
+        statement: impl Future<Output = Result<T>>,
+    ) -> Result<T> {
         let _statement = self.transaction_statement(session, ends)?;
-        let outcome = self.deferred_last(session, last).await;
+        let outcome = statement.await;
         if let Err(e) = &outcome
             && !ends
         {
@@ -137,14 +149,8 @@ impl Coordinator {
         stmt: DFStatement,
     ) -> Result<StatementResult> {
         let ends = ends_transaction(&stmt);
-        let _statement = self.transaction_statement(session, ends)?;
-        let result = self.run_one(session, stmt).await;
-        if let Err(e) = &result
-            && !ends
-        {
-            self.abort_transaction(session, e);
-        }
-        result
+        self.in_session_transaction(session, ends, self.run_one(session, stmt))
+            .await
     }
 
     async fn run_one(
