@@ -77,21 +77,8 @@ pub fn check_args(procedure: &dyn Procedure, args: &[Value]) -> Result<()> {
         )));
     }
     for (p, a) in params.iter().zip(args) {
-        if a.is_null() {
-            if !p.nullable {
-                return Err(Error::Arguments(format!(
-                    "{}: {} must not be NULL",
-                    procedure.name(),
-                    p.name
-                )));
-            }
-        } else if let Err(e) = p.column_type.check(a) {
-            return Err(Error::Arguments(format!(
-                "{}: {}: {e}",
-                procedure.name(),
-                p.name
-            )));
-        }
+        p.check(a)
+            .map_err(|e| Error::Arguments(format!("{}: {}: {e}", procedure.name(), p.name)))?;
     }
     Ok(())
 }

@@ -91,16 +91,14 @@ impl TableDef {
             )));
         }
         for (i, (c, v)) in self.columns.iter().zip(row).enumerate() {
-            if v.is_null() {
-                if !c.nullable || self.key.contains(&i) {
-                    return Err(Error::Constraint(format!(
-                        "NULL in {}.{}, which is NOT NULL",
-                        self.name, c.name
-                    )));
-                }
-            } else if let Err(e) = c.column_type.check(v) {
-                return Err(Error::Constraint(format!("{}.{}: {e}", self.name, c.name)));
+            if v.is_null() && self.key.contains(&i) {
+                return Err(Error::Constraint(format!(
+                    "NULL in {}.{}, a primary key column",
+                    self.name, c.name
+                )));
             }
+            c.check(v)
+                .map_err(|e| Error::Constraint(format!("{}.{}: {e}", self.name, c.name)))?;
         }
         Ok(())
     }

@@ -288,6 +288,22 @@ impl Column {
     }
 }
 
+impl Column {
+    /// Whether `value` may stand in this column: NULL only if it is nullable, anything
+    /// else of its type.
+    pub fn check(&self, value: &Value) -> std::result::Result<(), String> {
+        if value.is_null() {
+            if self.nullable {
+                Ok(())
+            } else {
+                Err("NULL, which is NOT NULL".into())
+            }
+        } else {
+            self.column_type.check(value)
+        }
+    }
+}
+
 /// The columns of an Arrow schema, or an error naming the first unsupported one.
 pub fn columns_of(schema: &Schema) -> Result<Vec<Column>> {
     schema

@@ -695,13 +695,7 @@ impl Coordinator {
         let returns = procedure.returns();
         for row in &rows {
             let fits = row.len() == returns.len()
-                && row.iter().zip(&returns).all(|(v, c)| {
-                    if v.is_null() {
-                        c.nullable
-                    } else {
-                        c.column_type.check(v).is_ok()
-                    }
-                });
+                && row.iter().zip(&returns).all(|(v, c)| c.check(v).is_ok());
             if !fits {
                 return Err(exec_err(format!(
                     "procedure {name} returned a row that does not fit its result columns"
