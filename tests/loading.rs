@@ -115,16 +115,19 @@ struct Dataset {
 }
 
 struct Data {
-    _dir: tempfile::TempDir,
     sets: Vec<Dataset>,
 }
 
-/// Writes every dataset once per test binary.
+/// Writes every dataset once per test binary, into one fixed directory under
+/// the target directory: a static is never dropped, so a temporary directory
+/// here would leak its 230 MB on every run.
 fn data() -> &'static Data {
     static DATA: OnceLock<Data> = OnceLock::new();
     DATA.get_or_init(|| {
-        let dir = tempfile::tempdir().unwrap();
-        let d = dir.path();
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("loading-data");
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let d = dir.as_path();
         let mut sets = vec![];
         let mut add = |name, stored, location: PathBuf, options, rows, hive| {
             sets.push(Dataset {
@@ -194,7 +197,7 @@ fn data() -> &'static Data {
             write_arrow(&d.join(format!("arrow/part-{i}.arrow")), i * 100_000, (i + 1) * 100_000);
         }
         add("Arrow IPC files", "STORED AS ARROW", d.join("arrow/"), "", 300_000, false);
-        Data { _dir: dir, sets }
+        Data { sets }
     })
 }
 
