@@ -302,9 +302,9 @@ impl PrimaryArgs {
             data_dir: self.data_dir.clone(),
             log_mode: self.log_mode.parse().expect("checked by clap"),
             group_commit: !self.no_group_commit,
-            // No stored procedures are built in yet: `CALL` runs those a program
-            // embedding the cluster registers.
-            procedures: gyre_replica::Procedures::new(),
+            // TPC-C's loaders and transactions (`CALL tpcc_new_order(...)`); a program
+            // embedding the cluster registers its own.
+            procedures: gyre_tpcc::procedures(),
         }
     }
 }

@@ -564,3 +564,111 @@ fn kill_9_of_gyre_local_loses_no_acknowledged_transaction() {
     server.wait().unwrap();
     assert!(!acknowledged.is_empty());
 }
+
+/// TPC-C through SQL: the schema's DDL, the loader and the terminals' mix as `CALL`s
+/// (lists and timestamps as SQL literals), then CH-benCHmark's queries on the cluster
+/// against single-node DataFusion on the same rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn tpcc_and_ch_queries_through_sql() {
+    use gyre_tpcc::{Kind, Scale, Terminal, call_sql, ch, load_calls, schema};
+    let limits = Limits {
+        primary: PrimaryConfig {
+            procedures: gyre_tpcc::procedures(),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let cluster = LocalCluster::start_limited(
+        2,
+        1,
+        "127.0.0.1:0".parse().unwrap(),
+        &Default::default(),
+        &limits,
+    )
+    .await
+    .unwrap();
+    let c = &cluster.coordinator;
+    let s = c.new_session();
+    let scale = Scale {
+        warehouses: 2,
+        items: 500,
+        customers: 30,
+    };
+    let start = 1_750_000_000_000_000_000;
+    for ddl in schema::ddl() {
+        sql(c, &s, &ddl).await;
+    }
+    for (procedure, args) in load_calls(scale, start) {
+        sql(c, &s, &call_sql(procedure, &args)).await;
+    }
+    let mut terminal = Terminal::new(scale, 1, 7);
+    let mut new_orders = 0;
+    for i in 0..300 {
+        let call = terminal.next(start + 1_000_000 * i);
+        match c.sql_in(&s, &call.sql()).await {
+            Ok(r) if call.kind == Kind::NewOrder => {
+                new_orders += 1;
+                // The new order's number comes back, and a query sees the order.
+                let o_id = ints(&r)[0][0];
+                let w_d = [
+                    call.args[0].as_int().unwrap(),
+                    call.args[1].as_int().unwrap(),
+                ];
+                let seen = sql(
+                    c,
+                    &s,
+                    &format!(
+                        "SELECT COUNT(*) FROM order_line WHERE ol_w_id = {} AND ol_d_id = {} \
+                         AND ol_o_id = {o_id}",
+                        w_d[0], w_d[1]
+                    ),
+                )
+                .await;
+                assert_eq!(seen[0][0], call.args[3].as_int_list().unwrap().len() as i64);
+            }
+            Ok(_) => {}
+            Err(e) => assert!(
+                call.kind == Kind::NewOrder && e.to_string().contains("Item number is not valid"),
+                "{}: {e}",
+                call.sql()
+            ),
+        }
+    }
+    assert!(new_orders > 100, "{new_orders}");
+    // A list with a NULL element is refused with a reason.
+    let err = fails(
+        c,
+        &s,
+        "CALL tpcc_new_order(1, 1, 1, [1, NULL], [1, 1], [1, 1], now())",
+    )
+    .await;
+    assert!(err.contains("may not be NULL"), "{err}");
+
+    // The reference: single-node DataFusion over the same rows.
+    let reference = datafusion::prelude::SessionContext::new();
+    for t in ["order_line", "orders", "item"] {
+        let r = c.sql_in(&s, &format!("SELECT * FROM {t}")).await.unwrap();
+        let table = datafusion::datasource::MemTable::try_new(
+            r[0].schema.clone(),
+            vec![r.iter().flat_map(|r| r.batches.clone()).collect()],
+        )
+        .unwrap();
+        reference.register_table(t, Arc::new(table)).unwrap();
+    }
+    for (name, q) in ch::QUERIES {
+        let got = c.sql_in(&s, q).await.unwrap();
+        let got = arrow::util::pretty::pretty_format_batches(
+            &got.iter()
+                .flat_map(|r| r.batches.clone())
+                .collect::<Vec<_>>(),
+        )
+        .unwrap()
+        .to_string();
+        let want = reference.sql(q).await.unwrap().collect().await.unwrap();
+        let want = arrow::util::pretty::pretty_format_batches(&want)
+            .unwrap()
+            .to_string();
+        assert_eq!(got, want, "{name}");
+        assert!(want.lines().count() > 4, "{name} returned nothing: {want}");
+    }
+}

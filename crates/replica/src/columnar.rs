@@ -9,9 +9,9 @@ use crate::store::TableDef;
 use crate::value::{Column, ColumnType, Value, schema_of};
 use arrow_array::builder::{
     BooleanBuilder, Date32Builder, Decimal128Builder, Float32Builder, Float64Builder, Int8Builder,
-    Int16Builder, Int32Builder, Int64Builder, StringBuilder, TimestampMicrosecondBuilder,
-    TimestampMillisecondBuilder, TimestampNanosecondBuilder, TimestampSecondBuilder, UInt8Builder,
-    UInt16Builder, UInt32Builder,
+    Int16Builder, Int32Builder, Int64Builder, ListBuilder, StringBuilder,
+    TimestampMicrosecondBuilder, TimestampMillisecondBuilder, TimestampNanosecondBuilder,
+    TimestampSecondBuilder, UInt8Builder, UInt16Builder, UInt32Builder,
 };
 use arrow_array::cast::AsArray;
 use arrow_array::types::{
@@ -113,6 +113,16 @@ fn column<'r>(t: ColumnType, values: impl Iterator<Item = &'r Value>) -> ArrayRe
             }
             Arc::new(b.finish())
         }
+        ColumnType::IntList => {
+            let mut b = ListBuilder::new(Int64Builder::new());
+            for v in values {
+                match v {
+                    Value::IntList(x) => b.append_value(x.iter().map(|i| Some(*i))),
+                    _ => b.append_null(),
+                }
+            }
+            Arc::new(b.finish())
+        }
     }
 }
 
@@ -160,7 +170,8 @@ pub fn from_batch(def: &TableDef, batch: &RecordBatch) -> Result<Vec<Vec<Value>>
     Ok(rows)
 }
 
-/// The value in row `i` of `a`, an array of type `t`'s Arrow type.
+/// The value in row `i` of `a`, an array of type `t`'s Arrow type. A list with a NULL
+/// element is NULL as a whole: list elements may not be NULL.
 pub fn value_at(t: ColumnType, a: &dyn Array, i: usize) -> Value {
     if a.is_null(i) {
         return Value::Null;
@@ -185,6 +196,13 @@ pub fn value_at(t: ColumnType, a: &dyn Array, i: usize) -> Value {
             _ => a.as_primitive::<TimestampNanosecondType>().value(i),
         }),
         ColumnType::Text => Value::Text(a.as_string::<i32>().value(i).to_string()),
+        ColumnType::IntList => {
+            let items = a.as_list::<i32>().value(i);
+            if items.null_count() > 0 {
+                return Value::Null;
+            }
+            Value::IntList(items.as_primitive::<Int64Type>().values().to_vec())
+        }
     }
 }
 
@@ -220,6 +238,7 @@ mod tests {
                 utc: false,
             },
             ColumnType::Text,
+            ColumnType::IntList,
         ];
         let mut columns = vec![Column::new("k", ColumnType::Int64, false)];
         columns.extend(
@@ -241,6 +260,7 @@ mod tests {
             ColumnType::Date => Value::Date(k as i32),
             ColumnType::Timestamp { .. } => Value::Timestamp(k * 1000),
             ColumnType::Text => Value::Text(format!("v{k}")),
+            ColumnType::IntList => Value::IntList((0..k % 4).collect()),
             _ => Value::Int(k % 100),
         };
         let rows: Vec<Vec<Value>> = (0..50)

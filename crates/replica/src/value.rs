@@ -23,6 +23,8 @@ pub enum Value {
     Date(i32),
     Timestamp(i64),
     Text(String),
+    /// A list of integers without NULLs (a procedure's item numbers, say).
+    IntList(Vec<i64>),
 }
 
 impl Value {
@@ -36,6 +38,7 @@ impl Value {
             Value::Date(_) => 5,
             Value::Timestamp(_) => 6,
             Value::Text(_) => 7,
+            Value::IntList(_) => 8,
         }
     }
 
@@ -70,6 +73,13 @@ impl Value {
             _ => None,
         }
     }
+
+    pub fn as_int_list(&self) -> Option<&[i64]> {
+        match self {
+            Value::IntList(v) => Some(v),
+            _ => None,
+        }
+    }
 }
 
 /// A total order, so that values can be index keys: NULL first, then by variant, and
@@ -84,6 +94,7 @@ impl Ord for Value {
             (Value::Date(a), Value::Date(b)) => a.cmp(b),
             (Value::Timestamp(a), Value::Timestamp(b)) => a.cmp(b),
             (Value::Text(a), Value::Text(b)) => a.cmp(b),
+            (Value::IntList(a), Value::IntList(b)) => a.cmp(b),
             _ => self.rank().cmp(&other.rank()),
         }
     }
@@ -157,6 +168,8 @@ pub enum ColumnType {
         utc: bool,
     },
     Text,
+    /// A list of 64-bit integers whose elements are not NULL.
+    IntList,
 }
 
 impl ColumnType {
@@ -188,11 +201,12 @@ impl ColumnType {
                 utc: tz.is_some(),
             },
             DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => ColumnType::Text,
+            DataType::List(item) if item.data_type() == &DataType::Int64 => ColumnType::IntList,
             other => {
                 return Err(Error::Unsupported(format!(
                     "column type {other} in a transactional table (supported: booleans, \
                      integers up to 64 bits, floats, decimals up to 38 digits, dates, \
-                     timestamps and strings)"
+                     timestamps, strings and lists of BIGINT)"
                 )));
             }
         })
@@ -222,6 +236,7 @@ impl ColumnType {
                 utc.then(|| "UTC".into()),
             ),
             ColumnType::Text => DataType::Utf8,
+            ColumnType::IntList => DataType::new_list(DataType::Int64, true),
         }
     }
 
@@ -265,6 +280,7 @@ impl ColumnType {
             (ColumnType::Date, Value::Date(_)) => Ok(()),
             (ColumnType::Timestamp { .. }, Value::Timestamp(_)) => Ok(()),
             (ColumnType::Text, Value::Text(_)) => Ok(()),
+            (ColumnType::IntList, Value::IntList(_)) => Ok(()),
             (t, v) => Err(format!("{v:?} is not a {t:?}")),
         }
     }

@@ -660,8 +660,14 @@ impl Coordinator {
             // Evaluated as a query of the session (subqueries read its transaction).
             let workers = self.live_workers();
             let state = self.query_state(session, &workers);
+            // Each argument named apart: `CALL f(1, 1)` has two equal expressions.
+            let select: Vec<String> = args
+                .iter()
+                .enumerate()
+                .map(|(i, a)| format!("({a}) AS arg{i}"))
+                .collect();
             let plan = state
-                .create_logical_plan(&format!("SELECT {}", args.join(", ")))
+                .create_logical_plan(&format!("SELECT {}", select.join(", ")))
                 .await?;
             let result = self.run_query(state, plan, workers).await?;
             let batch = result
@@ -677,6 +683,16 @@ impl Coordinator {
                 let array =
                     arrow::compute::cast_with_options(array, &p.column_type.data_type(), &strict)
                         .map_err(|e| exec_err(format!("CALL {name}: {}: {e}", p.name)))?;
+                use arrow::array::{Array, AsArray};
+                if let Some(list) = array.as_list_opt::<i32>()
+                    && !list.is_null(0)
+                    && list.value(0).null_count() > 0
+                {
+                    return Err(exec_err(format!(
+                        "CALL {name}: {}: a list's elements may not be NULL",
+                        p.name
+                    )));
+                }
                 values.push(columnar::value_at(p.column_type, array.as_ref(), 0));
             }
         }

@@ -1,0 +1,88 @@
+//! Order-Status (clause 2.6): a customer's last order and its lines; reads only.
+
+use super::{customer, int_of, ints};
+use crate::load::int;
+use crate::schema::{TIMESTAMP, col};
+use gyre_replica::{Column, ColumnType, Procedure, Result, Txn, Value};
+use std::ops::Bound;
+
+/// `tpcc_order_status(w_id, d_id, c_id, c_last)`: one row per line of the customer's
+/// newest order.
+pub struct OrderStatus;
+
+impl Procedure for OrderStatus {
+    fn name(&self) -> &str {
+        "tpcc_order_status"
+    }
+
+    fn params(&self) -> Vec<Column> {
+        vec![
+            Column::new("w_id", ColumnType::Int32, false),
+            Column::new("d_id", ColumnType::Int32, false),
+            Column::new("c_id", ColumnType::Int32, true),
+            Column::new("c_last", ColumnType::Text, true),
+        ]
+    }
+
+    fn returns(&self) -> Vec<Column> {
+        let money = ColumnType::Decimal {
+            precision: 12,
+            scale: 2,
+        };
+        vec![
+            Column::new("c_id", ColumnType::Int32, false),
+            Column::new("c_balance", money, false),
+            Column::new("o_id", ColumnType::Int32, false),
+            Column::new("o_entry_d", TIMESTAMP, false),
+            Column::new("o_carrier_id", ColumnType::Int32, true),
+            Column::new("ol_i_id", ColumnType::Int32, false),
+            Column::new("ol_supply_w_id", ColumnType::Int32, false),
+            Column::new("ol_quantity", ColumnType::Int32, false),
+            Column::new("ol_amount", money, false),
+            Column::new("ol_delivery_d", TIMESTAMP, true),
+        ]
+    }
+
+    fn run(&self, txn: &mut Txn<'_>, args: &[Value]) -> Result<Vec<Vec<Value>>> {
+        let [w, d] = ints(args);
+        let c_row = customer(txn, w, d, &args[2], &args[3])?;
+        let c_id = int_of(&c_row, col::customer::ID);
+        // The newest order is the district's last one with this customer: without an
+        // index by customer, a walk back from the district's newest order.
+        let orders = txn.table("orders")?;
+        let (lo, hi) = ([int(w), int(d)], [int(w), int(d + 1)]);
+        let Some(o_row) = txn
+            .range(orders, Bound::Included(&lo[..]), Bound::Excluded(&hi[..]))?
+            .rev()
+            .find(|(_, r)| int_of(r, col::orders::C_ID) == c_id)
+            .map(|(_, r)| r.clone())
+        else {
+            return Ok(vec![]);
+        };
+        let o_id = int_of(&o_row, col::orders::ID);
+        let order_line = txn.table("order_line")?;
+        let head = [
+            int(c_id),
+            c_row[col::customer::BALANCE].clone(),
+            int(o_id),
+            o_row[col::orders::ENTRY_D].clone(),
+            o_row[col::orders::CARRIER_ID].clone(),
+        ];
+        Ok(txn
+            .prefix(order_line, &[int(w), int(d), int(o_id)])?
+            .map(|(_, l)| {
+                let mut row = head.to_vec();
+                for i in [
+                    col::order_line::I_ID,
+                    col::order_line::SUPPLY_W_ID,
+                    col::order_line::QUANTITY,
+                    col::order_line::AMOUNT,
+                    col::order_line::DELIVERY_D,
+                ] {
+                    row.push(l[i].clone());
+                }
+                row
+            })
+            .collect())
+    }
+}
