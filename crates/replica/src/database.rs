@@ -17,7 +17,7 @@ use crate::log::segment;
 use crate::log::writer::{LogStats, LogWriter};
 use crate::log::{Entry, LogMode};
 use crate::procedure::{Procedures, check_args};
-use crate::store::{Store, TableDef, TableId};
+use crate::store::{RowOp, Store, TableDef, TableId};
 use crate::txn::{Pending, Txn};
 use crate::value::{Column, Value};
 use parking_lot::{ArcMutexGuard, Mutex, RawMutex};
@@ -456,6 +456,20 @@ impl Database {
         }
     }
 
+    /// Hands each group of log entries, once durable, to `shipper` (the multicast to
+    /// secondaries). Needs a durable log (`data_dir`).
+    pub fn ship(&self, shipper: crate::log::writer::Shipper) -> Result<()> {
+        match &self.log {
+            Some(log) => {
+                log.ship(shipper);
+                Ok(())
+            }
+            None => Err(Error::Unsupported(
+                "shipping the log to secondaries needs a data directory".into(),
+            )),
+        }
+    }
+
     pub fn log_stats(&self) -> Option<LogStats> {
         self.log.as_ref().map(LogWriter::stats)
     }
@@ -562,10 +576,23 @@ impl Drop for Transaction {
 }
 
 /// Applies one log entry to the store during recovery.
-fn replay(store: &mut Store, procedures: &Procedures, lsn: u64, entry: Entry) -> Result<()> {
-    match entry {
-        entry @ Entry::CreateTable { .. } => apply_create(store, &entry)?,
-        Entry::DropTable(id) => store.drop_table(id)?,
+/// Applies one log entry to `store`, as recovery and secondaries do, and returns the
+/// row operations it made (a logical entry's are those its procedure makes again).
+pub(crate) fn replay(
+    store: &mut Store,
+    procedures: &Procedures,
+    lsn: u64,
+    entry: Entry,
+) -> Result<Vec<RowOp>> {
+    let ops = match entry {
+        entry @ Entry::CreateTable { .. } => {
+            apply_create(store, &entry)?;
+            vec![]
+        }
+        Entry::DropTable(id) => {
+            store.drop_table(id)?;
+            vec![]
+        }
         Entry::Physical { ops } => {
             let mut txn = Txn::new(store);
             for op in ops {
@@ -574,18 +601,18 @@ fn replay(store: &mut Store, procedures: &Procedures, lsn: u64, entry: Entry) ->
                     return Err(e);
                 }
             }
-            txn.take_ops();
+            txn.take_ops()
         }
         Entry::Logical { procedure, args } => {
             let procedure = procedures.get(&procedure)?.clone();
             check_args(procedure.as_ref(), &args)?;
             let mut txn = Txn::new(store);
             txn.run_guarded(procedure.name(), |txn| procedure.run(txn, &args))?;
-            txn.take_ops();
+            txn.take_ops()
         }
-    }
+    };
     store.lsn = lsn;
-    Ok(())
+    Ok(ops)
 }
 
 /// What a commit leaves to do once the lock is released.
@@ -611,7 +638,7 @@ fn busy(wait: std::time::Duration) -> Error {
 }
 
 /// Creates a table and inserts its first rows, as a `CreateTable` entry says.
-fn apply_create(store: &mut Store, entry: &Entry) -> Result<()> {
+pub(crate) fn apply_create(store: &mut Store, entry: &Entry) -> Result<()> {
     let Entry::CreateTable { def, rows } = entry else {
         unreachable!("called with CreateTable entries only")
     };

@@ -11,6 +11,10 @@
 //!   after it.
 //! - [`database`]: all of it together, with recovery on open.
 //! - [`columnar`]: rows to Arrow batches and back.
+//! - [`ship`]: the log multicast to secondaries, with NAK-based repair.
+//! - [`secondary`]: replay of the shipped log into versioned tables.
+//! - [`versioned`]: a secondary's tables, Arrow batches with row versions, and
+//!   snapshots at an LSN.
 
 pub mod checkpoint;
 pub mod columnar;
@@ -18,14 +22,18 @@ pub mod database;
 pub mod error;
 pub mod log;
 pub mod procedure;
+pub mod secondary;
+pub mod ship;
 pub mod store;
 pub mod txn;
 pub mod value;
+pub mod versioned;
 
 pub use database::{Database, Options, Recovery, Transaction};
 pub use error::{Error, Result};
 pub use log::LogMode;
 pub use procedure::{Procedure, Procedures};
+pub use secondary::Secondary;
 pub use store::{Key, Row, RowOp, Store, TableDef, TableId};
 pub use txn::Txn;
 pub use value::{Column, ColumnType, Value};

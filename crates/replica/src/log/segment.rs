@@ -173,7 +173,7 @@ fn valid_frame_after(bytes: &[u8]) -> Option<usize> {
 }
 
 /// Decodes the frame at the start of `bytes`: its first LSN, its entries and its length.
-fn frame(bytes: &[u8]) -> std::result::Result<(u64, Vec<Entry>, usize), String> {
+pub(crate) fn frame(bytes: &[u8]) -> std::result::Result<(u64, Vec<Entry>, usize), String> {
     if bytes.len() < FRAME_HEADER {
         return Err(format!("{} bytes, less than a group header", bytes.len()));
     }

@@ -52,8 +52,13 @@ struct Durability {
     failed: Option<String>,
 }
 
+/// Where durable log bytes go besides the disk (the multicast to secondaries).
+pub type Shipper = Box<dyn Fn(&[u8]) + Send + Sync>;
+
 struct Shared {
     dir: PathBuf,
+    /// Called with each write's frames once they are durable, in LSN order.
+    shipper: Mutex<Option<Shipper>>,
     segment_bytes: u64,
     queue: Mutex<Queue>,
     wake: Condvar,
@@ -116,6 +121,7 @@ impl LogWriter {
         };
         let shared = Arc::new(Shared {
             dir: dir.to_path_buf(),
+            shipper: Mutex::new(None),
             segment_bytes,
             queue: Mutex::new(Queue {
                 next_lsn,
@@ -141,6 +147,13 @@ impl LogWriter {
             shared,
             committer: Mutex::new(Some(committer)),
         })
+    }
+
+    /// Hands every group written from now on, once durable, to `shipper` (ScyPer sends
+    /// the log of committed transactions only, so a secondary never applies what a
+    /// crash of the primary could take back).
+    pub fn ship(&self, shipper: Shipper) {
+        *self.shared.shipper.lock() = Some(shipper);
     }
 
     /// Queues the entry of the transaction with LSN `lsn` (the next one, as the caller
@@ -270,12 +283,15 @@ fn commit_loop(shared: &Shared, mut segment: Segment) {
             (std::mem::take(&mut q.groups), std::mem::take(&mut q.roll))
         };
         match write_groups(shared, &mut segment, &groups, roll) {
-            Ok(()) => {
+            Ok(frames) => {
                 let last = groups.last().map(|g| g.first_lsn + u64::from(g.count) - 1);
                 let mut d = shared.durable.lock();
                 d.lsn = last.unwrap_or(d.lsn);
                 drop(d);
                 shared.durable_changed.notify_all();
+                if let Some(ship) = &*shared.shipper.lock() {
+                    ship(&frames);
+                }
             }
             Err(e) => {
                 tracing::error!("redo log: {e}");
@@ -299,7 +315,7 @@ fn write_groups(
     segment: &mut Segment,
     groups: &[Group],
     roll: bool,
-) -> Result<()> {
+) -> Result<Vec<u8>> {
     if (roll || segment.len >= shared.segment_bytes) && segment.len > HEADER.len() as u64 {
         *segment = create_segment(&shared.dir, groups[0].first_lsn)?;
     }
@@ -328,5 +344,5 @@ fn write_groups(
     shared
         .written_bytes
         .fetch_add(bytes.len() as u64, Ordering::Relaxed);
-    Ok(())
+    Ok(bytes)
 }

@@ -1,0 +1,194 @@
+//! The log multicast on the loopback interface: several receivers, some losing
+//! packets, each get every message once, in order, byte for byte; a gap the window no
+//! longer covers fails cleanly; hostile datagrams change nothing.
+
+use gyre_replica::ship::{Group, Publisher, PublisherConfig, Receiver, ReceiverConfig, ShipError};
+use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
+use std::time::{Duration, Instant};
+
+/// A group of this test alone: tests run in parallel, and so may other test binaries.
+fn group(n: u8) -> Group {
+    let port = UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    Group {
+        group: SocketAddrV4::new(
+            Ipv4Addr::new(239, 77, (std::process::id() % 250) as u8, n),
+            port,
+        ),
+        interface: Ipv4Addr::LOCALHOST,
+    }
+}
+
+/// Message `i`: its size varies from empty to many packets; its bytes say who it is.
+fn message(i: usize) -> Vec<u8> {
+    let len = match i % 7 {
+        0 => 0,
+        1 => 1,
+        2 => 1400,
+        3 => 5000,
+        4 => 60_000,
+        _ => i * 37 % 3000,
+    };
+    (0..len).map(|j| (i * 31 + j * 7) as u8).collect()
+}
+
+fn receive_all(mut r: Receiver, n: usize) -> Result<(Vec<Vec<u8>>, Receiver), ShipError> {
+    let mut got = Vec::with_capacity(n);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while got.len() < n {
+        assert!(
+            Instant::now() < deadline,
+            "only {} of {n} messages",
+            got.len()
+        );
+        if let Some(m) = r.recv(Duration::from_millis(100))? {
+            got.push(m);
+        }
+    }
+    Ok((got, r))
+}
+
+#[test]
+fn every_receiver_gets_every_message_once_in_order_despite_loss() {
+    let g = group(1);
+    let n = 1500;
+    let receivers: Vec<_> = [0, 20_000, 50_000]
+        .into_iter()
+        .map(|loss| {
+            let r = Receiver::join(ReceiverConfig {
+                simulated_loss_ppm: loss,
+                ..ReceiverConfig::new(g)
+            })
+            .unwrap();
+            std::thread::spawn(move || receive_all(r, n))
+        })
+        .collect();
+    let publisher = Publisher::new(PublisherConfig {
+        rate: Some(200 << 20),
+        ..PublisherConfig::new(g)
+    })
+    .unwrap();
+    for i in 0..n {
+        publisher.publish(&message(i)).unwrap();
+    }
+    for (k, h) in receivers.into_iter().enumerate() {
+        let (got, r) = h.join().unwrap().unwrap();
+        for (i, m) in got.iter().enumerate() {
+            assert_eq!(m, &message(i), "receiver {k}, message {i}");
+        }
+        let stats = r.stats();
+        if k > 0 {
+            assert!(
+                stats.dropped > 0 && stats.naks > 0,
+                "receiver {k}: {stats:?}"
+            );
+        }
+        // Nothing more: each message came once.
+        let mut r = r;
+        assert_eq!(r.recv(Duration::from_millis(50)).unwrap(), None);
+    }
+    let stats = publisher.stats();
+    assert_eq!(stats.messages, n as u64);
+    assert!(stats.repairs > 0, "{stats:?}");
+    // The stream crossed the wire once plus repairs, not once per receiver.
+    assert!(stats.repair_bytes < stats.bytes / 5, "{stats:?}");
+}
+
+/// The last packet lost and nothing after it: the heartbeat's lead reveals it.
+#[test]
+fn a_lost_tail_is_found_by_the_heartbeat() {
+    let g = group(2);
+    let r = Receiver::join(ReceiverConfig {
+        simulated_loss_ppm: 1_000_000,
+        ..ReceiverConfig::new(g)
+    })
+    .unwrap();
+    let h = std::thread::spawn(move || receive_all(r, 2));
+    let publisher = Publisher::new(PublisherConfig::new(g)).unwrap();
+    publisher.publish(b"first").unwrap();
+    publisher.publish(&message(4)).unwrap();
+    let (got, r) = h.join().unwrap().unwrap();
+    assert_eq!(got, vec![b"first".to_vec(), message(4)]);
+    assert_eq!(
+        r.stats().packets,
+        publisher.stats().packets,
+        "all came as repairs"
+    );
+}
+
+/// A receiver that needs packets the window dropped is told so, and fails cleanly.
+#[test]
+fn packets_gone_from_the_window_fail_as_lost() {
+    let g = group(3);
+    let publisher = Publisher::new(PublisherConfig {
+        window_bytes: 20_000,
+        ..PublisherConfig::new(g)
+    })
+    .unwrap();
+    let mut r = Receiver::join(ReceiverConfig {
+        simulated_loss_ppm: 1_000_000,
+        ..ReceiverConfig::new(g)
+    })
+    .unwrap();
+    for i in 0..20 {
+        publisher.publish(&message(i)).unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let err = loop {
+        assert!(Instant::now() < deadline, "no error");
+        if let Err(e) = r.recv(Duration::from_millis(100)) {
+            break e;
+        }
+    };
+    assert!(matches!(err, ShipError::Lost { needed: 0, .. }), "{err}");
+    assert!(err.to_string().contains("catch up from the durable log"));
+    // It stays failed.
+    assert!(r.recv(Duration::from_millis(10)).is_err());
+}
+
+/// Garbage sent to the group's port is ignored; the stream goes on.
+#[test]
+fn hostile_datagrams_are_ignored() {
+    let g = group(4);
+    let r = Receiver::join(ReceiverConfig::new(g)).unwrap();
+    let publisher = Publisher::new(PublisherConfig::new(g)).unwrap();
+    let h = std::thread::spawn(move || receive_all(r, 3));
+    let noise = UdpSocket::bind("127.0.0.1:0").unwrap();
+    publisher.publish(&message(2)).unwrap();
+    for junk in [
+        &b""[..],
+        b"GYRL",
+        b"GYRL\x01\0\0\0\0\0\0\0\0",
+        &[0xff; 1472],
+        b"GYRL\x04xxxxxxxx\xff\xff",
+    ] {
+        noise.send_to(junk, g.group).unwrap();
+    }
+    publisher.publish(&message(3)).unwrap();
+    publisher.publish(&message(4)).unwrap();
+    let (got, r) = h.join().unwrap().unwrap();
+    assert_eq!(got, vec![message(2), message(3), message(4)]);
+    assert!(r.stats().ignored >= 4, "{:?}", r.stats());
+}
+
+/// A receiver joining mid-stream starts at the next whole message.
+#[test]
+fn a_late_receiver_starts_at_a_message_boundary() {
+    let g = group(5);
+    let publisher = Publisher::new(PublisherConfig::new(g)).unwrap();
+    publisher.publish(&message(4)).unwrap();
+    let r = Receiver::join(ReceiverConfig {
+        from_seq: None,
+        ..ReceiverConfig::new(g)
+    })
+    .unwrap();
+    let h = std::thread::spawn(move || receive_all(r, 2));
+    std::thread::sleep(Duration::from_millis(100));
+    publisher.publish(&message(5)).unwrap();
+    publisher.publish(&message(6)).unwrap();
+    let (got, _) = h.join().unwrap().unwrap();
+    assert_eq!(got, vec![message(5), message(6)]);
+}
