@@ -82,6 +82,8 @@ pub struct Database {
     checkpointing: Mutex<()>,
     /// The log's written bytes when the last checkpoint began.
     checkpointed_at: std::sync::atomic::AtomicU64,
+    /// The LSN of the last snapshot transaction.
+    last_mark: std::sync::atomic::AtomicU64,
 }
 
 impl Database {
@@ -99,6 +101,7 @@ impl Database {
                 recovery: Recovery::default(),
                 checkpointing: Mutex::new(()),
                 checkpointed_at: Default::default(),
+                last_mark: Default::default(),
             });
         };
         let log_dir = dir.join("log");
@@ -175,6 +178,7 @@ impl Database {
             recovery,
             checkpointing: Mutex::new(()),
             checkpointed_at: Default::default(),
+            last_mark: Default::default(),
         })
     }
 
@@ -231,6 +235,33 @@ impl Database {
         self.wait_durable(lsn)?;
         self.publish(state);
         Ok(id)
+    }
+
+    /// Logs a snapshot transaction (ScyPer's global snapshot, thesis section 5.2.2) and
+    /// returns its LSN once durable. Every secondary cuts a snapshot at that LSN.
+    pub fn mark_snapshot(&self) -> Result<u64> {
+        let mut store = self.lock()?;
+        let lsn = next_lsn(&store)?;
+        self.append(lsn, &Entry::Snapshot)?;
+        store.lsn = lsn;
+        let state = store.clone();
+        drop(store);
+        self.wait_durable(lsn)?;
+        self.publish(state);
+        self.last_mark
+            .fetch_max(lsn, std::sync::atomic::Ordering::Relaxed);
+        Ok(lsn)
+    }
+
+    /// [`Database::mark_snapshot`] if anything committed since the last mark (the
+    /// periodic snapshot: an idle primary logs nothing); the last mark's LSN otherwise.
+    pub fn mark_snapshot_if_changed(&self) -> Result<u64> {
+        let last = self.last_mark.load(std::sync::atomic::Ordering::Relaxed);
+        if self.lsn() > last {
+            self.mark_snapshot()
+        } else {
+            Ok(last)
+        }
     }
 
     pub fn drop_table(&self, name: &str) -> Result<()> {
@@ -603,6 +634,7 @@ pub(crate) fn replay(
             }
             txn.take_ops()
         }
+        Entry::Snapshot => vec![],
         Entry::Logical { procedure, args } => {
             let procedure = procedures.get(&procedure)?.clone();
             check_args(procedure.as_ref(), &args)?;

@@ -15,7 +15,12 @@ use crate::log::segment;
 use crate::procedure::Procedures;
 use crate::store::Store;
 use crate::versioned::{Snapshot, VersionedStore};
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
+
+/// How many snapshots a secondary keeps by default: queries hold their own
+/// references, so dropping one from here never disturbs a query running on it.
+pub const KEEP_SNAPSHOTS: usize = 16;
 
 pub struct Secondary {
     rows: Store,
@@ -24,6 +29,9 @@ pub struct Secondary {
     /// Time spent replaying, for the replay speed against the primary's execution.
     replay_time: Duration,
     replayed: u64,
+    /// Snapshots cut at the primary's snapshot transactions, by LSN.
+    snapshots: BTreeMap<u64, Snapshot>,
+    keep: usize,
 }
 
 impl Secondary {
@@ -35,7 +43,14 @@ impl Secondary {
             procedures,
             replay_time: Duration::ZERO,
             replayed: 0,
+            snapshots: BTreeMap::new(),
+            keep: KEEP_SNAPSHOTS,
         }
+    }
+
+    /// Keeps the newest `keep` snapshots (at least one).
+    pub fn keep_snapshots(&mut self, keep: usize) {
+        self.keep = keep.max(1);
     }
 
     /// The LSN of the last entry applied.
@@ -99,6 +114,21 @@ impl Secondary {
                     .create_table(lsn, def, rows)
                     .map_err(diverged)?;
             }
+            Entry::Snapshot => {
+                self.rows.lsn = lsn;
+                self.versions.advance(lsn).map_err(diverged)?;
+                let snapshot = self.versions.snapshot();
+                self.snapshots.insert(lsn, snapshot);
+                while self.snapshots.len() > self.keep {
+                    self.snapshots.pop_first();
+                }
+                if let Some(oldest) = self.snapshots.keys().next() {
+                    self.versions.set_horizon(*oldest);
+                }
+                self.replay_time += started.elapsed();
+                self.replayed += 1;
+                return Ok(());
+            }
             Entry::DropTable(id) => {
                 replay(&mut self.rows, &self.procedures, lsn, Entry::DropTable(id))
                     .map_err(diverged)?;
@@ -120,5 +150,79 @@ impl Secondary {
     /// Every table at the last applied LSN.
     pub fn snapshot(&mut self) -> Snapshot {
         self.versions.snapshot()
+    }
+
+    /// The snapshot a query that arrived at the primary at LSN `arrival` runs on: the
+    /// oldest kept global snapshot at or after it, so that a query never sees a state
+    /// older than its arrival (order-preserving serializability) and every secondary
+    /// picks the same one. `None` until that snapshot has been replayed here.
+    pub fn snapshot_for(&self, arrival: u64) -> Option<&Snapshot> {
+        self.snapshots.range(arrival..).next().map(|(_, s)| s)
+    }
+
+    /// The LSNs of the snapshots kept.
+    pub fn snapshot_lsns(&self) -> Vec<u64> {
+        self.snapshots.keys().copied().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{RowOp, TableDef, TableId};
+    use crate::value::{Column, ColumnType, Value};
+
+    fn insert(k: i64) -> Entry {
+        Entry::Physical {
+            ops: vec![RowOp::Insert {
+                table: TableId(0),
+                row: vec![Value::Int(k)],
+            }],
+        }
+    }
+
+    #[test]
+    fn snapshots_are_cut_at_snapshot_transactions_and_chosen_by_arrival() {
+        let mut s = Secondary::new(Procedures::new());
+        s.keep_snapshots(3);
+        let def = TableDef {
+            id: TableId(0),
+            name: "t".into(),
+            columns: vec![Column::new("k", ColumnType::Int64, false)],
+            key: vec![0],
+        };
+        s.apply(1, Entry::CreateTable { def, rows: vec![] })
+            .unwrap();
+        let mut lsn = 1;
+        let mut marks = vec![];
+        for k in 0..20 {
+            lsn += 1;
+            s.apply(lsn, insert(k)).unwrap();
+            if k % 4 == 3 {
+                lsn += 1;
+                s.apply(lsn, Entry::Snapshot).unwrap();
+                marks.push(lsn);
+            }
+        }
+        // The newest three are kept.
+        assert_eq!(s.snapshot_lsns(), marks[marks.len() - 3..].to_vec());
+        let rows = |snap: &Snapshot| -> usize {
+            snap.tables["t"]
+                .batches()
+                .iter()
+                .map(|b| b.num_rows())
+                .sum()
+        };
+        // A query arriving at LSN a runs on the oldest snapshot at or after a.
+        let a = marks[3] - 2;
+        let chosen = s.snapshot_for(a).unwrap();
+        assert_eq!(chosen.lsn, marks[3]);
+        assert_eq!(rows(chosen), 16);
+        assert_eq!(s.snapshot_for(marks[4]).unwrap().lsn, marks[4]);
+        assert!(s.snapshot_for(lsn + 1).is_none(), "not cut yet");
+        // A gap in the LSNs is refused; a repeat is ignored.
+        assert!(s.apply(lsn + 2, insert(99)).is_err());
+        s.apply(lsn, Entry::Snapshot).unwrap();
+        assert_eq!(s.lsn(), lsn);
     }
 }

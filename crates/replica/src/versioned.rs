@@ -20,18 +20,13 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// A live version's place: chunk and row. The tail is the chunk numbered
-/// `chunks.len()`, the number it keeps when it is sealed, so sealing moves nothing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Place {
-    chunk: usize,
-    row: usize,
-}
-
-/// Rows sealed into one Arrow batch, with their versions' LSNs.
+/// Rows sealed into one Arrow batch, with their versions' ids and LSNs.
 #[derive(Debug)]
 struct Chunk {
     batch: RecordBatch,
+    /// Each version's id, ascending: a live version is found by its id, which stays
+    /// the same when chunks merge and drop dead versions.
+    ids: Vec<u64>,
     created: Arc<[u64]>,
     deleted: Arc<[AtomicU64]>,
 }
@@ -44,11 +39,15 @@ const CHUNK_ROWS: usize = 64 * 1024;
 #[derive(Debug)]
 pub struct VersionedTable {
     def: Arc<TableDef>,
+    /// Sealed chunks, in id order.
     chunks: Vec<Chunk>,
     tail: Vec<Row>,
     tail_created: Vec<u64>,
     tail_deleted: Vec<u64>,
-    live: BTreeMap<Key, Place>,
+    /// The id of the tail's first row; the tail's row `i` has id `tail_first + i`.
+    tail_first: u64,
+    /// The id of each key's live version.
+    live: BTreeMap<Key, u64>,
 }
 
 impl VersionedTable {
@@ -59,6 +58,7 @@ impl VersionedTable {
             tail: vec![],
             tail_created: vec![],
             tail_deleted: vec![],
+            tail_first: 0,
             live: BTreeMap::new(),
         }
     }
@@ -76,7 +76,13 @@ impl VersionedTable {
         self.live.is_empty()
     }
 
-    fn insert(&mut self, lsn: u64, row: Vec<Value>) -> Result<()> {
+    /// Row versions stored (live and dead) and sealed chunks, for memory accounting.
+    pub fn versions(&self) -> (usize, usize) {
+        let sealed: usize = self.chunks.iter().map(|c| c.ids.len()).sum();
+        (sealed + self.tail.len(), self.chunks.len())
+    }
+
+    fn insert(&mut self, lsn: u64, row: Vec<Value>, horizon: u64) -> Result<()> {
         self.def.check_row(&row)?;
         let key = self.def.key_of(&row);
         if self.live.contains_key(&key) {
@@ -85,50 +91,72 @@ impl VersionedTable {
                 self.def.name
             )));
         }
-        let place = Place {
-            chunk: self.chunks.len(),
-            row: self.tail.len(),
-        };
-        self.live.insert(key, place);
+        self.live
+            .insert(key, self.tail_first + self.tail.len() as u64);
         self.tail.push(row.into());
         self.tail_created.push(lsn);
         self.tail_deleted.push(LIVE);
         if self.tail.len() >= CHUNK_ROWS {
-            self.seal();
+            self.seal(horizon);
         }
         Ok(())
     }
 
     fn delete(&mut self, lsn: u64, key: &[Value]) -> Result<()> {
-        let place = self.live.remove(key).ok_or_else(|| {
+        let id = self.live.remove(key).ok_or_else(|| {
             Error::Constraint(format!("no row with key {key:?} in {}", self.def.name))
         })?;
-        match self.chunks.get(place.chunk) {
-            Some(c) => c.deleted[place.row].store(lsn, Ordering::Release),
-            None => self.tail_deleted[place.row] = lsn,
+        if id >= self.tail_first {
+            self.tail_deleted[(id - self.tail_first) as usize] = lsn;
+            return Ok(());
         }
+        let c = self
+            .chunks
+            .partition_point(|c| c.ids.last().is_some_and(|l| *l < id));
+        let chunk = &self.chunks[c];
+        let at = chunk
+            .ids
+            .binary_search(&id)
+            .expect("a live version is in the chunk its id falls in");
+        chunk.deleted[at].store(lsn, Ordering::Release);
         Ok(())
     }
 
-    /// Turns the tail into a chunk.
-    fn seal(&mut self) {
+    /// Turns the tail into a chunk, then merges the newest chunks while the one
+    /// before is at most twice the size of the last (so a version is copied about
+    /// log(n) times). Merging drops versions deleted at or before `horizon`: no kept
+    /// or future snapshot sees them, and a query still reading an older snapshot
+    /// holds the chunks it had.
+    fn seal(&mut self, horizon: u64) {
         if self.tail.is_empty() {
             return;
         }
         let batch = to_batch(&self.def.columns, self.tail.iter().map(|r| &r[..]));
+        let n = self.tail.len() as u64;
         self.chunks.push(Chunk {
             batch,
+            ids: (self.tail_first..self.tail_first + n).collect(),
             created: std::mem::take(&mut self.tail_created).into(),
             deleted: std::mem::take(&mut self.tail_deleted)
                 .into_iter()
                 .map(AtomicU64::new)
                 .collect(),
         });
+        self.tail_first += n;
         self.tail.clear();
+        while let [.., a, b] = &self.chunks[..]
+            && a.ids.len() <= 2 * b.ids.len()
+        {
+            let b = self.chunks.pop().expect("two chunks");
+            let a = self.chunks.pop().expect("two chunks");
+            if let Some(merged) = merge(&a, &b, horizon) {
+                self.chunks.push(merged);
+            }
+        }
     }
 
-    fn snapshot(&mut self, lsn: u64) -> TableSnapshot {
-        self.seal();
+    fn snapshot(&mut self, lsn: u64, horizon: u64) -> TableSnapshot {
+        self.seal(horizon);
         TableSnapshot {
             lsn,
             def: Arc::clone(&self.def),
@@ -143,6 +171,49 @@ impl VersionedTable {
                 .collect(),
         }
     }
+}
+
+/// Two adjacent chunks as one, without the versions deleted at or before `horizon`
+/// (none if nothing is left).
+fn merge(a: &Chunk, b: &Chunk, horizon: u64) -> Option<Chunk> {
+    let mut ids = vec![];
+    let mut created = vec![];
+    let mut deleted = vec![];
+    let mut parts = vec![];
+    for c in [a, b] {
+        let keep: Vec<bool> = c
+            .deleted
+            .iter()
+            .map(|d| d.load(Ordering::Acquire) > horizon)
+            .collect();
+        for (i, k) in keep.iter().enumerate() {
+            if *k {
+                ids.push(c.ids[i]);
+                created.push(c.created[i]);
+                deleted.push(AtomicU64::new(c.deleted[i].load(Ordering::Acquire)));
+            }
+        }
+        if keep.iter().all(|k| *k) {
+            parts.push(c.batch.clone());
+        } else if keep.iter().any(|k| *k) {
+            let mask = BooleanArray::from(keep);
+            parts.push(
+                arrow_select::filter::filter_record_batch(&c.batch, &mask)
+                    .expect("a mask as long as the batch"),
+            );
+        }
+    }
+    if ids.is_empty() {
+        return None;
+    }
+    let batch = arrow_select::concat::concat_batches(&a.batch.schema(), &parts)
+        .expect("chunks of one table");
+    Some(Chunk {
+        batch,
+        ids,
+        created: created.into(),
+        deleted: deleted.into(),
+    })
 }
 
 #[derive(Debug, Clone)]
@@ -203,6 +274,9 @@ pub struct VersionedStore {
     tables: BTreeMap<TableId, VersionedTable>,
     names: HashMap<String, TableId>,
     lsn: u64,
+    /// The oldest LSN a kept or future snapshot may be at: versions deleted at or
+    /// before it are garbage.
+    horizon: u64,
 }
 
 /// Every table at one LSN.
@@ -215,6 +289,12 @@ pub struct Snapshot {
 impl VersionedStore {
     pub fn lsn(&self) -> u64 {
         self.lsn
+    }
+
+    /// Lets merges drop versions no snapshot at `horizon` or later sees (the caller
+    /// keeps no snapshot older than it).
+    pub fn set_horizon(&mut self, horizon: u64) {
+        self.horizon = self.horizon.max(horizon.min(self.lsn));
     }
 
     pub fn table(&self, name: &str) -> Option<&VersionedTable> {
@@ -236,7 +316,7 @@ impl VersionedStore {
         let (id, name) = (def.id, def.name.clone());
         let mut table = VersionedTable::new(def);
         for row in rows {
-            table.insert(lsn, row)?;
+            table.insert(lsn, row, self.horizon)?;
         }
         self.tables.insert(id, table);
         self.names.insert(name, id);
@@ -255,13 +335,17 @@ impl VersionedStore {
     /// Applies one row operation of the transaction with LSN `lsn`.
     pub fn apply(&mut self, lsn: u64, op: &RowOp) -> Result<()> {
         match op {
-            RowOp::Insert { table, row } => self.table_mut(*table)?.insert(lsn, row.clone()),
+            RowOp::Insert { table, row } => {
+                let horizon = self.horizon;
+                self.table_mut(*table)?.insert(lsn, row.clone(), horizon)
+            }
             RowOp::Update { table, row } => {
+                let horizon = self.horizon;
                 let t = self.table_mut(*table)?;
                 t.def.check_row(row)?;
                 let key = t.def.key_of(row);
                 t.delete(lsn, &key)?;
-                t.insert(lsn, row.clone())
+                t.insert(lsn, row.clone(), horizon)
             }
             RowOp::Delete { table, key } => self.table_mut(*table)?.delete(lsn, key),
         }
@@ -281,13 +365,13 @@ impl VersionedStore {
 
     /// Every table as of now (the last applied LSN).
     pub fn snapshot(&mut self) -> Snapshot {
-        let lsn = self.lsn;
+        let (lsn, horizon) = (self.lsn, self.horizon);
         Snapshot {
             lsn,
             tables: self
                 .tables
                 .values_mut()
-                .map(|t| (t.def.name.clone(), t.snapshot(lsn)))
+                .map(|t| (t.def.name.clone(), t.snapshot(lsn, horizon)))
                 .collect(),
         }
     }
@@ -378,8 +462,16 @@ mod tests {
             if rand(100) == 0 {
                 kept.push((versioned.snapshot(), reference.clone()));
             }
+            // Merges may drop what only snapshots older than 50 LSNs saw; the
+            // snapshots kept here still hold the chunks they had.
+            versioned.set_horizon(lsn.saturating_sub(50));
         }
         assert!(kept.len() > 10);
+        // 3000 transactions of up to 4 changes on 400 keys: without garbage there
+        // would be thousands of versions.
+        let (versions, chunks) = versioned.table("t0").unwrap().versions();
+        assert!(versions < 1500, "{versions} versions in {chunks} chunks");
+        assert!(chunks < 20, "{chunks} chunks");
         kept.push((versioned.snapshot(), reference.clone()));
         for (snapshot, store) in &kept {
             for id in 0..2 {

@@ -86,6 +86,7 @@ fn run(mode: LogMode, g: Group) {
             let target = Arc::clone(&target);
             std::thread::spawn(move || {
                 let mut secondary = Secondary::new(procedures());
+                secondary.keep_snapshots(100_000);
                 let mut kept = vec![];
                 let deadline = Instant::now() + Duration::from_secs(120);
                 while secondary.lsn() < target.load(Ordering::Acquire) {
@@ -112,26 +113,77 @@ fn run(mode: LogMode, g: Group) {
         .unwrap();
     create_and_load(&primary, SCALE, 1_700_000_000_000_000_000).unwrap();
     let primary = Arc::new(primary);
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let mut marks = vec![];
     std::thread::scope(|s| {
+        // The periodic snapshot transaction (every second in production).
+        let marker = s.spawn(|| {
+            let mut marks = vec![];
+            while !done.load(Ordering::Acquire) {
+                marks.push(primary.mark_snapshot_if_changed().unwrap());
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            marks
+        });
+        let mut terminals = vec![];
         for t in 0..4 {
             let primary = Arc::clone(&primary);
-            s.spawn(move || {
+            terminals.push(s.spawn(move || {
                 let mut terminal = Terminal::new(SCALE, 1 + t % 2, t as u64);
                 for i in 0..250 {
                     let call = terminal.next(1_700_000_000_000_000_000 + i);
                     let _ = primary.call(call.procedure(), &call.args);
                 }
-            });
+            }));
         }
+        for t in terminals {
+            t.join().unwrap();
+        }
+        done.store(true, Ordering::Release);
+        marks = marker.join().unwrap();
     });
+    marks.push(primary.mark_snapshot().unwrap());
+    marks.dedup();
     let state = primary.snapshot();
     target.store(primary.durable_lsn(), Ordering::Release);
     let tables: Vec<&str> = gyre_tpcc::schema::tables().iter().map(|t| t.name).collect();
-    for (k, h) in secondaries.into_iter().enumerate() {
+    let outcomes: Vec<Outcome> = secondaries.into_iter().map(|h| h.join().unwrap()).collect();
+    // Global snapshots: every secondary cut one at each snapshot transaction, and
+    // they agree row for row.
+    assert!(marks.len() > 5, "{marks:?}");
+    for o in &outcomes {
+        assert_eq!(o.secondary.snapshot_lsns(), marks);
+    }
+    for (i, &m) in marks.iter().enumerate() {
+        let (a, b) = (
+            outcomes[0].secondary.snapshot_for(m).unwrap(),
+            outcomes[1].secondary.snapshot_for(m).unwrap(),
+        );
+        assert_eq!(a.lsn, m);
+        let tables: &[&str] = if i % 10 == 0 {
+            &["district", "orders", "order_line", "stock"]
+        } else {
+            &["district", "new_order"]
+        };
+        for t in tables {
+            assert_eq!(snapshot_rows(a, t), snapshot_rows(b, t), "{t} at {m}");
+        }
+        // A query arriving just after the previous mark runs on this one.
+        let after_previous = if i == 0 { 0 } else { marks[i - 1] + 1 };
+        assert_eq!(
+            outcomes[0]
+                .secondary
+                .snapshot_for(after_previous)
+                .unwrap()
+                .lsn,
+            m
+        );
+    }
+    for (k, outcome) in outcomes.into_iter().enumerate() {
         let Outcome {
             mut secondary,
             kept,
-        } = h.join().unwrap();
+        } = outcome;
         assert_eq!(secondary.lsn(), state.lsn, "{mode:?} secondary {k}");
         let v = violations(secondary.rows()).unwrap();
         assert!(v.is_empty(), "{v:?}");

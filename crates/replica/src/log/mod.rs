@@ -36,6 +36,9 @@ pub enum Entry {
         rows: Vec<Vec<Value>>,
     },
     DropTable(TableId),
+    /// ScyPer's snapshot transaction: changes nothing; every secondary cuts a snapshot
+    /// at exactly its LSN, so snapshots agree across secondaries.
+    Snapshot,
 }
 
 /// Which entries committed transactions get.
