@@ -7,6 +7,7 @@ mod bench_join;
 mod bench_kernels;
 mod bench_latency;
 mod bench_load;
+mod bench_replay;
 mod bench_shuffle;
 mod bench_tpcds;
 mod client;
@@ -148,6 +149,9 @@ enum BenchCommand {
     /// join): through Flight SQL, on the coordinator in process, and on single-node
     /// DataFusion.
     Latency(Box<bench_latency::LatencyArgs>),
+    /// ScyPer's redo log on TPC-C: bytes per transaction (logical and physical, LZ4),
+    /// and a secondary's replay time against the original execution.
+    Replay(Box<bench_replay::ReplayArgs>),
 }
 
 /// How the nodes of a cluster talk to each other.
@@ -589,6 +593,7 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
         Command::Bench(BenchCommand::Load(args)) => bench_load::run(*args).await,
         Command::Bench(BenchCommand::Tpcds(args)) => bench_tpcds::run(*args).await,
         Command::Bench(BenchCommand::Latency(args)) => bench_latency::run(*args).await,
+        Command::Bench(BenchCommand::Replay(args)) => bench_replay::run(*args).await,
         Command::Passwd { name } => {
             let password = if std::io::IsTerminal::is_terminal(&std::io::stdin()) {
                 let first = rpassword::prompt_password(format!("Password for {name}: "))?;

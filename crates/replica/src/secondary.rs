@@ -32,6 +32,9 @@ pub struct Secondary {
     /// Snapshots cut at the primary's snapshot transactions, by LSN.
     snapshots: BTreeMap<u64, Snapshot>,
     keep: usize,
+    /// Set when an entry failed to apply: the row store and the versioned tables may
+    /// disagree from then on, so nothing more is applied.
+    failed: Option<String>,
 }
 
 impl Secondary {
@@ -45,6 +48,7 @@ impl Secondary {
             replayed: 0,
             snapshots: BTreeMap::new(),
             keep: KEEP_SNAPSHOTS,
+            failed: None,
         }
     }
 
@@ -70,7 +74,7 @@ impl Secondary {
 
     /// Applies the log groups in `frames` (as the primary's log writes and ships them),
     /// which must continue this secondary's LSNs; returns how many entries they held.
-    /// Every frame is checked (sizes, checksum) before anything in it is applied.
+    /// Each group is checked (sizes, checksum) before its entries are applied.
     pub fn apply_frames(&mut self, frames: &[u8]) -> Result<u64> {
         let mut at = 0;
         let mut n = 0;
@@ -86,8 +90,22 @@ impl Secondary {
         Ok(n)
     }
 
-    /// Applies the entry with LSN `lsn`, the next one.
+    /// Applies the entry with LSN `lsn`, the next one. After an error the secondary
+    /// refuses everything: it has to be rebuilt from a checkpoint and the log.
     pub fn apply(&mut self, lsn: u64, entry: Entry) -> Result<()> {
+        if let Some(f) = &self.failed {
+            return Err(Error::Constraint(format!(
+                "the secondary failed earlier: {f}"
+            )));
+        }
+        let result = self.apply_entry(lsn, entry);
+        if let Err(e) = &result {
+            self.failed = Some(e.to_string());
+        }
+        result
+    }
+
+    fn apply_entry(&mut self, lsn: u64, entry: Entry) -> Result<()> {
         let expected = self.rows.lsn + 1;
         if lsn < expected {
             // A repeat of what is applied already (a resent group): nothing to do.
@@ -220,9 +238,13 @@ mod tests {
         assert_eq!(rows(chosen), 16);
         assert_eq!(s.snapshot_for(marks[4]).unwrap().lsn, marks[4]);
         assert!(s.snapshot_for(lsn + 1).is_none(), "not cut yet");
-        // A gap in the LSNs is refused; a repeat is ignored.
-        assert!(s.apply(lsn + 2, insert(99)).is_err());
+        // A repeat is ignored; a gap in the LSNs is refused, and after a failure
+        // nothing more is applied.
         s.apply(lsn, Entry::Snapshot).unwrap();
+        assert_eq!(s.lsn(), lsn);
+        assert!(s.apply(lsn + 2, insert(99)).is_err());
+        let err = s.apply(lsn + 1, insert(99)).unwrap_err();
+        assert!(err.to_string().contains("failed earlier"), "{err}");
         assert_eq!(s.lsn(), lsn);
     }
 }

@@ -192,3 +192,41 @@ fn a_late_receiver_starts_at_a_message_boundary() {
     let (got, _) = h.join().unwrap().unwrap();
     assert_eq!(got, vec![message(5), message(6)]);
 }
+
+/// A publisher that stops (a primary that died, or restarted with a new stream) is
+/// noticed: the receiver fails instead of waiting forever.
+#[test]
+fn a_silent_or_restarted_publisher_is_noticed() {
+    let g = group(6);
+    let mut r = Receiver::join(ReceiverConfig {
+        give_up: Duration::from_millis(400),
+        ..ReceiverConfig::new(g)
+    })
+    .unwrap();
+    let first = Publisher::new(PublisherConfig::new(g)).unwrap();
+    first.publish(b"one").unwrap();
+    assert_eq!(
+        r.recv(Duration::from_secs(5)).unwrap(),
+        Some(b"one".to_vec())
+    );
+    drop(first);
+    let _second = Publisher::new(PublisherConfig::new(g)).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let err = loop {
+        assert!(Instant::now() < deadline, "no error");
+        if let Err(e) = r.recv(Duration::from_millis(100)) {
+            break e;
+        }
+    };
+    assert!(
+        matches!(
+            err,
+            ShipError::Silent {
+                other_stream: true,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("restarted"), "{err}");
+}

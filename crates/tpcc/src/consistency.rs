@@ -159,6 +159,11 @@ pub fn violations(store: &Store) -> Result<Vec<String>> {
                 dec(l, col::order_line::AMOUNT);
         }
     }
+    for order in &undelivered {
+        if !orders.contains_key(order) {
+            fail(format!("5: new order {order:?} has no order"));
+        }
+    }
     for (district, sum) in &ol_cnt_sum {
         let lines = lines_by_d.get(district).copied().unwrap_or_default();
         if *sum != lines {

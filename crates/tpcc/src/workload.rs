@@ -126,6 +126,8 @@ pub struct Terminal {
     r: Random,
     scale: Scale,
     home: i64,
+    /// The district whose stock levels this terminal checks (clause 2.8.1.1).
+    district: i64,
     c: NuRandC,
 }
 
@@ -135,6 +137,7 @@ impl Terminal {
             r: Random::for_parts(&[9, home as u64, seed]),
             scale,
             home,
+            district: 1 + (seed % DISTRICTS as u64) as i64,
             c: NuRandC::RUN,
         }
     }
@@ -269,7 +272,7 @@ impl Terminal {
             kind: Kind::StockLevel,
             args: vec![
                 int(self.home),
-                int(self.r.uniform(1, DISTRICTS)),
+                int(self.district),
                 int(self.r.uniform(10, 20)),
             ],
         }

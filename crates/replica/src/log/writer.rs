@@ -52,7 +52,8 @@ struct Durability {
     failed: Option<String>,
 }
 
-/// Where durable log bytes go besides the disk (the multicast to secondaries).
+/// Where durable log bytes go besides the disk (the multicast to secondaries). It runs
+/// on the log's thread: it should hand the bytes on, not wait.
 pub type Shipper = Box<dyn Fn(&[u8]) + Send + Sync>;
 
 struct Shared {
@@ -289,8 +290,13 @@ fn commit_loop(shared: &Shared, mut segment: Segment) {
                 d.lsn = last.unwrap_or(d.lsn);
                 drop(d);
                 shared.durable_changed.notify_all();
-                if let Some(ship) = &*shared.shipper.lock() {
-                    ship(&frames);
+                // Shipping is best effort (a secondary that misses groups catches up
+                // from the durable log); a failing shipper must not stop the log.
+                if let Some(ship) = &*shared.shipper.lock()
+                    && std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| ship(&frames)))
+                        .is_err()
+                {
+                    tracing::error!("redo log: shipping a group to the secondaries panicked");
                 }
             }
             Err(e) => {

@@ -22,8 +22,9 @@
 //! dropped and counted, never trusted.
 //!
 //! States of a receiver: *waiting* (no packet of the stream yet), *in order* (nothing
-//! missing), *repairing* (a gap, NAK timer running), *failed* (lost or timed out; every
-//! later call returns the error).
+//! missing), *repairing* (a gap, NAK timer running, reset whenever the gap shrinks),
+//! *failed* (lost, unrepaired, or the publisher silent; every later call returns the
+//! error). A receiver starts at a first transmission or a heartbeat, never at a repair.
 
 mod packet;
 mod publisher;
@@ -48,6 +49,12 @@ pub enum ShipError {
         needed: u64,
         waited_ms: u64,
     },
+    /// Nothing of the stream (not even a heartbeat) for too long; `other_stream` says
+    /// whether another publisher's stream was heard meanwhile (a restarted primary).
+    Silent {
+        waited_ms: u64,
+        other_stream: bool,
+    },
     /// The stream broke the protocol (fragments out of place).
     Protocol(String),
     Io(String),
@@ -64,6 +71,19 @@ impl std::fmt::Display for ShipError {
             ShipError::Timeout { needed, waited_ms } => write!(
                 f,
                 "log packet {needed} was not repaired within {waited_ms} ms"
+            ),
+            ShipError::Silent {
+                waited_ms,
+                other_stream,
+            } => write!(
+                f,
+                "the log publisher has been silent for {waited_ms} ms{}",
+                if *other_stream {
+                    "; a new stream started (the primary restarted): catch up from the \
+                     durable log"
+                } else {
+                    ""
+                }
             ),
             ShipError::Protocol(m) => write!(f, "log stream: {m}"),
             ShipError::Io(m) => write!(f, "log stream I/O: {m}"),

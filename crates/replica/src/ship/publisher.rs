@@ -67,12 +67,16 @@ struct Window {
 
 struct Inner {
     config: PublisherConfig,
+    publishing: Mutex<()>,
     socket: UdpSocket,
     stream: u64,
     window: Mutex<Window>,
     stop: AtomicBool,
     counters: [AtomicU64; 8],
 }
+
+/// The most packets one NAK gets repaired.
+const MAX_REPAIRS: usize = 1024;
 
 const MESSAGES: usize = 0;
 const PACKETS: usize = 1;
@@ -93,7 +97,8 @@ pub struct Publisher {
 impl Publisher {
     /// A publisher of a new stream (its id is random, so receivers tell a restarted
     /// publisher's stream from the old one).
-    pub fn new(config: PublisherConfig) -> std::io::Result<Self> {
+    pub fn new(mut config: PublisherConfig) -> std::io::Result<Self> {
+        config.rate = config.rate.filter(|r| *r > 0);
         let socket = multicast_socket(&config.group, 0)?;
         socket.set_read_timeout(Some(config.heartbeat))?;
         let stream = {
@@ -103,6 +108,7 @@ impl Publisher {
             (t.as_nanos() as u64) ^ (u64::from(std::process::id()) << 32)
         };
         let inner = Arc::new(Inner {
+            publishing: Mutex::new(()),
             config,
             socket,
             stream,
@@ -149,43 +155,43 @@ impl Publisher {
                 format!("a {} byte message is too large to ship", message.len()),
             ));
         }
-        let mut w = inner.window.lock();
+        // One message at a time, so its fragments get consecutive numbers; the window
+        // is locked only to file each packet, so repairs and heartbeats go on while a
+        // large message is paced out.
+        let _one_at_a_time = inner.publishing.lock();
         for frag in 0..frags {
             let payload = &message[(frag * PAYLOAD_BYTES).min(message.len())
                 ..((frag + 1) * PAYLOAD_BYTES).min(message.len())];
-            let seq = w.next;
-            w.next += 1;
-            let datagram = Packet::Data {
-                stream: inner.stream,
-                seq,
-                frag: frag as u32,
-                frags: frags as u32,
-                repair: false,
-                payload: payload.to_vec(),
-            }
-            .encode();
-            if let Some(rate) = inner.config.rate {
-                let now = Instant::now();
-                if w.paced_until > now {
-                    std::thread::sleep(w.paced_until - now);
+            let (datagram, wait) = {
+                let mut w = inner.window.lock();
+                let seq = w.next;
+                w.next += 1;
+                let datagram = Packet::Data {
+                    stream: inner.stream,
+                    seq,
+                    frag: frag as u32,
+                    frags: frags as u32,
+                    repair: false,
+                    payload: payload.to_vec(),
                 }
-                let start = w.paced_until.max(now);
-                w.paced_until =
-                    start + Duration::from_secs_f64(datagram.len() as f64 / rate as f64);
-            }
+                .encode();
+                w.bytes += datagram.len();
+                w.sent.push_back(Sent {
+                    seq,
+                    datagram: datagram.clone(),
+                    repaired_at: None,
+                });
+                while w.bytes > inner.config.window_bytes && w.sent.len() > 1 {
+                    let old = w.sent.pop_front().expect("not empty");
+                    w.bytes -= old.datagram.len();
+                }
+                let wait = inner.pace(&mut w, datagram.len());
+                (datagram, wait)
+            };
+            std::thread::sleep(wait);
             inner.send(&datagram, inner.config.group.group.into())?;
             inner.add(PACKETS, 1);
             inner.add(BYTES, datagram.len() as u64);
-            w.bytes += datagram.len();
-            w.sent.push_back(Sent {
-                seq,
-                datagram,
-                repaired_at: None,
-            });
-            while w.bytes > inner.config.window_bytes && w.sent.len() > 1 {
-                let old = w.sent.pop_front().expect("not empty");
-                w.bytes -= old.datagram.len();
-            }
         }
         inner.add(MESSAGES, 1);
         Ok(())
@@ -216,19 +222,34 @@ impl Drop for Publisher {
 }
 
 impl Inner {
+    /// How long to wait before sending `bytes` more under the rate limit (repairs
+    /// included: a NAK must not turn into a burst the limit exists to prevent).
+    fn pace(&self, w: &mut Window, bytes: usize) -> Duration {
+        let Some(rate) = self.config.rate else {
+            return Duration::ZERO;
+        };
+        let now = Instant::now();
+        let start = w.paced_until.max(now);
+        w.paced_until = start + Duration::from_secs_f64(bytes as f64 / rate as f64);
+        start - now
+    }
+
     fn add(&self, counter: usize, n: u64) {
         self.counters[counter].fetch_add(n, Ordering::Relaxed);
     }
 
     fn send(&self, datagram: &[u8], to: SocketAddr) -> std::io::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(1);
         loop {
             match self.socket.send_to(datagram, to) {
                 Ok(_) => return Ok(()),
-                // The socket's buffer is full: wait for it to drain rather than drop.
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    std::thread::sleep(Duration::from_micros(50))
-                }
-                Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
+                // The socket's buffer is full: wait a while for it to drain rather than
+                // drop (a dropped packet costs a NAK and a repair).
+                Err(e)
+                    if (e.kind() == std::io::ErrorKind::WouldBlock
+                        || e.raw_os_error() == Some(libc::ENOBUFS))
+                        && Instant::now() < deadline =>
+                {
                     std::thread::sleep(Duration::from_micros(200))
                 }
                 Err(e) => return Err(e),
@@ -279,8 +300,8 @@ impl Inner {
         }
     }
 
-    /// Multicasts the NAKed packets still in the window; tells the receiver which are
-    /// gone.
+    /// Multicasts the NAKed packets still in the window (at most [`MAX_REPAIRS`] per
+    /// NAK: the receiver NAKs again for the rest); tells the receiver which are gone.
     fn repair(&self, ranges: &[(u64, u64)], from: SocketAddr) {
         debug_assert!(ranges.len() <= MAX_NAK_RANGES);
         let mut out = vec![];
@@ -300,7 +321,11 @@ impl Inner {
                 }
                 let first = (lo - trail) as usize;
                 let last = (hi - trail) as usize;
+                let last = last.min(first + MAX_REPAIRS - out.len().min(MAX_REPAIRS));
                 for s in w.sent.range_mut(first..=last) {
+                    if out.len() >= MAX_REPAIRS {
+                        break;
+                    }
                     if s.repaired_at
                         .is_some_and(|t| now - t < self.config.repair_holdoff)
                     {
@@ -314,6 +339,8 @@ impl Inner {
             }
         }
         for d in out {
+            let wait = self.pace(&mut self.window.lock(), d.len());
+            std::thread::sleep(wait);
             if self.send(&d, self.config.group.group.into()).is_ok() {
                 self.add(REPAIRS, 1);
                 self.add(REPAIR_BYTES, d.len() as u64);

@@ -68,9 +68,16 @@ pub struct Receiver {
     aligning: bool,
     /// The message being put together: its fragment count and bytes so far.
     partial: Option<(u32, Vec<u8>)>,
+    /// The fragment number the next packet of the partial message must have.
+    next_frag: u32,
     ready: VecDeque<Vec<u8>>,
     gap_since: Option<Instant>,
     last_nak: Option<Instant>,
+    /// When a packet of our stream last arrived (the publisher's heartbeat keeps it
+    /// fresh while the log is idle).
+    last_heard: Instant,
+    /// Another publisher's stream was heard (a restarted primary).
+    other_stream: bool,
     loss_state: u64,
     failed: Option<ShipError>,
     stats: ReceiverStats,
@@ -90,9 +97,12 @@ impl Receiver {
             lead: 0,
             pending: BTreeMap::new(),
             partial: None,
+            next_frag: 0,
             ready: VecDeque::new(),
             gap_since: None,
             last_nak: None,
+            last_heard: Instant::now(),
+            other_stream: false,
             loss_state: 0x1234_5678,
             failed: None,
             stats: ReceiverStats::default(),
@@ -116,6 +126,12 @@ impl Receiver {
                 return Ok(Some(m));
             }
             let now = Instant::now();
+            if self.stream.is_some() && now - self.last_heard > self.config.give_up {
+                return Err(self.fail(ShipError::Silent {
+                    waited_ms: (now - self.last_heard).as_millis() as u64,
+                    other_stream: self.other_stream,
+                }));
+            }
             if now >= deadline {
                 return Ok(None);
             }
@@ -151,9 +167,13 @@ impl Receiver {
             None => self.stream = Some(packet.stream()),
             Some(s) if s != packet.stream() => {
                 self.stats.ignored += 1;
+                self.other_stream = true;
                 return;
             }
             Some(_) => {}
+        }
+        if !matches!(packet, Packet::Nak { .. }) {
+            self.last_heard = Instant::now();
         }
         match packet {
             Packet::Data {
@@ -169,9 +189,18 @@ impl Receiver {
                     self.stats.dropped += 1;
                     return;
                 }
+                let Some(after) = seq.checked_add(1) else {
+                    self.stats.ignored += 1;
+                    return;
+                };
+                // A late joiner starts at a first transmission, never at a repair sent
+                // for someone else (which may be far behind the stream).
+                if self.next.is_none() && repair {
+                    return;
+                }
                 self.stats.packets += 1;
                 let next = *self.next.get_or_insert(seq);
-                self.lead = self.lead.max(seq + 1);
+                self.lead = self.lead.max(after);
                 if seq < next || self.pending.contains_key(&seq) {
                     self.stats.duplicates += 1;
                     return;
@@ -240,7 +269,9 @@ impl Receiver {
             }
             match (&mut self.partial, frag) {
                 (None, 0) => self.partial = Some((frags, payload)),
-                (Some((n, bytes)), f) if *n == frags && f > 0 => bytes.extend_from_slice(&payload),
+                (Some((n, bytes)), f) if *n == frags && f > 0 && f == self.next_frag => {
+                    bytes.extend_from_slice(&payload)
+                }
                 _ => {
                     self.next = Some(next);
                     self.fail(ShipError::Protocol(format!(
@@ -250,13 +281,16 @@ impl Receiver {
                     return;
                 }
             }
+            self.next_frag = frag + 1;
             if frag + 1 == frags {
                 let (_, bytes) = self.partial.take().expect("just extended");
                 self.ready.push_back(bytes);
             }
         }
+        let progressed = self.next != Some(next);
         self.next = Some(next);
-        if next >= self.lead {
+        if next >= self.lead || progressed {
+            // Caught up, or a gap closed: a gap that remains waits afresh.
             self.gap_since = None;
             self.last_nak = None;
         }
@@ -295,7 +329,7 @@ impl Receiver {
                     break;
                 }
             }
-            at = seq + 1;
+            at = seq.saturating_add(1);
         }
         if ranges.len() < MAX_NAK_RANGES && at < self.lead {
             ranges.push((at, self.lead - 1));

@@ -12,6 +12,9 @@ pub struct NewOrder;
 /// The most lines an order may have (clause 2.4.1.3 draws 5 to 15).
 const MAX_LINES: usize = 15;
 
+/// The largest quantity of one line (the terminals draw 1 to 10).
+const MAX_QUANTITY: i64 = 99;
+
 impl Procedure for NewOrder {
     fn name(&self) -> &str {
         "tpcc_new_order"
@@ -61,8 +64,11 @@ impl Procedure for NewOrder {
                 quantities.len()
             )));
         }
-        if let Some(q) = quantities.iter().find(|q| !(1..=1000).contains(*q)) {
-            return Err(Txn::abort(format!("quantity {q} is not in 1..=1000")));
+        // ol_amount is DECIMAL(6, 2): 99 of the dearest item (100.00) fit.
+        if let Some(q) = quantities.iter().find(|q| !(1..=MAX_QUANTITY).contains(*q)) {
+            return Err(Txn::abort(format!(
+                "quantity {q} is not in 1..={MAX_QUANTITY}"
+            )));
         }
         let entry_d = args[6].clone();
 

@@ -1,0 +1,233 @@
+//! `gyre bench replay`: ScyPer's log experiment (Rödiger's thesis, section 5.2.1,
+//! figure 5.5 and the log sizes next to it) on TPC-C: what a logical and a physical
+//! redo log cost per transaction, and how much faster a secondary replays them than
+//! the primary executed the transactions.
+//!
+//! Per log mode and round: the TPC-C mix runs on a primary with a durable log
+//! (`--threads` terminals, so group commit shares the fsyncs), whose durable groups a
+//! secondary replays as shipped (row store and versioned Arrow tables); the same
+//! calls run again serially on a primary without a log, which is the original
+//! execution time. Rounds alternate the modes, so a noisy machine shifts both alike.
+
+use crate::stats::median;
+use clap::Args;
+use gyre_replica::{Database, LogMode, Options, Secondary};
+use gyre_tpcc::{Scale, Terminal, create_and_load, procedures};
+use parking_lot::Mutex;
+use serde::Serialize;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+type BoxError = Box<dyn std::error::Error>;
+
+#[derive(Args, Clone)]
+pub struct ReplayArgs {
+    /// TPC-C warehouses (the specification's size each).
+    #[arg(long, default_value_t = 1)]
+    warehouses: i64,
+    /// Transactions of the mix per round.
+    #[arg(long, default_value_t = 100_000)]
+    transactions: usize,
+    /// Terminals on the durable primary.
+    #[arg(long, default_value_t = 8)]
+    threads: usize,
+    /// Rounds per log mode; medians are reported.
+    #[arg(long, default_value_t = 1)]
+    repeat: usize,
+    /// Items and customers per district scaled down (for quick runs): 0 keeps the
+    /// specification's.
+    #[arg(long, default_value_t = 0)]
+    customers: i64,
+    /// Write the results as JSON.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+#[derive(Debug, Serialize)]
+struct Row {
+    log: String,
+    transactions: usize,
+    /// Transactions that wrote a log entry (read-only and rolled-back ones write none).
+    logged: u64,
+    log_bytes_per_tx: f64,
+    log_written_bytes_per_tx: f64,
+    lz4_saving: f64,
+    execute_us_per_tx: f64,
+    replay_us_per_tx: f64,
+    /// Original execution time over replay time.
+    replay_speedup: f64,
+    durable_tx_per_s: f64,
+}
+
+struct Round {
+    logged: u64,
+    raw: u64,
+    written: u64,
+    execute: Duration,
+    replay: Duration,
+    durable: Duration,
+}
+
+const LOAD_TIME: i64 = 1_750_000_000_000_000_000;
+
+fn calls(scale: Scale, n: usize, terminals: usize) -> Vec<Vec<gyre_tpcc::Call>> {
+    (0..terminals)
+        .map(|t| {
+            let home = 1 + t as i64 % scale.warehouses;
+            let mut terminal = Terminal::new(scale, home, t as u64);
+            (0..n / terminals)
+                .map(|i| terminal.next(LOAD_TIME + 1_000 * i as i64))
+                .collect()
+        })
+        .collect()
+}
+
+fn round(mode: LogMode, scale: Scale, args: &ReplayArgs) -> Result<Round, BoxError> {
+    let work = calls(scale, args.transactions, args.threads.max(1));
+    let dir = tempfile::tempdir()?;
+    let primary = Database::open(
+        Options {
+            log_mode: mode,
+            ..Options::durable(dir.path())
+        },
+        procedures(),
+    )?;
+    let shipped: Arc<Mutex<Vec<Vec<u8>>>> = Arc::default();
+    let sink = Arc::clone(&shipped);
+    primary.ship(Box::new(move |frames| sink.lock().push(frames.to_vec())))?;
+    create_and_load(&primary, scale, LOAD_TIME)?;
+    let loaded = primary.log_stats().unwrap_or_default();
+    let load_frames = shipped.lock().len();
+
+    let primary = Arc::new(primary);
+    let started = Instant::now();
+    std::thread::scope(|s| {
+        for calls in &work {
+            let primary = Arc::clone(&primary);
+            s.spawn(move || {
+                for c in calls {
+                    // New-Order's unused items roll back, as the mix wants.
+                    let _ = primary.call(c.procedure(), &c.args);
+                }
+            });
+        }
+    });
+    let durable = started.elapsed();
+    let stats = primary.log_stats().unwrap_or_default();
+
+    // The secondary: the load untimed, then the mix's groups as they were shipped.
+    let frames = std::mem::take(&mut *shipped.lock());
+    let mut secondary = Secondary::new(procedures());
+    for f in &frames[..load_frames] {
+        secondary.apply_frames(f)?;
+    }
+    let (_, before) = secondary.replay_stats();
+    for f in &frames[load_frames..] {
+        secondary.apply_frames(f)?;
+    }
+    let (_, after) = secondary.replay_stats();
+    if secondary.lsn() != primary.durable_lsn() {
+        return Err(format!(
+            "the secondary reached LSN {}, the primary {}",
+            secondary.lsn(),
+            primary.durable_lsn()
+        )
+        .into());
+    }
+
+    // The original execution: the same calls, serially, on a primary without a log.
+    let plain = Database::open(Options::default(), procedures())?;
+    create_and_load(&plain, scale, LOAD_TIME)?;
+    let started = Instant::now();
+    for c in work.iter().flatten() {
+        let _ = plain.call(c.procedure(), &c.args);
+    }
+    let execute = started.elapsed();
+    Ok(Round {
+        logged: stats.entries - loaded.entries,
+        raw: stats.raw_bytes - loaded.raw_bytes,
+        written: stats.written_bytes - loaded.written_bytes,
+        execute,
+        replay: after - before,
+        durable,
+    })
+}
+
+pub async fn run(args: ReplayArgs) -> Result<(), BoxError> {
+    let mut scale = Scale::full(args.warehouses);
+    if args.customers > 0 {
+        scale.customers = args.customers;
+        scale.items = (args.customers * 100 / 3).max(100);
+    }
+    let modes = [LogMode::Logical, LogMode::Physical];
+    let mut rounds: Vec<Vec<Round>> = vec![vec![], vec![]];
+    for r in 0..args.repeat.max(1) {
+        for (i, mode) in modes.iter().enumerate() {
+            let scale = scale;
+            let a = args.clone();
+            let mode = *mode;
+            let result = tokio::task::spawn_blocking(move || round(mode, scale, &a))
+                .await?
+                .map_err(|e| format!("{mode:?} round {r}: {e}"))?;
+            eprintln!(
+                "round {}/{} {mode:?}: {} logged, {:.0} B/tx, replay {:.1} ms, execute {:.1} ms",
+                r + 1,
+                args.repeat.max(1),
+                result.logged,
+                result.raw as f64 / result.logged.max(1) as f64,
+                result.replay.as_secs_f64() * 1e3,
+                result.execute.as_secs_f64() * 1e3
+            );
+            rounds[i].push(result);
+        }
+    }
+    println!(
+        "{:>9} {:>8} {:>10} {:>10} {:>7} {:>11} {:>10} {:>8} {:>10}",
+        "log",
+        "logged",
+        "B/tx raw",
+        "B/tx LZ4",
+        "LZ4",
+        "exec µs/tx",
+        "replay µs",
+        "speedup",
+        "tx/s dur."
+    );
+    let mut rows = vec![];
+    for (mode, rounds) in modes.iter().zip(&rounds) {
+        let per = |f: &dyn Fn(&Round) -> f64| median(&rounds.iter().map(f).collect::<Vec<_>>());
+        let n = args.transactions as f64;
+        let row = Row {
+            log: format!("{mode:?}").to_lowercase(),
+            transactions: args.transactions,
+            logged: rounds[0].logged,
+            log_bytes_per_tx: per(&|r| r.raw as f64 / r.logged.max(1) as f64).unwrap_or(0.0),
+            log_written_bytes_per_tx: per(&|r| r.written as f64 / r.logged.max(1) as f64)
+                .unwrap_or(0.0),
+            lz4_saving: per(&|r| 1.0 - r.written as f64 / r.raw.max(1) as f64).unwrap_or(0.0),
+            execute_us_per_tx: per(&|r| r.execute.as_secs_f64() * 1e6 / n).unwrap_or(0.0),
+            replay_us_per_tx: per(&|r| r.replay.as_secs_f64() * 1e6 / n).unwrap_or(0.0),
+            replay_speedup: per(&|r| r.execute.as_secs_f64() / r.replay.as_secs_f64().max(1e-9))
+                .unwrap_or(0.0),
+            durable_tx_per_s: per(&|r| n / r.durable.as_secs_f64().max(1e-9)).unwrap_or(0.0),
+        };
+        println!(
+            "{:>9} {:>8} {:>10.0} {:>10.0} {:>6.0}% {:>11.1} {:>10.1} {:>7.2}x {:>10.0}",
+            row.log,
+            row.logged,
+            row.log_bytes_per_tx,
+            row.log_written_bytes_per_tx,
+            row.lz4_saving * 100.0,
+            row.execute_us_per_tx,
+            row.replay_us_per_tx,
+            row.replay_speedup,
+            row.durable_tx_per_s
+        );
+        rows.push(row);
+    }
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&rows)?)?;
+    }
+    Ok(())
+}
