@@ -118,12 +118,13 @@ impl Receiver {
         let deadline = Instant::now() + timeout;
         let mut buf = vec![0u8; 65536];
         loop {
-            if let Some(e) = &self.failed {
-                return Err(e.clone());
-            }
+            // What arrived whole before a failure is still delivered.
             if let Some(m) = self.ready.pop_front() {
                 self.stats.messages += 1;
                 return Ok(Some(m));
+            }
+            if let Some(e) = &self.failed {
+                return Err(e.clone());
             }
             let now = Instant::now();
             if self.stream.is_some() && now - self.last_heard > self.config.give_up {
