@@ -55,6 +55,10 @@ struct Row {
     lz4_saving: f64,
     execute_us_per_tx: f64,
     replay_us_per_tx: f64,
+    /// The part of the replay spent on the versioned Arrow tables.
+    columnar_us_per_tx: f64,
+    /// Replay with decoding the shipped groups.
+    replay_with_decoding_us_per_tx: f64,
     /// Original execution time over replay time.
     replay_speedup: f64,
     durable_tx_per_s: f64,
@@ -66,6 +70,10 @@ struct Round {
     written: u64,
     execute: Duration,
     replay: Duration,
+    /// The part of `replay` spent on the versioned Arrow tables.
+    columnar: Duration,
+    /// `replay` plus decoding the groups (LZ4, entries).
+    with_decoding: Duration,
     durable: Duration,
 }
 
@@ -83,7 +91,42 @@ fn calls(scale: Scale, n: usize, terminals: usize) -> Vec<Vec<gyre_tpcc::Call>> 
         .collect()
 }
 
-fn round(mode: LogMode, scale: Scale, args: &ReplayArgs) -> Result<Round, BoxError> {
+/// Applies shipped groups until the secondary reaches `lsn` (the log ships a group just
+/// after it is durable, so the last ones may still be on their way); returns the time
+/// spent applying them.
+fn catch_up(
+    secondary: &mut Secondary,
+    shipped: &Mutex<Vec<Vec<u8>>>,
+    lsn: u64,
+) -> Result<Duration, BoxError> {
+    let mut spent = Duration::ZERO;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while secondary.lsn() < lsn {
+        let frames = std::mem::take(&mut *shipped.lock());
+        for f in &frames {
+            let started = Instant::now();
+            secondary.apply_frames(f)?;
+            spent += started.elapsed();
+        }
+        if frames.is_empty() {
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "the secondary reached LSN {}, the primary {lsn}",
+                    secondary.lsn()
+                )
+                .into());
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    Ok(spent)
+}
+
+fn round(mode: LogMode, scale: Scale, args: &ReplayArgs) -> Result<Round, String> {
+    round_inner(mode, scale, args).map_err(|e| e.to_string())
+}
+
+fn round_inner(mode: LogMode, scale: Scale, args: &ReplayArgs) -> Result<Round, BoxError> {
     let work = calls(scale, args.transactions, args.threads.max(1));
     let dir = tempfile::tempdir()?;
     let primary = Database::open(
@@ -98,7 +141,9 @@ fn round(mode: LogMode, scale: Scale, args: &ReplayArgs) -> Result<Round, BoxErr
     primary.ship(Box::new(move |frames| sink.lock().push(frames.to_vec())))?;
     create_and_load(&primary, scale, LOAD_TIME)?;
     let loaded = primary.log_stats().unwrap_or_default();
-    let load_frames = shipped.lock().len();
+    // The secondary replays the load untimed.
+    let mut secondary = Secondary::new(procedures());
+    catch_up(&mut secondary, &shipped, primary.durable_lsn())?;
 
     let primary = Arc::new(primary);
     let started = Instant::now();
@@ -116,25 +161,12 @@ fn round(mode: LogMode, scale: Scale, args: &ReplayArgs) -> Result<Round, BoxErr
     let durable = started.elapsed();
     let stats = primary.log_stats().unwrap_or_default();
 
-    // The secondary: the load untimed, then the mix's groups as they were shipped.
-    let frames = std::mem::take(&mut *shipped.lock());
-    let mut secondary = Secondary::new(procedures());
-    for f in &frames[..load_frames] {
-        secondary.apply_frames(f)?;
-    }
+    // Then the mix's groups as they were shipped.
     let (_, before) = secondary.replay_stats();
-    for f in &frames[load_frames..] {
-        secondary.apply_frames(f)?;
-    }
+    let columnar_before = secondary.columnar_time();
+    let with_decoding = catch_up(&mut secondary, &shipped, primary.durable_lsn())?;
     let (_, after) = secondary.replay_stats();
-    if secondary.lsn() != primary.durable_lsn() {
-        return Err(format!(
-            "the secondary reached LSN {}, the primary {}",
-            secondary.lsn(),
-            primary.durable_lsn()
-        )
-        .into());
-    }
+    let columnar = secondary.columnar_time() - columnar_before;
 
     // The original execution: the same calls, serially, on a primary without a log.
     let plain = Database::open(Options::default(), procedures())?;
@@ -150,6 +182,8 @@ fn round(mode: LogMode, scale: Scale, args: &ReplayArgs) -> Result<Round, BoxErr
         written: stats.written_bytes - loaded.written_bytes,
         execute,
         replay: after - before,
+        columnar,
+        with_decoding,
         durable,
     })
 }
@@ -183,7 +217,7 @@ pub async fn run(args: ReplayArgs) -> Result<(), BoxError> {
         }
     }
     println!(
-        "{:>9} {:>8} {:>10} {:>10} {:>7} {:>11} {:>10} {:>8} {:>10}",
+        "{:>9} {:>8} {:>10} {:>10} {:>7} {:>11} {:>10} {:>9} {:>10} {:>8} {:>10}",
         "log",
         "logged",
         "B/tx raw",
@@ -191,6 +225,8 @@ pub async fn run(args: ReplayArgs) -> Result<(), BoxError> {
         "LZ4",
         "exec µs/tx",
         "replay µs",
+        "columnar",
+        "+decoding",
         "speedup",
         "tx/s dur."
     );
@@ -208,12 +244,15 @@ pub async fn run(args: ReplayArgs) -> Result<(), BoxError> {
             lz4_saving: per(&|r| 1.0 - r.written as f64 / r.raw.max(1) as f64).unwrap_or(0.0),
             execute_us_per_tx: per(&|r| r.execute.as_secs_f64() * 1e6 / n).unwrap_or(0.0),
             replay_us_per_tx: per(&|r| r.replay.as_secs_f64() * 1e6 / n).unwrap_or(0.0),
+            columnar_us_per_tx: per(&|r| r.columnar.as_secs_f64() * 1e6 / n).unwrap_or(0.0),
+            replay_with_decoding_us_per_tx: per(&|r| r.with_decoding.as_secs_f64() * 1e6 / n)
+                .unwrap_or(0.0),
             replay_speedup: per(&|r| r.execute.as_secs_f64() / r.replay.as_secs_f64().max(1e-9))
                 .unwrap_or(0.0),
             durable_tx_per_s: per(&|r| n / r.durable.as_secs_f64().max(1e-9)).unwrap_or(0.0),
         };
         println!(
-            "{:>9} {:>8} {:>10.0} {:>10.0} {:>6.0}% {:>11.1} {:>10.1} {:>7.2}x {:>10.0}",
+            "{:>9} {:>8} {:>10.0} {:>10.0} {:>6.0}% {:>11.1} {:>10.1} {:>9.1} {:>10.1} {:>7.2}x {:>10.0}",
             row.log,
             row.logged,
             row.log_bytes_per_tx,
@@ -221,6 +260,8 @@ pub async fn run(args: ReplayArgs) -> Result<(), BoxError> {
             row.lz4_saving * 100.0,
             row.execute_us_per_tx,
             row.replay_us_per_tx,
+            row.columnar_us_per_tx,
+            row.replay_with_decoding_us_per_tx,
             row.replay_speedup,
             row.durable_tx_per_s
         );

@@ -28,6 +28,8 @@ pub struct Secondary {
     procedures: Procedures,
     /// Time spent replaying, for the replay speed against the primary's execution.
     replay_time: Duration,
+    /// The part of it spent on the versioned Arrow tables.
+    columnar_time: Duration,
     replayed: u64,
     /// Snapshots cut at the primary's snapshot transactions, by LSN.
     snapshots: BTreeMap<u64, Snapshot>,
@@ -45,6 +47,7 @@ impl Secondary {
             versions: VersionedStore::default(),
             procedures,
             replay_time: Duration::ZERO,
+            columnar_time: Duration::ZERO,
             replayed: 0,
             snapshots: BTreeMap::new(),
             keep: KEEP_SNAPSHOTS,
@@ -70,6 +73,11 @@ impl Secondary {
     /// Entries replayed so far, and the time their replay took.
     pub fn replay_stats(&self) -> (u64, Duration) {
         (self.replayed, self.replay_time)
+    }
+
+    /// The part of the replay time spent keeping the versioned Arrow tables.
+    pub fn columnar_time(&self) -> Duration {
+        self.columnar_time
     }
 
     /// Applies the log groups in `frames` (as the primary's log writes and ships them),
@@ -154,9 +162,11 @@ impl Secondary {
             }
             entry => {
                 let ops = replay(&mut self.rows, &self.procedures, lsn, entry).map_err(diverged)?;
-                for op in &ops {
-                    self.versions.apply(lsn, op).map_err(diverged)?;
+                let columnar = Instant::now();
+                for op in ops {
+                    self.versions.apply_checked(lsn, op).map_err(diverged)?;
                 }
+                self.columnar_time += columnar.elapsed();
             }
         }
         self.versions.advance(lsn).map_err(diverged)?;

@@ -114,6 +114,25 @@ impl PartialEq for Value {
 
 impl Eq for Value {}
 
+/// Consistent with the order's equality: floats by their bits, as `total_cmp` tells
+/// them apart.
+impl std::hash::Hash for Value {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.rank().hash(state);
+        match self {
+            Value::Null => {}
+            Value::Bool(v) => v.hash(state),
+            Value::Int(v) => v.hash(state),
+            Value::Float(v) => v.to_bits().hash(state),
+            Value::Decimal(v) => v.hash(state),
+            Value::Date(v) => v.hash(state),
+            Value::Timestamp(v) => v.hash(state),
+            Value::Text(v) => v.hash(state),
+            Value::IntList(v) => v.hash(state),
+        }
+    }
+}
+
 impl From<i64> for Value {
     fn from(v: i64) -> Self {
         Value::Int(v)

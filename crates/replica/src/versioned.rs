@@ -13,7 +13,7 @@
 
 use crate::columnar::to_batch;
 use crate::error::{Error, Result};
-use crate::store::{Key, Row, RowOp, TableDef, TableId};
+use crate::store::{Key, RowOp, TableDef, TableId};
 use crate::value::Value;
 use arrow_array::{BooleanArray, RecordBatch};
 use std::collections::{BTreeMap, HashMap};
@@ -41,13 +41,13 @@ pub struct VersionedTable {
     def: Arc<TableDef>,
     /// Sealed chunks, in id order.
     chunks: Vec<Chunk>,
-    tail: Vec<Row>,
+    tail: Vec<Vec<Value>>,
     tail_created: Vec<u64>,
     tail_deleted: Vec<u64>,
     /// The id of the tail's first row; the tail's row `i` has id `tail_first + i`.
     tail_first: u64,
     /// The id of each key's live version.
-    live: BTreeMap<Key, u64>,
+    live: HashMap<Key, u64>,
 }
 
 impl VersionedTable {
@@ -59,7 +59,7 @@ impl VersionedTable {
             tail_created: vec![],
             tail_deleted: vec![],
             tail_first: 0,
-            live: BTreeMap::new(),
+            live: HashMap::new(),
         }
     }
 
@@ -84,6 +84,11 @@ impl VersionedTable {
 
     fn insert(&mut self, lsn: u64, row: Vec<Value>, horizon: u64) -> Result<()> {
         self.def.check_row(&row)?;
+        self.insert_checked(lsn, row, horizon)
+    }
+
+    /// [`VersionedTable::insert`] of a row already checked against the table.
+    fn insert_checked(&mut self, lsn: u64, row: Vec<Value>, horizon: u64) -> Result<()> {
         let key = self.def.key_of(&row);
         if self.live.contains_key(&key) {
             return Err(Error::Constraint(format!(
@@ -93,7 +98,7 @@ impl VersionedTable {
         }
         self.live
             .insert(key, self.tail_first + self.tail.len() as u64);
-        self.tail.push(row.into());
+        self.tail.push(row);
         self.tail_created.push(lsn);
         self.tail_deleted.push(LIVE);
         if self.tail.len() >= CHUNK_ROWS {
@@ -348,6 +353,24 @@ impl VersionedStore {
                 t.insert(lsn, row.clone(), horizon)
             }
             RowOp::Delete { table, key } => self.table_mut(*table)?.delete(lsn, key),
+        }
+    }
+
+    /// [`VersionedStore::apply`] of an operation the row store has just applied (and
+    /// so checked): its row moves in without another check or copy.
+    pub(crate) fn apply_checked(&mut self, lsn: u64, op: RowOp) -> Result<()> {
+        let horizon = self.horizon;
+        match op {
+            RowOp::Insert { table, row } => {
+                self.table_mut(table)?.insert_checked(lsn, row, horizon)
+            }
+            RowOp::Update { table, row } => {
+                let t = self.table_mut(table)?;
+                let key = t.def.key_of(&row);
+                t.delete(lsn, &key)?;
+                t.insert_checked(lsn, row, horizon)
+            }
+            RowOp::Delete { table, key } => self.table_mut(table)?.delete(lsn, &key),
         }
     }
 
