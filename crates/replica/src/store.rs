@@ -131,6 +131,13 @@ pub struct Table {
     pub rows: OrdMap<Key, Row>,
 }
 
+impl Table {
+    /// Every row, in key order, as owned values.
+    pub fn to_rows(&self) -> Vec<Vec<Value>> {
+        self.rows.values().map(|r| r.to_vec()).collect()
+    }
+}
+
 /// One change to one row, as transactions make it and as physical log entries carry it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum RowOp {

@@ -245,6 +245,16 @@ impl TableSnapshot {
         &self.def
     }
 
+    /// The visible rows as values, in key order (for checks and small tables).
+    pub fn rows(&self) -> Result<Vec<Vec<Value>>> {
+        let mut rows = vec![];
+        for b in self.batches() {
+            rows.extend(crate::columnar::from_batch(&self.def, &b)?);
+        }
+        rows.sort_by_key(|r| self.def.key_of(r));
+        Ok(rows)
+    }
+
     /// The rows visible at the snapshot's LSN: whole chunks where every version is, a
     /// filtered copy where some are not.
     pub fn batches(&self) -> Vec<RecordBatch> {
@@ -403,7 +413,6 @@ impl VersionedStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::columnar::from_batch;
     use crate::store::Store;
     use crate::value::{Column, ColumnType};
 
@@ -417,26 +426,6 @@ mod tests {
             ],
             key: vec![0],
         }
-    }
-
-    fn rows_of(s: &TableSnapshot) -> Vec<Vec<Value>> {
-        let mut rows: Vec<Vec<Value>> = s
-            .batches()
-            .iter()
-            .flat_map(|b| from_batch(&s.def, b).unwrap())
-            .collect();
-        rows.sort();
-        rows
-    }
-
-    fn rows_in(store: &Store, id: TableId) -> Vec<Vec<Value>> {
-        store
-            .table(id)
-            .unwrap()
-            .rows
-            .values()
-            .map(|r| r.to_vec())
-            .collect()
     }
 
     /// Random inserts, updates and deletes on two tables; snapshots at random LSNs
@@ -500,8 +489,8 @@ mod tests {
             for id in 0..2 {
                 let t = &snapshot.tables[&format!("t{id}")];
                 assert_eq!(
-                    rows_of(t),
-                    rows_in(store, TableId(id)),
+                    t.rows().unwrap(),
+                    store.table(TableId(id)).unwrap().to_rows(),
                     "at {}",
                     snapshot.lsn
                 );

@@ -3,7 +3,6 @@
 //! Arrow tables. Both end in the primary's exact state, their snapshots keep the state
 //! of their LSN while replay goes on, and every state is consistent.
 
-use gyre_replica::columnar::from_batch;
 use gyre_replica::ship::{Group, Publisher, PublisherConfig, Receiver, ReceiverConfig};
 use gyre_replica::versioned::Snapshot;
 use gyre_replica::{Database, LogMode, Options, Secondary, Store, Value};
@@ -36,25 +35,14 @@ fn group(n: u8) -> Group {
 }
 
 fn sorted_rows(store: &Store, table: &str) -> Vec<Vec<Value>> {
-    let id = store.table_id(table).unwrap();
     store
-        .table(id)
+        .table(store.table_id(table).unwrap())
         .unwrap()
-        .rows
-        .values()
-        .map(|r| r.to_vec())
-        .collect()
+        .to_rows()
 }
 
 fn snapshot_rows(snapshot: &Snapshot, table: &str) -> Vec<Vec<Value>> {
-    let t = &snapshot.tables[table];
-    let mut rows: Vec<Vec<Value>> = t
-        .batches()
-        .iter()
-        .flat_map(|b| from_batch(t.def(), b).unwrap())
-        .collect();
-    rows.sort_by_key(|r| t.def().key_of(r));
-    rows
+    snapshot.tables[table].rows().unwrap()
 }
 
 /// What a secondary thread hands back: its replica, and snapshots it cut on the way
