@@ -363,3 +363,22 @@ mod tests {
         assert!(ddl[6].contains("o_carrier_id INT,"));
     }
 }
+
+#[cfg(test)]
+mod sql_file {
+    /// `scripts/tpcc_schema.sql` holds [`super::ddl`]'s statements for SQL clients
+    /// (`gyre sql -f`); `GYRE_WRITE_TPCC_SQL=1 cargo test -p gyre-tpcc` rewrites it.
+    #[test]
+    fn the_schema_file_matches_the_schema() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/tpcc_schema.sql");
+        let want = format!(
+            "-- TPC-C's tables as transactional tables (crates/tpcc/src/schema.rs).\n{};\n",
+            super::ddl().join(";\n")
+        );
+        if std::env::var_os("GYRE_WRITE_TPCC_SQL").is_some() {
+            std::fs::write(path, &want).unwrap();
+        }
+        let got = std::fs::read_to_string(path).unwrap_or_default();
+        assert_eq!(got, want, "{path} is out of date: rerun with GYRE_WRITE_TPCC_SQL=1");
+    }
+}
