@@ -379,6 +379,9 @@ mod sql_file {
             std::fs::write(path, &want).unwrap();
         }
         let got = std::fs::read_to_string(path).unwrap_or_default();
-        assert_eq!(got, want, "{path} is out of date: rerun with GYRE_WRITE_TPCC_SQL=1");
+        assert_eq!(
+            got, want,
+            "{path} is out of date: rerun with GYRE_WRITE_TPCC_SQL=1"
+        );
     }
 }
