@@ -230,3 +230,96 @@ fn a_silent_or_restarted_publisher_is_noticed() {
     );
     assert!(err.to_string().contains("restarted"), "{err}");
 }
+
+/// Over TCP: every subscriber gets every message in order.
+#[test]
+fn the_tcp_fallback_delivers_every_message_in_order() {
+    use gyre_replica::ship::tcp::{TcpPublisher, TcpReceiver};
+    let publisher = TcpPublisher::bind("127.0.0.1:0".parse().unwrap(), 1024).unwrap();
+    let receivers: Vec<TcpReceiver> = (0..3)
+        .map(|_| TcpReceiver::connect(publisher.local_addr()).unwrap())
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while publisher.subscribers() < 3 {
+        assert!(Instant::now() < deadline, "subscribers not accepted");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let n = 300;
+    let readers: Vec<_> = receivers
+        .into_iter()
+        .map(|mut r| {
+            std::thread::spawn(move || {
+                let mut got = vec![];
+                while got.len() < n {
+                    if let Some(m) = r.recv(Duration::from_millis(100)).unwrap() {
+                        got.push(m);
+                    }
+                }
+                got
+            })
+        })
+        .collect();
+    for i in 0..n {
+        publisher.publish(&message(i));
+    }
+    for h in readers {
+        let got = h.join().unwrap();
+        for (i, m) in got.iter().enumerate() {
+            assert_eq!(m, &message(i), "message {i}");
+        }
+    }
+    assert!(publisher.dropped().is_empty());
+}
+
+/// A subscriber that stops reading is dropped instead of holding the log up, and its
+/// receiver, reading again, gets what was sent and then an error saying so.
+#[test]
+fn the_tcp_fallback_drops_a_stalled_subscriber() {
+    use gyre_replica::ship::tcp::{TcpPublisher, TcpReceiver};
+    let publisher = TcpPublisher::bind("127.0.0.1:0".parse().unwrap(), 4).unwrap();
+    let mut r = TcpReceiver::connect(publisher.local_addr()).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while publisher.subscribers() < 1 {
+        assert!(Instant::now() < deadline, "subscriber not accepted");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let big = vec![7u8; 1 << 20];
+    let mut sent = 0;
+    while publisher.dropped().is_empty() {
+        assert!(sent < 500, "never dropped");
+        publisher.publish(&big);
+        sent += 1;
+    }
+    let mut got = 0;
+    let err = loop {
+        match r.recv(Duration::from_secs(5)) {
+            Ok(Some(m)) => {
+                assert_eq!(m, big);
+                got += 1;
+            }
+            Ok(None) => panic!("neither data nor an error"),
+            Err(e) => break e,
+        }
+    };
+    assert!(got < sent, "{got} of {sent}");
+    assert!(err.to_string().contains("catch up"), "{err}");
+}
+
+/// A TCP receiver refuses a frame longer than a log group before allocating it.
+#[test]
+fn the_tcp_receiver_refuses_oversized_frames() {
+    use gyre_replica::ship::tcp::TcpReceiver;
+    use std::io::Write;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut r = TcpReceiver::connect(listener.local_addr().unwrap()).unwrap();
+    let (mut s, _) = listener.accept().unwrap();
+    let mut frame = 0u64.to_le_bytes().to_vec();
+    frame.extend_from_slice(&u32::MAX.to_le_bytes());
+    s.write_all(&frame).unwrap();
+    let err = loop {
+        if let Err(e) = r.recv(Duration::from_millis(100)) {
+            break e;
+        }
+    };
+    assert!(err.to_string().contains("more than a log group"), "{err}");
+}

@@ -18,6 +18,9 @@
 //!   from the window is answered with LOST and the receiver fails with
 //!   [`ShipError::Lost`]: it has to catch up from the durable log instead.
 //!
+//! Where multicast is not available, [`tcp`] sends the same messages over one TCP
+//! connection per secondary.
+//!
 //! Every datagram is hostile until checked: wrong magic, sizes or fragment numbers are
 //! dropped and counted, never trusted.
 //!
@@ -29,6 +32,7 @@
 mod packet;
 mod publisher;
 mod receiver;
+pub mod tcp;
 
 pub use packet::{MAX_PACKET_BYTES, Packet};
 pub use publisher::{Publisher, PublisherConfig, PublisherStats};
