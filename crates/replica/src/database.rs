@@ -213,7 +213,7 @@ impl Database {
                     .ok_or_else(|| Error::Constraint(format!("{name} has no column {k}")))
             })
             .collect::<Result<Vec<_>>>()?;
-        let mut store = self.lock()?;
+        let store = self.lock()?;
         let def = TableDef {
             id: store.next_table_id(),
             name: name.to_string(),
@@ -221,11 +221,23 @@ impl Database {
             key,
         };
         let id = def.id;
-        let lsn = next_lsn(&store)?;
         let entry = Entry::CreateTable { def, rows };
-        // Applied as recovery applies it, then logged; taken back if either fails.
+        self.commit_entry(store, &entry, |store| apply_create(store, &entry))?;
+        Ok(id)
+    }
+
+    /// Applies `change` (what `entry` says, as recovery applies it) and logs `entry` as
+    /// the next transaction, both taken back if either fails; returns its LSN once it
+    /// is durable and readers see it. For the entries that are not row changes.
+    fn commit_entry(
+        &self,
+        mut store: parking_lot::MutexGuard<'_, Store>,
+        entry: &Entry,
+        change: impl FnOnce(&mut Store) -> Result<()>,
+    ) -> Result<u64> {
+        let lsn = next_lsn(&store)?;
         let before = store.clone();
-        if let Err(e) = apply_create(&mut store, &entry).and_then(|()| self.append(lsn, &entry)) {
+        if let Err(e) = change(&mut store).and_then(|()| self.append(lsn, entry)) {
             *store = before;
             return Err(e);
         }
@@ -234,20 +246,13 @@ impl Database {
         drop(store);
         self.wait_durable(lsn)?;
         self.publish(state);
-        Ok(id)
+        Ok(lsn)
     }
 
     /// Logs a snapshot transaction (ScyPer's global snapshot, thesis section 5.2.2) and
     /// returns its LSN once durable. Every secondary cuts a snapshot at that LSN.
     pub fn mark_snapshot(&self) -> Result<u64> {
-        let mut store = self.lock()?;
-        let lsn = next_lsn(&store)?;
-        self.append(lsn, &Entry::Snapshot)?;
-        store.lsn = lsn;
-        let state = store.clone();
-        drop(store);
-        self.wait_durable(lsn)?;
-        self.publish(state);
+        let lsn = self.commit_entry(self.lock()?, &Entry::Snapshot, |_| Ok(()))?;
         self.last_mark
             .fetch_max(lsn, std::sync::atomic::Ordering::Relaxed);
         Ok(lsn)
@@ -265,16 +270,9 @@ impl Database {
     }
 
     pub fn drop_table(&self, name: &str) -> Result<()> {
-        let mut store = self.lock()?;
+        let store = self.lock()?;
         let id = store.table_id(name)?;
-        let lsn = next_lsn(&store)?;
-        self.append(lsn, &Entry::DropTable(id))?;
-        store.drop_table(id)?;
-        store.lsn = lsn;
-        let state = store.clone();
-        drop(store);
-        self.wait_durable(lsn)?;
-        self.publish(state);
+        self.commit_entry(store, &Entry::DropTable(id), |store| store.drop_table(id))?;
         Ok(())
     }
 
@@ -606,7 +604,6 @@ impl Drop for Transaction {
     }
 }
 
-/// Applies one log entry to the store during recovery.
 /// Applies one log entry to `store`, as recovery and secondaries do, and returns the
 /// row operations it made (a logical entry's are those its procedure makes again).
 pub(crate) fn replay(

@@ -128,38 +128,24 @@ impl Secondary {
         let started = Instant::now();
         let diverged =
             |e: Error| Error::Constraint(format!("replaying LSN {lsn} on a secondary: {e}"));
+        let snapshot = matches!(entry, Entry::Snapshot);
         match entry {
-            Entry::CreateTable { def, rows } => {
-                let entry = Entry::CreateTable {
-                    def: def.clone(),
-                    rows: rows.clone(),
-                };
+            entry @ Entry::CreateTable { .. } => {
                 apply_create(&mut self.rows, &entry).map_err(diverged)?;
                 self.rows.lsn = lsn;
+                let Entry::CreateTable { def, rows } = entry else {
+                    unreachable!("matched above")
+                };
                 self.versions
                     .create_table(lsn, def, rows)
                     .map_err(diverged)?;
-            }
-            Entry::Snapshot => {
-                self.rows.lsn = lsn;
-                self.versions.advance(lsn).map_err(diverged)?;
-                let snapshot = self.versions.snapshot();
-                self.snapshots.insert(lsn, snapshot);
-                while self.snapshots.len() > self.keep {
-                    self.snapshots.pop_first();
-                }
-                if let Some(oldest) = self.snapshots.keys().next() {
-                    self.versions.set_horizon(*oldest);
-                }
-                self.replay_time += started.elapsed();
-                self.replayed += 1;
-                return Ok(());
             }
             Entry::DropTable(id) => {
                 replay(&mut self.rows, &self.procedures, lsn, Entry::DropTable(id))
                     .map_err(diverged)?;
                 self.versions.drop_table(id).map_err(diverged)?;
             }
+            // Row changes (none for a snapshot transaction).
             entry => {
                 let ops = replay(&mut self.rows, &self.procedures, lsn, entry).map_err(diverged)?;
                 let columnar = Instant::now();
@@ -170,6 +156,15 @@ impl Secondary {
             }
         }
         self.versions.advance(lsn).map_err(diverged)?;
+        if snapshot {
+            self.snapshots.insert(lsn, self.versions.snapshot());
+            while self.snapshots.len() > self.keep {
+                self.snapshots.pop_first();
+            }
+            if let Some(oldest) = self.snapshots.keys().next() {
+                self.versions.set_horizon(*oldest);
+            }
+        }
         self.replay_time += started.elapsed();
         self.replayed += 1;
         Ok(())

@@ -349,21 +349,10 @@ impl VersionedStore {
 
     /// Applies one row operation of the transaction with LSN `lsn`.
     pub fn apply(&mut self, lsn: u64, op: &RowOp) -> Result<()> {
-        match op {
-            RowOp::Insert { table, row } => {
-                let horizon = self.horizon;
-                self.table_mut(*table)?.insert(lsn, row.clone(), horizon)
-            }
-            RowOp::Update { table, row } => {
-                let horizon = self.horizon;
-                let t = self.table_mut(*table)?;
-                t.def.check_row(row)?;
-                let key = t.def.key_of(row);
-                t.delete(lsn, &key)?;
-                t.insert(lsn, row.clone(), horizon)
-            }
-            RowOp::Delete { table, key } => self.table_mut(*table)?.delete(lsn, key),
+        if let RowOp::Insert { table, row } | RowOp::Update { table, row } = op {
+            self.table_mut(*table)?.def.check_row(row)?;
         }
+        self.apply_checked(lsn, op.clone())
     }
 
     /// [`VersionedStore::apply`] of an operation the row store has just applied (and
