@@ -3,20 +3,13 @@
 //! and on every state recovered or replayed from the log.
 
 use crate::schema::col;
+use crate::values::{dec_of, int_of};
 use gyre_replica::{Result, Row, Store};
 use std::collections::{BTreeMap, BTreeSet};
 
 type District = (i64, i64);
 type Order = (i64, i64, i64);
 type Customer = (i64, i64, i64);
-
-fn int(row: &Row, i: usize) -> i64 {
-    row[i].as_int().expect("an integer column")
-}
-
-fn dec(row: &Row, i: usize) -> i128 {
-    row[i].as_decimal().expect("a decimal column")
-}
 
 fn rows<'s>(store: &'s Store, table: &str) -> Result<impl Iterator<Item = &'s Row> + 's> {
     Ok(store.table(store.table_id(table)?)?.rows.values())
@@ -34,30 +27,33 @@ pub fn violations(store: &Store) -> Result<Vec<String>> {
     let mut d_ytd_sum: BTreeMap<i64, i128> = BTreeMap::new();
     let mut districts: BTreeMap<District, (i128, i64)> = BTreeMap::new();
     for d in rows(store, "district")? {
-        let key = (int(d, col::district::W_ID), int(d, 0));
-        *d_ytd_sum.entry(key.0).or_default() += dec(d, col::district::YTD);
+        let key = (int_of(d, col::district::W_ID), int_of(d, 0));
+        *d_ytd_sum.entry(key.0).or_default() += dec_of(d, col::district::YTD);
         districts.insert(
             key,
-            (dec(d, col::district::YTD), int(d, col::district::NEXT_O_ID)),
+            (
+                dec_of(d, col::district::YTD),
+                int_of(d, col::district::NEXT_O_ID),
+            ),
         );
     }
     let mut h_by_w: BTreeMap<i64, i128> = BTreeMap::new();
     let mut h_by_d: BTreeMap<District, i128> = BTreeMap::new();
     let mut h_by_c: BTreeMap<Customer, i128> = BTreeMap::new();
     for h in rows(store, "history")? {
-        let amount = dec(h, col::history::AMOUNT);
-        let (w, d) = (int(h, col::history::W_ID), int(h, col::history::D_ID));
+        let amount = dec_of(h, col::history::AMOUNT);
+        let (w, d) = (int_of(h, col::history::W_ID), int_of(h, col::history::D_ID));
         *h_by_w.entry(w).or_default() += amount;
         *h_by_d.entry((w, d)).or_default() += amount;
         let c = (
-            int(h, col::history::C_W_ID),
-            int(h, col::history::C_D_ID),
-            int(h, col::history::C_ID),
+            int_of(h, col::history::C_W_ID),
+            int_of(h, col::history::C_D_ID),
+            int_of(h, col::history::C_ID),
         );
         *h_by_c.entry(c).or_default() += amount;
     }
     for w in rows(store, "warehouse")? {
-        let (id, ytd) = (int(w, 0), dec(w, col::warehouse::YTD));
+        let (id, ytd) = (int_of(w, 0), dec_of(w, col::warehouse::YTD));
         let districts_ytd = d_ytd_sum.get(&id).copied().unwrap_or_default();
         if ytd != districts_ytd {
             fail(format!(
@@ -75,7 +71,7 @@ pub fn violations(store: &Store) -> Result<Vec<String>> {
     let mut new_orders: BTreeMap<District, Vec<i64>> = BTreeMap::new();
     let mut undelivered: BTreeSet<Order> = BTreeSet::new();
     for no in rows(store, "new_order")? {
-        let (o, d, w) = (int(no, 0), int(no, 1), int(no, 2));
+        let (o, d, w) = (int_of(no, 0), int_of(no, 1), int_of(no, 2));
         new_orders.entry((w, d)).or_default().push(o);
         undelivered.insert((w, d, o));
     }
@@ -84,13 +80,13 @@ pub fn violations(store: &Store) -> Result<Vec<String>> {
     let mut orders: BTreeMap<Order, (i64, bool, i64)> = BTreeMap::new();
     for o in rows(store, "orders")? {
         let key = (
-            int(o, col::orders::W_ID),
-            int(o, col::orders::D_ID),
-            int(o, col::orders::ID),
+            int_of(o, col::orders::W_ID),
+            int_of(o, col::orders::D_ID),
+            int_of(o, col::orders::ID),
         );
         let m = max_o.entry((key.0, key.1)).or_default();
         *m = (*m).max(key.2);
-        let lines = int(o, col::orders::OL_CNT);
+        let lines = int_of(o, col::orders::OL_CNT);
         *ol_cnt_sum.entry((key.0, key.1)).or_default() += lines;
         let carrier_null = o[col::orders::CARRIER_ID].is_null();
         if carrier_null != undelivered.contains(&key) {
@@ -100,7 +96,7 @@ pub fn violations(store: &Store) -> Result<Vec<String>> {
                 if carrier_null { "not " } else { "" }
             ));
         }
-        orders.insert(key, (lines, carrier_null, int(o, col::orders::C_ID)));
+        orders.insert(key, (lines, carrier_null, int_of(o, col::orders::C_ID)));
     }
     for (&(w, d), &(ytd, next)) in &districts {
         let max = max_o.get(&(w, d)).copied().unwrap_or_default();
@@ -136,9 +132,9 @@ pub fn violations(store: &Store) -> Result<Vec<String>> {
     let mut delivered_by_c: BTreeMap<Customer, i128> = BTreeMap::new();
     for l in rows(store, "order_line")? {
         let key = (
-            int(l, col::order_line::W_ID),
-            int(l, col::order_line::D_ID),
-            int(l, col::order_line::O_ID),
+            int_of(l, col::order_line::W_ID),
+            int_of(l, col::order_line::D_ID),
+            int_of(l, col::order_line::O_ID),
         );
         *lines_by_d.entry((key.0, key.1)).or_default() += 1;
         *lines_by_o.entry(key).or_default() += 1;
@@ -156,7 +152,7 @@ pub fn violations(store: &Store) -> Result<Vec<String>> {
         }
         if !delivery_null {
             *delivered_by_c.entry((key.0, key.1, c)).or_default() +=
-                dec(l, col::order_line::AMOUNT);
+                dec_of(l, col::order_line::AMOUNT);
         }
     }
     for order in &undelivered {
@@ -180,8 +176,8 @@ pub fn violations(store: &Store) -> Result<Vec<String>> {
     }
 
     for c in rows(store, "customer")? {
-        let key = (int(c, 2), int(c, 1), int(c, 0));
-        let balance = dec(c, col::customer::BALANCE);
+        let key = (int_of(c, 2), int_of(c, 1), int_of(c, 0));
+        let balance = dec_of(c, col::customer::BALANCE);
         let delivered = delivered_by_c.get(&key).copied().unwrap_or_default();
         let paid = h_by_c.get(&key).copied().unwrap_or_default();
         if balance != delivered - paid {
@@ -189,7 +185,7 @@ pub fn violations(store: &Store) -> Result<Vec<String>> {
                 "10: customer {key:?}: c_balance {balance}, delivered {delivered} less paid {paid}"
             ));
         }
-        let ytd = dec(c, col::customer::YTD_PAYMENT);
+        let ytd = dec_of(c, col::customer::YTD_PAYMENT);
         if balance + ytd != delivered {
             fail(format!(
                 "12: customer {key:?}: c_balance {balance} plus c_ytd_payment {ytd}, delivered {delivered}"

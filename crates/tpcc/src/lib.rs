@@ -18,6 +18,7 @@ pub mod load;
 pub mod random;
 pub mod schema;
 pub mod transactions;
+mod values;
 pub mod workload;
 
 pub use workload::{Call, Kind, Scale, Terminal, call_sql};

@@ -10,25 +10,13 @@
 
 use crate::random::{C_LAST_LOAD, Random, last_name, nurand_a};
 use crate::schema::TIMESTAMP;
+use crate::values::{dec, int, ints, text};
 use gyre_replica::{Column, ColumnType, Procedure, Result, Txn, Value};
 
 /// The specification's sizes.
 pub const ITEMS: i64 = 100_000;
 pub const DISTRICTS: i64 = 10;
 pub const CUSTOMERS: i64 = 3000;
-
-pub(crate) fn int(v: i64) -> Value {
-    Value::Int(v)
-}
-
-pub(crate) fn text(v: impl Into<String>) -> Value {
-    Value::Text(v.into())
-}
-
-/// A decimal from its unscaled value (cents for scale 2).
-pub(crate) fn dec(v: i64) -> Value {
-    Value::Decimal(v.into())
-}
 
 fn param(name: &str, t: ColumnType) -> Column {
     Column::new(name, t, false)
@@ -61,7 +49,7 @@ impl Procedure for LoadItems {
     }
 
     fn run(&self, txn: &mut Txn<'_>, args: &[Value]) -> Result<Vec<Vec<Value>>> {
-        let items = args[0].as_int().unwrap_or_default();
+        let [items] = ints(args);
         check_sizes(items, 1)?;
         let item = txn.table("item")?;
         let mut r = Random::for_parts(&[1]);
@@ -98,7 +86,7 @@ impl Procedure for LoadWarehouse {
     }
 
     fn run(&self, txn: &mut Txn<'_>, args: &[Value]) -> Result<Vec<Vec<Value>>> {
-        let [w, items, customers] = [0, 1, 2].map(|i| args[i].as_int().unwrap_or_default());
+        let [w, items, customers] = ints(args);
         check_sizes(items, customers)?;
         let mut r = Random::for_parts(&[2, w as u64]);
         let warehouse = txn.table("warehouse")?;
@@ -149,7 +137,7 @@ impl Procedure for LoadDistrict {
     }
 
     fn run(&self, txn: &mut Txn<'_>, args: &[Value]) -> Result<Vec<Vec<Value>>> {
-        let [w, d, items, customers] = [0, 1, 2, 3].map(|i| args[i].as_int().unwrap_or_default());
+        let [w, d, items, customers] = ints(args);
         let now = args[4].clone();
         check_sizes(items, customers)?;
         let mut r = Random::for_parts(&[3, w as u64, d as u64]);

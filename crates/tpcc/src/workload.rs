@@ -1,8 +1,9 @@
 //! A terminal's inputs (clauses 2.4.1, 2.5.1, 2.6.1, 2.7.1, 2.8.1 and the mix of
 //! 5.2.3): which transaction runs next and with what arguments.
 
-use crate::load::{CUSTOMERS, DISTRICTS, ITEMS, dec, int, text};
+use crate::load::{CUSTOMERS, DISTRICTS, ITEMS};
 use crate::random::{NuRandC, Random, last_name, nurand_a};
+use crate::values::{dec, int, text};
 use gyre_replica::{ColumnType, Value};
 
 /// The size of a database: the specification's per warehouse, or scaled down.

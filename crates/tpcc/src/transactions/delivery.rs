@@ -1,8 +1,9 @@
 //! Delivery (clause 2.7): deliver each district's oldest undelivered order.
 
-use super::{dec_of, get, int_of, ints, with};
-use crate::load::{DISTRICTS, int};
+use super::{get, with};
+use crate::load::DISTRICTS;
 use crate::schema::{TIMESTAMP, col};
+use crate::values::{dec_of, int, int_of, ints};
 use gyre_replica::{Column, ColumnType, Procedure, Result, Txn, Value};
 
 /// `tpcc_delivery(w_id, o_carrier_id, ol_delivery_d)`: one row (d_id, o_id) per district

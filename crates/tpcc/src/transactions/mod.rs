@@ -19,25 +19,13 @@ pub use payment::Payment;
 pub use stock_level::StockLevel;
 
 use crate::schema::col;
+use crate::values::text_of;
 use gyre_replica::{Result, Row, TableId, Txn, Value};
 
 /// The row with this key, or an error naming what is missing.
 fn get(txn: &Txn<'_>, table: TableId, key: &[Value], what: &str) -> Result<Row> {
     txn.get(table, key)?
         .ok_or_else(|| Txn::abort(format!("no {what} {key:?}")))
-}
-
-/// An integer column of one of our own rows (the schema makes it one).
-fn int_of(row: &[Value], i: usize) -> i64 {
-    row[i].as_int().expect("an integer column")
-}
-
-fn dec_of(row: &[Value], i: usize) -> i128 {
-    row[i].as_decimal().expect("a decimal column")
-}
-
-fn text_of(row: &[Value], i: usize) -> &str {
-    row[i].as_text().expect("a text column")
 }
 
 /// `row` with some columns replaced.
@@ -47,11 +35,6 @@ fn with(row: &[Value], changes: impl IntoIterator<Item = (usize, Value)>) -> Vec
         out[i] = v;
     }
     out
-}
-
-/// The arguments' integers, in order; the procedure interface has checked their types.
-fn ints<const N: usize>(args: &[Value]) -> [i64; N] {
-    std::array::from_fn(|i| args[i].as_int().unwrap_or_default())
 }
 
 /// The customer a Payment or Order-Status names: by number, or by last name, in which

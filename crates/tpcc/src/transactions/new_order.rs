@@ -1,8 +1,8 @@
 //! New-Order (clause 2.4): enter an order of 5 to 15 lines, taking stock.
 
-use super::{dec_of, get, int_of, ints, text_of, with};
-use crate::load::{int, text};
+use super::{get, with};
 use crate::schema::{TIMESTAMP, col};
+use crate::values::{dec_of, int, int_of, ints, text, text_of};
 use gyre_replica::{Column, ColumnType, Procedure, Result, Txn, Value};
 
 /// `tpcc_new_order(w_id, d_id, c_id, item_ids, supply_w_ids, quantities, entry_d)`,

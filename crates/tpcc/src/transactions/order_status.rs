@@ -1,8 +1,8 @@
 //! Order-Status (clause 2.6): a customer's last order and its lines; reads only.
 
-use super::{customer, int_of, ints};
-use crate::load::int;
+use super::customer;
 use crate::schema::{TIMESTAMP, col};
+use crate::values::{int, int_of, ints};
 use gyre_replica::{Column, ColumnType, Procedure, Result, Txn, Value};
 use std::ops::Bound;
 

@@ -1,9 +1,9 @@
 //! Payment (clause 2.5): a customer pays; the warehouse's, district's and customer's
 //! balances move, and the payment goes into the history.
 
-use super::{customer, dec_of, get, int_of, ints, text_of, with};
-use crate::load::{int, text};
+use super::{customer, get, with};
 use crate::schema::{TIMESTAMP, col};
+use crate::values::{dec_of, int, int_of, ints, text, text_of};
 use gyre_replica::{Column, ColumnType, Procedure, Result, Txn, Value};
 
 /// `tpcc_payment(w_id, d_id, c_w_id, c_d_id, c_id, c_last, h_amount, h_date)`: the

@@ -1,9 +1,9 @@
 //! Stock-Level (clause 2.8): how many items of a district's last 20 orders are low in
 //! stock; reads only.
 
-use super::{get, int_of, ints};
-use crate::load::int;
+use super::get;
 use crate::schema::col;
+use crate::values::{int, int_of, ints};
 use gyre_replica::{Column, ColumnType, Procedure, Result, Txn, Value};
 use std::collections::BTreeSet;
 use std::ops::Bound;
