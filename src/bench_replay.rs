@@ -138,7 +138,7 @@ fn round_inner(mode: LogMode, scale: Scale, args: &ReplayArgs) -> Result<Round, 
     )?;
     let shipped: Arc<Mutex<Vec<Vec<u8>>>> = Arc::default();
     let sink = Arc::clone(&shipped);
-    primary.ship(Box::new(move |frames| sink.lock().push(frames.to_vec())))?;
+    primary.ship(Box::new(move |_, frames| sink.lock().push(frames.to_vec())))?;
     create_and_load(&primary, scale, LOAD_TIME)?;
     let loaded = primary.log_stats().unwrap_or_default();
     // The secondary replays the load untimed.

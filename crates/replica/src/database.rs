@@ -94,7 +94,8 @@ impl Database {
             return Ok(Self {
                 store: Arc::default(),
                 committed: Mutex::default(),
-                log: None,
+                // Written nowhere, but shipped to secondaries all the same.
+                log: Some(LogWriter::in_memory(1)?),
                 checkpoints: None,
                 procedures,
                 options,
@@ -452,7 +453,10 @@ impl Database {
                 std::fs::remove_dir_all(&dir).map_err(|e| Error::io(&dir, "remove", e))?;
             }
         }
-        let segments = segment::list(log.dir())?;
+        let Some(log_dir) = log.dir() else {
+            return Ok(Some(copy.lsn));
+        };
+        let segments = segment::list(log_dir)?;
         for pair in segments.windows(2) {
             if pair[1].0 <= copy.lsn + 1 {
                 let path = &pair[0].1;
@@ -485,17 +489,15 @@ impl Database {
         }
     }
 
-    /// Hands each group of log entries, once durable, to `shipper` (the multicast to
-    /// secondaries). Needs a durable log (`data_dir`).
+    /// Hands each group of log entries, once durable (once logged, for a database in
+    /// memory), to `shipper` (the multicast to secondaries).
     pub fn ship(&self, shipper: crate::log::writer::Shipper) -> Result<()> {
         match &self.log {
             Some(log) => {
                 log.ship(shipper);
                 Ok(())
             }
-            None => Err(Error::Unsupported(
-                "shipping the log to secondaries needs a data directory".into(),
-            )),
+            None => Err(Error::Unsupported("this database keeps no log".into())),
         }
     }
 

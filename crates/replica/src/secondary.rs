@@ -55,6 +55,26 @@ impl Secondary {
         }
     }
 
+    /// A secondary that starts from the primary's state `store` (a checkpoint, or the
+    /// state a joining secondary is sent) and replays the log after it. Its first
+    /// snapshot is at the state's LSN.
+    pub fn from_state(store: Store, procedures: Procedures) -> Result<Self> {
+        let mut versions = VersionedStore::default();
+        for table in store.tables() {
+            versions.create_table(store.lsn, (*table.def).clone(), table.to_rows())?;
+        }
+        versions.advance(store.lsn)?;
+        let mut secondary = Self::new(procedures);
+        secondary.rows = store;
+        secondary.versions = versions;
+        let lsn = secondary.rows.lsn;
+        secondary
+            .snapshots
+            .insert(lsn, secondary.versions.snapshot());
+        secondary.versions.set_horizon(lsn);
+        Ok(secondary)
+    }
+
     /// Keeps the newest `keep` snapshots (at least one).
     pub fn keep_snapshots(&mut self, keep: usize) {
         self.keep = keep.max(1);
@@ -183,6 +203,28 @@ impl Secondary {
         self.snapshots.range(arrival..).next().map(|(_, s)| s)
     }
 
+    /// The snapshot cut at exactly `lsn`, if it is kept.
+    pub fn snapshot_at(&self, lsn: u64) -> Option<&Snapshot> {
+        self.snapshots.get(&lsn)
+    }
+
+    /// Why the snapshot at `lsn` cannot be read here (`None`: it can, or it is not
+    /// replayed yet).
+    pub fn missing_snapshot(&self, lsn: u64) -> Option<String> {
+        if let Some(f) = &self.failed {
+            return Some(format!("the secondary failed: {f}"));
+        }
+        if self.snapshots.contains_key(&lsn) || lsn > self.lsn() {
+            return None;
+        }
+        Some(match self.snapshots.keys().next() {
+            Some(&oldest) if oldest > lsn => format!(
+                "the snapshot at LSN {lsn} is no longer kept (the oldest kept is at {oldest})"
+            ),
+            _ => format!("LSN {lsn} is not a snapshot transaction"),
+        })
+    }
+
     /// The LSNs of the snapshots kept.
     pub fn snapshot_lsns(&self) -> Vec<u64> {
         self.snapshots.keys().copied().collect()
@@ -242,6 +284,20 @@ mod tests {
         assert_eq!(chosen.lsn, marks[3]);
         assert_eq!(rows(chosen), 16);
         assert_eq!(s.snapshot_for(marks[4]).unwrap().lsn, marks[4]);
+        assert_eq!(s.snapshot_at(marks[4]).unwrap().lsn, marks[4]);
+        assert!(s.snapshot_at(marks[4] - 1).is_none());
+        assert!(s.missing_snapshot(marks[4]).is_none());
+        assert!(s.missing_snapshot(lsn + 5).is_none(), "not replayed yet");
+        let old = s.missing_snapshot(marks[0]).unwrap();
+        assert!(old.contains("no longer kept"), "{old}");
+        // A secondary started from the state at some LSN has its first snapshot there
+        // and goes on with the log after it.
+        let mut joined = Secondary::from_state(s.rows().clone(), Procedures::new()).unwrap();
+        assert_eq!(rows(joined.snapshot_at(lsn).unwrap()), 20);
+        joined.apply(lsn + 1, insert(100)).unwrap();
+        joined.apply(lsn + 2, Entry::Snapshot).unwrap();
+        assert_eq!(rows(joined.snapshot_at(lsn + 2).unwrap()), 21);
+        assert_eq!(rows(joined.snapshot_at(lsn).unwrap()), 20);
         assert!(s.snapshot_for(lsn + 1).is_none(), "not cut yet");
         // A repeat is ignored; a gap in the LSNs is refused, and after a failure
         // nothing more is applied.

@@ -7,8 +7,8 @@
 //! applied partly, twice, or lost after it was acknowledged breaks one of these.
 
 use gyre_replica::{
-    Column, ColumnType, Database, Error, LogMode, Options, Procedure, Procedures, Result, Txn,
-    Value,
+    Column, ColumnType, Database, Error, LogMode, Options, Procedure, Procedures, Result,
+    Secondary, Txn, Value,
 };
 use rand::Rng;
 use std::collections::{BTreeMap, BTreeSet};
@@ -192,12 +192,62 @@ fn check_bank(db: &Database) -> BTreeSet<i64> {
 fn memory_only_without_a_data_dir() {
     let db = open_bank(Options::default());
     let mut rng = rand::rng();
-    for id in 0..100 {
+    for id in 0..50 {
+        let _ = transfer(&db, id, &mut rng);
+    }
+    // A secondary joins with the state so far, then replays the shipped log.
+    let state = gyre_replica::checkpoint::to_bytes(&db.snapshot()).unwrap();
+    let shipped = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let sink = Arc::clone(&shipped);
+    db.ship(Box::new(move |last, frames| {
+        sink.lock().push((last, frames.to_vec()))
+    }))
+    .unwrap();
+    for id in 50..100 {
         let _ = transfer(&db, id, &mut rng);
     }
     assert!(!check_bank(&db).is_empty());
-    assert!(db.log_stats().is_none());
     assert_eq!(db.checkpoint().unwrap(), None);
+    let store = gyre_replica::checkpoint::from_bytes(state.into()).unwrap();
+    let mut secondary = Secondary::from_state(store, procedures()).unwrap();
+    let shipped = shipped.lock();
+    assert!(!shipped.is_empty());
+    for (last, frames) in shipped.iter() {
+        secondary.apply_frames(frames).unwrap();
+        assert_eq!(secondary.lsn(), *last);
+    }
+    assert_eq!(secondary.lsn(), db.lsn());
+    let replicated: BTreeMap<String, Vec<Vec<Value>>> = secondary
+        .rows()
+        .tables()
+        .map(|t| (t.def.name.clone(), t.to_rows()))
+        .collect();
+    assert_eq!(replicated, contents(&db));
+}
+
+#[test]
+fn state_buffers_round_trip_and_refuse_damage() {
+    use gyre_replica::checkpoint::{from_bytes, to_bytes};
+    let db = open_bank(Options::default());
+    let mut rng = rand::rng();
+    for id in 0..30 {
+        let _ = transfer(&db, id, &mut rng);
+    }
+    let bytes = to_bytes(&db.snapshot()).unwrap();
+    let store = from_bytes(bytes.clone().into()).unwrap();
+    assert_eq!(store.lsn, db.lsn());
+    let names: Vec<String> = store.tables().map(|t| t.def.name.clone()).collect();
+    assert_eq!(names.len(), 3);
+    for cut in [0, 5, 12, bytes.len() / 2, bytes.len() - 1] {
+        let err = from_bytes(bytes[..cut].to_vec().into()).unwrap_err();
+        assert!(err.to_string().contains("(state)"), "cut at {cut}: {err}");
+    }
+    let mut longer = bytes.clone();
+    longer.push(0);
+    assert!(from_bytes(longer.into()).is_err());
+    let mut huge = bytes.clone();
+    huge[8..16].copy_from_slice(&u64::MAX.to_le_bytes());
+    assert!(from_bytes(huge.into()).is_err());
 }
 
 #[test]

@@ -97,7 +97,7 @@ fn run(mode: LogMode, g: Group) {
     let publisher = Arc::new(Publisher::new(PublisherConfig::new(g)).unwrap());
     let p = Arc::clone(&publisher);
     primary
-        .ship(Box::new(move |frames| p.publish(frames).unwrap()))
+        .ship(Box::new(move |_, frames| p.publish(frames).unwrap()))
         .unwrap();
     create_and_load(&primary, SCALE, 1_700_000_000_000_000_000).unwrap();
     let primary = Arc::new(primary);

@@ -10,6 +10,9 @@
 //!
 //! A failed write or fsync stops the log for good: whether that group reached the disk
 //! is unknown, so no later transaction may be acknowledged on top of it.
+//!
+//! A log without a directory ([`LogWriter::in_memory`]) writes nothing: a group counts
+//! as durable once it is framed, and is shipped to the secondaries all the same.
 
 use super::Entry;
 use super::segment::{self, HEADER, MAX_GROUP_BYTES};
@@ -52,12 +55,14 @@ struct Durability {
     failed: Option<String>,
 }
 
-/// Where durable log bytes go besides the disk (the multicast to secondaries). It runs
-/// on the log's thread: it should hand the bytes on, not wait.
-pub type Shipper = Box<dyn Fn(&[u8]) + Send + Sync>;
+/// Where durable log bytes go besides the disk (the multicast to secondaries): called
+/// with the LSN of the last entry the frames hold, and the frames. It runs on the log's
+/// thread: it should hand the bytes on, not wait.
+pub type Shipper = Box<dyn Fn(u64, &[u8]) + Send + Sync>;
 
 struct Shared {
-    dir: PathBuf,
+    /// `None`: the log is kept nowhere (a database in memory).
+    dir: Option<PathBuf>,
     /// Called with each write's frames once they are durable, in LSN order.
     shipper: Mutex<Option<Shipper>>,
     segment_bytes: u64,
@@ -120,8 +125,28 @@ impl LogWriter {
             }
             None => create_segment(dir, next_lsn)?,
         };
+        Self::start(
+            Some(dir.to_path_buf()),
+            next_lsn,
+            Some(segment),
+            segment_bytes,
+        )
+    }
+
+    /// A log that writes nothing, for a database kept in memory: its groups go only to
+    /// the shipper.
+    pub fn in_memory(next_lsn: u64) -> Result<Self> {
+        Self::start(None, next_lsn, None, u64::MAX)
+    }
+
+    fn start(
+        dir: Option<PathBuf>,
+        next_lsn: u64,
+        segment: Option<Segment>,
+        segment_bytes: u64,
+    ) -> Result<Self> {
         let shared = Arc::new(Shared {
-            dir: dir.to_path_buf(),
+            dir: dir.clone(),
             shipper: Mutex::new(None),
             segment_bytes,
             queue: Mutex::new(Queue {
@@ -143,7 +168,10 @@ impl LogWriter {
         let committer = std::thread::Builder::new()
             .name("gyre-redo-log".into())
             .spawn(move || commit_loop(&thread_shared, segment))
-            .map_err(|e| Error::io(dir, "start the log thread for", e))?;
+            .map_err(|e| {
+                let dir = dir.unwrap_or_else(|| PathBuf::from("(memory)"));
+                Error::io(&dir, "start the log thread for", e)
+            })?;
         Ok(Self {
             shared,
             committer: Mutex::new(Some(committer)),
@@ -230,8 +258,9 @@ impl LogWriter {
         }
     }
 
-    pub fn dir(&self) -> &Path {
-        &self.shared.dir
+    /// Where the segments are (`None` for a log in memory).
+    pub fn dir(&self) -> Option<&Path> {
+        self.shared.dir.as_deref()
     }
 }
 
@@ -271,7 +300,7 @@ pub fn sync_dir(dir: &Path) -> Result<()> {
         .map_err(|e| Error::io(dir, "fsync the directory", e))
 }
 
-fn commit_loop(shared: &Shared, mut segment: Segment) {
+fn commit_loop(shared: &Shared, mut segment: Option<Segment>) {
     loop {
         let (groups, roll) = {
             let mut q = shared.queue.lock();
@@ -288,13 +317,16 @@ fn commit_loop(shared: &Shared, mut segment: Segment) {
                 let last = groups.last().map(|g| g.first_lsn + u64::from(g.count) - 1);
                 let mut d = shared.durable.lock();
                 d.lsn = last.unwrap_or(d.lsn);
+                let last = d.lsn;
                 drop(d);
                 shared.durable_changed.notify_all();
                 // Shipping is best effort (a secondary that misses groups catches up
                 // from the durable log); a failing shipper must not stop the log.
                 if let Some(ship) = &*shared.shipper.lock()
-                    && std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| ship(&frames)))
-                        .is_err()
+                    && std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        ship(last, &frames)
+                    }))
+                    .is_err()
                 {
                     tracing::error!("redo log: shipping a group to the secondaries panicked");
                 }
@@ -318,13 +350,10 @@ fn commit_loop(shared: &Shared, mut segment: Segment) {
 
 fn write_groups(
     shared: &Shared,
-    segment: &mut Segment,
+    segment: &mut Option<Segment>,
     groups: &[Group],
     roll: bool,
 ) -> Result<Vec<u8>> {
-    if (roll || segment.len >= shared.segment_bytes) && segment.len > HEADER.len() as u64 {
-        *segment = create_segment(&shared.dir, groups[0].first_lsn)?;
-    }
     let mut bytes = Vec::new();
     let mut entries = 0u64;
     let mut raw_bytes = 0u64;
@@ -333,15 +362,20 @@ fn write_groups(
         entries += u64::from(g.count);
         raw_bytes += g.raw.len() as u64;
     }
-    segment
-        .file
-        .write_all(&bytes)
-        .map_err(|e| Error::io(&segment.path, "write", e))?;
-    segment
-        .file
-        .sync_data()
-        .map_err(|e| Error::io(&segment.path, "fsync", e))?;
-    segment.len += bytes.len() as u64;
+    if let (Some(segment), Some(dir)) = (segment.as_mut(), &shared.dir) {
+        if (roll || segment.len >= shared.segment_bytes) && segment.len > HEADER.len() as u64 {
+            *segment = create_segment(dir, groups[0].first_lsn)?;
+        }
+        segment
+            .file
+            .write_all(&bytes)
+            .map_err(|e| Error::io(&segment.path, "write", e))?;
+        segment
+            .file
+            .sync_data()
+            .map_err(|e| Error::io(&segment.path, "fsync", e))?;
+        segment.len += bytes.len() as u64;
+    }
     shared
         .groups
         .fetch_add(groups.len() as u64, Ordering::Relaxed);
