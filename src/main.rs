@@ -574,6 +574,7 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
                 coordinator_ca,
                 memory_limit,
                 local_files,
+                procedures: gyre_tpcc::procedures(),
             })
             .await?;
             println!(

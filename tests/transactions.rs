@@ -339,6 +339,137 @@ async fn dml_and_transactions_on_a_replicated_table() {
     );
 }
 
+/// The LSN of the snapshot `EXPLAIN ANALYZE` says a query read, and its workers.
+async fn snapshot_of(
+    c: &Arc<Coordinator>,
+    s: &datafusion::prelude::SessionContext,
+    q: &str,
+) -> (u64, usize) {
+    let results = c.sql_in(s, &format!("EXPLAIN ANALYZE {q}")).await.unwrap();
+    let text = format!(
+        "{}",
+        arrow::util::pretty::pretty_format_batches(&results[0].batches).unwrap()
+    );
+    let field = |name: &str| -> u64 {
+        let at = text
+            .find(name)
+            .unwrap_or_else(|| panic!("no {name} in {text}"));
+        text[at + name.len()..]
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect::<String>()
+            .parse()
+            .unwrap()
+    };
+    (field("snapshot_lsn="), field("workers=") as usize)
+}
+
+/// Reads outside a transaction run on the workers, each a secondary that replays the
+/// primary's log, on one global snapshot: concurrent transfers never show a changed
+/// total however the table is split over the workers, a session reads its own commits,
+/// a worker that joins later starts from the primary's state, and the primary marks a
+/// snapshot each second when something changed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn reads_run_on_the_secondaries_at_global_snapshots() {
+    let mut cluster = cluster(2, None).await;
+    let c = Arc::clone(&cluster.coordinator);
+    let s = c.new_session();
+    create_accounts(&c, &s).await;
+    let total = "SELECT sum(balance), count(*) FROM accounts";
+    let (first, workers) = snapshot_of(&c, &s, total).await;
+    assert_eq!(workers, 2);
+    // Nothing changed: the next query reads the same snapshot.
+    assert_eq!(snapshot_of(&c, &s, total).await.0, first);
+
+    // Transfers run while another session sums: every snapshot has the same total.
+    let writer = {
+        let c = Arc::clone(&c);
+        tokio::spawn(async move {
+            let s = c.new_session();
+            let calls: Vec<String> = {
+                let mut rng = rand::rng();
+                (0..300)
+                    .map(|_| {
+                        let (from, to) =
+                            (rng.random_range(0..ACCOUNTS), rng.random_range(0..ACCOUNTS));
+                        format!("CALL transfer({from}, {to}, {})", rng.random_range(1..50))
+                    })
+                    .collect()
+            };
+            for call in calls {
+                let _ = c.sql_in(&s, &call).await;
+            }
+        })
+    };
+    let mut reads = 0;
+    while !writer.is_finished() {
+        assert_eq!(
+            sql(&c, &s, total).await,
+            vec![vec![100 * ACCOUNTS, ACCOUNTS]]
+        );
+        reads += 1;
+    }
+    writer.await.unwrap();
+    assert!(reads > 3, "{reads} reads only");
+
+    // A session reads its own commits, and snapshots never go back.
+    let mut last = snapshot_of(&c, &s, total).await.0;
+    for i in 0..20 {
+        let balances = sql(&c, &s, &format!("CALL transfer({i}, {}, 1)", i + 500)).await;
+        let read = sql(
+            &c,
+            &s,
+            &format!(
+                "SELECT balance FROM accounts WHERE id IN ({i}, {}) ORDER BY id",
+                i + 500
+            ),
+        )
+        .await;
+        assert_eq!(read, vec![vec![balances[0][0]], vec![balances[0][1]]]);
+        let (lsn, _) = snapshot_of(&c, &s, total).await;
+        assert!(lsn > last, "snapshot {lsn} after {last}");
+        last = lsn;
+    }
+
+    // A worker that joins later starts from the primary's state, and reads its part.
+    cluster.start_worker(1).await.unwrap();
+    c.wait_for_workers(3, Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert_eq!(
+        sql(&c, &s, total).await,
+        vec![vec![100 * ACCOUNTS, ACCOUNTS]]
+    );
+    assert_eq!(snapshot_of(&c, &s, total).await.1, 3);
+    assert_eq!(
+        sql(
+            &c,
+            &s,
+            "SELECT count(*) FROM accounts a JOIN accounts b USING (id)"
+        )
+        .await,
+        vec![vec![ACCOUNTS]]
+    );
+
+    // One more commit, then no query: the primary marks a snapshot within a second,
+    // and every worker replays it.
+    sql(&c, &s, "CALL transfer(1, 2, 1)").await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let lsns: Vec<u64> = cluster.workers().map(|w| w.secondary.lsn()).collect();
+        if lsns.iter().all(|&l| l >= last + 2) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no periodic snapshot: {lsns:?} after {last}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The query reads that periodic snapshot: nothing changed since.
+    assert_eq!(snapshot_of(&c, &s, total).await.0, last + 2);
+}
+
 /// 100,000 rows from a distributed table into a transactional one and back out,
 /// checked against the source.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -3,6 +3,7 @@
 
 use crate::files::{FileCopyExec, FileSplitScanExec};
 use crate::modify::{GyreModifyExec, Modification};
+use crate::snapshot_scan::SnapshotScanExec;
 use crate::table::{GyreInsertExec, GyreScanExec};
 use crate::tpch::TpchGenExec;
 use arrow::datatypes::{Schema, SchemaRef};
@@ -140,6 +141,16 @@ enum NodeProto {
         key: usize,
         settings: NeoSettings,
         exchange: Option<u32>,
+    },
+    /// A [`SnapshotScanExec`].
+    SnapshotScan {
+        table: String,
+        schema: Vec<u8>,
+        key: Vec<usize>,
+        projection: Option<Vec<usize>>,
+        lsn: u64,
+        workers: usize,
+        rows: u64,
     },
 }
 
@@ -391,6 +402,23 @@ impl PhysicalExtensionCodec for GyreCodec {
                 )?
                 .with_column_statistics(column_stats_from_bytes(&column_stats)?),
             ),
+            NodeProto::SnapshotScan {
+                table,
+                schema,
+                key,
+                projection,
+                lsn,
+                workers,
+                rows,
+            } => Arc::new(SnapshotScanExec::try_new(
+                table,
+                schema_from_bytes(&schema)?,
+                key,
+                projection,
+                lsn,
+                workers,
+                rows,
+            )?),
             NodeProto::Insert { table, key } => {
                 let input = inputs
                     .first()
@@ -651,6 +679,16 @@ impl PhysicalExtensionCodec for GyreCodec {
                     .iter()
                     .map(|c| ColumnStats::from(c).encode_to_vec())
                     .collect(),
+            }
+        } else if let Some(s) = node.downcast_ref::<SnapshotScanExec>() {
+            NodeProto::SnapshotScan {
+                table: s.table.clone(),
+                schema: schema_to_bytes(&s.table_schema)?,
+                key: s.key.clone(),
+                projection: s.projection.clone(),
+                lsn: s.lsn,
+                workers: s.properties().output_partitioning().partition_count(),
+                rows: s.rows,
             }
         } else if let Some(i) = node.downcast_ref::<GyreInsertExec>() {
             NodeProto::Insert {

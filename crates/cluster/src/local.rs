@@ -27,6 +27,8 @@ pub struct LocalCluster {
     local_files: LocalFiles,
     /// Whether the data links between its nodes are sealed.
     encrypt_links: bool,
+    /// The stored procedures its workers replay.
+    procedures: gyre_replica::Procedures,
     workers: Vec<(Arc<Worker>, Option<tokio::runtime::Runtime>)>,
 }
 
@@ -109,6 +111,7 @@ impl LocalCluster {
             worker_memory: limits.worker_memory,
             local_files: limits.local_files.clone(),
             encrypt_links: limits.encrypt_links,
+            procedures: limits.primary.procedures.clone(),
             workers: Vec::with_capacity(workers),
         };
         for _ in 0..workers {
@@ -142,6 +145,7 @@ impl LocalCluster {
             coordinator_ca: None,
             memory_limit: self.worker_memory,
             local_files: self.local_files.clone(),
+            procedures: self.procedures.clone(),
         };
         let worker = rt
             .spawn(Worker::start(cfg))

@@ -1,12 +1,21 @@
 //! Transactional tables as DataFusion sees them: the primary's row store read as Arrow.
 //!
 //! A table created `WITH (replication = 'full')` lives in the primary's row store
-//! ([`gyre_replica`]). A query reads it from one snapshot of that store, the same for
-//! every table the statement reads: the last durable commit, or, inside a transaction,
-//! the transaction's own state. The snapshot is taken when the statement is planned
-//! and handed to the scans through the planning session ([`PrimarySnapshot`]); its rows
-//! travel in the plan to wherever the scan runs.
+//! ([`gyre_replica`]) and, replayed from its log, on every worker. A query reads one
+//! state of it, the same for every table the statement reads:
+//!
+//! - outside a transaction, a global snapshot on the workers: the primary's last
+//!   snapshot transaction if nothing committed since the query arrived, else a new
+//!   one marked for it ([`crate::snapshot_scan`]), so that no query sees a state older
+//!   than one committed before it arrived;
+//! - inside a transaction, and where a change reads its input, the transaction's own
+//!   state on the primary, whose rows travel in the plan to wherever the scan runs.
+//!
+//! The choice is made when the statement is planned and handed to the scans through
+//! the planning session ([`PrimarySnapshot`]).
 
+use crate::snapshot_scan::SnapshotScanExec;
+use crate::table::QueryWorkers;
 use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
 use async_trait::async_trait;
@@ -26,7 +35,31 @@ const BATCH_ROWS: usize = 8192;
 /// The state of the primary's tables a statement reads, attached to its planning
 /// session.
 #[derive(Debug, Clone)]
-pub struct PrimarySnapshot(pub Arc<Store>);
+pub struct PrimarySnapshot {
+    /// The primary's state when the statement arrived (or its transaction's).
+    pub store: Arc<Store>,
+    /// Set when the statement reads on the workers: the LSN of the snapshot it reads,
+    /// chosen by its first scan.
+    pub on_workers: Option<Arc<tokio::sync::OnceCell<u64>>>,
+}
+
+impl PrimarySnapshot {
+    /// Reads `store` itself (a transaction's state, or a change's input).
+    pub fn on_primary(store: Arc<Store>) -> Self {
+        Self {
+            store,
+            on_workers: None,
+        }
+    }
+
+    /// Reads on the workers, at a global snapshot at or after `store`'s LSN.
+    pub fn on_workers(store: Arc<Store>) -> Self {
+        Self {
+            store,
+            on_workers: Some(Arc::default()),
+        }
+    }
+}
 
 /// The provider of one transactional table.
 #[derive(Debug)]
@@ -71,16 +104,42 @@ impl TableProvider for PrimaryTable {
         _filters: &[Expr],
         _limit: Option<usize>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let store = match state.config().get_extension::<PrimarySnapshot>() {
-            Some(snapshot) => Arc::clone(&snapshot.0),
-            None => self.db.snapshot(),
+        let snapshot = match state.config().get_extension::<PrimarySnapshot>() {
+            Some(snapshot) => snapshot,
+            None => Arc::new(PrimarySnapshot::on_primary(self.db.snapshot())),
         };
-        let batches = self.batches(&store)?;
-        Ok(MemorySourceConfig::try_new_exec(
-            &[batches],
+        let Some(chosen) = &snapshot.on_workers else {
+            let batches = self.batches(&snapshot.store)?;
+            return Ok(MemorySourceConfig::try_new_exec(
+                &[batches],
+                Arc::clone(&self.schema),
+                projection.cloned(),
+            )?);
+        };
+        let db = Arc::clone(&self.db);
+        let lsn = *chosen
+            .get_or_try_init(|| async move {
+                tokio::task::spawn_blocking(move || db.mark_snapshot_if_changed())
+                    .await
+                    .map_err(|e| DataFusionError::Execution(format!("marking a snapshot: {e}")))?
+                    .map_err(replica_err)
+            })
+            .await?;
+        let store = &snapshot.store;
+        let table = store
+            .table_id(&self.name)
+            .and_then(|id| store.table(id))
+            .map_err(replica_err)?;
+        let workers = QueryWorkers::of(state)?.0.len();
+        Ok(Arc::new(SnapshotScanExec::try_new(
+            self.name.clone(),
             Arc::clone(&self.schema),
+            table.def.key.clone(),
             projection.cloned(),
-        )?)
+            lsn,
+            workers,
+            table.rows.len() as u64,
+        )?))
     }
 }
 

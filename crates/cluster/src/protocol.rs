@@ -287,6 +287,11 @@ pub enum Request {
     },
     /// Coordinator to worker: its process and transport counters (`gyre_workers()`).
     Stats,
+    /// Worker to coordinator: send me the transactional tables' state and then their
+    /// log as it becomes durable (a stream of [`crate::log_feed::FeedMessage`]s).
+    SubscribeLog {
+        node: NodeId,
+    },
 }
 
 impl Request {
@@ -306,6 +311,7 @@ impl Request {
             Self::RegisterStore { .. } => "RegisterStore",
             Self::Progress { .. } => "Progress",
             Self::Stats => "Stats",
+            Self::SubscribeLog { .. } => "SubscribeLog",
         }
     }
 }
@@ -528,8 +534,8 @@ impl ControlClient {
         &self.addr
     }
 
-    /// Sends one request and waits for its response.
-    pub async fn call(&self, req: &Request) -> Result<Response> {
+    /// `req` as a control action signed for the node called.
+    fn signed(&self, req: &Request) -> Result<tonic::Request<Action>> {
         let body = encode(req);
         let signature = self.key.sign(self.to, ACTION, &body);
         let mut request = tonic::Request::new(Action {
@@ -540,6 +546,12 @@ impl ControlClient {
             .parse()
             .map_err(|_| DataFusionError::Internal("a signature is not a header value".into()))?;
         request.metadata_mut().insert(NODE_HEADER, signature);
+        Ok(request)
+    }
+
+    /// Sends one request and waits for its response.
+    pub async fn call(&self, req: &Request) -> Result<Response> {
+        let request = self.signed(req)?;
         let mut client = self.client.clone();
         let mut stream = client
             .do_action(request)
@@ -552,6 +564,26 @@ impl ControlClient {
             .ok_or_else(|| DataFusionError::Execution(format!("{}: empty reply", self.addr)))?
             .map_err(|s| status_error(&self.addr, s))?;
         decode(&first.body)
+    }
+}
+
+impl ControlClient {
+    /// Sends one request whose reply is a stream of messages, and returns their bodies.
+    pub async fn subscribe(
+        &self,
+        req: &Request,
+    ) -> Result<futures::stream::BoxStream<'static, Result<bytes::Bytes>>> {
+        let request = self.signed(req)?;
+        let mut client = self.client.clone();
+        let stream = client
+            .do_action(request)
+            .await
+            .map_err(|s| status_error(&self.addr, s))?
+            .into_inner();
+        let addr = self.addr.clone();
+        Ok(stream
+            .map(move |r| r.map(|r| r.body).map_err(|s| status_error(&addr, s)))
+            .boxed())
     }
 }
 

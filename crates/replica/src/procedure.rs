@@ -38,6 +38,12 @@ pub struct Procedures {
     by_name: BTreeMap<String, Arc<dyn Procedure>>,
 }
 
+impl std::fmt::Debug for Procedures {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.by_name.keys()).finish()
+    }
+}
+
 impl Procedures {
     pub fn new() -> Self {
         Self::default()

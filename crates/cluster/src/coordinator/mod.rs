@@ -168,6 +168,10 @@ pub struct Coordinator {
     deaths: tokio::sync::watch::Sender<u64>,
     /// The row store of the transactional tables, with its log.
     primary: Arc<gyre_replica::Database>,
+    /// The log as the workers (the secondaries) receive it.
+    log_feed: Arc<crate::log_feed::LogFeed>,
+    /// When the last periodic snapshot was considered.
+    last_periodic_mark: Mutex<Instant>,
     /// Open transactions, by session id.
     transactions: Mutex<HashMap<String, primary::SessionTxn>>,
     config: CoordinatorConfig,
@@ -237,6 +241,7 @@ impl Coordinator {
         let transport =
             TcpTransport::bind(COORDINATOR, config.data_listen, config.transport.clone()).await?;
         let primary = config.primary.open()?;
+        let log_feed = crate::log_feed::LogFeed::attach(Arc::clone(&primary))?;
         let ctx = coordinator_context();
         config.local_files.confine(&ctx.runtime_env());
         let default_session = session_of(&ctx);
@@ -261,6 +266,8 @@ impl Coordinator {
                 .map(|n| Arc::new(tokio::sync::Semaphore::new(n.max(1)))),
             deaths: tokio::sync::watch::Sender::new(0),
             primary,
+            log_feed,
+            last_periodic_mark: Mutex::new(Instant::now()),
             transactions: Mutex::new(HashMap::new()),
             config,
         });
@@ -285,6 +292,7 @@ impl Coordinator {
                 );
                 c.roll_back_idle_transactions();
                 c.checkpoint_if_due();
+                c.mark_snapshot_if_due();
                 last = now;
             }
         });

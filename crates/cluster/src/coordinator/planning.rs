@@ -13,9 +13,7 @@ impl Coordinator {
         config.set_extension(Arc::new(SessionPartitions(own)));
         config.options_mut().execution.target_partitions = workers.len().max(1);
         config.set_extension(Arc::new(QueryWorkers(workers.to_vec())));
-        config.set_extension(Arc::new(crate::primary_table::PrimarySnapshot(
-            self.primary_snapshot(session),
-        )));
+        config.set_extension(Arc::new(self.primary_snapshot(session)));
         state
     }
 
@@ -80,6 +78,7 @@ impl Coordinator {
 /// own data (table partitions, file splits, files written by COPY).
 pub(super) fn runs_on_workers(plan: &dyn ExecutionPlan) -> bool {
     plan.is::<GyreScanExec>()
+        || plan.is::<crate::snapshot_scan::SnapshotScanExec>()
         || plan.is::<TpchGenExec>()
         || plan.is::<FileSplitScanExec>()
         || plan.is::<GyreInsertExec>()

@@ -30,7 +30,7 @@ use datafusion::sql::sqlparser::ast::{
     CreateTableOptions, FunctionArg, FunctionArgExpr, FunctionArguments, SqlOption,
     Value as SqlValue,
 };
-use gyre_replica::{Database, LogMode, Procedures, Store, TableDef, Transaction, Value, columnar};
+use gyre_replica::{Database, LogMode, Procedures, TableDef, Transaction, Value, columnar};
 use std::path::PathBuf;
 
 /// How long a statement waits for another session's transaction to end.
@@ -43,8 +43,11 @@ pub const IDLE_IN_TRANSACTION: Duration = Duration::from_secs(60);
 /// that a restart replays at most about this much log.
 pub const CHECKPOINT_LOG_BYTES: u64 = 64 << 20;
 
+/// How often the primary marks a global snapshot when anything changed.
+pub const SNAPSHOT_INTERVAL: Duration = Duration::from_secs(1);
+
 /// How the coordinator keeps its transactional tables.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct PrimaryConfig {
     /// Where the log and checkpoints live (`--data-dir`); `None`: in memory only.
     pub data_dir: Option<PathBuf>,
@@ -62,17 +65,6 @@ impl Default for PrimaryConfig {
             group_commit: true,
             procedures: Procedures::new(),
         }
-    }
-}
-
-impl std::fmt::Debug for PrimaryConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PrimaryConfig")
-            .field("data_dir", &self.data_dir)
-            .field("log_mode", &self.log_mode)
-            .field("group_commit", &self.group_commit)
-            .field("procedures", &self.procedures.names().collect::<Vec<_>>())
-            .finish()
     }
 }
 
@@ -159,9 +151,9 @@ impl Coordinator {
         self.primary.snapshot().table_id(name).is_ok()
     }
 
-    /// The primary's state a statement of `session` reads: its transaction's, else the
-    /// last durable commit.
-    pub(super) fn primary_snapshot(&self, session: &SessionContext) -> Arc<Store> {
+    /// The primary's state a statement of `session` reads: its transaction's, on the
+    /// primary, else the last durable commit, on the workers.
+    pub(super) fn primary_snapshot(&self, session: &SessionContext) -> PrimarySnapshot {
         let txns = self.transactions.lock();
         if let Some(SessionTxn {
             state: TxnState::Open(t),
@@ -169,10 +161,31 @@ impl Coordinator {
         }) = txns.get(&session.session_id())
             && let Ok(store) = t.snapshot()
         {
-            return Arc::new(store);
+            return PrimarySnapshot::on_primary(Arc::new(store));
         }
         drop(txns);
-        self.primary.snapshot()
+        PrimarySnapshot::on_workers(self.primary.snapshot())
+    }
+
+    /// The log as the workers receive it.
+    pub(crate) fn log_feed(&self) -> &Arc<crate::log_feed::LogFeed> {
+        &self.log_feed
+    }
+
+    /// Marks a global snapshot every [`SNAPSHOT_INTERVAL`] if anything committed since
+    /// the last one (ScyPer's periodic snapshots; queries mark their own on demand).
+    pub(super) fn mark_snapshot_if_due(&self) {
+        let mut last = self.last_periodic_mark.lock();
+        if last.elapsed() < SNAPSHOT_INTERVAL {
+            return;
+        }
+        *last = Instant::now();
+        let db = Arc::clone(&self.primary);
+        tokio::task::spawn_blocking(move || {
+            if let Err(e) = db.mark_snapshot_if_changed() {
+                tracing::error!("periodic snapshot of the transactional tables: {e}");
+            }
+        });
     }
 
     fn in_transaction(&self, session: &SessionContext) -> bool {
@@ -261,7 +274,9 @@ impl Coordinator {
     /// Writes a checkpoint in the background once the log has grown by
     /// [`CHECKPOINT_LOG_BYTES`].
     pub(super) fn checkpoint_if_due(&self) {
-        if self.primary.log_bytes_since_checkpoint() < CHECKPOINT_LOG_BYTES {
+        if self.primary.data_dir().is_none()
+            || self.primary.log_bytes_since_checkpoint() < CHECKPOINT_LOG_BYTES
+        {
             return;
         }
         let db = Arc::clone(&self.primary);
@@ -566,13 +581,12 @@ impl Coordinator {
                 .map_err(replica_err)?;
             Some(txn)
         };
+        // A change reads its input on the primary: its own transaction's state.
         let snapshot = match &own {
-            Some(t) => Arc::new(t.snapshot().map_err(replica_err)?),
-            None => self.primary_snapshot(session),
+            Some(t) => PrimarySnapshot::on_primary(Arc::new(t.snapshot().map_err(replica_err)?)),
+            None => PrimarySnapshot::on_primary(self.primary_snapshot(session).store),
         };
-        state
-            .config_mut()
-            .set_extension(Arc::new(PrimarySnapshot(snapshot)));
+        state.config_mut().set_extension(Arc::new(snapshot));
         let result = self.run_query(state, input, workers).await?;
         let mut rows: Vec<Vec<Value>> = Vec::new();
         for batch in &result.batches {

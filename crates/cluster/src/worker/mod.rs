@@ -2,6 +2,7 @@
 //! coordinator sends it.
 
 mod bench;
+pub mod secondary;
 
 use crate::auth::{Clients, Gate, NodeKey};
 use crate::codec::GyreCodec;
@@ -50,6 +51,9 @@ pub struct WorkerConfig {
     pub memory_limit: Option<usize>,
     /// The local files the worker's plans may read and write (`--data-root`).
     pub local_files: LocalFiles,
+    /// The stored procedures the primary's logical log names: the worker replays
+    /// them as a secondary.
+    pub procedures: gyre_replica::Procedures,
 }
 
 impl WorkerConfig {
@@ -187,6 +191,8 @@ pub struct Worker {
     pub node: NodeId,
     pub transport: TcpTransport,
     pub storage: Arc<WorkerStorage>,
+    /// Its replica of the transactional tables.
+    pub secondary: Arc<secondary::WorkerSecondary>,
     state: SessionState,
     /// The local files its plans may touch: decoded plans are checked against it.
     local_files: LocalFiles,
@@ -262,6 +268,7 @@ impl Worker {
             node,
             transport,
             storage: Arc::new(WorkerStorage::default()),
+            secondary: secondary::WorkerSecondary::new(config.procedures.clone()),
             state: worker_session(config.memory_limit, &config.local_files)?,
             local_files: config.local_files.clone(),
             coordinator,
@@ -272,6 +279,9 @@ impl Worker {
         });
         let key = NodeKey::from_secret(&config.transport.secret);
         spawn_control_service(Arc::clone(&worker), control, key)?;
+        worker
+            .secondary
+            .follow(worker.coordinator.clone(), node, worker.stopped.subscribe());
         spawn_heartbeat(Arc::downgrade(&worker), config);
         tracing::info!(node, %control_addr, %data_addr, "worker registered");
         Ok(worker)
@@ -311,7 +321,8 @@ impl Worker {
             .clone()
             .with_extension(Arc::new(qc))
             .with_extension(read)
-            .with_extension(Arc::clone(&self.storage));
+            .with_extension(Arc::clone(&self.storage))
+            .with_extension(Arc::clone(&self.secondary));
         crate::session::apply_execution_options(config.options_mut(), execution)?;
         Ok(crate::session::task_ctx_with(&self.state, config))
     }

@@ -1,0 +1,240 @@
+//! Reads a transactional table on the workers, from one global snapshot.
+//!
+//! ScyPer answers analytical queries on its secondaries: the primary marks global
+//! snapshots in its log, every secondary cuts one at exactly that LSN, and a query
+//! runs on the same snapshot on every node it uses (Rödiger's thesis, section 5.2.2).
+//! Every worker holds the whole table, each laid out as its replay made it, so the
+//! workers split it by key, not by position: worker `i` of `n` reads the rows whose
+//! primary key hashes to `i` with the hash DataFusion's repartitioning uses. The scan
+//! is then hash-partitioned on the key, and a join or aggregation on it needs no
+//! shuffle.
+
+use crate::progress::ReadCounters;
+use crate::worker::secondary::WorkerSecondary;
+use arrow::array::{ArrayRef, BooleanArray};
+use arrow::compute::filter_record_batch;
+use arrow::datatypes::SchemaRef;
+use datafusion::common::stats::Precision;
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::{Result, Statistics, internal_datafusion_err, internal_err};
+use datafusion::execution::TaskContext;
+use datafusion::physical_expr::expressions::Column;
+use datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExpr};
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType, SchedulingType};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, ReplaceChildrenOptions,
+    SendableRecordBatchStream, StatisticsArgs,
+};
+use futures::{StreamExt, TryStreamExt};
+use gyre_exchange::key_hash::hash_keys;
+use std::fmt;
+use std::sync::Arc;
+
+/// Scans a transactional table as of the global snapshot at `lsn`, partition `i` on
+/// worker `i`.
+#[derive(Debug)]
+pub struct SnapshotScanExec {
+    pub table: String,
+    pub table_schema: SchemaRef,
+    /// The primary key's columns: each worker reads the rows whose key hashes to it.
+    pub key: Vec<usize>,
+    pub projection: Option<Vec<usize>>,
+    /// The LSN of the snapshot transaction the query reads at.
+    pub lsn: u64,
+    /// The table's rows at planning time (for the planner's estimates).
+    pub rows: u64,
+    props: Arc<PlanProperties>,
+}
+
+impl SnapshotScanExec {
+    /// `key`: the table's primary key columns.
+    pub fn try_new(
+        table: String,
+        table_schema: SchemaRef,
+        key: Vec<usize>,
+        projection: Option<Vec<usize>>,
+        lsn: u64,
+        workers: usize,
+        rows: u64,
+    ) -> Result<Self> {
+        let schema = match &projection {
+            Some(p) => Arc::new(table_schema.project(p)?),
+            None => Arc::clone(&table_schema),
+        };
+        let workers = workers.max(1);
+        // Hash-partitioned on the key when the scan outputs every key column.
+        let position = |k: usize| match &projection {
+            Some(p) => p.iter().position(|&c| c == k),
+            None => Some(k),
+        };
+        let key_exprs: Option<Vec<Arc<dyn PhysicalExpr>>> = key
+            .iter()
+            .map(|&k| {
+                position(k).map(|i| {
+                    Arc::new(Column::new(schema.field(i).name(), i)) as Arc<dyn PhysicalExpr>
+                })
+            })
+            .collect();
+        let partitioning = match key_exprs {
+            Some(exprs) if !exprs.is_empty() => Partitioning::Hash(exprs, workers),
+            _ => Partitioning::UnknownPartitioning(workers),
+        };
+        let props = Arc::new(
+            PlanProperties::new(
+                EquivalenceProperties::new(schema),
+                partitioning,
+                EmissionType::Incremental,
+                Boundedness::Bounded,
+            )
+            .with_scheduling_type(SchedulingType::Cooperative),
+        );
+        Ok(Self {
+            table,
+            table_schema,
+            key,
+            projection,
+            lsn,
+            rows,
+            props,
+        })
+    }
+
+    fn workers(&self) -> usize {
+        self.props.output_partitioning().partition_count()
+    }
+}
+
+impl DisplayAs for SnapshotScanExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        let schema = self.schema();
+        let cols: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+        write!(
+            f,
+            "SnapshotScanExec: table={}, snapshot_lsn={}, projection=[{}], workers={}, \
+             partitioning={}",
+            self.table,
+            self.lsn,
+            cols.join(", "),
+            self.workers(),
+            self.props.output_partitioning()
+        )
+    }
+}
+
+impl ExecutionPlan for SnapshotScanExec {
+    fn name(&self) -> &'static str {
+        "SnapshotScanExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.props
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn replace_children(
+        self: Arc<Self>,
+        _: Vec<Arc<dyn ExecutionPlan>>,
+        _: ReplaceChildrenOptions,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        Ok(self)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        _: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        Ok(self)
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        let workers = self.workers();
+        if partition >= workers {
+            return internal_err!(
+                "scan of '{}' has {workers} partitions, not {}",
+                self.table,
+                partition + 1
+            );
+        }
+        let secondary = context
+            .session_config()
+            .get_extension::<WorkerSecondary>()
+            .ok_or_else(|| {
+                internal_datafusion_err!("transactional tables are read on the workers only")
+            })?;
+        let read = context.session_config().get_extension::<ReadCounters>();
+        let (table, lsn, projection) = (self.table.clone(), self.lsn, self.projection.clone());
+        let batches = async move {
+            let snapshot = secondary.read(&table, lsn).await?;
+            let key = &snapshot.def().key;
+            let mut hashes = Vec::new();
+            let mut out = Vec::new();
+            for batch in snapshot.batches() {
+                let mine = if workers == 1 {
+                    batch
+                } else {
+                    let keys: Vec<ArrayRef> =
+                        key.iter().map(|&k| Arc::clone(batch.column(k))).collect();
+                    hash_keys(&keys, batch.num_rows(), &mut hashes)?;
+                    let mask: BooleanArray = hashes
+                        .iter()
+                        .map(|h| Some(h % workers as u64 == partition as u64))
+                        .collect();
+                    filter_record_batch(&batch, &mask)?
+                };
+                if mine.num_rows() == 0 {
+                    continue;
+                }
+                out.push(match &projection {
+                    Some(p) => mine.project(p)?,
+                    None => mine,
+                });
+            }
+            Ok::<_, datafusion::error::DataFusionError>(futures::stream::iter(
+                out.into_iter().map(Ok),
+            ))
+        };
+        let stream = futures::stream::once(batches)
+            .try_flatten()
+            .inspect_ok(move |b| {
+                if let Some(read) = &read {
+                    read.add_rows(b.num_rows());
+                    read.add_bytes(b.get_array_memory_size() as u64);
+                }
+            });
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
+            self.schema(),
+            stream.boxed(),
+        )))
+    }
+
+    fn statistics_from_inputs(
+        &self,
+        _input_stats: &[Arc<Statistics>],
+        args: &StatisticsArgs,
+    ) -> Result<Arc<Statistics>> {
+        let share = if args.partition().is_some() {
+            self.workers() as u64
+        } else {
+            1
+        };
+        Ok(Arc::new(
+            Statistics::new_unknown(&self.schema())
+                .with_num_rows(Precision::Inexact((self.rows / share) as usize)),
+        ))
+    }
+}
