@@ -2,6 +2,7 @@
 
 mod bench;
 mod bench_assign;
+mod bench_chbench;
 mod bench_cluster;
 mod bench_join;
 mod bench_kernels;
@@ -91,6 +92,8 @@ enum Command {
         memory_limit: Option<usize>,
         #[command(flatten)]
         files: DataRootArgs,
+        #[command(flatten)]
+        multicast: LogMulticastArgs,
     },
     /// Run a coordinator and N workers in this process (over loopback TCP).
     Local(LocalArgs),
@@ -152,6 +155,9 @@ enum BenchCommand {
     /// ScyPer's redo log on TPC-C: bytes per transaction (logical and physical, LZ4),
     /// and a secondary's replay time against the original execution.
     Replay(Box<bench_replay::ReplayArgs>),
+    /// ScyPer's mixed workload (CH-benCHmark): TPC-C terminals on the primary while
+    /// analytical streams run CH queries on the secondaries' snapshots.
+    Chbench(Box<bench_chbench::ChbenchArgs>),
 }
 
 /// How the nodes of a cluster talk to each other.
@@ -298,6 +304,30 @@ struct PrimaryArgs {
     /// fsync each transaction before the next runs, instead of sharing fsyncs.
     #[arg(long)]
     no_group_commit: bool,
+    #[command(flatten)]
+    multicast: LogMulticastArgs,
+}
+
+/// Where the primary's log is multicast to the workers (each log group crosses the
+/// network once); without it, each worker receives the log on a stream of its own.
+#[derive(Args, Clone, Default)]
+struct LogMulticastArgs {
+    /// The IPv4 multicast group and port of the log, e.g. 239.255.7.1:7400 (the
+    /// coordinator and every worker must be given the same).
+    #[arg(long, value_name = "GROUP:PORT")]
+    log_multicast: Option<std::net::SocketAddrV4>,
+    /// The local interface address to send and receive the multicast on.
+    #[arg(long, value_name = "IP", default_value = "127.0.0.1")]
+    log_interface: std::net::Ipv4Addr,
+}
+
+impl LogMulticastArgs {
+    fn group(&self) -> Option<gyre_replica::ship::Group> {
+        self.log_multicast.map(|group| gyre_replica::ship::Group {
+            group,
+            interface: self.log_interface,
+        })
+    }
 }
 
 impl PrimaryArgs {
@@ -309,6 +339,7 @@ impl PrimaryArgs {
             // TPC-C's loaders and transactions (`CALL tpcc_new_order(...)`); a program
             // embedding the cluster registers its own.
             procedures: gyre_tpcc::procedures(),
+            log_multicast: self.multicast.group(),
         }
     }
 }
@@ -550,6 +581,7 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             tls_ca,
             memory_limit,
             files,
+            multicast,
             ..
         } => {
             let secret = secret.secret()?;
@@ -575,6 +607,7 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
                 memory_limit,
                 local_files,
                 procedures: gyre_tpcc::procedures(),
+                log_multicast: multicast.group(),
             })
             .await?;
             println!(
@@ -595,6 +628,7 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
         Command::Bench(BenchCommand::Tpcds(args)) => bench_tpcds::run(*args).await,
         Command::Bench(BenchCommand::Latency(args)) => bench_latency::run(*args).await,
         Command::Bench(BenchCommand::Replay(args)) => bench_replay::run(*args).await,
+        Command::Bench(BenchCommand::Chbench(args)) => bench_chbench::run(*args).await,
         Command::Passwd { name } => {
             let password = if std::io::IsTerminal::is_terminal(&std::io::stdin()) {
                 let first = rpassword::prompt_password(format!("Password for {name}: "))?;

@@ -163,3 +163,36 @@ fn bench_shuffle_on_loopback_moves_every_byte() {
         }
     }
 }
+
+/// A short CH-benCHmark run: terminals commit, analytical streams complete, the
+/// workers replay what the primary logged, and nothing fails.
+#[test]
+fn bench_chbench_mixes_transactions_and_analytical_queries() {
+    let r = json_of(&[
+        "bench",
+        "chbench",
+        "--warehouses",
+        "2",
+        "--customers",
+        "30",
+        "--terminals",
+        "2",
+        "--olap-streams",
+        "1",
+        "--nodes",
+        "2",
+        "--duration",
+        "4",
+        "--json",
+        "-",
+    ]);
+    let f = |k: &str| r[k].as_f64().unwrap_or_else(|| panic!("no {k} in {r}"));
+    assert!(f("tx_per_s") > 1.0, "{r}");
+    assert!(f("olap_queries_per_h") > 0.0, "{r}");
+    assert!(f("log_bytes_per_tx") > 0.0, "{r}");
+    assert!(f("replay_speedup") > 0.0, "{r}");
+    assert!(f("replay_lag_ms_p99") >= 0.0, "{r}");
+    assert!(f("snapshot_ms_p50") >= 0.0, "{r}");
+    assert_eq!(r["errors"], 0, "{r}");
+    assert_eq!(r["olap_query_ms_p50"].as_object().unwrap().len(), 4, "{r}");
+}

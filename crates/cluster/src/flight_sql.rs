@@ -508,11 +508,15 @@ impl FlightSqlService for GyreFlightSql {
             )));
         }
         let req: Request = decode(&action.body).map_err(status)?;
-        if let Request::SubscribeLog { node } = req {
-            let feed = self.coordinator.log_feed().subscribe(node).map(|m| {
-                m.map(|body| arrow_flight::Result { body: body.into() })
-                    .map_err(status)
-            });
+        if let Request::SubscribeLog { node, multicast } = req {
+            let feed = self
+                .coordinator
+                .log_feed()
+                .subscribe(node, multicast)
+                .map(|m| {
+                    m.map(|body| arrow_flight::Result { body: body.into() })
+                        .map_err(status)
+                });
             return Ok(TonicResponse::new(feed.boxed()));
         }
         let resp = self.coordinator.handle_control(req).await.map_err(status)?;

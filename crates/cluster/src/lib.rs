@@ -19,10 +19,10 @@ pub mod reference;
 pub mod session;
 pub mod snapshot_scan;
 pub mod storage;
+pub mod system_tables;
 pub mod table;
 pub mod tpch;
 pub mod worker;
-pub mod workers_table;
 
 pub use coordinator::{Coordinator, CoordinatorConfig, PrimaryConfig};
 pub use local::{Limits, LocalCluster};

@@ -27,8 +27,9 @@ pub struct LocalCluster {
     local_files: LocalFiles,
     /// Whether the data links between its nodes are sealed.
     encrypt_links: bool,
-    /// The stored procedures its workers replay.
+    /// The stored procedures its workers replay, and the log's multicast group.
     procedures: gyre_replica::Procedures,
+    log_multicast: Option<gyre_replica::ship::Group>,
     workers: Vec<(Arc<Worker>, Option<tokio::runtime::Runtime>)>,
 }
 
@@ -112,6 +113,7 @@ impl LocalCluster {
             local_files: limits.local_files.clone(),
             encrypt_links: limits.encrypt_links,
             procedures: limits.primary.procedures.clone(),
+            log_multicast: limits.primary.log_multicast,
             workers: Vec::with_capacity(workers),
         };
         for _ in 0..workers {
@@ -146,6 +148,7 @@ impl LocalCluster {
             memory_limit: self.worker_memory,
             local_files: self.local_files.clone(),
             procedures: self.procedures.clone(),
+            log_multicast: self.log_multicast,
         };
         let worker = rt
             .spawn(Worker::start(cfg))

@@ -7,18 +7,27 @@
 //! no per-worker backlog beyond [`BACKLOG_GROUPS`] groups: a worker that falls further
 //! behind is cut off and subscribes again from the then current state.
 //!
-//! The state cannot miss a group: a subscriber listens for groups before it reads the
-//! state, and reads it only once every group shipped before it began listening is
-//! visible in it.
+//! With a multicast group (`--log-multicast`) each group crosses the network once,
+//! however many workers follow (ScyPer multicasts its log with PGM; [`gyre_replica::ship`]
+//! is a PGM-like protocol): a worker joins the group, then subscribes, and the stream
+//! carries only the state. Multicast messages carry an HMAC keyed with the cluster
+//! secret ([`LogKey`]), so a datagram from anyone else never reaches a secondary.
+//!
+//! The state cannot miss a group: a subscriber listens for groups (joins the group)
+//! before it asks for the state, which is read only once every group shipped before
+//! the request is visible in it.
 
 use crate::primary_table::replica_err;
 use datafusion::common::{DataFusionError, Result};
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use gyre_replica::Database;
+use gyre_replica::ship::{Group, Publisher, PublisherConfig};
+use hmac::{Hmac, Mac};
 use serde::{Deserialize, Serialize};
+use sha2::Sha256;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 use tokio::sync::broadcast;
 
@@ -40,8 +49,14 @@ pub enum FeedMessage {
         piece: Vec<u8>,
         done: bool,
     },
-    /// Log groups (the log's frames) whose last entry has LSN `last`.
-    Log { last: u64, frames: Vec<u8> },
+    /// Log groups (the log's frames) whose last entry has LSN `last`, shipped when
+    /// the coordinator's clock read `shipped_us` (µs since the Unix epoch), to measure
+    /// how far the secondaries lag behind.
+    Log {
+        last: u64,
+        frames: Vec<u8>,
+        shipped_us: u64,
+    },
 }
 
 impl FeedMessage {
@@ -55,72 +70,177 @@ impl FeedMessage {
     }
 }
 
-/// A group as shipped: the LSN of its last entry and its frames.
+/// A group as shipped: the LSN of its last entry, its frames and when it was shipped.
 #[derive(Debug)]
 struct Shipped {
     last: u64,
     frames: Vec<u8>,
+    shipped_us: u64,
+}
+
+/// Microseconds since the Unix epoch.
+pub fn unix_micros() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
+/// Seals and opens multicast log messages: `last`, `shipped_us`, the frames, and an
+/// HMAC-SHA256 over them keyed with the cluster secret.
+#[derive(Clone)]
+pub struct LogKey(Hmac<Sha256>);
+
+impl std::fmt::Debug for LogKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LogKey")
+    }
+}
+
+/// What a multicast log message's MAC covers first, so that no other message signed
+/// with the secret passes for one.
+const LOG_LABEL: &[u8] = b"gyre/log-multicast/1";
+const TAG_BYTES: usize = 32;
+
+impl LogKey {
+    pub fn from_secret(secret: &str) -> Self {
+        Self(Hmac::new_from_slice(secret.as_bytes()).expect("HMAC takes any key length"))
+    }
+
+    fn mac(&self, head: &[u8], frames: &[u8]) -> Hmac<Sha256> {
+        let mut mac = self.0.clone();
+        mac.update(LOG_LABEL);
+        mac.update(head);
+        mac.update(frames);
+        mac
+    }
+
+    /// The message for log groups ending at LSN `last`, shipped at `shipped_us`.
+    pub fn seal(&self, last: u64, shipped_us: u64, frames: &[u8]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(16 + frames.len() + TAG_BYTES);
+        out.extend_from_slice(&last.to_le_bytes());
+        out.extend_from_slice(&shipped_us.to_le_bytes());
+        let tag = self.mac(&out, frames).finalize().into_bytes();
+        out.extend_from_slice(frames);
+        out.extend_from_slice(&tag);
+        out
+    }
+
+    /// `last`, `shipped_us` and the frames of a message, if its MAC holds.
+    pub fn open<'a>(&self, message: &'a [u8]) -> Result<(u64, u64, &'a [u8])> {
+        let bad = |why: &str| {
+            DataFusionError::Execution(format!("a multicast log message was refused: {why}"))
+        };
+        if message.len() < 16 + TAG_BYTES {
+            return Err(bad("too short"));
+        }
+        let (head, rest) = message.split_at(16);
+        let (frames, tag) = rest.split_at(rest.len() - TAG_BYTES);
+        self.mac(head, frames)
+            .verify_slice(tag)
+            .map_err(|_| bad("its MAC does not match the cluster secret"))?;
+        let word = |i: usize| u64::from_le_bytes(head[i..i + 8].try_into().expect("8 bytes"));
+        Ok((word(0), word(8), frames))
+    }
 }
 
 /// The coordinator's end: takes every durable group from the primary's log and hands
-/// it to the subscribed workers.
+/// it to the subscribed workers (over their streams, or by multicast).
 #[derive(Debug)]
 pub struct LogFeed {
     db: Arc<Database>,
     groups: broadcast::Sender<Arc<Shipped>>,
     /// The last LSN shipped.
     shipped: Arc<AtomicU64>,
+    /// Where the log is multicast, if it is.
+    multicast: Option<Group>,
+    /// Workers subscribed now.
+    subscribers: AtomicUsize,
 }
 
 impl LogFeed {
-    /// Ships `db`'s log from now on.
-    pub fn attach(db: Arc<Database>) -> Result<Arc<Self>> {
+    /// Ships `db`'s log from now on: to subscribed streams, and to `multicast` (with
+    /// messages sealed by its key) if given.
+    pub fn attach(db: Arc<Database>, multicast: Option<(Group, LogKey)>) -> Result<Arc<Self>> {
         let (groups, _) = broadcast::channel(BACKLOG_GROUPS);
         let shipped = Arc::new(AtomicU64::new(db.lsn()));
+        let group = multicast.as_ref().map(|(g, _)| *g);
+        let publisher = match multicast {
+            Some((g, key)) => {
+                let publisher = Publisher::new(PublisherConfig::new(g)).map_err(|e| {
+                    DataFusionError::Configuration(format!(
+                        "cannot multicast the log to {} on {}: {e}",
+                        g.group, g.interface
+                    ))
+                })?;
+                Some((publisher, key))
+            }
+            None => None,
+        };
         let (tx, last) = (groups.clone(), Arc::clone(&shipped));
         db.ship(Box::new(move |lsn, frames| {
+            // Recorded before anything is sent: a subscriber that asks for the state
+            // after it joined gets a state that holds every group it may have missed.
             last.fetch_max(lsn, Ordering::SeqCst);
-            // No subscriber is fine: workers that come later start from the state.
-            let _ = tx.send(Arc::new(Shipped {
-                last: lsn,
-                frames: frames.to_vec(),
-            }));
+            let shipped_us = unix_micros();
+            if let Some((publisher, key)) = &publisher
+                && let Err(e) = publisher.publish(&key.seal(lsn, shipped_us, frames))
+            {
+                tracing::warn!("multicasting log group up to LSN {lsn}: {e}");
+            }
+            // No stream subscriber is fine: workers that come later start from the state.
+            if tx.receiver_count() > 0 {
+                let _ = tx.send(Arc::new(Shipped {
+                    last: lsn,
+                    frames: frames.to_vec(),
+                    shipped_us,
+                }));
+            }
         }))
         .map_err(replica_err)?;
         Ok(Arc::new(Self {
             db,
             groups,
             shipped,
+            multicast: group,
+            subscribers: AtomicUsize::new(0),
         }))
     }
 
     /// How many workers follow the log now.
     pub fn subscribers(&self) -> usize {
-        self.groups.receiver_count()
+        self.subscribers.load(Ordering::Relaxed)
     }
 
-    /// A subscription of worker `node`: encoded [`FeedMessage`]s, the state first. It
-    /// ends with an error when the worker falls too far behind, and stops when the
-    /// worker goes away.
-    pub fn subscribe(self: &Arc<Self>, node: u32) -> BoxStream<'static, Result<Vec<u8>>> {
-        let groups = self.groups.subscribe();
+    /// A subscription of worker `node`: encoded [`FeedMessage`]s, the state first,
+    /// then the log groups, unless the worker has `joined` the multicast group the log
+    /// goes to. It ends with an error when the worker falls too far behind, and stops
+    /// when the worker goes away.
+    pub fn subscribe(
+        self: &Arc<Self>,
+        node: u32,
+        joined: bool,
+    ) -> BoxStream<'static, Result<Vec<u8>>> {
+        let groups = (!joined || self.multicast.is_none()).then(|| self.groups.subscribe());
         let (tx, rx) = tokio::sync::mpsc::channel(4);
         let me = Arc::clone(self);
         tokio::spawn(async move {
+            me.subscribers.fetch_add(1, Ordering::Relaxed);
             let result = me.feed(node, groups, &tx).await;
+            me.subscribers.fetch_sub(1, Ordering::Relaxed);
             if let Err(e) = result {
-                tracing::warn!(node, "log feed: {e}");
+                tracing::info!(node, "log feed: {e}");
                 let _ = tx.send(Err(e)).await;
             }
         });
         tokio_stream::wrappers::ReceiverStream::new(rx).boxed()
     }
 
-    /// Sends the state, then the groups after it, until the subscriber is gone.
+    /// Sends the state, then the groups after it (unless they go by multicast), until
+    /// the subscriber is gone.
     async fn feed(
         &self,
         node: u32,
-        mut groups: broadcast::Receiver<Arc<Shipped>>,
+        groups: Option<broadcast::Receiver<Arc<Shipped>>>,
         tx: &tokio::sync::mpsc::Sender<Result<Vec<u8>>>,
     ) -> Result<()> {
         let store = self
@@ -149,12 +269,18 @@ impl LogFeed {
             }
         }
         drop(bytes);
+        let Some(mut groups) = groups else {
+            // The groups go by multicast: hold the stream open until the worker leaves.
+            tx.closed().await;
+            return Ok(());
+        };
         loop {
             let message = match groups.recv().await {
                 Ok(group) if group.last <= lsn => continue,
                 Ok(group) => FeedMessage::Log {
                     last: group.last,
                     frames: group.frames.clone(),
+                    shipped_us: group.shipped_us,
                 },
                 Err(broadcast::error::RecvError::Lagged(n)) => {
                     return Err(DataFusionError::Execution(format!(
@@ -186,6 +312,29 @@ impl LogFeed {
                 )));
             }
             tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LogKey;
+
+    #[test]
+    fn multicast_messages_open_only_with_the_secret_and_intact() {
+        let key = LogKey::from_secret("s3cret");
+        let sealed = key.seal(42, 7, b"frames");
+        let (last, shipped, frames) = key.open(&sealed).unwrap();
+        assert_eq!((last, shipped, frames), (42, 7, &b"frames"[..]));
+        let other = LogKey::from_secret("other");
+        assert!(other.open(&sealed).is_err());
+        for i in 0..sealed.len() {
+            let mut bad = sealed.clone();
+            bad[i] ^= 1;
+            assert!(key.open(&bad).is_err(), "byte {i} changed unnoticed");
+        }
+        for cut in [0, 10, 47, sealed.len() - 1] {
+            assert!(key.open(&sealed[..cut]).is_err());
         }
     }
 }

@@ -291,6 +291,10 @@ pub enum Request {
     /// log as it becomes durable (a stream of [`crate::log_feed::FeedMessage`]s).
     SubscribeLog {
         node: NodeId,
+        /// The worker has joined the log's multicast group: the stream carries only
+        /// the state.
+        #[serde(default)]
+        multicast: bool,
     },
 }
 
@@ -356,6 +360,9 @@ pub struct WorkerStats {
     pub table_bytes: u64,
     /// Queries running on it.
     pub queries: u64,
+    /// Its replica of the transactional tables ([`crate::worker::secondary`]).
+    #[serde(default)]
+    pub secondary: crate::worker::secondary::SecondaryFigures,
 }
 
 /// A synthetic shuffle run, as the control plane carries it.

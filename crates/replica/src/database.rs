@@ -84,6 +84,9 @@ pub struct Database {
     checkpointed_at: std::sync::atomic::AtomicU64,
     /// The LSN of the last snapshot transaction.
     last_mark: std::sync::atomic::AtomicU64,
+    /// Procedures called as transactions that committed a change, and the time their
+    /// bodies ran: the original execution a secondary's replay is compared with.
+    executed: Mutex<(u64, std::time::Duration)>,
 }
 
 impl Database {
@@ -103,6 +106,7 @@ impl Database {
                 checkpointing: Mutex::new(()),
                 checkpointed_at: Default::default(),
                 last_mark: Default::default(),
+                executed: Default::default(),
             });
         };
         let log_dir = dir.join("log");
@@ -180,6 +184,7 @@ impl Database {
             checkpointing: Mutex::new(()),
             checkpointed_at: Default::default(),
             last_mark: Default::default(),
+            executed: Default::default(),
         })
     }
 
@@ -291,7 +296,10 @@ impl Database {
         check_args(procedure.as_ref(), args)?;
         let mut store = self.lock()?;
         let mut txn = Txn::new(&mut store);
+        let started = std::time::Instant::now();
         let out = txn.run_guarded(procedure.name(), |txn| procedure.run(txn, args))?;
+        let ran = started.elapsed();
+        let changed = !txn.is_empty();
         let logical = (procedure.deterministic() && self.options.log_mode == LogMode::Logical)
             .then(|| Entry::Logical {
                 procedure: procedure.name().to_string(),
@@ -301,7 +309,18 @@ impl Database {
         drop(txn);
         drop(store);
         self.acknowledge(committed)?;
+        if changed {
+            let mut executed = self.executed.lock();
+            executed.0 += 1;
+            executed.1 += ran;
+        }
         Ok(out)
+    }
+
+    /// Procedures called as transactions that committed a change, and the time their
+    /// bodies ran (not the commit).
+    pub fn executed(&self) -> (u64, std::time::Duration) {
+        *self.executed.lock()
     }
 
     /// Runs `body` as one transaction, logged physically, and returns once durable.

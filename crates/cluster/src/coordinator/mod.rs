@@ -16,7 +16,7 @@ mod primary;
 mod queries;
 mod statements;
 
-pub use primary::PrimaryConfig;
+pub use primary::{PrimaryConfig, PrimaryFigures};
 
 use crate::codec::{GyreCodec, schema_to_bytes};
 use crate::execution::{DeferredQuery, QueryExecution};
@@ -34,7 +34,6 @@ use crate::table::{
     TableRules, count_schema,
 };
 use crate::tpch::{self, TpchGenExec};
-use crate::workers_table::{self, WorkersFunction};
 use arrow::array::{ArrayRef, RecordBatch, StringArray, UInt64Array};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::catalog::TableProvider;
@@ -241,7 +240,11 @@ impl Coordinator {
         let transport =
             TcpTransport::bind(COORDINATOR, config.data_listen, config.transport.clone()).await?;
         let primary = config.primary.open()?;
-        let log_feed = crate::log_feed::LogFeed::attach(Arc::clone(&primary))?;
+        let multicast = config.primary.log_multicast.map(|g| {
+            let key = crate::log_feed::LogKey::from_secret(&config.transport.secret);
+            (g, key)
+        });
+        let log_feed = crate::log_feed::LogFeed::attach(Arc::clone(&primary), multicast)?;
         let ctx = coordinator_context();
         config.local_files.confine(&ctx.runtime_env());
         let default_session = session_of(&ctx);
@@ -273,9 +276,10 @@ impl Coordinator {
         });
         coordinator.register_primary_tables()?;
         let weak = Arc::downgrade(&coordinator);
-        let workers_function = Arc::new(WorkersFunction(Weak::clone(&weak)));
-        for ctx in [&coordinator.ctx, &coordinator.default_session] {
-            ctx.register_udtf(workers_table::NAME, Arc::clone(&workers_function) as _);
+        for table in crate::system_tables::all(&weak) {
+            for ctx in [&coordinator.ctx, &coordinator.default_session] {
+                ctx.register_udtf(table.name, Arc::clone(&table) as _);
+            }
         }
         tokio::spawn(async move {
             let mut last = Instant::now();

@@ -55,6 +55,9 @@ pub struct PrimaryConfig {
     pub group_commit: bool,
     /// The stored procedures `CALL` can run (and the log can replay).
     pub procedures: Procedures,
+    /// Multicast the log to the workers on this group (they must join it:
+    /// `WorkerConfig::log_multicast`); without it, each worker's stream carries it.
+    pub log_multicast: Option<gyre_replica::ship::Group>,
 }
 
 impl Default for PrimaryConfig {
@@ -64,6 +67,7 @@ impl Default for PrimaryConfig {
             log_mode: LogMode::Logical,
             group_commit: true,
             procedures: Procedures::new(),
+            log_multicast: None,
         }
     }
 }
@@ -80,6 +84,21 @@ impl PrimaryConfig {
         let db = Database::open(options, self.procedures.clone()).map_err(replica_err)?;
         Ok(Arc::new(db))
     }
+}
+
+/// What the primary logged and ran since it started.
+#[derive(Debug, Clone, Default)]
+pub struct PrimaryFigures {
+    /// The last durable commit.
+    pub lsn: u64,
+    pub durable_lsn: u64,
+    pub log: gyre_replica::log::writer::LogStats,
+    /// Stored procedures called as transactions that changed something, and the time
+    /// their bodies ran: what a secondary's replay is compared with.
+    pub calls: u64,
+    pub call_seconds: f64,
+    /// Workers following the log.
+    pub secondaries: usize,
 }
 
 /// A session's transaction.
@@ -165,6 +184,19 @@ impl Coordinator {
         }
         drop(txns);
         PrimarySnapshot::on_workers(self.primary.snapshot())
+    }
+
+    /// What the primary logged and ran so far (`gyre_primary()`).
+    pub fn primary_figures(&self) -> PrimaryFigures {
+        let (calls, call_time) = self.primary.executed();
+        PrimaryFigures {
+            lsn: self.primary.lsn(),
+            durable_lsn: self.primary.durable_lsn(),
+            log: self.primary.log_stats().unwrap_or_default(),
+            calls,
+            call_seconds: call_time.as_secs_f64(),
+            secondaries: self.log_feed.subscribers(),
+        }
     }
 
     /// The log as the workers receive it.

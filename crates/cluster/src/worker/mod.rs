@@ -54,6 +54,9 @@ pub struct WorkerConfig {
     /// The stored procedures the primary's logical log names: the worker replays
     /// them as a secondary.
     pub procedures: gyre_replica::Procedures,
+    /// The multicast group the primary's log comes on (the coordinator's
+    /// `PrimaryConfig::log_multicast`); without it, the log comes on a stream.
+    pub log_multicast: Option<gyre_replica::ship::Group>,
 }
 
 impl WorkerConfig {
@@ -279,9 +282,15 @@ impl Worker {
         });
         let key = NodeKey::from_secret(&config.transport.secret);
         spawn_control_service(Arc::clone(&worker), control, key)?;
-        worker
-            .secondary
-            .follow(worker.coordinator.clone(), node, worker.stopped.subscribe());
+        worker.secondary.follow(
+            worker.coordinator.clone(),
+            node,
+            config.log_multicast.map(|g| {
+                let key = crate::log_feed::LogKey::from_secret(&config.transport.secret);
+                (g, key)
+            }),
+            worker.stopped.subscribe(),
+        );
         spawn_heartbeat(Arc::downgrade(&worker), config);
         tracing::info!(node, %control_addr, %data_addr, "worker registered");
         Ok(worker)
@@ -400,6 +409,7 @@ impl Worker {
             rows,
             table_bytes,
             queries: self.queries.lock().len() as u64,
+            secondary: self.secondary.figures(),
         }
     }
 

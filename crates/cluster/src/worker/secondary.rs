@@ -3,19 +3,25 @@
 //! scans of the transactional tables from the global snapshots the primary marks.
 //!
 //! It starts from the state the coordinator sends, then applies each log group in
-//! order. When the feed breaks (the coordinator restarted, the worker fell behind, an
-//! entry failed to replay) it subscribes again and starts over from the new state;
-//! the snapshots it had go, except those running queries hold.
+//! order, as its stream brings them or, with a multicast group, as the group does
+//! (joined before it subscribes; messages are checked against the cluster secret).
+//! When the feed breaks (the coordinator restarted, the worker fell behind, a
+//! multicast packet left the publisher's window, an entry failed to replay) it
+//! subscribes again and starts over from the new state; the snapshots it had go,
+//! except those running queries hold.
 
-use crate::log_feed::FeedMessage;
+use crate::log_feed::{FeedMessage, LogKey};
 use crate::protocol::{ControlClient, Request};
 use datafusion::common::{DataFusionError, Result};
 use futures::StreamExt;
+use gyre_replica::ship::{Group, Receiver, ReceiverConfig};
 use gyre_replica::versioned::TableSnapshot;
 use gyre_replica::{Procedures, Secondary};
 use gyre_transport::NodeId;
 use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 /// Snapshots a worker keeps: queries choose theirs when they are planned, and the
@@ -28,6 +34,49 @@ pub const SNAPSHOT_WAIT: Duration = Duration::from_secs(30);
 /// How long the worker waits before it subscribes again after the feed broke.
 const RESUBSCRIBE: Duration = Duration::from_millis(500);
 
+/// How many recent log groups and scans the lag and wait figures describe.
+const WINDOW: usize = 4096;
+
+/// What a worker's replica did, as `gyre_workers()` shows it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SecondaryFigures {
+    /// The last LSN replayed.
+    pub lsn: u64,
+    /// Log entries replayed since the worker started, and the time that took.
+    pub entries: u64,
+    pub replay_seconds: f64,
+    /// Of the last log groups, the 99th percentile of the time from shipping on the
+    /// primary (once durable) to replayed here.
+    pub lag_ms_p99: Option<f64>,
+    /// Of the last scans, the median time a scan waited for its snapshot to be
+    /// replayed here.
+    pub snapshot_wait_ms_p50: Option<f64>,
+}
+
+/// Recent lags and waits, and the replay totals.
+#[derive(Debug, Default)]
+struct Figures {
+    entries: u64,
+    replay: Duration,
+    lags_ms: std::collections::VecDeque<f64>,
+    waits_ms: std::collections::VecDeque<f64>,
+}
+
+fn push_window(window: &mut std::collections::VecDeque<f64>, value: f64) {
+    if window.len() == WINDOW {
+        window.pop_front();
+    }
+    window.push_back(value);
+}
+
+/// The `q` quantile (nearest rank) of `values`, if any.
+fn quantile(values: &std::collections::VecDeque<f64>, q: f64) -> Option<f64> {
+    let mut sorted: Vec<f64> = values.iter().copied().collect();
+    sorted.sort_by(f64::total_cmp);
+    let last = sorted.len().checked_sub(1)?;
+    Some(sorted[((last as f64) * q).round() as usize])
+}
+
 /// A worker's replica of the transactional tables.
 pub struct WorkerSecondary {
     procedures: Procedures,
@@ -36,6 +85,7 @@ pub struct WorkerSecondary {
     applied: tokio::sync::watch::Sender<u64>,
     /// Why the feed is down, while it is.
     trouble: Mutex<Option<String>>,
+    figures: Mutex<Figures>,
 }
 
 impl std::fmt::Debug for WorkerSecondary {
@@ -54,7 +104,20 @@ impl WorkerSecondary {
             secondary: Arc::default(),
             applied: tokio::sync::watch::Sender::new(0),
             trouble: Mutex::new(None),
+            figures: Mutex::default(),
         })
+    }
+
+    /// What the replica did so far.
+    pub fn figures(&self) -> SecondaryFigures {
+        let f = self.figures.lock();
+        SecondaryFigures {
+            lsn: self.lsn(),
+            entries: f.entries,
+            replay_seconds: f.replay.as_secs_f64(),
+            lag_ms_p99: quantile(&f.lags_ms, 0.99),
+            snapshot_wait_ms_p50: quantile(&f.waits_ms, 0.5),
+        }
     }
 
     /// The last LSN replayed (0 before the first state arrived).
@@ -62,25 +125,39 @@ impl WorkerSecondary {
         *self.applied.borrow()
     }
 
-    /// Follows the coordinator's log as worker `node` until `stopped` turns true.
+    /// Follows the coordinator's log as worker `node` until `stopped` turns true, by
+    /// `multicast` (messages sealed with `key`) if given.
     pub fn follow(
         self: &Arc<Self>,
         coordinator: ControlClient,
         node: NodeId,
+        multicast: Option<(Group, LogKey)>,
         mut stopped: tokio::sync::watch::Receiver<bool>,
     ) {
         let me = Arc::clone(self);
         tokio::spawn(async move {
+            let mut failures = 0u32;
             loop {
                 let outcome = tokio::select! {
-                    outcome = me.follow_once(&coordinator, node) => outcome,
+                    outcome = me.follow_once(&coordinator, node, multicast.as_ref()) => outcome,
                     _ = stopped.wait_for(|s| *s) => return,
                 };
                 let why = match outcome {
                     Ok(()) => "the coordinator ended the log feed".to_string(),
                     Err(e) => e.to_string(),
                 };
-                tracing::warn!(node, "log feed: {why}; subscribing again");
+                // One break is routine (a coordinator that stops or restarts); a feed
+                // that keeps breaking is not.
+                failures = if me.lsn() > 0 && me.trouble.lock().is_none() {
+                    1
+                } else {
+                    failures + 1
+                };
+                if failures >= 3 {
+                    tracing::warn!(node, "log feed: {why}; subscribing again");
+                } else {
+                    tracing::info!(node, "log feed: {why}; subscribing again");
+                }
                 *me.trouble.lock() = Some(why);
                 tokio::select! {
                     _ = tokio::time::sleep(RESUBSCRIBE) => {}
@@ -91,63 +168,117 @@ impl WorkerSecondary {
     }
 
     /// One subscription: the state, then log groups until the feed ends.
-    async fn follow_once(&self, coordinator: &ControlClient, node: NodeId) -> Result<()> {
+    async fn follow_once(
+        &self,
+        coordinator: &ControlClient,
+        node: NodeId,
+        multicast: Option<&(Group, LogKey)>,
+    ) -> Result<()> {
+        // Joined first: what is multicast from now on waits in its queue.
+        let mut joined = match multicast {
+            Some((group, _)) => Some(MulticastLog::join(*group)?),
+            None => None,
+        };
         let mut feed = coordinator
-            .subscribe(&Request::SubscribeLog { node })
+            .subscribe(&Request::SubscribeLog {
+                node,
+                multicast: joined.is_some(),
+            })
             .await?;
         let mut state = Vec::new();
-        while let Some(message) = feed.next().await {
-            match FeedMessage::decode(&message?)? {
-                FeedMessage::State { lsn, piece, done } => {
-                    state.extend_from_slice(&piece);
-                    if done {
-                        let bytes = std::mem::take(&mut state);
-                        let procedures = self.procedures.clone();
-                        let mut secondary = blocking(move || {
-                            let store = gyre_replica::checkpoint::from_bytes(bytes.into())?;
-                            if store.lsn != lsn {
-                                return Err(gyre_replica::Error::Constraint(format!(
-                                    "the state is at LSN {}, announced at {lsn}",
-                                    store.lsn
-                                )));
+        let mut started = false;
+        loop {
+            tokio::select! {
+                message = feed.next() => {
+                    let Some(message) = message else { return Ok(()) };
+                    match FeedMessage::decode(&message?)? {
+                        FeedMessage::State { lsn, piece, done } => {
+                            state.extend_from_slice(&piece);
+                            if done {
+                                self.start(node, lsn, std::mem::take(&mut state)).await?;
+                                started = true;
                             }
-                            Secondary::from_state(store, procedures)
-                        })
-                        .await?;
-                        secondary.keep_snapshots(KEEP_SNAPSHOTS);
-                        *self.secondary.lock() = Some(secondary);
-                        *self.trouble.lock() = None;
-                        self.applied.send_modify(|a| *a = (*a).max(lsn));
-                        tracing::info!(node, lsn, "secondary started from the primary's state");
+                        }
+                        FeedMessage::Log { last, frames, shipped_us } => {
+                            self.apply_log(last, frames, shipped_us).await?;
+                        }
                     }
                 }
-                FeedMessage::Log { last, frames } => {
-                    let secondary = Arc::clone(&self.secondary);
-                    let lsn = blocking(move || {
-                        let mut guard = secondary.lock();
-                        let s = guard.as_mut().ok_or_else(|| {
-                            gyre_replica::Error::Constraint("log before the state".into())
-                        })?;
-                        s.apply_frames(&frames)?;
-                        Ok(s.lsn())
-                    })
-                    .await?;
-                    if lsn != last {
-                        return Err(DataFusionError::Execution(format!(
-                            "log groups announced up to LSN {last} ended at {lsn}"
-                        )));
-                    }
-                    self.applied.send_modify(|a| *a = (*a).max(lsn));
+                message = async { joined.as_mut().expect("guarded").next().await }, if started && joined.is_some() => {
+                    let (_, key) = multicast.expect("joined a group");
+                    let message = message?;
+                    let (last, shipped_us, frames) = key.open(&message)?;
+                    self.apply_log(last, frames.to_vec(), shipped_us).await?;
                 }
             }
         }
+    }
+
+    /// Starts over from the primary's state at `lsn`.
+    async fn start(&self, node: NodeId, lsn: u64, bytes: Vec<u8>) -> Result<()> {
+        let procedures = self.procedures.clone();
+        let mut secondary = blocking(move || {
+            let store = gyre_replica::checkpoint::from_bytes(bytes.into())?;
+            if store.lsn != lsn {
+                return Err(gyre_replica::Error::Constraint(format!(
+                    "the state is at LSN {}, announced at {lsn}",
+                    store.lsn
+                )));
+            }
+            Secondary::from_state(store, procedures)
+        })
+        .await?;
+        secondary.keep_snapshots(KEEP_SNAPSHOTS);
+        *self.secondary.lock() = Some(secondary);
+        *self.trouble.lock() = None;
+        // Not the larger of the two: a primary that restarted without its data
+        // directory counts from 0 again.
+        self.applied.send_replace(lsn);
+        tracing::info!(node, lsn, "secondary started from the primary's state");
+        Ok(())
+    }
+
+    /// Replays log groups that end at LSN `last`, shipped at `shipped_us`.
+    async fn apply_log(&self, last: u64, frames: Vec<u8>, shipped_us: u64) -> Result<()> {
+        if last <= self.lsn() {
+            // Shipped before the state was taken: the state holds it.
+            return Ok(());
+        }
+        let secondary = Arc::clone(&self.secondary);
+        let (lsn, entries, spent) = blocking(move || {
+            let mut guard = secondary.lock();
+            let s = guard
+                .as_mut()
+                .ok_or_else(|| gyre_replica::Error::Constraint("log before the state".into()))?;
+            let before = s.replay_stats().1;
+            let entries = s.apply_frames(&frames)?;
+            Ok((s.lsn(), entries, s.replay_stats().1 - before))
+        })
+        .await?;
+        if lsn != last {
+            return Err(DataFusionError::Execution(format!(
+                "log groups announced up to LSN {last} ended at {lsn}"
+            )));
+        }
+        let mut f = self.figures.lock();
+        f.entries += entries;
+        f.replay += spent;
+        let lag = crate::log_feed::unix_micros().saturating_sub(shipped_us);
+        push_window(&mut f.lags_ms, lag as f64 / 1e3);
+        drop(f);
+        self.applied.send_modify(|a| *a = (*a).max(lsn));
         Ok(())
     }
 
     /// `table` as of the global snapshot at `lsn`, once this worker has replayed it.
     pub async fn read(&self, table: &str, lsn: u64) -> Result<TableSnapshot> {
         let mut applied = self.applied.subscribe();
+        let started = std::time::Instant::now();
         let waited = tokio::time::timeout(SNAPSHOT_WAIT, applied.wait_for(|&a| a >= lsn)).await;
+        push_window(
+            &mut self.figures.lock().waits_ms,
+            started.elapsed().as_secs_f64() * 1e3,
+        );
         if waited.is_err() {
             let trouble = self.trouble.lock().clone();
             return Err(DataFusionError::Execution(format!(
@@ -179,6 +310,69 @@ impl WorkerSecondary {
                 "table '{table}' does not exist in the snapshot at LSN {lsn}"
             ))
         })
+    }
+}
+
+/// The log's multicast group, joined: a thread receives its messages (the receiver
+/// blocks) and queues them until the secondary takes them.
+struct MulticastLog {
+    messages: tokio::sync::mpsc::UnboundedReceiver<Result<Vec<u8>>>,
+    stop: Arc<AtomicBool>,
+}
+
+impl MulticastLog {
+    fn join(group: Group) -> Result<Self> {
+        let config = ReceiverConfig {
+            // From the first message that begins after joining: the state holds
+            // what came before.
+            from_seq: None,
+            ..ReceiverConfig::new(group)
+        };
+        let mut receiver = Receiver::join(config).map_err(|e| {
+            DataFusionError::Execution(format!(
+                "cannot join the log's multicast group {} on {}: {e}",
+                group.group, group.interface
+            ))
+        })?;
+        let (tx, messages) = tokio::sync::mpsc::unbounded_channel();
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = Arc::clone(&stop);
+        std::thread::Builder::new()
+            .name("gyre-log-multicast".into())
+            .spawn(move || {
+                while !stopped.load(Ordering::Relaxed) {
+                    match receiver.recv(Duration::from_millis(100)) {
+                        Ok(Some(m)) => {
+                            if tx.send(Ok(m)).is_err() {
+                                return;
+                            }
+                        }
+                        Ok(None) => {}
+                        Err(e) => {
+                            let _ = tx.send(Err(DataFusionError::Execution(format!(
+                                "log multicast: {e}"
+                            ))));
+                            return;
+                        }
+                    }
+                }
+            })
+            .map_err(|e| DataFusionError::Execution(format!("log multicast thread: {e}")))?;
+        Ok(Self { messages, stop })
+    }
+
+    async fn next(&mut self) -> Result<Vec<u8>> {
+        self.messages.recv().await.unwrap_or_else(|| {
+            Err(DataFusionError::Execution(
+                "the log multicast receiver stopped".into(),
+            ))
+        })
+    }
+}
+
+impl Drop for MulticastLog {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
     }
 }
 
