@@ -310,7 +310,7 @@ struct PrimaryArgs {
 
 /// Where the primary's log is multicast to the workers (each log group crosses the
 /// network once); without it, each worker receives the log on a stream of its own.
-#[derive(Args, Clone, Default)]
+#[derive(Args, Clone)]
 struct LogMulticastArgs {
     /// The IPv4 multicast group and port of the log, e.g. 239.255.7.1:7400 (the
     /// coordinator and every worker must be given the same).
@@ -319,6 +319,15 @@ struct LogMulticastArgs {
     /// The local interface address to send and receive the multicast on.
     #[arg(long, value_name = "IP", default_value = "127.0.0.1")]
     log_interface: std::net::Ipv4Addr,
+}
+
+impl Default for LogMulticastArgs {
+    fn default() -> Self {
+        Self {
+            log_multicast: None,
+            log_interface: std::net::Ipv4Addr::LOCALHOST,
+        }
+    }
 }
 
 impl LogMulticastArgs {

@@ -63,7 +63,9 @@ impl Secondary {
         for table in store.tables() {
             versions.create_table(store.lsn, (*table.def).clone(), table.to_rows())?;
         }
-        versions.advance(store.lsn)?;
+        if store.lsn > 0 {
+            versions.advance(store.lsn)?;
+        }
         let mut secondary = Self::new(procedures);
         secondary.rows = store;
         secondary.versions = versions;
@@ -248,6 +250,9 @@ mod tests {
 
     #[test]
     fn snapshots_are_cut_at_snapshot_transactions_and_chosen_by_arrival() {
+        // A secondary may start from an empty primary's state, at LSN 0.
+        let empty = Secondary::from_state(Store::default(), Procedures::new()).unwrap();
+        assert_eq!(empty.snapshot_lsns(), vec![0]);
         let mut s = Secondary::new(Procedures::new());
         s.keep_snapshots(3);
         let def = TableDef {
