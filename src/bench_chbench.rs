@@ -4,18 +4,21 @@
 //! on global snapshots. Everything goes through Flight SQL, as users run it.
 //!
 //! The cluster is embedded (`--nodes` workers on this machine, the primary's log in a
-//! data directory, fsynced) or an existing one (`--connect`). The run loads the TPC-C
+//! data directory, fsynced), emulated (`--link RATE`: a host per node, links shaped;
+//! the run goes again from the coordinator's host), or an existing one (`--connect`).
+//! The run loads the TPC-C
 //! database, then for `--duration` seconds every terminal and every stream runs on a
 //! connection of its own; the figures the cluster keeps (`gyre_primary()`,
 //! `gyre_workers()`) are read before and after.
 
-use crate::bench_cluster::{BoxError, write_outputs};
+use crate::bench_cluster::{BoxError, EmulatedCluster, write_outputs};
 use crate::client::RemoteClient;
 use crate::stats::median;
 use arrow::array::{Array, AsArray, RecordBatch};
 use arrow::datatypes::{Float64Type, UInt64Type};
 use clap::Args;
 use gyre_cluster::{Limits, LocalCluster, PrimaryConfig};
+use gyre_testbed::LinkRate;
 use gyre_tpcc::{Kind, Scale, Terminal, call_sql, ch, load_calls, schema};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -39,17 +42,27 @@ pub struct ChbenchArgs {
     /// Analytical streams, each running CH Q1, Q6, Q12 and Q14 in turn.
     #[arg(long, default_value_t = 1)]
     olap_streams: usize,
-    /// Workers of the embedded cluster.
+    /// Workers (embedded, or emulated hosts).
     #[arg(long, default_value_t = 2)]
     nodes: usize,
+    /// `loopback` (an embedded cluster in this process) or the link rate of an
+    /// emulated cluster (1gbit, 10gbit, ...; root).
+    #[arg(long, default_value = "loopback")]
+    link: String,
+    /// CPU quota of every emulated host (e.g. 0.5).
+    #[arg(long)]
+    cpus: Option<gyre_testbed::CpuQuota>,
+    /// Name of the emulated cluster (namespaces gyre-NAME-*).
+    #[arg(long, default_value = "chbench")]
+    name: gyre_testbed::ClusterName,
     /// How the primary logs: `logical` (procedure and arguments) or `physical`.
     #[arg(long, default_value = "logical")]
     log: String,
     /// Sync the log for each transaction before the next runs.
     #[arg(long)]
     no_group_commit: bool,
-    /// How the embedded cluster's workers receive the log: `stream` (one each) or
-    /// `multicast` (each group sent once, on loopback).
+    /// How the workers receive the log: `stream` (one each) or `multicast` (each
+    /// group sent once).
     #[arg(long, default_value = "stream", value_parser = ["stream", "multicast"])]
     log_ship: String,
     /// Seconds of the mixed workload.
@@ -69,7 +82,7 @@ pub struct ChbenchArgs {
     plot: Option<PathBuf>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, serde::Deserialize)]
 struct Report {
     warehouses: i64,
     items: i64,
@@ -77,6 +90,9 @@ struct Report {
     terminals: usize,
     olap_streams: usize,
     nodes: usize,
+    /// `loopback`, or the emulated links' rate.
+    #[serde(default)]
+    link: String,
     log: String,
     group_commit: bool,
     log_ship: String,
@@ -145,6 +161,12 @@ pub async fn run(args: ChbenchArgs) -> Result<(), BoxError> {
     } else {
         Scale::full(args.warehouses)
     };
+    if args.connect.is_none() && !args.link.eq_ignore_ascii_case("loopback") {
+        let mut report = emulated(&args).await?;
+        report.link = args.link.clone();
+        report.log_ship = args.log_ship.clone();
+        return finish(&args, report);
+    }
     let temp;
     let mut embedded = None;
     let addr = match &args.connect {
@@ -302,6 +324,11 @@ pub async fn run(args: ChbenchArgs) -> Result<(), BoxError> {
         terminals: args.terminals,
         olap_streams: args.olap_streams,
         nodes: args.nodes,
+        link: if args.connect.is_some() {
+            String::new()
+        } else {
+            args.link.clone()
+        },
         log: args.log.clone(),
         group_commit: !args.no_group_commit,
         log_ship: if args.connect.is_some() {
@@ -345,6 +372,52 @@ pub async fn run(args: ChbenchArgs) -> Result<(), BoxError> {
         .into());
     }
     Ok(())
+}
+
+/// Runs the benchmark from the coordinator's host of an emulated cluster whose
+/// primary logs into a fresh directory (the hosts share this machine's files).
+async fn emulated(args: &ChbenchArgs) -> Result<Report, BoxError> {
+    let dir = tempfile::Builder::new().prefix("gyre-chbench-").tempdir()?;
+    let mut coordinator_args = vec![
+        "--data-dir".to_string(),
+        dir.path().display().to_string(),
+        "--log".into(),
+        args.log.clone(),
+    ];
+    if args.no_group_commit {
+        coordinator_args.push("--no-group-commit".into());
+    }
+    let cluster = EmulatedCluster {
+        name: args.name.clone(),
+        nodes: args.nodes,
+        link: args.link.parse::<LinkRate>()?,
+        cpus: args.cpus,
+        data_roots: vec![],
+        encrypt_links: false,
+        coordinator_args,
+        log_multicast: (args.log_ship == "multicast")
+            .then(|| std::net::SocketAddrV4::new(std::net::Ipv4Addr::new(239, 255, 71, 1), 7400)),
+    };
+    let inner = vec![
+        "bench".to_string(),
+        "chbench".into(),
+        "--warehouses".into(),
+        args.warehouses.to_string(),
+        "--customers".into(),
+        args.customers.to_string(),
+        "--terminals".into(),
+        args.terminals.to_string(),
+        "--olap-streams".into(),
+        args.olap_streams.to_string(),
+        "--nodes".into(),
+        args.nodes.to_string(),
+        "--log".into(),
+        args.log.clone(),
+        "--duration".into(),
+        args.duration.to_string(),
+    ];
+    let (_, stdout) = cluster.run("gyre bench chbench", false, inner).await?;
+    Ok(serde_json::from_slice(&stdout)?)
 }
 
 /// Creates the TPC-C tables and loads them, a district per call.
@@ -421,12 +494,17 @@ async fn freshness(client: &RemoteClient) -> Result<(Option<f64>, Option<f64>), 
 
 fn print_report(r: &Report) {
     println!(
-        "CH-benCHmark: {} warehouses, {} terminals, {} analytical streams, {} workers, {} log \
-         by {}{}",
+        "CH-benCHmark: {} warehouses, {} terminals, {} analytical streams, {} workers ({}), {} \
+         log by {}{}",
         r.warehouses,
         r.terminals,
         r.olap_streams,
         r.nodes,
+        if r.link.is_empty() {
+            "existing cluster"
+        } else {
+            &r.link
+        },
         r.log,
         r.log_ship,
         if r.group_commit {

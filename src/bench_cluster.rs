@@ -26,6 +26,10 @@ pub struct EmulatedCluster {
     pub data_roots: Vec<std::path::PathBuf>,
     /// Seal the data links between its nodes.
     pub encrypt_links: bool,
+    /// More arguments for its coordinator.
+    pub coordinator_args: Vec<String>,
+    /// Multicast the primary's log on this group.
+    pub log_multicast: Option<std::net::SocketAddrV4>,
 }
 
 impl EmulatedCluster {
@@ -46,6 +50,8 @@ impl EmulatedCluster {
         let mut gyre = GyreProcesses::current_exe()?;
         gyre.data_roots = self.data_roots.clone();
         gyre.encrypt_links = self.encrypt_links;
+        gyre.coordinator_args = self.coordinator_args.clone();
+        gyre.log_multicast = self.log_multicast;
         spec.gyre = Some(gyre);
         eprintln!(
             "building an emulated cluster of {} hosts with {link} links{}...",

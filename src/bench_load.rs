@@ -196,6 +196,8 @@ async fn emulated(args: &LoadArgs) -> Result<Vec<TableLoad>, BoxError> {
         cpus: args.cpus,
         data_roots: vec![dir.clone()],
         encrypt_links: false,
+        coordinator_args: vec![],
+        log_multicast: None,
     };
     let inner = vec![
         "bench".to_string(),

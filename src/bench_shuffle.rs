@@ -408,6 +408,8 @@ async fn emulated_runs(
         cpus: args.cpus,
         data_roots: Vec::new(),
         encrypt_links,
+        coordinator_args: vec![],
+        log_multicast: None,
     };
     let inner: Vec<String> = [
         "bench",

@@ -68,8 +68,13 @@ fn primary(data_dir: Option<&Path>) -> PrimaryConfig {
 }
 
 async fn cluster(workers: usize, data_dir: Option<&Path>) -> LocalCluster {
+    cluster_with(workers, primary(data_dir)).await
+}
+
+/// An embedded cluster of `workers` workers whose primary is configured so.
+async fn cluster_with(workers: usize, primary: PrimaryConfig) -> LocalCluster {
     let limits = Limits {
-        primary: primary(data_dir),
+        primary,
         ..Default::default()
     };
     LocalCluster::start_limited(
@@ -475,25 +480,17 @@ async fn reads_run_on_the_secondaries_at_global_snapshots() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_log_reaches_the_workers_by_multicast() {
     let port = 20_000 + rand::random::<u16>() % 20_000;
-    let limits = Limits {
-        primary: PrimaryConfig {
+    let cluster = cluster_with(
+        2,
+        PrimaryConfig {
             log_multicast: Some(gyre_replica::ship::Group {
                 group: std::net::SocketAddrV4::new(std::net::Ipv4Addr::new(239, 255, 71, 2), port),
                 interface: std::net::Ipv4Addr::LOCALHOST,
             }),
             ..primary(None)
         },
-        ..Default::default()
-    };
-    let cluster = LocalCluster::start_limited(
-        2,
-        1,
-        "127.0.0.1:0".parse().unwrap(),
-        &Default::default(),
-        &limits,
     )
-    .await
-    .unwrap();
+    .await;
     let c = &cluster.coordinator;
     let s = c.new_session();
     create_accounts(c, &s).await;
@@ -753,22 +750,14 @@ fn kill_9_of_gyre_local_loses_no_acknowledged_transaction() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn tpcc_and_ch_queries_through_sql() {
     use gyre_tpcc::{Kind, Scale, Terminal, call_sql, ch, load_calls, schema};
-    let limits = Limits {
-        primary: PrimaryConfig {
+    let cluster = cluster_with(
+        2,
+        PrimaryConfig {
             procedures: gyre_tpcc::procedures(),
             ..Default::default()
         },
-        ..Default::default()
-    };
-    let cluster = LocalCluster::start_limited(
-        2,
-        1,
-        "127.0.0.1:0".parse().unwrap(),
-        &Default::default(),
-        &limits,
     )
-    .await
-    .unwrap();
+    .await;
     let c = &cluster.coordinator;
     let s = c.new_session();
     let scale = Scale {

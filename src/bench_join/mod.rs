@@ -515,6 +515,8 @@ async fn emulated(args: &JoinArgs, nodes: usize) -> Result<Vec<JoinResult>, BoxE
         cpus: args.cpus,
         data_roots: vec![data_root],
         encrypt_links: false,
+        coordinator_args: vec![],
+        log_multicast: None,
     };
     let mut inner: Vec<String> = [
         "bench",

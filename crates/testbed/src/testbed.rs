@@ -96,6 +96,12 @@ pub struct GyreProcesses {
     pub data_roots: Vec<PathBuf>,
     /// Seal the data links between the nodes (`--encrypt-links`).
     pub encrypt_links: bool,
+    /// More arguments for the coordinator (its transactional tables: `--data-dir`,
+    /// `--log`, ...).
+    pub coordinator_args: Vec<String>,
+    /// Multicast the primary's log on this group, each node on its own address
+    /// (`--log-multicast`, `--log-interface`).
+    pub log_multicast: Option<std::net::SocketAddrV4>,
 }
 
 impl GyreProcesses {
@@ -110,6 +116,8 @@ impl GyreProcesses {
             ready_timeout: Duration::from_secs(60),
             data_roots: Vec::new(),
             encrypt_links: false,
+            coordinator_args: Vec::new(),
+            log_multicast: None,
         })
     }
 }
@@ -560,6 +568,13 @@ impl Testbed {
         if gyre.encrypt_links {
             cmd.arg("--encrypt-links");
         }
+        cmd.args(&gyre.coordinator_args);
+        if let Some(group) = gyre.log_multicast {
+            cmd.arg("--log-multicast")
+                .arg(group.to_string())
+                .arg("--log-interface")
+                .arg(coordinator.addr.to_string());
+        }
         let coord_index = self.spawn(&coordinator, "coordinator", cmd, &gyre.secret)?;
         self.wait_ready(coord_index, COORDINATOR_READY, deadline)?;
 
@@ -584,6 +599,12 @@ impl Testbed {
             }
             if gyre.encrypt_links {
                 cmd.arg("--encrypt-links");
+            }
+            if let Some(group) = gyre.log_multicast {
+                cmd.arg("--log-multicast")
+                    .arg(group.to_string())
+                    .arg("--log-interface")
+                    .arg(host.addr.to_string());
             }
             workers.push(self.spawn(&host, "worker", cmd, &gyre.secret)?);
         }

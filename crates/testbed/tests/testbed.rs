@@ -195,6 +195,8 @@ fn a_failed_up_removes_what_it_made() {
         ready_timeout: Duration::from_secs(10),
         data_roots: Vec::new(),
         encrypt_links: false,
+        coordinator_args: Vec::new(),
+        log_multicast: None,
     });
     let err = match Testbed::up(spec) {
         Ok(_) => panic!("up with a failing coordinator succeeded"),
