@@ -355,6 +355,11 @@ pub async fn run(args: ChbenchArgs) -> Result<(), BoxError> {
             .then(|| call_time / replay_time),
         tx_per_second,
     };
+    finish(&args, report)
+}
+
+/// Writes or prints the report; fails if any statement did.
+fn finish(args: &ChbenchArgs, report: Report) -> Result<(), BoxError> {
     if !write_outputs(
         args.json.as_deref(),
         args.plot.as_deref(),

@@ -473,6 +473,34 @@ async fn reads_run_on_the_secondaries_at_global_snapshots() {
     }
     // The query reads that periodic snapshot: nothing changed since.
     assert_eq!(snapshot_of(&c, &s, total).await.0, last + 2);
+
+    // A reader does not wait for another session's open transaction: with a commit
+    // since the last snapshot, it reads the primary's last commit instead.
+    let before = sql(&c, &s, "SELECT balance FROM accounts WHERE id = 4").await[0][0];
+    sql(&c, &s, "CALL transfer(4, 5, 1)").await;
+    let holder = c.new_session();
+    sql(&c, &holder, "BEGIN").await;
+    sql(&c, &holder, "UPDATE accounts SET balance = 0 WHERE id = 3").await;
+    let started = Instant::now();
+    assert_eq!(
+        sql(
+            &c,
+            &s,
+            "SELECT balance FROM accounts WHERE id IN (3, 4) ORDER BY id"
+        )
+        .await[1],
+        vec![before - 1]
+    );
+    assert_eq!(
+        sql(&c, &s, total).await,
+        vec![vec![100 * ACCOUNTS, ACCOUNTS]]
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    sql(&c, &holder, "ROLLBACK").await;
 }
 
 /// The log multicast to the workers (each group sent once, checked against the

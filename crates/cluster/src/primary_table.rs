@@ -7,7 +7,9 @@
 //! - outside a transaction, a global snapshot on the workers: the primary's last
 //!   snapshot transaction if nothing committed since the query arrived, else a new
 //!   one marked for it ([`crate::snapshot_scan`]), so that no query sees a state older
-//!   than one committed before it arrived;
+//!   than one committed before it arrived. While another session's transaction holds
+//!   the primary no snapshot can be marked, and the query reads the primary's last
+//!   commit instead of waiting;
 //! - inside a transaction, and where a change reads its input, the transaction's own
 //!   state on the primary, whose rows travel in the plan to wherever the scan runs.
 //!
@@ -38,9 +40,19 @@ const BATCH_ROWS: usize = 8192;
 pub struct PrimarySnapshot {
     /// The primary's state when the statement arrived (or its transaction's).
     pub store: Arc<Store>,
-    /// Set when the statement reads on the workers: the LSN of the snapshot it reads,
-    /// chosen by its first scan.
-    pub on_workers: Option<Arc<tokio::sync::OnceCell<u64>>>,
+    /// Set when the statement reads on the workers: where it reads, chosen by its
+    /// first scan.
+    pub on_workers: Option<Arc<tokio::sync::OnceCell<ReadAt>>>,
+}
+
+/// Where a statement outside a transaction reads the transactional tables.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadAt {
+    /// On the workers, at the global snapshot with this LSN.
+    Snapshot(u64),
+    /// On the primary's state when the statement arrived: a transaction held the
+    /// primary, so no snapshot could be marked, and a reader does not wait for it.
+    Primary,
 }
 
 impl PrimarySnapshot {
@@ -108,7 +120,25 @@ impl TableProvider for PrimaryTable {
             Some(snapshot) => snapshot,
             None => Arc::new(PrimarySnapshot::on_primary(self.db.snapshot())),
         };
-        let Some(chosen) = &snapshot.on_workers else {
+        let db = Arc::clone(&self.db);
+        let read_at = match &snapshot.on_workers {
+            None => ReadAt::Primary,
+            Some(chosen) => {
+                *chosen
+                    .get_or_try_init(|| async move {
+                        let marked =
+                            tokio::task::spawn_blocking(move || db.try_mark_snapshot_if_changed())
+                                .await
+                                .map_err(|e| {
+                                    DataFusionError::Execution(format!("marking a snapshot: {e}"))
+                                })?
+                                .map_err(replica_err)?;
+                        Ok::<_, DataFusionError>(marked.map_or(ReadAt::Primary, ReadAt::Snapshot))
+                    })
+                    .await?
+            }
+        };
+        let ReadAt::Snapshot(lsn) = read_at else {
             let batches = self.batches(&snapshot.store)?;
             return Ok(MemorySourceConfig::try_new_exec(
                 &[batches],
@@ -116,15 +146,6 @@ impl TableProvider for PrimaryTable {
                 projection.cloned(),
             )?);
         };
-        let db = Arc::clone(&self.db);
-        let lsn = *chosen
-            .get_or_try_init(|| async move {
-                tokio::task::spawn_blocking(move || db.mark_snapshot_if_changed())
-                    .await
-                    .map_err(|e| DataFusionError::Execution(format!("marking a snapshot: {e}")))?
-                    .map_err(replica_err)
-            })
-            .await?;
         let store = &snapshot.store;
         let table = store
             .table_id(&self.name)

@@ -24,6 +24,10 @@ use parking_lot::{ArcMutexGuard, Mutex, RawMutex};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+/// How long a snapshot for a reader waits for the transaction holding the primary:
+/// a single-statement one ends within it, an interactive one may not.
+pub const READER_LOCK_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
+
 #[derive(Debug, Clone)]
 pub struct Options {
     /// Where the log and checkpoints live; `None` keeps everything in memory.
@@ -258,7 +262,11 @@ impl Database {
     /// Logs a snapshot transaction (ScyPer's global snapshot, thesis section 5.2.2) and
     /// returns its LSN once durable. Every secondary cuts a snapshot at that LSN.
     pub fn mark_snapshot(&self) -> Result<u64> {
-        let lsn = self.commit_entry(self.lock()?, &Entry::Snapshot, |_| Ok(()))?;
+        self.mark_locked(self.lock()?)
+    }
+
+    fn mark_locked(&self, store: parking_lot::MutexGuard<'_, Store>) -> Result<u64> {
+        let lsn = self.commit_entry(store, &Entry::Snapshot, |_| Ok(()))?;
         self.last_mark
             .fetch_max(lsn, std::sync::atomic::Ordering::Relaxed);
         Ok(lsn)
@@ -272,6 +280,20 @@ impl Database {
             self.mark_snapshot()
         } else {
             Ok(last)
+        }
+    }
+
+    /// [`Database::mark_snapshot_if_changed`] unless a transaction holds the primary
+    /// for longer than [`READER_LOCK_WAIT`] (an interactive one may hold it for
+    /// seconds): `None` then, for a reader must not wait for a writer.
+    pub fn try_mark_snapshot_if_changed(&self) -> Result<Option<u64>> {
+        let last = self.last_mark.load(std::sync::atomic::Ordering::Relaxed);
+        if self.lsn() <= last {
+            return Ok(Some(last));
+        }
+        match self.store.try_lock_for(READER_LOCK_WAIT) {
+            Some(store) => self.mark_locked(store).map(Some),
+            None => Ok(None),
         }
     }
 

@@ -213,8 +213,9 @@ impl Coordinator {
         }
         *last = Instant::now();
         let db = Arc::clone(&self.primary);
+        // A transaction holding the primary defers it to the next period.
         tokio::task::spawn_blocking(move || {
-            if let Err(e) = db.mark_snapshot_if_changed() {
+            if let Err(e) = db.try_mark_snapshot_if_changed() {
                 tracing::error!("periodic snapshot of the transactional tables: {e}");
             }
         });
