@@ -16,7 +16,7 @@ use arrow::compute::filter_record_batch;
 use arrow::datatypes::SchemaRef;
 use datafusion::common::stats::Precision;
 use datafusion::common::tree_node::TreeNodeRecursion;
-use datafusion::common::{Result, Statistics, internal_datafusion_err, internal_err};
+use datafusion::common::{Result, Statistics, internal_datafusion_err, internal_err, plan_err};
 use datafusion::execution::TaskContext;
 use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExpr};
@@ -62,6 +62,13 @@ impl SnapshotScanExec {
             Some(p) => Arc::new(table_schema.project(p)?),
             None => Arc::clone(&table_schema),
         };
+        // A decoded plan is checked, never trusted.
+        let columns = table_schema.fields().len();
+        if key.is_empty() || key.iter().any(|&k| k >= columns) {
+            return plan_err!(
+                "scan of '{table}': key columns {key:?} do not fit its {columns} columns"
+            );
+        }
         let workers = workers.max(1);
         // Hash-partitioned on the key when the scan outputs every key column.
         let position = |k: usize| match &projection {
@@ -236,5 +243,42 @@ impl ExecutionPlan for SnapshotScanExec {
             Statistics::new_unknown(&self.schema())
                 .with_num_rows(Precision::Inexact((self.rows / share) as usize)),
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SnapshotScanExec;
+    use arrow::datatypes::{DataType, Field, Schema};
+    use datafusion::physical_plan::{ExecutionPlan, Partitioning};
+    use std::sync::Arc;
+
+    #[test]
+    fn partitioned_by_the_key_only_when_it_is_projected_and_checked() {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("w", DataType::Int64, false),
+            Field::new("d", DataType::Int64, false),
+            Field::new("v", DataType::Utf8, true),
+        ]));
+        let scan = |key: Vec<usize>, projection: Option<Vec<usize>>| {
+            SnapshotScanExec::try_new("t".into(), Arc::clone(&schema), key, projection, 7, 3, 10)
+        };
+        let hashed = scan(vec![0, 1], Some(vec![2, 1, 0])).unwrap();
+        match hashed.properties().output_partitioning() {
+            Partitioning::Hash(exprs, 3) => {
+                let names: Vec<String> = exprs.iter().map(|e| e.to_string()).collect();
+                assert_eq!(names, ["w@2", "d@1"]);
+            }
+            other => panic!("{other:?}"),
+        }
+        let partial = scan(vec![0, 1], Some(vec![2, 0])).unwrap();
+        assert!(matches!(
+            partial.properties().output_partitioning(),
+            Partitioning::UnknownPartitioning(3)
+        ));
+        // Key columns or a projection beyond the table are refused, not indexed.
+        assert!(scan(vec![3], None).is_err());
+        assert!(scan(vec![], None).is_err());
+        assert!(scan(vec![0], Some(vec![5])).is_err());
     }
 }
