@@ -152,15 +152,7 @@ pub async fn run(args: ChbenchArgs) -> Result<(), BoxError> {
         .log
         .parse()
         .map_err(|e| format!("--log is logical or physical: {e}"))?;
-    let scale = if args.customers > 0 {
-        Scale {
-            warehouses: args.warehouses,
-            items: args.customers * 10,
-            customers: args.customers,
-        }
-    } else {
-        Scale::full(args.warehouses)
-    };
+    let scale = Scale::with_customers(args.warehouses, args.customers);
     if args.connect.is_none() && !args.link.eq_ignore_ascii_case("loopback") {
         let mut report = emulated(&args).await?;
         report.link = args.link.clone();

@@ -189,16 +189,11 @@ fn round_inner(mode: LogMode, scale: Scale, args: &ReplayArgs) -> Result<Round, 
 }
 
 pub async fn run(args: ReplayArgs) -> Result<(), BoxError> {
-    let mut scale = Scale::full(args.warehouses);
-    if args.customers > 0 {
-        scale.customers = args.customers;
-        scale.items = (args.customers * 100 / 3).max(100);
-    }
+    let scale = Scale::with_customers(args.warehouses, args.customers);
     let modes = [LogMode::Logical, LogMode::Physical];
     let mut rounds: Vec<Vec<Round>> = vec![vec![], vec![]];
     for r in 0..args.repeat.max(1) {
         for (i, mode) in modes.iter().enumerate() {
-            let scale = scale;
             let a = args.clone();
             let mode = *mode;
             let result = tokio::task::spawn_blocking(move || round(mode, scale, &a))

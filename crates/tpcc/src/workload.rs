@@ -24,6 +24,20 @@ impl Scale {
             customers: CUSTOMERS,
         }
     }
+
+    /// Scaled down to `customers` per district (quick runs), with items in the
+    /// specification's proportion (100,000 to 3,000), at least 100; 0 keeps
+    /// [`Scale::full`].
+    pub fn with_customers(warehouses: i64, customers: i64) -> Self {
+        if customers <= 0 {
+            return Self::full(warehouses);
+        }
+        Self {
+            warehouses,
+            items: (customers * ITEMS / CUSTOMERS).max(100),
+            customers,
+        }
+    }
 }
 
 /// The five transactions.
