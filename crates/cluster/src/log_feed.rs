@@ -14,8 +14,8 @@
 //! secret ([`LogKey`]), so a datagram from anyone else never reaches a secondary.
 //!
 //! The state cannot miss a group: a subscriber listens for groups (joins the group)
-//! before it asks for the state, which is read only once every group shipped before
-//! the request is visible in it.
+//! before it asks for the state, which is read only once every entry durable at the
+//! request (so every group shipped before it) is visible in it.
 
 use crate::primary_table::replica_err;
 use datafusion::common::{DataFusionError, Result};
@@ -27,7 +27,7 @@ use hmac::{Hmac, Mac};
 use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 use tokio::sync::broadcast;
 
@@ -149,8 +149,6 @@ impl LogKey {
 pub struct LogFeed {
     db: Arc<Database>,
     groups: broadcast::Sender<Arc<Shipped>>,
-    /// The last LSN shipped.
-    shipped: Arc<AtomicU64>,
     /// Where the log is multicast, if it is.
     multicast: Option<Group>,
     /// Workers subscribed now.
@@ -162,7 +160,6 @@ impl LogFeed {
     /// messages sealed by its key) if given.
     pub fn attach(db: Arc<Database>, multicast: Option<(Group, LogKey)>) -> Result<Arc<Self>> {
         let (groups, _) = broadcast::channel(BACKLOG_GROUPS);
-        let shipped = Arc::new(AtomicU64::new(db.lsn()));
         let group = multicast.as_ref().map(|(g, _)| *g);
         let publisher = match multicast {
             Some((g, key)) => {
@@ -176,11 +173,8 @@ impl LogFeed {
             }
             None => None,
         };
-        let (tx, last) = (groups.clone(), Arc::clone(&shipped));
+        let tx = groups.clone();
         db.ship(Box::new(move |lsn, frames| {
-            // Recorded before anything is sent: a subscriber that asks for the state
-            // after it joined gets a state that holds every group it may have missed.
-            last.fetch_max(lsn, Ordering::SeqCst);
             let shipped_us = unix_micros();
             if let Some((publisher, key)) = &publisher
                 && let Err(e) = publisher.publish(&key.seal(lsn, shipped_us, frames))
@@ -200,7 +194,6 @@ impl LogFeed {
         Ok(Arc::new(Self {
             db,
             groups,
-            shipped,
             multicast: group,
             subscribers: AtomicUsize::new(0),
         }))
@@ -243,9 +236,10 @@ impl LogFeed {
         groups: Option<broadcast::Receiver<Arc<Shipped>>>,
         tx: &tokio::sync::mpsc::Sender<Result<Vec<u8>>>,
     ) -> Result<()> {
-        let store = self
-            .state_after(self.shipped.load(Ordering::SeqCst))
-            .await?;
+        // The log makes a group durable before it ships it: every group shipped
+        // before this request (which came after the subscriber began to listen) is at
+        // or below the durable LSN now.
+        let store = self.state_after(self.db.durable_lsn()).await?;
         let lsn = store.lsn;
         let bytes = tokio::task::spawn_blocking(move || gyre_replica::checkpoint::to_bytes(&store))
             .await
@@ -296,18 +290,18 @@ impl LogFeed {
         }
     }
 
-    /// The primary's committed state, once it shows every group up to `shipped`
-    /// (a group is shipped as soon as it is durable, the state a moment later).
-    async fn state_after(&self, shipped: u64) -> Result<Arc<gyre_replica::Store>> {
+    /// The primary's committed state, once it shows every entry up to `durable` (the
+    /// state shows a commit a moment after it is durable).
+    async fn state_after(&self, durable: u64) -> Result<Arc<gyre_replica::Store>> {
         let started = Instant::now();
         loop {
             let store = self.db.snapshot();
-            if store.lsn >= shipped {
+            if store.lsn >= durable {
                 return Ok(store);
             }
             if started.elapsed() > STATE_WAIT {
                 return Err(DataFusionError::Execution(format!(
-                    "the primary's state stayed at LSN {} while LSN {shipped} was shipped",
+                    "the primary's state stayed at LSN {} while LSN {durable} was durable",
                     store.lsn
                 )));
             }
