@@ -871,3 +871,167 @@ async fn tpcc_and_ch_queries_through_sql() {
         assert!(want.lines().count() > 4, "{name} returned nothing: {want}");
     }
 }
+
+/// The rows each worker's replica holds, by `gyre_workers()`.
+async fn replica_rows(c: &Arc<Coordinator>, s: &datafusion::prelude::SessionContext) -> Vec<i64> {
+    sql(
+        c,
+        s,
+        "SELECT replica_rows FROM gyre_workers() ORDER BY worker",
+    )
+    .await
+    .into_iter()
+    .map(|r| r[0])
+    .collect()
+}
+
+/// `q`'s result once it succeeds: right after the workers changed, a read may fail
+/// while they take their new shares of the partitioned tables.
+async fn settled(
+    c: &Arc<Coordinator>,
+    s: &datafusion::prelude::SessionContext,
+    q: &str,
+) -> Vec<Vec<i64>> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match c.sql_in(s, q).await {
+            Ok(r) => return ints(&r),
+            Err(e) if Instant::now() < deadline && e.to_string().contains("share") => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("{q}: {e}"),
+        }
+    }
+}
+
+/// A table `WITH (replication = 'partitioned')` is transactional and durable like a
+/// full one, but each worker's replica holds only the rows whose key hashes to it:
+/// together they hold it once. Reads give what the same rows in a distributed table
+/// give, and when a worker joins or leaves, the workers take their new shares from the
+/// primary, so nothing is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn partitioned_tables_are_dealt_out_to_the_workers() {
+    let mut cluster = cluster(2, None).await;
+    let c = Arc::clone(&cluster.coordinator);
+    let s = c.new_session();
+    sql(
+        &c,
+        &s,
+        "CREATE TABLE src AS SELECT value AS k, value * 7 % 1000 AS v, \
+         'row ' || CAST(value AS VARCHAR) AS label FROM generate_series(1, 100000)",
+    )
+    .await;
+    sql(
+        &c,
+        &s,
+        "CREATE TABLE ptx (k BIGINT PRIMARY KEY, v BIGINT, label VARCHAR) \
+         WITH (replication = 'partitioned')",
+    )
+    .await;
+    assert!(
+        fails(
+            &c,
+            &s,
+            "CREATE TABLE bad (k BIGINT PRIMARY KEY) WITH (replication = 'sideways')"
+        )
+        .await
+        .contains("'full' or 'partitioned'")
+    );
+    assert_eq!(
+        sql(&c, &s, "INSERT INTO ptx SELECT * FROM src").await,
+        vec![vec![100_000]]
+    );
+    sql(&c, &s, "BEGIN").await;
+    assert_eq!(
+        sql(&c, &s, "UPDATE ptx SET v = v + 1 WHERE k % 2 = 0").await,
+        vec![vec![50_000]]
+    );
+    assert_eq!(
+        sql(&c, &s, "DELETE FROM ptx WHERE k % 10 = 5").await,
+        vec![vec![10_000]]
+    );
+    sql(&c, &s, "COMMIT").await;
+    sql(&c, &s, "BEGIN").await;
+    sql(&c, &s, "DELETE FROM ptx").await;
+    sql(&c, &s, "ROLLBACK").await;
+    // The same rows, computed from the distributed table.
+    let check = "SELECT count(*), sum(v), sum(length(label)), min(k), max(k) FROM ";
+    let expected = sql(
+        &c,
+        &s,
+        &format!(
+            "{check} (SELECT k, CASE WHEN k % 2 = 0 THEN v + 1 ELSE v END AS v, label \
+             FROM src WHERE k % 10 <> 5)"
+        ),
+    )
+    .await;
+    assert_eq!(expected[0][0], 90_000);
+    assert_eq!(sql(&c, &s, &format!("{check} ptx")).await, expected);
+    let plan = c
+        .sql_in(&s, &format!("EXPLAIN ANALYZE {check} ptx"))
+        .await
+        .unwrap();
+    let text = arrow::util::pretty::pretty_format_batches(&plan[0].batches)
+        .unwrap()
+        .to_string();
+    assert!(text.contains("table=ptx (partitioned)"), "{text}");
+    // A join on the key, and one with the distributed table.
+    assert_eq!(
+        sql(
+            &c,
+            &s,
+            "SELECT count(*), sum(a.v - b.v) FROM ptx a JOIN ptx b USING (k)"
+        )
+        .await,
+        vec![vec![90_000, 0]]
+    );
+    assert_eq!(
+        sql(
+            &c,
+            &s,
+            "SELECT count(*), sum(p.v - s.v) FROM ptx p JOIN src s USING (k)"
+        )
+        .await,
+        vec![vec![90_000, 50_000]]
+    );
+    // Each worker holds about half, the two together every row once.
+    let held = replica_rows(&c, &s).await;
+    assert_eq!(held.iter().sum::<i64>(), 90_000, "{held:?}");
+    assert!(held.iter().all(|&h| h > 40_000), "{held:?}");
+
+    // A third worker: the shares change, and the three hold the table once.
+    cluster.start_worker(1).await.unwrap();
+    c.wait_for_workers(3, Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert_eq!(settled(&c, &s, &format!("{check} ptx")).await, expected);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let held = replica_rows(&c, &s).await;
+        if held.len() == 3 && held.iter().sum::<i64>() == 90_000 {
+            assert!(held.iter().all(|&h| h > 25_000), "{held:?}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "{held:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    sql(&c, &s, "UPDATE ptx SET v = 0 WHERE k <= 100").await;
+    let rest = "SELECT count(*), sum(v) FROM ptx WHERE k > 100";
+    let before = sql(&c, &s, rest).await;
+    assert_eq!(before[0][0], 90_000 - 90);
+
+    // A worker leaves (with its part of the distributed table): the other two take
+    // their new shares of the partitioned one from the primary, which holds every row.
+    let leaving = cluster.workers().next().unwrap();
+    leaving.shutdown();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while c.live_workers().len() > 2 {
+        assert!(Instant::now() < deadline, "the worker did not leave");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(settled(&c, &s, rest).await, before);
+    assert_eq!(
+        settled(&c, &s, "SELECT count(*), sum(v) FROM ptx WHERE k <= 100").await,
+        vec![vec![90, 0]]
+    );
+}

@@ -3,7 +3,7 @@
 
 use crate::files::{FileCopyExec, FileSplitScanExec};
 use crate::modify::{GyreModifyExec, Modification};
-use crate::snapshot_scan::SnapshotScanExec;
+use crate::snapshot_scan::{SnapshotScanExec, SnapshotTable};
 use crate::table::{GyreInsertExec, GyreScanExec};
 use crate::tpch::TpchGenExec;
 use arrow::datatypes::{Schema, SchemaRef};
@@ -147,6 +147,7 @@ enum NodeProto {
         table: String,
         schema: Vec<u8>,
         key: Vec<usize>,
+        partitioned: bool,
         projection: Option<Vec<usize>>,
         lsn: u64,
         workers: usize,
@@ -406,18 +407,22 @@ impl PhysicalExtensionCodec for GyreCodec {
                 table,
                 schema,
                 key,
+                partitioned,
                 projection,
                 lsn,
                 workers,
                 rows,
             } => Arc::new(SnapshotScanExec::try_new(
-                table,
-                schema_from_bytes(&schema)?,
-                key,
+                SnapshotTable {
+                    name: table,
+                    schema: schema_from_bytes(&schema)?,
+                    key,
+                    partitioned,
+                    rows,
+                },
                 projection,
                 lsn,
                 workers,
-                rows,
             )?),
             NodeProto::Insert { table, key } => {
                 let input = inputs
@@ -682,13 +687,14 @@ impl PhysicalExtensionCodec for GyreCodec {
             }
         } else if let Some(s) = node.downcast_ref::<SnapshotScanExec>() {
             NodeProto::SnapshotScan {
-                table: s.table.clone(),
-                schema: schema_to_bytes(&s.table_schema)?,
-                key: s.key.clone(),
+                table: s.table.name.clone(),
+                schema: schema_to_bytes(&s.table.schema)?,
+                key: s.table.key.clone(),
+                partitioned: s.table.partitioned,
                 projection: s.projection.clone(),
                 lsn: s.lsn,
                 workers: s.properties().output_partitioning().partition_count(),
-                rows: s.rows,
+                rows: s.table.rows,
             }
         } else if let Some(i) = node.downcast_ref::<GyreInsertExec>() {
             NodeProto::Insert {

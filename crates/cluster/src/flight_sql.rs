@@ -509,10 +509,17 @@ impl FlightSqlService for GyreFlightSql {
         }
         let req: Request = decode(&action.body).map_err(status)?;
         if let Request::SubscribeLog { node, multicast } = req {
+            let coordinator = Arc::downgrade(&self.coordinator);
+            let workers = Box::new(move || {
+                coordinator
+                    .upgrade()
+                    .map(|c| c.live_workers())
+                    .unwrap_or_default()
+            });
             let feed = self
                 .coordinator
                 .log_feed()
-                .subscribe(node, multicast)
+                .subscribe(node, multicast, workers)
                 .map(|m| {
                     m.map(|body| arrow_flight::Result { body: body.into() })
                         .map_err(status)

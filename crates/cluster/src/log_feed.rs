@@ -16,8 +16,14 @@
 //! The state cannot miss a group: a subscriber listens for groups (joins the group)
 //! before it asks for the state, which is read only once every entry durable at the
 //! request (so every group shipped before it) is visible in it.
+//!
+//! The state names the subscriber's [`KeyShare`] of the partitioned tables: its place
+//! among the live workers, as queries number them. The feed checks that place every
+//! [`SHARE_CHECK`] and ends when it changed, so that the worker starts over with its
+//! new share.
 
 use crate::primary_table::replica_err;
+use crate::snapshot_scan::KeyShare;
 use datafusion::common::{DataFusionError, Result};
 use futures::StreamExt;
 use futures::stream::BoxStream;
@@ -37,17 +43,35 @@ pub const BACKLOG_GROUPS: usize = 4096;
 /// Bytes of state per message.
 const STATE_PIECE: usize = 4 << 20;
 
+/// How often a subscription checks the subscriber's place among the live workers.
+pub const SHARE_CHECK: Duration = Duration::from_secs(1);
+
+/// The live workers, in the order queries number them.
+pub type LiveWorkers = Box<dyn Fn() -> Vec<u32> + Send + Sync>;
+
+/// Worker `node`'s share of the partitioned tables among `workers` (`None`: it is not
+/// one of them, and keeps every row until it is).
+pub fn share_of(node: u32, workers: &[u32]) -> Option<KeyShare> {
+    let index = workers.iter().position(|&w| w == node)?;
+    Some(KeyShare {
+        index: index as u32,
+        count: workers.len() as u32,
+    })
+}
+
 /// How long a subscription waits for the state to show what was already shipped.
 const STATE_WAIT: Duration = Duration::from_secs(10);
 
 /// One message of a subscription.
 #[derive(Debug, Serialize, Deserialize)]
 pub enum FeedMessage {
-    /// A piece of the primary's state at LSN `lsn`; the last piece has `done`.
+    /// A piece of the primary's state at LSN `lsn`; the last piece has `done` and
+    /// the subscriber's share of the partitioned tables.
     State {
         lsn: u64,
         piece: Vec<u8>,
         done: bool,
+        share: Option<KeyShare>,
     },
     /// Log groups (the log's frames) whose last entry has LSN `last`, shipped when
     /// the coordinator's clock read `shipped_us` (µs since the Unix epoch), to measure
@@ -212,13 +236,14 @@ impl LogFeed {
         self: &Arc<Self>,
         node: u32,
         joined: bool,
+        workers: LiveWorkers,
     ) -> BoxStream<'static, Result<Vec<u8>>> {
         let groups = (!joined || self.multicast.is_none()).then(|| self.groups.subscribe());
         let (tx, rx) = tokio::sync::mpsc::channel(4);
         let me = Arc::clone(self);
         tokio::spawn(async move {
             me.subscribers.fetch_add(1, Ordering::Relaxed);
-            let result = me.feed(node, groups, &tx).await;
+            let result = me.feed(node, groups, &workers, &tx).await;
             me.subscribers.fetch_sub(1, Ordering::Relaxed);
             if let Err(e) = result {
                 tracing::info!(node, "log feed: {e}");
@@ -234,8 +259,10 @@ impl LogFeed {
         &self,
         node: u32,
         groups: Option<broadcast::Receiver<Arc<Shipped>>>,
+        workers: &LiveWorkers,
         tx: &tokio::sync::mpsc::Sender<Result<Vec<u8>>>,
     ) -> Result<()> {
+        let share = share_of(node, &workers());
         // The log makes a group durable before it ships it: every group shipped
         // before this request (which came after the subscriber began to listen) is at
         // or below the durable LSN now.
@@ -249,6 +276,7 @@ impl LogFeed {
             node,
             lsn,
             bytes = bytes.len(),
+            ?share,
             "a secondary subscribed to the log"
         );
         let mut pieces = bytes.chunks(STATE_PIECE).peekable();
@@ -257,19 +285,50 @@ impl LogFeed {
                 lsn,
                 piece: piece.to_vec(),
                 done: pieces.peek().is_none(),
+                share,
             };
             if tx.send(Ok(message.encode())).await.is_err() {
                 return Ok(());
             }
         }
         drop(bytes);
+        let mut check = tokio::time::interval(SHARE_CHECK);
+        check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let moved = |now: Option<KeyShare>| {
+            Err(DataFusionError::Execution(format!(
+                "the workers changed: worker {node} now holds {} of the partitioned tables \
+                 (it held {}) and starts over from the current state",
+                now.map_or("every row".into(), |s| s.to_string()),
+                share.map_or("every row".into(), |s| s.to_string()),
+            )))
+        };
         let Some(mut groups) = groups else {
-            // The groups go by multicast: hold the stream open until the worker leaves.
-            tx.closed().await;
-            return Ok(());
+            // The groups go by multicast: hold the stream open until the worker leaves
+            // or its share changes.
+            loop {
+                tokio::select! {
+                    _ = tx.closed() => return Ok(()),
+                    _ = check.tick() => {
+                        let now = share_of(node, &workers());
+                        if now != share {
+                            return moved(now);
+                        }
+                    }
+                }
+            }
         };
         loop {
-            let message = match groups.recv().await {
+            let received = tokio::select! {
+                received = groups.recv() => received,
+                _ = check.tick() => {
+                    let now = share_of(node, &workers());
+                    if now != share {
+                        return moved(now);
+                    }
+                    continue;
+                }
+            };
+            let message = match received {
                 Ok(group) if group.last <= lsn => continue,
                 Ok(group) => FeedMessage::Log {
                     last: group.last,

@@ -16,7 +16,7 @@
 //! The choice is made when the statement is planned and handed to the scans through
 //! the planning session ([`PrimarySnapshot`]).
 
-use crate::snapshot_scan::SnapshotScanExec;
+use crate::snapshot_scan::{SnapshotScanExec, SnapshotTable};
 use crate::table::QueryWorkers;
 use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
@@ -28,7 +28,7 @@ use datafusion::datasource::memory::MemorySourceConfig;
 use datafusion::logical_expr::Expr;
 use datafusion::physical_plan::ExecutionPlan;
 use gyre_replica::columnar;
-use gyre_replica::{Database, Store};
+use gyre_replica::{Database, Placement, Store};
 use std::sync::Arc;
 
 /// Rows per record batch a scan produces.
@@ -152,14 +152,18 @@ impl TableProvider for PrimaryTable {
             .and_then(|id| store.table(id))
             .map_err(replica_err)?;
         let workers = QueryWorkers::of(state)?.0.len();
+        let table = SnapshotTable {
+            name: self.name.clone(),
+            schema: Arc::clone(&self.schema),
+            key: table.def.key.clone(),
+            partitioned: table.def.placement == Placement::Partitioned,
+            rows: table.rows.len() as u64,
+        };
         Ok(Arc::new(SnapshotScanExec::try_new(
-            self.name.clone(),
-            Arc::clone(&self.schema),
-            table.def.key.clone(),
+            table,
             projection.cloned(),
             lsn,
             workers,
-            table.rows.len() as u64,
         )?))
     }
 }

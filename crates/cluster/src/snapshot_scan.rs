@@ -3,11 +3,16 @@
 //! ScyPer answers analytical queries on its secondaries: the primary marks global
 //! snapshots in its log, every secondary cuts one at exactly that LSN, and a query
 //! runs on the same snapshot on every node it uses (Rödiger's thesis, section 5.2.2).
-//! Every worker holds the whole table, each laid out as its replay made it, so the
-//! workers split it by key, not by position: worker `i` of `n` reads the rows whose
-//! primary key hashes to `i` with the hash DataFusion's repartitioning uses. The scan
-//! is then hash-partitioned on the key, and a join or aggregation on it needs no
-//! shuffle.
+//! The workers split a table by key, not by position: worker `i` of `n` reads the rows
+//! whose primary key hashes to `i` ([`KeyShare`], the hash DataFusion's repartitioning
+//! uses). The scan is then hash-partitioned on the key, and a join or aggregation on
+//! it needs no shuffle.
+//!
+//! A fully replicated table is whole on every worker, each laid out as its replay made
+//! it, and each worker filters its share out of it. A partitioned table's replica on
+//! worker `i` of `n` holds that share only (the log feed deals the rows out by the
+//! same hash), so the worker reads all of it, once it holds the share the plan
+//! expects.
 
 use crate::progress::ReadCounters;
 use crate::worker::secondary::WorkerSecondary;
@@ -28,45 +33,99 @@ use datafusion::physical_plan::{
 };
 use futures::{StreamExt, TryStreamExt};
 use gyre_exchange::key_hash::hash_keys;
+use gyre_replica::secondary::Share;
+use gyre_replica::{TableDef, Value};
+use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::sync::Arc;
+
+/// The rows whose primary key hashes to `index` of `count`: worker `index`'s share of
+/// a transactional table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyShare {
+    pub index: u32,
+    pub count: u32,
+}
+
+impl fmt::Display for KeyShare {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "share {} of {}", self.index, self.count)
+    }
+}
+
+impl KeyShare {
+    /// Which rows, given their key columns, are in the share.
+    pub fn mask(&self, keys: &[ArrayRef], rows: usize) -> Result<BooleanArray> {
+        if self.count <= 1 {
+            return Ok(BooleanArray::from(vec![true; rows]));
+        }
+        let mut hashes = Vec::new();
+        hash_keys(keys, rows, &mut hashes)?;
+        Ok(hashes
+            .iter()
+            .map(|h| Some(h % u64::from(self.count) == u64::from(self.index)))
+            .collect())
+    }
+}
+
+impl Share for KeyShare {
+    fn owns(&self, table: &TableDef, keys: &[&[Value]]) -> gyre_replica::Result<Vec<bool>> {
+        let columns: Vec<_> = table
+            .key
+            .iter()
+            .map(|&k| table.columns[k].clone())
+            .collect();
+        let batch = gyre_replica::columnar::to_batch(&columns, keys.iter().copied());
+        let mask = self
+            .mask(batch.columns(), keys.len())
+            .map_err(|e| gyre_replica::Error::Constraint(format!("hashing keys: {e}")))?;
+        Ok(mask.iter().map(|m| m == Some(true)).collect())
+    }
+}
+
+/// What a snapshot scan reads.
+#[derive(Debug, Clone)]
+pub struct SnapshotTable {
+    pub name: String,
+    pub schema: SchemaRef,
+    /// The primary key's columns: each worker reads the rows whose key hashes to it.
+    pub key: Vec<usize>,
+    /// Each worker's replica holds only its share (`Placement::Partitioned`).
+    pub partitioned: bool,
+    /// Its rows at planning time (for the planner's estimates).
+    pub rows: u64,
+}
 
 /// Scans a transactional table as of the global snapshot at `lsn`, partition `i` on
 /// worker `i`.
 #[derive(Debug)]
 pub struct SnapshotScanExec {
-    pub table: String,
-    pub table_schema: SchemaRef,
-    /// The primary key's columns: each worker reads the rows whose key hashes to it.
-    pub key: Vec<usize>,
+    pub table: SnapshotTable,
     pub projection: Option<Vec<usize>>,
     /// The LSN of the snapshot transaction the query reads at.
     pub lsn: u64,
-    /// The table's rows at planning time (for the planner's estimates).
-    pub rows: u64,
     props: Arc<PlanProperties>,
 }
 
 impl SnapshotScanExec {
-    /// `key`: the table's primary key columns.
     pub fn try_new(
-        table: String,
-        table_schema: SchemaRef,
-        key: Vec<usize>,
+        table: SnapshotTable,
         projection: Option<Vec<usize>>,
         lsn: u64,
         workers: usize,
-        rows: u64,
     ) -> Result<Self> {
+        let table_schema = &table.schema;
         let schema = match &projection {
             Some(p) => Arc::new(table_schema.project(p)?),
-            None => Arc::clone(&table_schema),
+            None => Arc::clone(table_schema),
         };
         // A decoded plan is checked, never trusted.
         let columns = table_schema.fields().len();
+        let key = &table.key;
         if key.is_empty() || key.iter().any(|&k| k >= columns) {
             return plan_err!(
-                "scan of '{table}': key columns {key:?} do not fit its {columns} columns"
+                "scan of '{}': key columns {key:?} do not fit its {columns} columns",
+                table.name
             );
         }
         let workers = workers.max(1);
@@ -98,11 +157,8 @@ impl SnapshotScanExec {
         );
         Ok(Self {
             table,
-            table_schema,
-            key,
             projection,
             lsn,
-            rows,
             props,
         })
     }
@@ -118,9 +174,14 @@ impl DisplayAs for SnapshotScanExec {
         let cols: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
         write!(
             f,
-            "SnapshotScanExec: table={}, snapshot_lsn={}, projection=[{}], workers={}, \
+            "SnapshotScanExec: table={}{}, snapshot_lsn={}, projection=[{}], workers={}, \
              partitioning={}",
-            self.table,
+            self.table.name,
+            if self.table.partitioned {
+                " (partitioned)"
+            } else {
+                ""
+            },
             self.lsn,
             cols.join(", "),
             self.workers(),
@@ -173,7 +234,7 @@ impl ExecutionPlan for SnapshotScanExec {
         if partition >= workers {
             return internal_err!(
                 "scan of '{}' has {workers} partitions, not {}",
-                self.table,
+                self.table.name,
                 partition + 1
             );
         }
@@ -184,24 +245,25 @@ impl ExecutionPlan for SnapshotScanExec {
                 internal_datafusion_err!("transactional tables are read on the workers only")
             })?;
         let read = context.session_config().get_extension::<ReadCounters>();
-        let (table, lsn, projection) = (self.table.clone(), self.lsn, self.projection.clone());
+        let (table, lsn, projection) = (self.table.name.clone(), self.lsn, self.projection.clone());
+        let share = KeyShare {
+            index: partition as u32,
+            count: workers as u32,
+        };
+        let partitioned = self.table.partitioned;
         let batches = async move {
-            let snapshot = secondary.read(&table, lsn).await?;
+            let snapshot = secondary
+                .read(&table, lsn, partitioned.then_some(share))
+                .await?;
             let key = &snapshot.def().key;
-            let mut hashes = Vec::new();
             let mut out = Vec::new();
             for batch in snapshot.batches() {
-                let mine = if workers == 1 {
+                let mine = if workers == 1 || partitioned {
                     batch
                 } else {
                     let keys: Vec<ArrayRef> =
                         key.iter().map(|&k| Arc::clone(batch.column(k))).collect();
-                    hash_keys(&keys, batch.num_rows(), &mut hashes)?;
-                    let mask: BooleanArray = hashes
-                        .iter()
-                        .map(|h| Some(h % workers as u64 == partition as u64))
-                        .collect();
-                    filter_record_batch(&batch, &mask)?
+                    filter_record_batch(&batch, &share.mask(&keys, batch.num_rows())?)?
                 };
                 if mine.num_rows() == 0 {
                     continue;
@@ -241,14 +303,14 @@ impl ExecutionPlan for SnapshotScanExec {
         };
         Ok(Arc::new(
             Statistics::new_unknown(&self.schema())
-                .with_num_rows(Precision::Inexact((self.rows / share) as usize)),
+                .with_num_rows(Precision::Inexact((self.table.rows / share) as usize)),
         ))
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::SnapshotScanExec;
+    use super::{SnapshotScanExec, SnapshotTable};
     use arrow::datatypes::{DataType, Field, Schema};
     use datafusion::physical_plan::{ExecutionPlan, Partitioning};
     use std::sync::Arc;
@@ -261,7 +323,14 @@ mod tests {
             Field::new("v", DataType::Utf8, true),
         ]));
         let scan = |key: Vec<usize>, projection: Option<Vec<usize>>| {
-            SnapshotScanExec::try_new("t".into(), Arc::clone(&schema), key, projection, 7, 3, 10)
+            let table = SnapshotTable {
+                name: "t".into(),
+                schema: Arc::clone(&schema),
+                key,
+                partitioned: false,
+                rows: 10,
+            };
+            SnapshotScanExec::try_new(table, projection, 7, 3)
         };
         let hashed = scan(vec![0, 1], Some(vec![2, 1, 0])).unwrap();
         match hashed.properties().output_partitioning() {

@@ -86,6 +86,7 @@ pub fn workers_schema() -> SchemaRef {
         u64("queries"),
         // Its replica of the transactional tables.
         u64("replayed_lsn"),
+        u64("replica_rows"),
         u64("replayed_entries"),
         Field::new("replay_seconds", DataType::Float64, false),
         Field::new("replay_lag_ms_p99", DataType::Float64, true),
@@ -190,6 +191,7 @@ fn batch(workers: &[(u32, String, WorkerStats)]) -> Result<RecordBatch> {
         u64s(|s| s.table_bytes),
         u64s(|s| s.queries),
         u64s(|s| s.secondary.lsn),
+        u64s(|s| s.secondary.rows),
         u64s(|s| s.secondary.entries),
         Arc::new(Float64Array::from_iter_values(
             workers.iter().map(|(_, _, s)| s.secondary.replay_seconds),

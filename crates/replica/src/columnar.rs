@@ -252,6 +252,7 @@ mod tests {
             name: "t".into(),
             columns,
             key: vec![0],
+            placement: Default::default(),
         };
         let sample = |t: ColumnType, k: i64| match t {
             ColumnType::Bool => Value::Bool(k % 2 == 0),

@@ -17,7 +17,7 @@ use crate::log::segment;
 use crate::log::writer::{LogStats, LogWriter};
 use crate::log::{Entry, LogMode};
 use crate::procedure::{Procedures, check_args};
-use crate::store::{RowOp, Store, TableDef, TableId};
+use crate::store::{Placement, RowOp, Store, TableDef, TableId};
 use crate::txn::{Pending, Txn};
 use crate::value::{Column, Value};
 use parking_lot::{ArcMutexGuard, Mutex, RawMutex};
@@ -202,7 +202,7 @@ impl Database {
 
     /// Creates a table with these columns and primary key (column names).
     pub fn create_table(&self, name: &str, columns: Vec<Column>, key: &[&str]) -> Result<TableId> {
-        self.create_table_with_rows(name, columns, key, Vec::new())
+        self.create_table_with_rows(name, columns, key, Placement::Full, Vec::new())
     }
 
     /// Creates a table holding `rows`: one log entry, so that after a crash the table
@@ -212,6 +212,7 @@ impl Database {
         name: &str,
         columns: Vec<Column>,
         key: &[&str],
+        placement: Placement,
         rows: Vec<Vec<Value>>,
     ) -> Result<TableId> {
         let key = key
@@ -229,6 +230,7 @@ impl Database {
             name: name.to_string(),
             columns,
             key,
+            placement,
         };
         let id = def.id;
         let entry = Entry::CreateTable { def, rows };
@@ -322,11 +324,14 @@ impl Database {
         let out = txn.run_guarded(procedure.name(), |txn| procedure.run(txn, args))?;
         let ran = started.elapsed();
         let changed = !txn.is_empty();
-        let logical = (procedure.deterministic() && self.options.log_mode == LogMode::Logical)
-            .then(|| Entry::Logical {
-                procedure: procedure.name().to_string(),
-                args: args.to_vec(),
-            });
+        // A secondary holding part of a table could not run the procedure again.
+        let logical = (procedure.deterministic()
+            && self.options.log_mode == LogMode::Logical
+            && !txn.touched_partitioned())
+        .then(|| Entry::Logical {
+            procedure: procedure.name().to_string(),
+            args: args.to_vec(),
+        });
         let committed = self.commit(&mut txn, logical)?;
         drop(txn);
         drop(store);
@@ -680,6 +685,14 @@ pub(crate) fn replay(
             check_args(procedure.as_ref(), &args)?;
             let mut txn = Txn::new(store);
             txn.run_guarded(procedure.name(), |txn| procedure.run(txn, &args))?;
+            if txn.touched_partitioned() {
+                txn.rollback();
+                return Err(Error::Constraint(format!(
+                    "the logical entry {procedure} touched a partitioned table (the primary \
+                     logs such transactions physically)",
+                    procedure = procedure.name()
+                )));
+            }
             txn.take_ops()
         }
     };

@@ -7,20 +7,34 @@
 //! replay engine and applies the row operations each entry makes (a physical entry's
 //! as logged, a logical entry's as its procedure makes them again) to versioned Arrow
 //! tables ([`crate::versioned`]), from which snapshots are cut without copying.
+//!
+//! A secondary given a [`Share`] keeps, of each [`Placement::Partitioned`] table, only
+//! the rows whose keys the share owns: it drops the others from the state it starts
+//! from and skips the row operations on them. The primary logs every transaction that
+//! touches such a table physically, so no replay needs the rows skipped.
 
 use crate::database::{apply_create, replay};
 use crate::error::{Error, Result};
 use crate::log::Entry;
 use crate::log::segment;
 use crate::procedure::Procedures;
-use crate::store::Store;
+use crate::store::{Placement, RowOp, Store, TableDef};
+use crate::value::Value;
 use crate::versioned::{Snapshot, VersionedStore};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// How many snapshots a secondary keeps by default: queries hold their own
 /// references, so dropping one from here never disturbs a query running on it.
 pub const KEEP_SNAPSHOTS: usize = 16;
+
+/// Which rows of partitioned tables a secondary keeps.
+pub trait Share: Send + Sync {
+    /// For each key of `table` (its key columns' values, in key order), whether this
+    /// secondary keeps the row.
+    fn owns(&self, table: &TableDef, keys: &[&[Value]]) -> Result<Vec<bool>>;
+}
 
 pub struct Secondary {
     rows: Store,
@@ -37,6 +51,8 @@ pub struct Secondary {
     /// Set when an entry failed to apply: the row store and the versioned tables may
     /// disagree from then on, so nothing more is applied.
     failed: Option<String>,
+    /// The rows of partitioned tables kept (`None`: all of them).
+    share: Option<Arc<dyn Share>>,
 }
 
 impl Secondary {
@@ -52,7 +68,91 @@ impl Secondary {
             snapshots: BTreeMap::new(),
             keep: KEEP_SNAPSHOTS,
             failed: None,
+            share: None,
         }
+    }
+
+    /// [`Secondary::from_state`] keeping, of partitioned tables, only the rows `share`
+    /// owns.
+    pub fn from_state_shared(
+        mut store: Store,
+        procedures: Procedures,
+        share: Arc<dyn Share>,
+    ) -> Result<Self> {
+        let partitioned: Vec<_> = store
+            .tables()
+            .filter(|t| t.def.placement == Placement::Partitioned)
+            .map(|t| t.def.id)
+            .collect();
+        for id in partitioned {
+            let table = store.table(id)?;
+            let keys: Vec<&[Value]> = table.rows.keys().map(|k| &k[..]).collect();
+            let keep = share.owns(&table.def, &keys)?;
+            store.retain_rows(id, &keep)?;
+        }
+        let mut secondary = Self::from_state(store, procedures)?;
+        secondary.share = Some(share);
+        Ok(secondary)
+    }
+
+    /// Of `rows` of `def`, those this secondary keeps.
+    fn own_rows(&self, def: &TableDef, rows: Vec<Vec<Value>>) -> Result<Vec<Vec<Value>>> {
+        let Some(share) = self
+            .share
+            .as_ref()
+            .filter(|_| def.placement == Placement::Partitioned)
+        else {
+            return Ok(rows);
+        };
+        for row in &rows {
+            def.check_row(row)?;
+        }
+        let keys: Vec<Vec<Value>> = rows.iter().map(|r| def.key_of(r).to_vec()).collect();
+        let keep = share.owns(def, &keys.iter().map(Vec::as_slice).collect::<Vec<_>>())?;
+        Ok(rows
+            .into_iter()
+            .zip(keep)
+            .filter_map(|(r, keep)| keep.then_some(r))
+            .collect())
+    }
+
+    /// Of row operations, those on rows this secondary keeps.
+    fn own_ops(&self, ops: Vec<RowOp>) -> Result<Vec<RowOp>> {
+        let Some(share) = &self.share else {
+            return Ok(ops);
+        };
+        let mut keep = vec![true; ops.len()];
+        let mut by_table: BTreeMap<_, Vec<usize>> = BTreeMap::new();
+        for (i, op) in ops.iter().enumerate() {
+            if self.rows.table(op.table())?.def.placement == Placement::Partitioned {
+                by_table.entry(op.table()).or_default().push(i);
+            }
+        }
+        for (id, at) in by_table {
+            let def = &self.rows.table(id)?.def;
+            let mut keys = Vec::with_capacity(at.len());
+            for &i in &at {
+                keys.push(match &ops[i] {
+                    RowOp::Insert { row, .. } | RowOp::Update { row, .. } => {
+                        def.check_row(row)?;
+                        def.key_of(row).to_vec()
+                    }
+                    RowOp::Delete { key, .. } => {
+                        def.check_key(key)?;
+                        key.clone()
+                    }
+                });
+            }
+            let owned = share.owns(def, &keys.iter().map(Vec::as_slice).collect::<Vec<_>>())?;
+            for (i, owned) in at.into_iter().zip(owned) {
+                keep[i] = owned;
+            }
+        }
+        Ok(ops
+            .into_iter()
+            .zip(keep)
+            .filter_map(|(op, keep)| keep.then_some(op))
+            .collect())
     }
 
     /// A secondary that starts from the primary's state `store` (a checkpoint, or the
@@ -151,6 +251,16 @@ impl Secondary {
         let diverged =
             |e: Error| Error::Constraint(format!("replaying LSN {lsn} on a secondary: {e}"));
         let snapshot = matches!(entry, Entry::Snapshot);
+        let entry = match entry {
+            Entry::CreateTable { def, rows } => {
+                let rows = self.own_rows(&def, rows).map_err(diverged)?;
+                Entry::CreateTable { def, rows }
+            }
+            Entry::Physical { ops } => Entry::Physical {
+                ops: self.own_ops(ops).map_err(diverged)?,
+            },
+            entry => entry,
+        };
         match entry {
             entry @ Entry::CreateTable { .. } => {
                 apply_create(&mut self.rows, &entry).map_err(diverged)?;
@@ -260,6 +370,7 @@ mod tests {
             name: "t".into(),
             columns: vec![Column::new("k", ColumnType::Int64, false)],
             key: vec![0],
+            placement: Default::default(),
         };
         s.apply(1, Entry::CreateTable { def, rows: vec![] })
             .unwrap();

@@ -31,6 +31,33 @@ pub struct TableDef {
     pub columns: Vec<Column>,
     /// Column indexes of the primary key, in key order.
     pub key: Vec<usize>,
+    /// Where the secondaries keep its rows.
+    #[serde(default)]
+    pub placement: Placement,
+}
+
+/// Where a transactional table's rows live on the secondaries. The primary holds every
+/// row either way: its transactions need the whole state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum Placement {
+    /// Every secondary holds every row (ScyPer's full replication).
+    #[default]
+    Full,
+    /// Each row lives on the one secondary its primary key hashes to, so the
+    /// secondaries together hold the table once. A secondary can then not replay a
+    /// procedure that reads such a table, so transactions that touch one are logged
+    /// physically.
+    Partitioned,
+}
+
+impl Placement {
+    /// The name `WITH (replication = ...)` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Placement::Full => "full",
+            Placement::Partitioned => "partitioned",
+        }
+    }
 }
 
 impl TableDef {
@@ -156,6 +183,17 @@ pub enum RowOp {
     },
 }
 
+impl RowOp {
+    /// The table it changes.
+    pub fn table(&self) -> TableId {
+        match self {
+            RowOp::Insert { table, .. }
+            | RowOp::Update { table, .. }
+            | RowOp::Delete { table, .. } => *table,
+        }
+    }
+}
+
 /// How to take a [`RowOp`] back.
 #[derive(Debug)]
 pub(crate) enum Undo {
@@ -192,6 +230,28 @@ impl Store {
         self.tables
             .get_mut(&id)
             .ok_or_else(|| Error::NoSuchTable(format!("#{}", id.0)))
+    }
+
+    /// Keeps only the rows of table `id` whose `keep` is true, one per row in key
+    /// order.
+    pub fn retain_rows(&mut self, id: TableId, keep: &[bool]) -> Result<()> {
+        let t = self.table_mut(id)?;
+        if keep.len() != t.rows.len() {
+            return Err(Error::Constraint(format!(
+                "{} rows of {} to keep or drop, not {}",
+                t.rows.len(),
+                t.def.name,
+                keep.len()
+            )));
+        }
+        t.rows = t
+            .rows
+            .iter()
+            .zip(keep)
+            .filter(|(_, keep)| **keep)
+            .map(|((k, r), _)| (k.clone(), r.clone()))
+            .collect();
+        Ok(())
     }
 
     pub fn tables(&self) -> impl Iterator<Item = &Table> {
@@ -326,6 +386,7 @@ mod tests {
                 Column::new("balance", ColumnType::Int64, true),
             ],
             key: vec![0],
+            placement: Placement::Full,
         }
     }
 

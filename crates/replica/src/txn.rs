@@ -6,13 +6,16 @@
 //! physical redo entry. Nothing is logged for a transaction that rolls back.
 
 use crate::error::{Error, Result};
-use crate::store::{Key, Row, RowOp, Store, TableDef, TableId, Undo};
+use crate::store::{Key, Placement, Row, RowOp, Store, Table, TableDef, TableId, Undo};
 use crate::value::Value;
+use std::cell::Cell;
 use std::ops::Bound;
 
 pub struct Txn<'a> {
     store: &'a mut Store,
     pending: Pending,
+    /// Whether it read or wrote a [`Placement::Partitioned`] table.
+    touched_partitioned: Cell<bool>,
 }
 
 /// What a transaction has done so far: kept apart from the store's borrow so that an
@@ -35,7 +38,26 @@ impl<'a> Txn<'a> {
     }
 
     pub(crate) fn resume(store: &'a mut Store, pending: Pending) -> Self {
-        Self { store, pending }
+        Self {
+            store,
+            pending,
+            touched_partitioned: Cell::new(false),
+        }
+    }
+
+    /// The table `id`, noting whether it is partitioned.
+    fn read(&self, id: TableId) -> Result<&Table> {
+        let t = self.store.table(id)?;
+        if t.def.placement == Placement::Partitioned {
+            self.touched_partitioned.set(true);
+        }
+        Ok(t)
+    }
+
+    /// Whether the transaction read or wrote a partitioned table: its outcome then
+    /// depends on rows that a secondary holding part of that table does not have.
+    pub fn touched_partitioned(&self) -> bool {
+        self.touched_partitioned.get()
     }
 
     pub(crate) fn suspend(mut self) -> Pending {
@@ -47,12 +69,12 @@ impl<'a> Txn<'a> {
     }
 
     pub fn def(&self, table: TableId) -> Result<&TableDef> {
-        Ok(&self.store.table(table)?.def)
+        Ok(&self.read(table)?.def)
     }
 
     /// The row with this key, if there is one.
     pub fn get(&self, table: TableId, key: &[Value]) -> Result<Option<Row>> {
-        let t = self.store.table(table)?;
+        let t = self.read(table)?;
         t.def.check_key(key)?;
         Ok(t.rows.get(key).cloned())
     }
@@ -64,7 +86,7 @@ impl<'a> Txn<'a> {
         lo: Bound<&'s [Value]>,
         hi: Bound<&'s [Value]>,
     ) -> Result<impl DoubleEndedIterator<Item = (&'s Key, &'s Row)> + 's> {
-        let t = self.store.table(table)?;
+        let t = self.read(table)?;
         Ok(t.rows.range::<_, [Value]>((lo, hi)))
     }
 
@@ -75,7 +97,7 @@ impl<'a> Txn<'a> {
         table: TableId,
         prefix: &'s [Value],
     ) -> Result<impl Iterator<Item = (&'s Key, &'s Row)> + 's> {
-        let t = self.store.table(table)?;
+        let t = self.read(table)?;
         Ok(t.rows
             .range::<_, [Value]>((Bound::Included(prefix), Bound::Unbounded))
             .take_while(move |(k, _)| k.starts_with(prefix)))
@@ -84,7 +106,7 @@ impl<'a> Txn<'a> {
     /// The row with the greatest key starting with `prefix` (the newest order of a
     /// customer, say). Reads from the end when the prefix ends in an integer.
     pub fn last_with_prefix(&self, table: TableId, prefix: &[Value]) -> Result<Option<Row>> {
-        let t = self.store.table(table)?;
+        let t = self.read(table)?;
         if let Some((Value::Int(last), head)) = prefix.split_last()
             && let Some(next) = last.checked_add(1)
         {
@@ -101,7 +123,7 @@ impl<'a> Txn<'a> {
 
     /// Every row of the table, in key order.
     pub fn scan(&self, table: TableId) -> Result<impl DoubleEndedIterator<Item = (&Key, &Row)>> {
-        Ok(self.store.table(table)?.rows.iter())
+        Ok(self.read(table)?.rows.iter())
     }
 
     pub fn insert(&mut self, table: TableId, row: Vec<Value>) -> Result<()> {
@@ -126,6 +148,7 @@ impl<'a> Txn<'a> {
     }
 
     pub(crate) fn apply_op(&mut self, op: RowOp) -> Result<()> {
+        self.read(op.table())?;
         let undo = self.store.apply(op.clone())?;
         self.pending.undo.push(undo);
         self.pending.ops.push(op);

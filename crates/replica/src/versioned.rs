@@ -414,6 +414,7 @@ mod tests {
                 Column::new("v", ColumnType::Text, true),
             ],
             key: vec![0],
+            placement: Default::default(),
         }
     }
 

@@ -7,8 +7,8 @@
 //! applied partly, twice, or lost after it was acknowledged breaks one of these.
 
 use gyre_replica::{
-    Column, ColumnType, Database, Error, LogMode, Options, Procedure, Procedures, Result,
-    Secondary, Txn, Value,
+    Column, ColumnType, Database, Error, LogMode, Options, Placement, Procedure, Procedures,
+    Result, Secondary, Txn, Value,
 };
 use rand::Rng;
 use std::collections::{BTreeMap, BTreeSet};
@@ -455,15 +455,27 @@ fn a_table_created_with_rows_is_one_entry() {
         .collect();
     {
         let db = Database::open(Options::durable(dir.path()), procedures()).unwrap();
-        db.create_table_with_rows("squares", vec![int("n"), int("sq")], &["n"], rows.clone())
-            .unwrap();
+        db.create_table_with_rows(
+            "squares",
+            vec![int("n"), int("sq")],
+            &["n"],
+            Placement::Full,
+            rows.clone(),
+        )
+        .unwrap();
         assert_eq!(db.lsn(), 1);
         // A duplicate key fails the whole statement: no table, nothing logged.
         let mut dup = rows.clone();
         dup.push(vec![Value::Int(5), Value::Int(0)]);
         assert!(
-            db.create_table_with_rows("bad", vec![int("n"), int("sq")], &["n"], dup)
-                .is_err()
+            db.create_table_with_rows(
+                "bad",
+                vec![int("n"), int("sq")],
+                &["n"],
+                Placement::Full,
+                dup
+            )
+            .is_err()
         );
         assert!(db.read(|s| s.table_id("bad").is_err()));
         assert_eq!(db.lsn(), 1);
@@ -768,4 +780,144 @@ fn kill_9_loses_nothing_acknowledged() {
         acknowledged.len(),
         started.elapsed().as_secs_f64()
     );
+}
+
+/// Keeps the rows whose first key column is `index` modulo `count`.
+struct ModShare {
+    index: i64,
+    count: i64,
+}
+
+impl gyre_replica::secondary::Share for ModShare {
+    fn owns(&self, _table: &gyre_replica::TableDef, keys: &[&[Value]]) -> Result<Vec<bool>> {
+        Ok(keys
+            .iter()
+            .map(|k| k[0].as_int().unwrap().rem_euclid(self.count) == self.index)
+            .collect())
+    }
+}
+
+#[test]
+fn partitioned_tables_are_logged_physically_and_dealt_out_to_secondaries() {
+    let db = Database::open(Options::default(), procedures()).unwrap();
+    let shipped = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let sink = Arc::clone(&shipped);
+    db.ship(Box::new(move |_, frames| sink.lock().push(frames.to_vec())))
+        .unwrap();
+    let accounts: Vec<Vec<Value>> = (0..ACCOUNTS)
+        .map(|a| vec![Value::Int(a), Value::Int(START)])
+        .collect();
+    db.create_table_with_rows(
+        "accounts",
+        vec![int("id"), int("balance")],
+        &["id"],
+        Placement::Partitioned,
+        accounts,
+    )
+    .unwrap();
+    db.create_table(
+        "transfers",
+        vec![int("id"), int("src"), int("dst"), int("amount")],
+        &["id"],
+    )
+    .unwrap();
+    db.create_table("stamps", vec![int("id"), int("at")], &["id"])
+        .unwrap();
+    let count = 3;
+    let share = |index| Arc::new(ModShare { index, count });
+    let mut secondaries: Vec<Secondary> = (0..count)
+        .map(|i| {
+            Secondary::from_state_shared(gyre_replica::Store::default(), procedures(), share(i))
+                .unwrap()
+        })
+        .collect();
+    let mut rng = rand::rng();
+    let mut late = None;
+    for id in 0..200 {
+        let _ = transfer(&db, id, &mut rng);
+        if id == 100 {
+            // A secondary that joins halfway keeps its share of the state it is sent.
+            late = Some(
+                Secondary::from_state_shared((*db.snapshot()).clone(), procedures(), share(1))
+                    .unwrap(),
+            );
+        }
+    }
+    db.transaction(|txn| {
+        let t = txn.table("accounts")?;
+        txn.delete(t, &[Value::Int(4)])?;
+        txn.insert(t, vec![Value::Int(ACCOUNTS), Value::Int(0)])
+    })
+    .unwrap();
+    let mut late = late.unwrap();
+    let mut logical = 0;
+    for frames in shipped.lock().iter() {
+        let (_, entries, _) = gyre_replica::log::segment::frame(frames).unwrap();
+        logical += entries
+            .iter()
+            .filter(|e| matches!(e, gyre_replica::log::Entry::Logical { .. }))
+            .count();
+        for s in &mut secondaries {
+            s.apply_frames(frames).unwrap();
+        }
+        late.apply_frames(frames).unwrap();
+    }
+    // Transfers read the partitioned accounts: no secondary could run them again.
+    assert_eq!(logical, 0);
+    let primary = contents(&db);
+    let mut dealt = Vec::new();
+    for (i, s) in secondaries.iter_mut().enumerate() {
+        assert_eq!(s.lsn(), db.lsn());
+        let rows = |name: &str| {
+            s.rows()
+                .table(s.rows().table_id(name).unwrap())
+                .unwrap()
+                .to_rows()
+        };
+        let mine = rows("accounts");
+        assert!(
+            mine.iter()
+                .all(|r| r[0].as_int().unwrap() % count == i as i64),
+            "secondary {i} holds another's rows"
+        );
+        assert_eq!(
+            rows("transfers"),
+            primary["transfers"],
+            "a full table is whole"
+        );
+        assert_eq!(s.snapshot().tables["accounts"].rows().unwrap(), mine);
+        dealt.extend(mine);
+    }
+    dealt.sort_by_key(|r| r[0].as_int());
+    assert_eq!(dealt, primary["accounts"], "the shares make the table once");
+    let late_rows = late
+        .rows()
+        .table(late.rows().table_id("accounts").unwrap())
+        .unwrap()
+        .to_rows();
+    let s1 = &secondaries[1];
+    assert_eq!(
+        late_rows,
+        s1.rows()
+            .table(s1.rows().table_id("accounts").unwrap())
+            .unwrap()
+            .to_rows()
+    );
+    // A logical entry that touches a partitioned table is refused, not replayed on
+    // a part of it.
+    let err = secondaries[0]
+        .apply(
+            db.lsn() + 1,
+            gyre_replica::log::Entry::Logical {
+                procedure: "transfer".into(),
+                args: vec![
+                    Value::Int(9_999),
+                    Value::Int(0),
+                    Value::Int(3),
+                    Value::Int(0),
+                ],
+            },
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains("partitioned"), "{err}");
 }

@@ -1,7 +1,9 @@
-//! Transactions on the primary: tables created `WITH (replication = 'full')` live in
-//! the coordinator's row store ([`gyre_replica::Database`]), which runs every
-//! transaction on them one at a time and logs the committed ones (ScyPer, Rödiger's
-//! thesis, chapter 5).
+//! Transactions on the primary: tables created `WITH (replication = 'full')` or
+//! `WITH (replication = 'partitioned')` live in the coordinator's row store
+//! ([`gyre_replica::Database`]), which runs every transaction on them one at a time and
+//! logs the committed ones (ScyPer, Rödiger's thesis, chapter 5). Every worker replays
+//! the log: of a full table it keeps every row, of a partitioned one the rows whose key
+//! hashes to it.
 //!
 //! - `BEGIN` takes the primary for the session until `COMMIT` or `ROLLBACK`; another
 //!   session's transaction waits for it up to [`LOCK_WAIT`], then fails. A transaction
@@ -30,7 +32,9 @@ use datafusion::sql::sqlparser::ast::{
     CreateTableOptions, FunctionArg, FunctionArgExpr, FunctionArguments, SqlOption,
     Value as SqlValue,
 };
-use gyre_replica::{Database, LogMode, Procedures, TableDef, Transaction, Value, columnar};
+use gyre_replica::{
+    Database, LogMode, Placement, Procedures, TableDef, Transaction, Value, columnar,
+};
 use std::path::PathBuf;
 
 /// How long a statement waits for another session's transaction to end.
@@ -431,13 +435,7 @@ impl Coordinator {
                 let SqlOption::KeyValue { value, .. } = options.remove(at) else {
                     unreachable!()
                 };
-                let full = matches!(
-                    &value,
-                    SqlExpr::Value(v) if matches!(&v.value, SqlValue::SingleQuotedString(s) if s.eq_ignore_ascii_case("full"))
-                );
-                if !full {
-                    return plan_err!("replication takes 'full', not {value}");
-                }
+                let placement = placement_of(&value)?;
                 if options.is_empty() {
                     ct.table_options = CreateTableOptions::None;
                 }
@@ -454,9 +452,9 @@ impl Coordinator {
                     ))
                     .await?;
                 let LogicalPlan::Ddl(DdlStatement::CreateMemoryTable(cmd)) = plan else {
-                    return plan_err!("WITH (replication = 'full') is for CREATE TABLE");
+                    return plan_err!("WITH (replication = ...) is for CREATE TABLE");
                 };
-                self.create_primary_table(session, state, cmd, workers)
+                self.create_primary_table(session, state, cmd, workers, placement)
                     .await
                     .map(Some)
             }
@@ -470,6 +468,7 @@ impl Coordinator {
         state: SessionState,
         cmd: CreateMemoryTable,
         workers: Vec<NodeId>,
+        placement: Placement,
     ) -> Result<StatementResult> {
         if self.in_transaction(session) {
             return Err(exec_err("CREATE TABLE inside a transaction"));
@@ -488,7 +487,10 @@ impl Coordinator {
             Constraint::PrimaryKey(cols) => Some(cols.clone()),
             _ => None,
         }) else {
-            return plan_err!("a table WITH (replication = 'full') needs a PRIMARY KEY");
+            return plan_err!(
+                "a table WITH (replication = '{}') needs a PRIMARY KEY",
+                placement.name()
+            );
         };
         let key_names: Vec<String> = key.iter().map(|&k| columns[k].name.clone()).collect();
         // The rows of CREATE TABLE ... AS SELECT, checked against the new table's rules:
@@ -498,6 +500,7 @@ impl Coordinator {
             name: name.clone(),
             columns: columns.clone(),
             key,
+            placement,
         };
         def.validate().map_err(replica_err)?;
         let empty =
@@ -515,7 +518,7 @@ impl Coordinator {
         let table = name.clone();
         tokio::task::spawn_blocking(move || {
             let key: Vec<&str> = key_names.iter().map(String::as_str).collect();
-            db.create_table_with_rows(&table, columns, &key, rows)
+            db.create_table_with_rows(&table, columns, &key, placement, rows)
         })
         .await
         .map_err(|e| exec_err(e.to_string()))?
@@ -572,7 +575,7 @@ impl Coordinator {
             }
             LogicalPlan::Ddl(_) | LogicalPlan::Dml(_) | LogicalPlan::Copy(_) if in_txn => {
                 Err(exec_err(
-                    "only queries, CALL, SET and changes to tables WITH (replication = 'full') \
+                    "only queries, CALL, SET and changes to tables WITH (replication = ...) \
                      run inside a transaction",
                 ))
             }
@@ -824,4 +827,18 @@ fn key_untouched(input: &LogicalPlan, target: &TableReference, def: &TableDef) -
         }
     }
     Ok(())
+}
+
+/// The placement `WITH (replication = ...)` names.
+fn placement_of(value: &SqlExpr) -> Result<Placement> {
+    if let SqlExpr::Value(v) = value
+        && let SqlValue::SingleQuotedString(s) = &v.value
+    {
+        for placement in [Placement::Full, Placement::Partitioned] {
+            if s.eq_ignore_ascii_case(placement.name()) {
+                return Ok(placement);
+            }
+        }
+    }
+    plan_err!("replication takes 'full' or 'partitioned', not {value}")
 }

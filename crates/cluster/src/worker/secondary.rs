@@ -9,9 +9,15 @@
 //! multicast packet left the publisher's window, an entry failed to replay) it
 //! subscribes again and starts over from the new state; the snapshots it had go,
 //! except those running queries hold.
+//!
+//! Of partitioned tables it keeps only the rows of its [`KeyShare`], which the
+//! coordinator names with the state: its place among the live workers. When that
+//! place changes (a worker joined or left), the coordinator ends the feed and the
+//! worker starts over with its new share.
 
 use crate::log_feed::{FeedMessage, LogKey};
 use crate::protocol::{ControlClient, Request};
+use crate::snapshot_scan::KeyShare;
 use datafusion::common::{DataFusionError, Result};
 use futures::StreamExt;
 use gyre_replica::ship::{Group, Receiver, ReceiverConfig};
@@ -42,6 +48,9 @@ const WINDOW: usize = 4096;
 pub struct SecondaryFigures {
     /// The last LSN replayed.
     pub lsn: u64,
+    /// The rows it holds: every row of fully replicated tables, its share of
+    /// partitioned ones.
+    pub rows: u64,
     /// Log entries replayed since the worker started, and the time that took.
     pub entries: u64,
     pub replay_seconds: f64,
@@ -81,6 +90,11 @@ fn quantile(values: &std::collections::VecDeque<f64>, q: f64) -> Option<f64> {
 pub struct WorkerSecondary {
     procedures: Procedures,
     secondary: Arc<Mutex<Option<Secondary>>>,
+    /// The share of partitioned tables the replica holds (`None`: all rows); changed
+    /// only under `secondary`'s lock, with the replica.
+    share: Mutex<Option<KeyShare>>,
+    /// States started from so far.
+    states: std::sync::atomic::AtomicU64,
     /// The last LSN replayed.
     applied: tokio::sync::watch::Sender<u64>,
     /// Why the feed is down, while it is.
@@ -102,6 +116,8 @@ impl WorkerSecondary {
         Arc::new(Self {
             procedures,
             secondary: Arc::default(),
+            share: Mutex::new(None),
+            states: Default::default(),
             applied: tokio::sync::watch::Sender::new(0),
             trouble: Mutex::new(None),
             figures: Mutex::default(),
@@ -110,9 +126,15 @@ impl WorkerSecondary {
 
     /// What the replica did so far.
     pub fn figures(&self) -> SecondaryFigures {
+        let rows = self
+            .secondary
+            .lock()
+            .as_ref()
+            .map_or(0, |s| s.rows().tables().map(|t| t.rows.len() as u64).sum());
         let f = self.figures.lock();
         SecondaryFigures {
             lsn: self.lsn(),
+            rows,
             entries: f.entries,
             replay_seconds: f.replay.as_secs_f64(),
             lag_ms_p99: quantile(&f.lags_ms, 0.99),
@@ -138,6 +160,7 @@ impl WorkerSecondary {
         tokio::spawn(async move {
             let mut failures = 0u32;
             loop {
+                let states = me.states.load(Ordering::Relaxed);
                 let outcome = tokio::select! {
                     outcome = me.follow_once(&coordinator, node, multicast.as_ref()) => outcome,
                     _ = stopped.wait_for(|s| *s) => return,
@@ -148,7 +171,7 @@ impl WorkerSecondary {
                 };
                 // One break is routine (a coordinator that stops or restarts); a feed
                 // that keeps breaking is not.
-                failures = if me.lsn() > 0 && me.trouble.lock().is_none() {
+                failures = if me.states.load(Ordering::Relaxed) > states {
                     1
                 } else {
                     failures + 1
@@ -192,10 +215,10 @@ impl WorkerSecondary {
                 message = feed.next() => {
                     let Some(message) = message else { return Ok(()) };
                     match FeedMessage::decode(&message?)? {
-                        FeedMessage::State { lsn, piece, done } => {
+                        FeedMessage::State { lsn, piece, done, share } => {
                             state.extend_from_slice(&piece);
                             if done {
-                                self.start(node, lsn, std::mem::take(&mut state)).await?;
+                                self.start(node, lsn, std::mem::take(&mut state), share).await?;
                                 started = true;
                             }
                         }
@@ -214,8 +237,15 @@ impl WorkerSecondary {
         }
     }
 
-    /// Starts over from the primary's state at `lsn`.
-    async fn start(&self, node: NodeId, lsn: u64, bytes: Vec<u8>) -> Result<()> {
+    /// Starts over from the primary's state at `lsn`, keeping `share` of its
+    /// partitioned tables.
+    async fn start(
+        &self,
+        node: NodeId,
+        lsn: u64,
+        bytes: Vec<u8>,
+        share: Option<KeyShare>,
+    ) -> Result<()> {
         let procedures = self.procedures.clone();
         let mut secondary = blocking(move || {
             let store = gyre_replica::checkpoint::from_bytes(bytes.into())?;
@@ -225,16 +255,29 @@ impl WorkerSecondary {
                     store.lsn
                 )));
             }
-            Secondary::from_state(store, procedures)
+            match share {
+                Some(share) => Secondary::from_state_shared(store, procedures, Arc::new(share)),
+                None => Secondary::from_state(store, procedures),
+            }
         })
         .await?;
         secondary.keep_snapshots(KEEP_SNAPSHOTS);
-        *self.secondary.lock() = Some(secondary);
+        {
+            let mut replica = self.secondary.lock();
+            *replica = Some(secondary);
+            *self.share.lock() = share;
+        }
+        self.states.fetch_add(1, Ordering::Relaxed);
         *self.trouble.lock() = None;
         // Not the larger of the two: a primary that restarted without its data
         // directory counts from 0 again.
         self.applied.send_replace(lsn);
-        tracing::info!(node, lsn, "secondary started from the primary's state");
+        tracing::info!(
+            node,
+            lsn,
+            ?share,
+            "secondary started from the primary's state"
+        );
         Ok(())
     }
 
@@ -270,15 +313,34 @@ impl WorkerSecondary {
         Ok(())
     }
 
-    /// `table` as of the global snapshot at `lsn`, once this worker has replayed it.
-    pub async fn read(&self, table: &str, lsn: u64) -> Result<TableSnapshot> {
+    /// `table` as of the global snapshot at `lsn`, once this worker has replayed it
+    /// (and holds `share` of it, for a partitioned table).
+    pub async fn read(
+        &self,
+        table: &str,
+        lsn: u64,
+        share: Option<KeyShare>,
+    ) -> Result<TableSnapshot> {
         let mut applied = self.applied.subscribe();
         let started = std::time::Instant::now();
-        let waited = tokio::time::timeout(SNAPSHOT_WAIT, applied.wait_for(|&a| a >= lsn)).await;
+        let deadline = tokio::time::Instant::now() + SNAPSHOT_WAIT;
+        // A worker whose place among the workers just changed gets its new share with
+        // its next state, within a second or so.
+        let ready = |a: &u64| *a >= lsn && (share.is_none() || *self.share.lock() == share);
+        let waited = tokio::time::timeout_at(deadline, applied.wait_for(ready)).await;
         push_window(
             &mut self.figures.lock().waits_ms,
             started.elapsed().as_secs_f64() * 1e3,
         );
+        let held = *self.share.lock();
+        if waited.is_err() && self.lsn() >= lsn && share.is_some() && held != share {
+            return Err(DataFusionError::Execution(format!(
+                "reading '{table}' on this worker: it holds {} of the partitioned tables, the \
+                 query reads {} (the workers changed; a retry reads the new shares)",
+                held.map_or("every row".to_string(), |s| s.to_string()),
+                share.map_or(String::new(), |s| s.to_string()),
+            )));
+        }
         if waited.is_err() {
             let trouble = self.trouble.lock().clone();
             return Err(DataFusionError::Execution(format!(
@@ -297,6 +359,13 @@ impl WorkerSecondary {
                 "this worker has no replica of the transactional tables".into(),
             ));
         };
+        let held = *self.share.lock();
+        if share.is_some() && held != share {
+            return Err(DataFusionError::Execution(format!(
+                "reading '{table}' on this worker: its share of the partitioned tables changed \
+                 while the query waited (the workers changed; a retry reads the new shares)"
+            )));
+        }
         let Some(snapshot) = secondary.snapshot_at(lsn) else {
             let why = secondary
                 .missing_snapshot(lsn)

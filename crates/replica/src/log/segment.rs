@@ -20,7 +20,8 @@ use super::Entry;
 use crate::error::{Error, Result};
 use std::path::{Path, PathBuf};
 
-pub const HEADER: &[u8; 16] = b"GYREREDO\x01\0\0\0\0\0\0\0";
+/// Version 2: table definitions carry their placement.
+pub const HEADER: &[u8; 16] = b"GYREREDO\x02\0\0\0\0\0\0\0";
 const FRAME_MAGIC: u32 = 0x4759_4752;
 pub const FRAME_HEADER: usize = 28;
 /// The largest group, uncompressed (and so the largest transaction's entry): larger
@@ -109,6 +110,15 @@ pub fn scan(path: &Path, bytes: &[u8], last: bool) -> Result<Scan> {
             scan.torn_bytes = bytes.len() as u64;
             return Ok(scan);
         }
+        if bytes.len() >= HEADER.len() && bytes[..8] == HEADER[..8] {
+            return Err(Error::corrupt(
+                path,
+                format!(
+                    "a redo log segment of format version {}; this build reads version {}",
+                    bytes[8], HEADER[8]
+                ),
+            ));
+        }
         return Err(Error::corrupt(
             path,
             "not a Gyre redo log segment (bad header)",
@@ -173,7 +183,7 @@ fn valid_frame_after(bytes: &[u8]) -> Option<usize> {
 }
 
 /// Decodes the frame at the start of `bytes`: its first LSN, its entries and its length.
-pub(crate) fn frame(bytes: &[u8]) -> std::result::Result<(u64, Vec<Entry>, usize), String> {
+pub fn frame(bytes: &[u8]) -> std::result::Result<(u64, Vec<Entry>, usize), String> {
     if bytes.len() < FRAME_HEADER {
         return Err(format!("{} bytes, less than a group header", bytes.len()));
     }
