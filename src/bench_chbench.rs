@@ -18,6 +18,7 @@ use arrow::array::{Array, AsArray, RecordBatch};
 use arrow::datatypes::{Float64Type, UInt64Type};
 use clap::Args;
 use gyre_cluster::{Limits, LocalCluster, PrimaryConfig};
+use gyre_replica::Placement;
 use gyre_testbed::LinkRate;
 use gyre_tpcc::{Kind, Scale, Terminal, call_sql, ch, load_calls, schema};
 use serde::Serialize;
@@ -65,6 +66,11 @@ pub struct ChbenchArgs {
     /// group sent once).
     #[arg(long, default_value = "stream", value_parser = ["stream", "multicast"])]
     log_ship: String,
+    /// `full`: every worker replicates every table; `partitioned`: the tables that
+    /// grow with the warehouses are shared out over the workers (item, warehouse and
+    /// district stay whole on each).
+    #[arg(long, default_value = "full", value_parser = ["full", "partitioned"])]
+    placement: String,
     /// Seconds of the mixed workload.
     #[arg(long, default_value_t = 30.0)]
     duration: f64,
@@ -96,6 +102,12 @@ struct Report {
     log: String,
     group_commit: bool,
     log_ship: String,
+    /// `full` or `partitioned` (the growing tables).
+    #[serde(default)]
+    placement: String,
+    /// Rows each worker's replica holds at the end, on average.
+    #[serde(default)]
+    replica_rows_per_worker: f64,
     seconds: f64,
     /// Committed TPC-C transactions (all five kinds) per second.
     tx_per_s: f64,
@@ -204,7 +216,12 @@ pub async fn run(args: ChbenchArgs) -> Result<(), BoxError> {
         }
     };
     let client = RemoteClient::connect(&addr).await?;
-    load(&client, scale).await?;
+    let placement = if args.placement == "partitioned" {
+        Placement::Partitioned
+    } else {
+        Placement::Full
+    };
+    load(&client, scale, placement).await?;
     let before = figures(&client).await?;
     let counters = Arc::new(Counters::default());
     let first_error = Arc::new(parking_lot::Mutex::new(None::<String>));
@@ -301,6 +318,14 @@ pub async fn run(args: ChbenchArgs) -> Result<(), BoxError> {
     let seconds = started.elapsed().as_secs_f64();
     let after = figures(&client).await?;
     let (lag, wait) = freshness(&client).await?;
+    let held = first_row(
+        &client,
+        "SELECT CAST(avg(replica_rows) AS DOUBLE) FROM gyre_workers()",
+    )
+    .await?
+    .column(0)
+    .as_primitive::<Float64Type>()
+    .value(0);
     drop(embedded);
     let committed = counters.committed.load(Ordering::Relaxed);
     let logged = after.calls.saturating_sub(before.calls);
@@ -328,6 +353,8 @@ pub async fn run(args: ChbenchArgs) -> Result<(), BoxError> {
         } else {
             args.log_ship.clone()
         },
+        placement: args.placement.clone(),
+        replica_rows_per_worker: held,
         seconds,
         tx_per_s: committed as f64 / seconds,
         new_orders_per_min: counters.new_orders.load(Ordering::Relaxed) as f64 * 60.0 / seconds,
@@ -410,6 +437,8 @@ async fn emulated(args: &ChbenchArgs) -> Result<Report, BoxError> {
         args.nodes.to_string(),
         "--log".into(),
         args.log.clone(),
+        "--placement".into(),
+        args.placement.clone(),
         "--duration".into(),
         args.duration.to_string(),
     ];
@@ -418,8 +447,8 @@ async fn emulated(args: &ChbenchArgs) -> Result<Report, BoxError> {
 }
 
 /// Creates the TPC-C tables and loads them, a district per call.
-async fn load(client: &RemoteClient, scale: Scale) -> Result<(), BoxError> {
-    for ddl in schema::ddl() {
+async fn load(client: &RemoteClient, scale: Scale, placement: Placement) -> Result<(), BoxError> {
+    for ddl in schema::ddl(placement) {
         client.query(&ddl).await?;
     }
     let calls = load_calls(scale, LOAD_TIME);
@@ -492,7 +521,7 @@ async fn freshness(client: &RemoteClient) -> Result<(Option<f64>, Option<f64>), 
 fn print_report(r: &Report) {
     println!(
         "CH-benCHmark: {} warehouses, {} terminals, {} analytical streams, {} workers ({}), {} \
-         log by {}{}",
+         tables, {} log by {}{}",
         r.warehouses,
         r.terminals,
         r.olap_streams,
@@ -501,6 +530,11 @@ fn print_report(r: &Report) {
             "existing cluster"
         } else {
             &r.link
+        },
+        if r.placement.is_empty() {
+            "full"
+        } else {
+            &r.placement
         },
         r.log,
         r.log_ship,
@@ -525,6 +559,10 @@ fn print_report(r: &Report) {
         opt(r.snapshot_ms_p50),
         r.log_bytes_per_tx,
         opt(r.replay_speedup)
+    );
+    println!(
+        "  {:.0} rows in each worker's replica",
+        r.replica_rows_per_worker
     );
 }
 

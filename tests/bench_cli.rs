@@ -165,7 +165,9 @@ fn bench_shuffle_on_loopback_moves_every_byte() {
 }
 
 /// A short CH-benCHmark run: terminals commit, analytical streams complete, the
-/// workers replay what the primary logged, and nothing fails.
+/// workers replay what the primary logged, and nothing fails (with the growing
+/// tables partitioned over the workers; the same SQL on full tables is checked in
+/// tests/transactions.rs).
 #[test]
 fn bench_chbench_mixes_transactions_and_analytical_queries() {
     let r = json_of(&[
@@ -183,10 +185,14 @@ fn bench_chbench_mixes_transactions_and_analytical_queries() {
         "2",
         "--duration",
         "4",
+        "--placement",
+        "partitioned",
         "--json",
         "-",
     ]);
     let f = |k: &str| r[k].as_f64().unwrap_or_else(|| panic!("no {k} in {r}"));
+    assert_eq!(r["placement"], "partitioned", "{r}");
+    assert!(f("replica_rows_per_worker") > 0.0, "{r}");
     assert!(f("tx_per_s") > 1.0, "{r}");
     assert!(f("olap_queries_per_h") > 0.0, "{r}");
     assert!(f("log_bytes_per_tx") > 0.0, "{r}");

@@ -774,9 +774,19 @@ fn kill_9_of_gyre_local_loses_no_acknowledged_transaction() {
 
 /// TPC-C through SQL: the schema's DDL, the loader and the terminals' mix as `CALL`s
 /// (lists and timestamps as SQL literals), then CH-benCHmark's queries on the cluster
-/// against single-node DataFusion on the same rows.
+/// against single-node DataFusion on the same rows, read on the primary.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn tpcc_and_ch_queries_through_sql() {
+    tpcc_and_ch_queries(gyre_replica::Placement::Full).await;
+}
+
+/// The same with the growing tables partitioned over the workers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn tpcc_and_ch_queries_on_partitioned_tables() {
+    tpcc_and_ch_queries(gyre_replica::Placement::Partitioned).await;
+}
+
+async fn tpcc_and_ch_queries(placement: gyre_replica::Placement) {
     use gyre_tpcc::{Kind, Scale, Terminal, call_sql, ch, load_calls, schema};
     let cluster = cluster_with(
         2,
@@ -794,7 +804,7 @@ async fn tpcc_and_ch_queries_through_sql() {
         customers: 30,
     };
     let start = 1_750_000_000_000_000_000;
-    for ddl in schema::ddl() {
+    for ddl in schema::ddl(placement) {
         sql(c, &s, &ddl).await;
     }
     for (procedure, args) in load_calls(scale, start) {
@@ -843,8 +853,10 @@ async fn tpcc_and_ch_queries_through_sql() {
     .await;
     assert!(err.contains("may not be NULL"), "{err}");
 
-    // The reference: single-node DataFusion over the same rows.
+    // The reference: single-node DataFusion over the same rows, as the primary has
+    // them (a transaction reads there).
     let reference = datafusion::prelude::SessionContext::new();
+    sql(c, &s, "BEGIN").await;
     for t in ["order_line", "orders", "item"] {
         let r = c.sql_in(&s, &format!("SELECT * FROM {t}")).await.unwrap();
         let table = datafusion::datasource::MemTable::try_new(
@@ -854,6 +866,7 @@ async fn tpcc_and_ch_queries_through_sql() {
         .unwrap();
         reference.register_table(t, Arc::new(table)).unwrap();
     }
+    sql(c, &s, "ROLLBACK").await;
     for (name, q) in ch::QUERIES {
         let got = c.sql_in(&s, q).await.unwrap();
         let got = arrow::util::pretty::pretty_format_batches(

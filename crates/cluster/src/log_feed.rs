@@ -371,7 +371,18 @@ impl LogFeed {
 
 #[cfg(test)]
 mod tests {
-    use super::LogKey;
+    use super::{LogKey, share_of};
+    use crate::snapshot_scan::KeyShare;
+
+    #[test]
+    fn a_workers_share_is_its_place_among_the_live_workers() {
+        assert_eq!(
+            share_of(7, &[2, 7, 9]),
+            Some(KeyShare { index: 1, count: 3 })
+        );
+        assert_eq!(share_of(4, &[2, 7, 9]), None);
+        assert_eq!(share_of(4, &[]), None);
+    }
 
     #[test]
     fn multicast_messages_open_only_with_the_secret_and_intact() {

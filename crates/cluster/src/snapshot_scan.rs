@@ -350,4 +350,50 @@ mod tests {
         assert!(scan(vec![], None).is_err());
         assert!(scan(vec![0], Some(vec![5])).is_err());
     }
+
+    /// The rows a partitioned replica keeps (by the keys' values, as the log brings
+    /// them) are those a scan of the whole table picks for the same worker (by its
+    /// Arrow columns), and the shares hold every row once.
+    #[test]
+    fn a_share_by_values_matches_the_scans_filter() {
+        use super::KeyShare;
+        use gyre_replica::secondary::Share;
+        use gyre_replica::{Column, ColumnType, Placement, TableDef, TableId, Value};
+        let def = TableDef {
+            id: TableId(0),
+            name: "t".into(),
+            columns: vec![
+                Column::new("v", ColumnType::Float64, true),
+                Column::new("w", ColumnType::Int32, false),
+                Column::new("name", ColumnType::Text, false),
+            ],
+            key: vec![1, 2],
+            placement: Placement::Partitioned,
+        };
+        let rows: Vec<Vec<Value>> = (0..1000)
+            .map(|i| {
+                vec![
+                    Value::Float(i as f64),
+                    Value::Int(i % 7),
+                    Value::Text(format!("n{i}")),
+                ]
+            })
+            .collect();
+        let keys: Vec<Vec<Value>> = rows.iter().map(|r| def.key_of(r).to_vec()).collect();
+        let keys: Vec<&[Value]> = keys.iter().map(Vec::as_slice).collect();
+        let batch = gyre_replica::columnar::to_batch(&def.columns, rows.iter().map(Vec::as_slice));
+        let key_columns = [batch.column(1).clone(), batch.column(2).clone()];
+        let mut holders = vec![0; rows.len()];
+        for index in 0..3 {
+            let share = KeyShare { index, count: 3 };
+            let by_values = share.owns(&def, &keys).unwrap();
+            let by_columns = share.mask(&key_columns, rows.len()).unwrap();
+            for (i, owned) in by_values.iter().enumerate() {
+                assert_eq!(*owned, by_columns.value(i), "row {i}, {share}");
+                holders[i] += usize::from(*owned);
+            }
+            assert!(by_values.iter().filter(|o| **o).count() > 250, "{share}");
+        }
+        assert!(holders.iter().all(|&h| h == 1));
+    }
 }

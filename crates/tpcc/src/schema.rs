@@ -7,7 +7,7 @@
 //! row; and keys are ordered warehouse first, so that a district's rows are one key
 //! prefix. Timestamps are nanoseconds, SQL's `TIMESTAMP`.
 
-use gyre_replica::{Column, ColumnType, Database, Result};
+use gyre_replica::{Column, ColumnType, Database, Placement, Result};
 
 /// A transactional table of the schema.
 pub struct Table {
@@ -201,12 +201,30 @@ pub fn create_tables(db: &Database) -> Result<()> {
     Ok(())
 }
 
+/// The tables that grow with the warehouses and that CH-benCHmark's analytical
+/// queries scan in bulk: a cluster may partition them over its workers, while item,
+/// warehouse and district stay whole on each.
+pub const GROWING_TABLES: [&str; 6] = [
+    "stock",
+    "customer",
+    "history",
+    "orders",
+    "new_order",
+    "order_line",
+];
+
 /// `CREATE TABLE` statements for the nine tables as transactional tables of a Gyre
-/// coordinator (`WITH (replication = 'full')`).
-pub fn ddl() -> Vec<String> {
+/// coordinator: `WITH (replication = 'full')`, or for the [`GROWING_TABLES`]
+/// `placement`'s.
+pub fn ddl(placement: Placement) -> Vec<String> {
     tables()
         .into_iter()
         .map(|t| {
+            let placement = if GROWING_TABLES.contains(&t.name) {
+                placement
+            } else {
+                Placement::Full
+            };
             let columns: Vec<String> = t
                 .columns
                 .iter()
@@ -220,10 +238,11 @@ pub fn ddl() -> Vec<String> {
                 })
                 .collect();
             format!(
-                "CREATE TABLE {} ({}, PRIMARY KEY ({})) WITH (replication = 'full')",
+                "CREATE TABLE {} ({}, PRIMARY KEY ({})) WITH (replication = '{}')",
                 t.name,
                 columns.join(", "),
-                t.key.join(", ")
+                t.key.join(", "),
+                placement.name()
             )
         })
         .collect()
@@ -356,11 +375,19 @@ mod tests {
 
     #[test]
     fn ddl_names_every_column_and_key() {
-        let ddl = ddl();
+        let ddl = ddl(Placement::Full);
         assert_eq!(ddl.len(), 9);
         assert!(ddl[2].starts_with("CREATE TABLE stock (s_i_id INT NOT NULL"));
         assert!(ddl[2].contains("PRIMARY KEY (s_w_id, s_i_id)"));
         assert!(ddl[6].contains("o_carrier_id INT,"));
+        let partitioned = super::ddl(Placement::Partitioned);
+        for (t, ddl) in tables().iter().zip(&partitioned) {
+            assert_eq!(
+                ddl.ends_with("WITH (replication = 'partitioned')"),
+                GROWING_TABLES.contains(&t.name),
+                "{ddl}"
+            );
+        }
     }
 }
 
@@ -373,7 +400,7 @@ mod sql_file {
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/tpcc_schema.sql");
         let want = format!(
             "-- TPC-C's tables as transactional tables (crates/tpcc/src/schema.rs).\n{};\n",
-            super::ddl().join(";\n")
+            super::ddl(Placement::Full).join(";\n")
         );
         if std::env::var_os("GYRE_WRITE_TPCC_SQL").is_some() {
             std::fs::write(path, &want).unwrap();
