@@ -400,7 +400,7 @@ mod sql_file {
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/tpcc_schema.sql");
         let want = format!(
             "-- TPC-C's tables as transactional tables (crates/tpcc/src/schema.rs).\n{};\n",
-            super::ddl(Placement::Full).join(";\n")
+            super::ddl(gyre_replica::Placement::Full).join(";\n")
         );
         if std::env::var_os("GYRE_WRITE_TPCC_SQL").is_some() {
             std::fs::write(path, &want).unwrap();
