@@ -909,7 +909,12 @@ async fn settled(
     loop {
         match c.sql_in(s, q).await {
             Ok(r) => return ints(&r),
-            Err(e) if Instant::now() < deadline && e.to_string().contains("share") => {
+            Err(e)
+                if Instant::now() < deadline
+                    && ["share", "no longer kept"]
+                        .iter()
+                        .any(|m| e.to_string().contains(m)) =>
+            {
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
             Err(e) => panic!("{q}: {e}"),

@@ -510,12 +510,7 @@ impl FlightSqlService for GyreFlightSql {
         let req: Request = decode(&action.body).map_err(status)?;
         if let Request::SubscribeLog { node, multicast } = req {
             let coordinator = Arc::downgrade(&self.coordinator);
-            let workers = Box::new(move || {
-                coordinator
-                    .upgrade()
-                    .map(|c| c.live_workers())
-                    .unwrap_or_default()
-            });
+            let workers = Box::new(move || coordinator.upgrade().and_then(|c| c.settled_workers()));
             let feed = self
                 .coordinator
                 .log_feed()

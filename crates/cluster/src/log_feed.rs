@@ -46,8 +46,10 @@ const STATE_PIECE: usize = 4 << 20;
 /// How often a subscription checks the subscriber's place among the live workers.
 pub const SHARE_CHECK: Duration = Duration::from_secs(1);
 
-/// The live workers, in the order queries number them.
-pub type LiveWorkers = Box<dyn Fn() -> Vec<u32> + Send + Sync>;
+/// The live workers, in the order queries number them; `None` while the cluster is
+/// starting (fewer workers registered than it expects), when shares would change at
+/// once.
+pub type LiveWorkers = Box<dyn Fn() -> Option<Vec<u32>> + Send + Sync>;
 
 /// Worker `node`'s share of the partitioned tables among `workers` (`None`: it is not
 /// one of them, and keeps every row until it is).
@@ -58,6 +60,9 @@ pub fn share_of(node: u32, workers: &[u32]) -> Option<KeyShare> {
         count: workers.len() as u32,
     })
 }
+
+/// How long a subscription waits for a starting cluster's workers to register.
+const STARTING_WAIT: Duration = Duration::from_secs(30);
 
 /// How long a subscription waits for the state to show what was already shipped.
 const STATE_WAIT: Duration = Duration::from_secs(10);
@@ -73,6 +78,9 @@ pub enum FeedMessage {
         done: bool,
         share: Option<KeyShare>,
     },
+    /// The subscriber's share changed to this: it subscribes again at once, for the
+    /// state with its new share.
+    Moved { share: Option<KeyShare> },
     /// Log groups (the log's frames) whose last entry has LSN `last`, shipped when
     /// the coordinator's clock read `shipped_us` (µs since the Unix epoch), to measure
     /// how far the secondaries lag behind.
@@ -262,7 +270,17 @@ impl LogFeed {
         workers: &LiveWorkers,
         tx: &tokio::sync::mpsc::Sender<Result<Vec<u8>>>,
     ) -> Result<()> {
-        let share = share_of(node, &workers());
+        let started = Instant::now();
+        let live = loop {
+            match workers() {
+                Some(live) => break live,
+                None if started.elapsed() < STARTING_WAIT => {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                None => break vec![],
+            }
+        };
+        let share = share_of(node, &live);
         // The log makes a group durable before it ships it: every group shipped
         // before this request (which came after the subscriber began to listen) is at
         // or below the durable LSN now.
@@ -292,15 +310,26 @@ impl LogFeed {
             }
         }
         drop(bytes);
-        let mut check = tokio::time::interval(SHARE_CHECK);
+        let mut check =
+            tokio::time::interval_at(tokio::time::Instant::now() + SHARE_CHECK, SHARE_CHECK);
         check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let moved = |now: Option<KeyShare>| {
-            Err(DataFusionError::Execution(format!(
+        // The subscriber's new share, if it changed.
+        let changed = || {
+            let now = share_of(node, &workers()?);
+            (now != share).then_some(now)
+        };
+        let moved = |now: Option<KeyShare>| async move {
+            tracing::info!(
+                node,
                 "the workers changed: worker {node} now holds {} of the partitioned tables \
                  (it held {}) and starts over from the current state",
                 now.map_or("every row".into(), |s| s.to_string()),
                 share.map_or("every row".into(), |s| s.to_string()),
-            )))
+            );
+            let _ = tx
+                .send(Ok(FeedMessage::Moved { share: now }.encode()))
+                .await;
+            Ok(())
         };
         let Some(mut groups) = groups else {
             // The groups go by multicast: hold the stream open until the worker leaves
@@ -309,9 +338,8 @@ impl LogFeed {
                 tokio::select! {
                     _ = tx.closed() => return Ok(()),
                     _ = check.tick() => {
-                        let now = share_of(node, &workers());
-                        if now != share {
-                            return moved(now);
+                        if let Some(now) = changed() {
+                            return moved(now).await;
                         }
                     }
                 }
@@ -321,9 +349,8 @@ impl LogFeed {
             let received = tokio::select! {
                 received = groups.recv() => received,
                 _ = check.tick() => {
-                    let now = share_of(node, &workers());
-                    if now != share {
-                        return moved(now);
+                    if let Some(now) = changed() {
+                        return moved(now).await;
                     }
                     continue;
                 }

@@ -252,13 +252,16 @@ impl ExecutionPlan for SnapshotScanExec {
         };
         let partitioned = self.table.partitioned;
         let batches = async move {
-            let snapshot = secondary
+            let (snapshot, holds_more) = secondary
                 .read(&table, lsn, partitioned.then_some(share))
                 .await?;
+            // A partitioned table's replica holds this worker's share only, unless it
+            // holds every row (the snapshot is from before the workers changed).
+            let filter = workers > 1 && (!partitioned || holds_more);
             let key = &snapshot.def().key;
             let mut out = Vec::new();
             for batch in snapshot.batches() {
-                let mine = if workers == 1 || partitioned {
+                let mine = if !filter {
                     batch
                 } else {
                     let keys: Vec<ArrayRef> =

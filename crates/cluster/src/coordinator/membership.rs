@@ -56,6 +56,13 @@ impl Coordinator {
         self.expected_workers.store(n, Ordering::SeqCst);
     }
 
+    /// The live workers, or `None` while fewer have registered than
+    /// [`Coordinator::expect_workers`] named (the cluster is starting).
+    pub fn settled_workers(&self) -> Option<Vec<NodeId>> {
+        let live = self.live_workers();
+        (live.len() >= self.expected_workers.load(Ordering::SeqCst)).then_some(live)
+    }
+
     /// Waits until the workers [`Coordinator::expect_workers`] named have registered;
     /// once they have, the cluster counts as started and this returns at once.
     pub(super) async fn started(&self) -> Result<()> {

@@ -7,8 +7,8 @@
 //! (joined before it subscribes; messages are checked against the cluster secret).
 //! When the feed breaks (the coordinator restarted, the worker fell behind, a
 //! multicast packet left the publisher's window, an entry failed to replay) it
-//! subscribes again and starts over from the new state; the snapshots it had go,
-//! except those running queries hold.
+//! subscribes again and starts over from the new state. The old replica's snapshots
+//! stay readable for [`RETIRED_FOR`], so that queries planned before go on.
 //!
 //! Of partitioned tables it keeps only the rows of its [`KeyShare`], which the
 //! coordinator names with the state: its place among the live workers. When that
@@ -36,6 +36,10 @@ pub const KEEP_SNAPSHOTS: usize = 64;
 
 /// How long a scan waits for its snapshot to be replayed.
 pub const SNAPSHOT_WAIT: Duration = Duration::from_secs(30);
+
+/// How long the snapshots of a replica that started over stay readable: queries
+/// planned before it did still read them.
+pub const RETIRED_FOR: Duration = Duration::from_secs(60);
 
 /// How long the worker waits before it subscribes again after the feed broke.
 const RESUBSCRIBE: Duration = Duration::from_millis(500);
@@ -86,6 +90,13 @@ fn quantile(values: &std::collections::VecDeque<f64>, q: f64) -> Option<f64> {
     Some(sorted[((last as f64) * q).round() as usize])
 }
 
+/// The snapshots of a replica the worker replaced, still readable for a while.
+struct Retired {
+    share: Option<KeyShare>,
+    snapshots: std::collections::BTreeMap<u64, gyre_replica::versioned::Snapshot>,
+    until: std::time::Instant,
+}
+
 /// A worker's replica of the transactional tables.
 pub struct WorkerSecondary {
     procedures: Procedures,
@@ -93,6 +104,8 @@ pub struct WorkerSecondary {
     /// The share of partitioned tables the replica holds (`None`: all rows); changed
     /// only under `secondary`'s lock, with the replica.
     share: Mutex<Option<KeyShare>>,
+    /// The snapshots of the replica before this one, with its share.
+    retired: Mutex<Option<Retired>>,
     /// States started from so far.
     states: std::sync::atomic::AtomicU64,
     /// The last LSN replayed.
@@ -117,6 +130,7 @@ impl WorkerSecondary {
             procedures,
             secondary: Arc::default(),
             share: Mutex::new(None),
+            retired: Mutex::new(None),
             states: Default::default(),
             applied: tokio::sync::watch::Sender::new(0),
             trouble: Mutex::new(None),
@@ -166,7 +180,9 @@ impl WorkerSecondary {
                     _ = stopped.wait_for(|s| *s) => return,
                 };
                 let why = match outcome {
-                    Ok(()) => "the coordinator ended the log feed".to_string(),
+                    // Its place among the workers changed: the new share, at once.
+                    Ok(true) => continue,
+                    Ok(false) => "the coordinator ended the log feed".to_string(),
                     Err(e) => e.to_string(),
                 };
                 // One break is routine (a coordinator that stops or restarts); a feed
@@ -190,13 +206,14 @@ impl WorkerSecondary {
         });
     }
 
-    /// One subscription: the state, then log groups until the feed ends.
+    /// One subscription: the state, then log groups until the feed ends; true if it
+    /// ended because the worker's share changed.
     async fn follow_once(
         &self,
         coordinator: &ControlClient,
         node: NodeId,
         multicast: Option<&(Group, LogKey)>,
-    ) -> Result<()> {
+    ) -> Result<bool> {
         // Joined first: what is multicast from now on waits in its queue.
         let mut joined = match multicast {
             Some((group, _)) => Some(MulticastLog::join(*group)?),
@@ -213,7 +230,7 @@ impl WorkerSecondary {
         loop {
             tokio::select! {
                 message = feed.next() => {
-                    let Some(message) = message else { return Ok(()) };
+                    let Some(message) = message else { return Ok(false) };
                     match FeedMessage::decode(&message?)? {
                         FeedMessage::State { lsn, piece, done, share } => {
                             state.extend_from_slice(&piece);
@@ -224,6 +241,10 @@ impl WorkerSecondary {
                         }
                         FeedMessage::Log { last, frames, shipped_us } => {
                             self.apply_log(last, frames, shipped_us).await?;
+                        }
+                        FeedMessage::Moved { share } => {
+                            tracing::info!(node, ?share, "the workers changed: taking the new share");
+                            return Ok(true);
                         }
                     }
                 }
@@ -264,8 +285,20 @@ impl WorkerSecondary {
         secondary.keep_snapshots(KEEP_SNAPSHOTS);
         {
             let mut replica = self.secondary.lock();
-            *replica = Some(secondary);
-            *self.share.lock() = share;
+            let mut held = self.share.lock();
+            if let Some(old) = replica.replace(secondary) {
+                let snapshots = old
+                    .snapshot_lsns()
+                    .into_iter()
+                    .filter_map(|l| Some((l, old.snapshot_at(l)?.clone())))
+                    .collect();
+                *self.retired.lock() = Some(Retired {
+                    share: *held,
+                    snapshots,
+                    until: std::time::Instant::now() + RETIRED_FOR,
+                });
+            }
+            *held = share;
         }
         self.states.fetch_add(1, Ordering::Relaxed);
         *self.trouble.lock() = None;
@@ -313,72 +346,108 @@ impl WorkerSecondary {
         Ok(())
     }
 
-    /// `table` as of the global snapshot at `lsn`, once this worker has replayed it
-    /// (and holds `share` of it, for a partitioned table).
+    /// `table` as of the global snapshot at `lsn`, once this worker has replayed it,
+    /// holding at least `share` of it for a partitioned table; and whether it holds
+    /// more than that share (every row), so that the scan has to pick its share out.
+    ///
+    /// The snapshot comes from the replica, or from the one before it if the worker
+    /// started over since the query was planned (within [`RETIRED_FOR`]). A replica
+    /// that holds another share of the partitioned tables (the workers changed) is
+    /// waited on until it has its new share.
     pub async fn read(
         &self,
         table: &str,
         lsn: u64,
         share: Option<KeyShare>,
-    ) -> Result<TableSnapshot> {
-        let mut applied = self.applied.subscribe();
+    ) -> Result<(TableSnapshot, bool)> {
         let started = std::time::Instant::now();
-        let deadline = tokio::time::Instant::now() + SNAPSHOT_WAIT;
-        // A worker whose place among the workers just changed gets its new share with
-        // its next state, within a second or so.
-        let ready = |a: &u64| *a >= lsn && (share.is_none() || *self.share.lock() == share);
-        let waited = tokio::time::timeout_at(deadline, applied.wait_for(ready)).await;
+        let result = self.find(table, lsn, share).await;
         push_window(
             &mut self.figures.lock().waits_ms,
             started.elapsed().as_secs_f64() * 1e3,
         );
-        let held = *self.share.lock();
-        if waited.is_err() && self.lsn() >= lsn && share.is_some() && held != share {
-            return Err(DataFusionError::Execution(format!(
-                "reading '{table}' on this worker: it holds {} of the partitioned tables, the \
-                 query reads {} (the workers changed; a retry reads the new shares)",
-                held.map_or("every row".to_string(), |s| s.to_string()),
-                share.map_or(String::new(), |s| s.to_string()),
-            )));
-        }
-        if waited.is_err() {
-            let trouble = self.trouble.lock().clone();
-            return Err(DataFusionError::Execution(format!(
-                "this worker has replayed the log up to LSN {}, and the query's snapshot at \
-                 LSN {lsn} did not arrive within {} s{}",
-                self.lsn(),
-                SNAPSHOT_WAIT.as_secs(),
-                trouble
-                    .map(|t| format!(" (log feed: {t})"))
-                    .unwrap_or_default()
-            )));
-        }
-        let guard = self.secondary.lock();
-        let Some(secondary) = guard.as_ref() else {
-            return Err(DataFusionError::Execution(
-                "this worker has no replica of the transactional tables".into(),
-            ));
+        result
+    }
+
+    async fn find(
+        &self,
+        table: &str,
+        lsn: u64,
+        share: Option<KeyShare>,
+    ) -> Result<(TableSnapshot, bool)> {
+        let covers = |held: Option<KeyShare>| match (share, held) {
+            (None, _) | (_, None) => true,
+            (Some(wanted), Some(held)) => held == wanted || held.count <= 1,
         };
-        let held = *self.share.lock();
-        if share.is_some() && held != share {
-            return Err(DataFusionError::Execution(format!(
-                "reading '{table}' on this worker: its share of the partitioned tables changed \
-                 while the query waited (the workers changed; a retry reads the new shares)"
-            )));
-        }
-        let Some(snapshot) = secondary.snapshot_at(lsn) else {
-            let why = secondary
-                .missing_snapshot(lsn)
-                .unwrap_or_else(|| format!("no snapshot at LSN {lsn}"));
-            return Err(DataFusionError::Execution(format!(
-                "reading '{table}' on this worker: {why}"
-            )));
+        let found = |snapshot: &gyre_replica::versioned::Snapshot, held: Option<KeyShare>| {
+            let t = snapshot.tables.get(table).cloned().ok_or_else(|| {
+                DataFusionError::Execution(format!(
+                    "table '{table}' does not exist in the snapshot at LSN {lsn}"
+                ))
+            })?;
+            Ok((t, share.is_some() && held != share))
         };
-        snapshot.tables.get(table).cloned().ok_or_else(|| {
-            DataFusionError::Execution(format!(
-                "table '{table}' does not exist in the snapshot at LSN {lsn}"
-            ))
-        })
+        let mut applied = self.applied.subscribe();
+        let deadline = tokio::time::Instant::now() + SNAPSHOT_WAIT;
+        loop {
+            let late = tokio::time::timeout_at(deadline, applied.wait_for(|&a| a >= lsn))
+                .await
+                .is_err();
+            if late {
+                let trouble = self.trouble.lock().clone();
+                return Err(DataFusionError::Execution(format!(
+                    "this worker has replayed the log up to LSN {}, and the query's snapshot at \
+                     LSN {lsn} did not arrive within {} s{}",
+                    self.lsn(),
+                    SNAPSHOT_WAIT.as_secs(),
+                    trouble
+                        .map(|t| format!(" (log feed: {t})"))
+                        .unwrap_or_default()
+                )));
+            }
+            let held = {
+                let guard = self.secondary.lock();
+                let held = *self.share.lock();
+                let Some(secondary) = guard.as_ref() else {
+                    return Err(DataFusionError::Execution(
+                        "this worker has no replica of the transactional tables".into(),
+                    ));
+                };
+                if covers(held)
+                    && let Some(snapshot) = secondary.snapshot_at(lsn)
+                {
+                    return found(snapshot, held);
+                }
+                if let Some(retired) = self.retired.lock().as_ref()
+                    && retired.until > std::time::Instant::now()
+                    && covers(retired.share)
+                    && let Some(snapshot) = retired.snapshots.get(&lsn)
+                {
+                    return found(snapshot, retired.share);
+                }
+                if covers(held) {
+                    let why = secondary
+                        .missing_snapshot(lsn)
+                        .unwrap_or_else(|| format!("no snapshot at LSN {lsn}"));
+                    return Err(DataFusionError::Execution(format!(
+                        "reading '{table}' on this worker: {why}"
+                    )));
+                }
+                held
+            };
+            // The replica holds another share: its next state brings the new one.
+            if tokio::time::timeout_at(deadline, applied.changed())
+                .await
+                .is_err()
+            {
+                return Err(DataFusionError::Execution(format!(
+                    "reading '{table}' on this worker: it holds {} of the partitioned tables, \
+                     the query reads {} (the workers changed; a retry reads the new shares)",
+                    held.map_or("every row".to_string(), |s| s.to_string()),
+                    share.map_or(String::new(), |s| s.to_string()),
+                )));
+            }
+        }
     }
 }
 
