@@ -222,6 +222,7 @@ pub async fn run(args: ChbenchArgs) -> Result<(), BoxError> {
         Placement::Full
     };
     load(&client, scale, placement).await?;
+    caught_up(&client).await?;
     let before = figures(&client).await?;
     let counters = Arc::new(Counters::default());
     let first_error = Arc::new(parking_lot::Mutex::new(None::<String>));
@@ -469,6 +470,41 @@ async fn load(client: &RemoteClient, scale: Scale, placement: Placement) -> Resu
         }
     }
     Ok(())
+}
+
+/// How long the workers may take to replay the load's log.
+const CATCH_UP: Duration = Duration::from_secs(600);
+
+/// Waits until every worker has replayed the primary's log (the load's large groups
+/// take a while over slow links), so that the mix starts with secondaries in step.
+async fn caught_up(client: &RemoteClient) -> Result<(), BoxError> {
+    let started = Instant::now();
+    let mut said = Instant::now();
+    loop {
+        let lsn = first_row(client, "SELECT lsn FROM gyre_primary()").await?;
+        let lsn = lsn.column(0).as_primitive::<UInt64Type>().value(0);
+        let behind = first_row(client, "SELECT min(replayed_lsn) FROM gyre_workers()").await?;
+        let replayed = behind.column(0).as_primitive::<UInt64Type>();
+        let replayed = (!replayed.is_null(0)).then(|| replayed.value(0));
+        if replayed.is_some_and(|r| r >= lsn) {
+            return Ok(());
+        }
+        if started.elapsed() > CATCH_UP {
+            return Err(format!(
+                "the workers replayed the log up to LSN {replayed:?} of {lsn} in {CATCH_UP:?}"
+            )
+            .into());
+        }
+        if said.elapsed() > Duration::from_secs(5) {
+            eprintln!(
+                "  waiting for the workers to replay the load: LSN {} of {lsn}, {:.0} s",
+                replayed.unwrap_or(0),
+                started.elapsed().as_secs_f64()
+            );
+            said = Instant::now();
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// The first row of a query's result.

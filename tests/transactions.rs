@@ -546,6 +546,10 @@ async fn the_log_reaches_the_workers_by_multicast() {
     assert!(replayed[0][0] >= primary[0][0], "{replayed:?} {primary:?}");
 }
 
+/// A distributed table of 100,000 rows to check transactional ones against.
+const SRC: &str = "CREATE TABLE src AS SELECT value AS k, value * 7 % 1000 AS v, \
+                   'row ' || CAST(value AS VARCHAR) AS label FROM generate_series(1, 100000)";
+
 /// 100,000 rows from a distributed table into a transactional one and back out,
 /// checked against the source.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -553,13 +557,7 @@ async fn a_hundred_thousand_rows_round_trip() {
     let cluster = cluster(3, None).await;
     let c = &cluster.coordinator;
     let s = c.new_session();
-    sql(
-        c,
-        &s,
-        "CREATE TABLE src AS SELECT value AS k, value * 7 % 1000 AS v, \
-         'row ' || CAST(value AS VARCHAR) AS label FROM generate_series(1, 100000)",
-    )
-    .await;
+    sql(c, &s, SRC).await;
     sql(
         c,
         &s,
@@ -932,13 +930,7 @@ async fn partitioned_tables_are_dealt_out_to_the_workers() {
     let mut cluster = cluster(2, None).await;
     let c = Arc::clone(&cluster.coordinator);
     let s = c.new_session();
-    sql(
-        &c,
-        &s,
-        "CREATE TABLE src AS SELECT value AS k, value * 7 % 1000 AS v, \
-         'row ' || CAST(value AS VARCHAR) AS label FROM generate_series(1, 100000)",
-    )
-    .await;
+    sql(&c, &s, SRC).await;
     sql(
         &c,
         &s,

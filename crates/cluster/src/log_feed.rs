@@ -18,9 +18,10 @@
 //! request (so every group shipped before it) is visible in it.
 //!
 //! The state names the subscriber's [`KeyShare`] of the partitioned tables: its place
-//! among the live workers, as queries number them. The feed checks that place every
-//! [`SHARE_CHECK`] and ends when it changed, so that the worker starts over with its
-//! new share.
+//! among the live workers, as queries number them (named once a starting cluster's
+//! workers are all in). The feed checks that place every [`SHARE_CHECK`] and ends with
+//! [`FeedMessage::Moved`] when it changed: the worker subscribes again at once and
+//! starts over with its new share.
 
 use crate::primary_table::replica_err;
 use crate::snapshot_scan::KeyShare;

@@ -119,26 +119,37 @@ fn int(name: &str) -> Column {
 fn open_bank(options: Options) -> Database {
     let db = Database::open(options, procedures()).unwrap();
     if db.read(|s| s.table_id("accounts").is_err()) {
-        db.create_table("accounts", vec![int("id"), int("balance")], &["id"])
-            .unwrap();
-        db.create_table(
-            "transfers",
-            vec![int("id"), int("src"), int("dst"), int("amount")],
-            &["id"],
-        )
-        .unwrap();
-        db.create_table("stamps", vec![int("id"), int("at")], &["id"])
-            .unwrap();
-        db.transaction(|txn| {
-            let t = txn.table("accounts")?;
-            for a in 0..ACCOUNTS {
-                txn.insert(t, vec![Value::Int(a), Value::Int(START)])?;
-            }
-            Ok(())
-        })
-        .unwrap();
+        create_bank(&db, Placement::Full);
     }
     db
+}
+
+/// The bank's tables, the accounts placed so, and its accounts.
+fn create_bank(db: &Database, accounts: Placement) {
+    db.create_table_with_rows(
+        "accounts",
+        vec![int("id"), int("balance")],
+        &["id"],
+        accounts,
+        vec![],
+    )
+    .unwrap();
+    db.create_table(
+        "transfers",
+        vec![int("id"), int("src"), int("dst"), int("amount")],
+        &["id"],
+    )
+    .unwrap();
+    db.create_table("stamps", vec![int("id"), int("at")], &["id"])
+        .unwrap();
+    db.transaction(|txn| {
+        let t = txn.table("accounts")?;
+        for a in 0..ACCOUNTS {
+            txn.insert(t, vec![Value::Int(a), Value::Int(START)])?;
+        }
+        Ok(())
+    })
+    .unwrap();
 }
 
 fn transfer(db: &Database, id: i64, rng: &mut impl Rng) -> Result<Vec<Vec<Value>>> {
@@ -804,25 +815,7 @@ fn partitioned_tables_are_logged_physically_and_dealt_out_to_secondaries() {
     let sink = Arc::clone(&shipped);
     db.ship(Box::new(move |_, frames| sink.lock().push(frames.to_vec())))
         .unwrap();
-    let accounts: Vec<Vec<Value>> = (0..ACCOUNTS)
-        .map(|a| vec![Value::Int(a), Value::Int(START)])
-        .collect();
-    db.create_table_with_rows(
-        "accounts",
-        vec![int("id"), int("balance")],
-        &["id"],
-        Placement::Partitioned,
-        accounts,
-    )
-    .unwrap();
-    db.create_table(
-        "transfers",
-        vec![int("id"), int("src"), int("dst"), int("amount")],
-        &["id"],
-    )
-    .unwrap();
-    db.create_table("stamps", vec![int("id"), int("at")], &["id"])
-        .unwrap();
+    create_bank(&db, Placement::Partitioned);
     let count = 3;
     let share = |index| Arc::new(ModShare { index, count });
     let mut secondaries: Vec<Secondary> = (0..count)
