@@ -14,6 +14,7 @@ use gyre_cluster::codec::GyreCodec;
 use gyre_cluster::files::{FileSplitScanExec, LocalFiles};
 use gyre_cluster::modify::{GyreModifyExec, Modification};
 use gyre_cluster::progress::ReadCounters;
+use gyre_cluster::snapshot_scan::{SnapshotScanExec, SnapshotTable};
 use gyre_cluster::storage::WorkerStorage;
 use gyre_cluster::table::GyreInsertExec;
 use gyre_cluster::tpch::TpchGenExec;
@@ -151,8 +152,9 @@ const PLAN_QUERIES: &[(&str, &str)] = &[
 
 /// Stage plans as the coordinator sends them: every stage of every query in
 /// [`PLAN_QUERIES`], planned over a two-worker `LocalCluster` and encoded by
-/// `GyreCodec`, plus Gyre nodes that only DML and table loading make (modify, TPC-H
-/// generation). Each seed is checked to decode.
+/// `GyreCodec`, plus Gyre nodes that only DML, table loading and reads of
+/// transactional tables make (modify, TPC-H generation, snapshot scans). Each seed is
+/// checked to decode.
 pub fn seeds() -> Vec<Vec<u8>> {
     let seeds = in_runtime(|| async {
         let cluster = LocalCluster::start(2, 1, "127.0.0.1:0".parse().expect("an address"))
@@ -229,7 +231,21 @@ pub fn seeds() -> Vec<Vec<u8>> {
             Arc::new(Literal::new(ScalarValue::Int64(Some(5)))),
         ));
         let doubled = Arc::new(BinaryExpr::new(k(), Operator::Multiply, k()));
+        // Scans of a transactional table at a snapshot, whole on each worker or
+        // partitioned, with and without the key projected.
+        let snapshot_scan = |partitioned: bool, projection: Vec<usize>| {
+            let table = SnapshotTable {
+                name: "a".into(),
+                schema: Arc::clone(&a),
+                key: vec![0, 1],
+                partitioned,
+                rows: 2000,
+            };
+            Arc::new(SnapshotScanExec::try_new(table, Some(projection), 42, n).expect("a scan"))
+        };
         let plans: Vec<Arc<dyn ExecutionPlan>> = vec![
+            snapshot_scan(false, vec![3, 1, 0]),
+            snapshot_scan(true, vec![2]),
             Arc::new(FileSplitScanExec::try_new(csv_scan).expect("a split scan")),
             Arc::new(GyreModifyExec::new(
                 "a".into(),
