@@ -97,13 +97,16 @@ struct Retired {
     until: std::time::Instant,
 }
 
+/// The replica, and the share of the partitioned tables it holds (`None`: every row).
+struct Replica {
+    secondary: Secondary,
+    share: Option<KeyShare>,
+}
+
 /// A worker's replica of the transactional tables.
 pub struct WorkerSecondary {
     procedures: Procedures,
-    secondary: Arc<Mutex<Option<Secondary>>>,
-    /// The share of partitioned tables the replica holds (`None`: all rows); changed
-    /// only under `secondary`'s lock, with the replica.
-    share: Mutex<Option<KeyShare>>,
+    replica: Arc<Mutex<Option<Replica>>>,
     /// The snapshots of the replica before this one, with its share.
     retired: Mutex<Option<Retired>>,
     /// States started from so far.
@@ -128,8 +131,7 @@ impl WorkerSecondary {
     pub fn new(procedures: Procedures) -> Arc<Self> {
         Arc::new(Self {
             procedures,
-            secondary: Arc::default(),
-            share: Mutex::new(None),
+            replica: Arc::default(),
             retired: Mutex::new(None),
             states: Default::default(),
             applied: tokio::sync::watch::Sender::new(0),
@@ -140,11 +142,13 @@ impl WorkerSecondary {
 
     /// What the replica did so far.
     pub fn figures(&self) -> SecondaryFigures {
-        let rows = self
-            .secondary
-            .lock()
-            .as_ref()
-            .map_or(0, |s| s.rows().tables().map(|t| t.rows.len() as u64).sum());
+        let rows = self.replica.lock().as_ref().map_or(0, |r| {
+            r.secondary
+                .rows()
+                .tables()
+                .map(|t| t.rows.len() as u64)
+                .sum()
+        });
         let f = self.figures.lock();
         SecondaryFigures {
             lsn: self.lsn(),
@@ -283,22 +287,19 @@ impl WorkerSecondary {
         })
         .await?;
         secondary.keep_snapshots(KEEP_SNAPSHOTS);
-        {
-            let mut replica = self.secondary.lock();
-            let mut held = self.share.lock();
-            if let Some(old) = replica.replace(secondary) {
-                let snapshots = old
-                    .snapshot_lsns()
-                    .into_iter()
-                    .filter_map(|l| Some((l, old.snapshot_at(l)?.clone())))
-                    .collect();
-                *self.retired.lock() = Some(Retired {
-                    share: *held,
-                    snapshots,
-                    until: std::time::Instant::now() + RETIRED_FOR,
-                });
-            }
-            *held = share;
+        let old = self.replica.lock().replace(Replica { secondary, share });
+        if let Some(old) = old {
+            let snapshots = old
+                .secondary
+                .snapshot_lsns()
+                .into_iter()
+                .filter_map(|l| Some((l, old.secondary.snapshot_at(l)?.clone())))
+                .collect();
+            *self.retired.lock() = Some(Retired {
+                share: old.share,
+                snapshots,
+                until: std::time::Instant::now() + RETIRED_FOR,
+            });
         }
         self.states.fetch_add(1, Ordering::Relaxed);
         *self.trouble.lock() = None;
@@ -320,11 +321,12 @@ impl WorkerSecondary {
             // Shipped before the state was taken: the state holds it.
             return Ok(());
         }
-        let secondary = Arc::clone(&self.secondary);
+        let replica = Arc::clone(&self.replica);
         let (lsn, entries, spent) = blocking(move || {
-            let mut guard = secondary.lock();
+            let mut guard = replica.lock();
             let s = guard
                 .as_mut()
+                .map(|r| &mut r.secondary)
                 .ok_or_else(|| gyre_replica::Error::Constraint("log before the state".into()))?;
             let before = s.replay_stats().1;
             let entries = s.apply_frames(&frames)?;
@@ -342,6 +344,14 @@ impl WorkerSecondary {
         let lag = crate::log_feed::unix_micros().saturating_sub(shipped_us);
         push_window(&mut f.lags_ms, lag as f64 / 1e3);
         drop(f);
+        let mut retired = self.retired.lock();
+        if retired
+            .as_ref()
+            .is_some_and(|r| r.until <= std::time::Instant::now())
+        {
+            *retired = None;
+        }
+        drop(retired);
         self.applied.send_modify(|a| *a = (*a).max(lsn));
         Ok(())
     }
@@ -406,13 +416,17 @@ impl WorkerSecondary {
                 )));
             }
             let held = {
-                let guard = self.secondary.lock();
-                let held = *self.share.lock();
-                let Some(secondary) = guard.as_ref() else {
+                let guard = self.replica.lock();
+                let Some(Replica {
+                    secondary,
+                    share: held,
+                }) = guard.as_ref()
+                else {
                     return Err(DataFusionError::Execution(
                         "this worker has no replica of the transactional tables".into(),
                     ));
                 };
+                let held = *held;
                 if covers(held)
                     && let Some(snapshot) = secondary.snapshot_at(lsn)
                 {
