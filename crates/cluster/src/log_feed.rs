@@ -267,7 +267,7 @@ impl LogFeed {
     async fn feed(
         &self,
         node: u32,
-        groups: Option<broadcast::Receiver<Arc<Shipped>>>,
+        mut groups: Option<broadcast::Receiver<Arc<Shipped>>>,
         workers: &LiveWorkers,
         tx: &tokio::sync::mpsc::Sender<Result<Vec<u8>>>,
     ) -> Result<()> {
@@ -314,46 +314,29 @@ impl LogFeed {
         let mut check =
             tokio::time::interval_at(tokio::time::Instant::now() + SHARE_CHECK, SHARE_CHECK);
         check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        // The subscriber's new share, if it changed.
-        let changed = || {
-            let now = share_of(node, &workers()?);
-            (now != share).then_some(now)
-        };
-        let moved = |now: Option<KeyShare>| async move {
-            tracing::info!(
-                node,
-                "the workers changed: worker {node} now holds {} of the partitioned tables \
-                 (it held {}) and starts over from the current state",
-                now.map_or("every row".into(), |s| s.to_string()),
-                share.map_or("every row".into(), |s| s.to_string()),
-            );
-            let _ = tx
-                .send(Ok(FeedMessage::Moved { share: now }.encode()))
-                .await;
-            Ok(())
-        };
-        let Some(mut groups) = groups else {
-            // The groups go by multicast: hold the stream open until the worker leaves
-            // or its share changes.
-            loop {
-                tokio::select! {
-                    _ = tx.closed() => return Ok(()),
-                    _ = check.tick() => {
-                        if let Some(now) = changed() {
-                            return moved(now).await;
-                        }
-                    }
-                }
-            }
-        };
         loop {
             let received = tokio::select! {
-                received = groups.recv() => received,
+                // The groups go by multicast: the stream stays open until the worker
+                // leaves or its share changes.
+                _ = tx.closed(), if groups.is_none() => return Ok(()),
+                received = async { groups.as_mut().expect("guarded").recv().await },
+                    if groups.is_some() => received,
                 _ = check.tick() => {
-                    if let Some(now) = changed() {
-                        return moved(now).await;
-                    }
-                    continue;
+                    let Some(now) = workers()
+                        .map(|live| share_of(node, &live))
+                        .filter(|now| *now != share)
+                    else {
+                        continue;
+                    };
+                    tracing::info!(
+                        node,
+                        "the workers changed: worker {node} now holds {} of the partitioned \
+                         tables (it held {}) and starts over from the current state",
+                        now.map_or("every row".into(), |s| s.to_string()),
+                        share.map_or("every row".into(), |s| s.to_string()),
+                    );
+                    let _ = tx.send(Ok(FeedMessage::Moved { share: now }.encode())).await;
+                    return Ok(());
                 }
             };
             let message = match received {
