@@ -216,12 +216,7 @@ pub async fn run(args: ChbenchArgs) -> Result<(), BoxError> {
         }
     };
     let client = RemoteClient::connect(&addr).await?;
-    let placement = if args.placement == "partitioned" {
-        Placement::Partitioned
-    } else {
-        Placement::Full
-    };
-    load(&client, scale, placement).await?;
+    load(&client, scale, args.placement.parse()?).await?;
     caught_up(&client).await?;
     let before = figures(&client).await?;
     let counters = Arc::new(Counters::default());

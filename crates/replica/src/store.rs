@@ -60,6 +60,17 @@ impl Placement {
     }
 }
 
+/// A placement by its name, in any case.
+impl std::str::FromStr for Placement {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        [Placement::Full, Placement::Partitioned]
+            .into_iter()
+            .find(|p| s.eq_ignore_ascii_case(p.name()))
+            .ok_or_else(|| format!("placement {s}: expected full or partitioned"))
+    }
+}
+
 impl TableDef {
     pub fn schema(&self) -> SchemaRef {
         schema_of(&self.columns)

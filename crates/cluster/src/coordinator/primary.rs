@@ -833,12 +833,9 @@ fn key_untouched(input: &LogicalPlan, target: &TableReference, def: &TableDef) -
 fn placement_of(value: &SqlExpr) -> Result<Placement> {
     if let SqlExpr::Value(v) = value
         && let SqlValue::SingleQuotedString(s) = &v.value
+        && let Ok(placement) = s.parse()
     {
-        for placement in [Placement::Full, Placement::Partitioned] {
-            if s.eq_ignore_ascii_case(placement.name()) {
-                return Ok(placement);
-            }
-        }
+        return Ok(placement);
     }
     plan_err!("replication takes 'full' or 'partitioned', not {value}")
 }
