@@ -221,6 +221,7 @@ fn memory_only_without_a_data_dir() {
     assert_eq!(db.checkpoint().unwrap(), None);
     let store = gyre_replica::checkpoint::from_bytes(state.into()).unwrap();
     let mut secondary = Secondary::from_state(store, procedures()).unwrap();
+    wait_shipped(&shipped, db.lsn());
     let shipped = shipped.lock();
     assert!(!shipped.is_empty());
     for (last, frames) in shipped.iter() {
@@ -793,6 +794,16 @@ fn kill_9_loses_nothing_acknowledged() {
     );
 }
 
+/// Waits until the shipper has been handed the group ending at `lsn`: a group is
+/// shipped just after it is durable, so a moment after its commit returned.
+fn wait_shipped(shipped: &parking_lot::Mutex<Vec<(u64, Vec<u8>)>>, lsn: u64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while shipped.lock().last().is_none_or(|(last, _)| *last < lsn) {
+        assert!(Instant::now() < deadline, "LSN {lsn} was never shipped");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 /// Keeps the rows whose first key column is `index` modulo `count`.
 struct ModShare {
     index: i64,
@@ -813,8 +824,10 @@ fn partitioned_tables_are_logged_physically_and_dealt_out_to_secondaries() {
     let db = Database::open(Options::default(), procedures()).unwrap();
     let shipped = Arc::new(parking_lot::Mutex::new(Vec::new()));
     let sink = Arc::clone(&shipped);
-    db.ship(Box::new(move |_, frames| sink.lock().push(frames.to_vec())))
-        .unwrap();
+    db.ship(Box::new(move |last, frames| {
+        sink.lock().push((last, frames.to_vec()))
+    }))
+    .unwrap();
     create_bank(&db, Placement::Partitioned);
     let count = 3;
     let share = |index| Arc::new(ModShare { index, count });
@@ -844,7 +857,8 @@ fn partitioned_tables_are_logged_physically_and_dealt_out_to_secondaries() {
     .unwrap();
     let mut late = late.unwrap();
     let mut logical = 0;
-    for frames in shipped.lock().iter() {
+    wait_shipped(&shipped, db.lsn());
+    for (_, frames) in shipped.lock().iter() {
         let (_, entries, _) = gyre_replica::log::segment::frame(frames).unwrap();
         logical += entries
             .iter()
