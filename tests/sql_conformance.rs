@@ -71,15 +71,13 @@ const CHANGES: &[(&str, &str)] = &[
     ("DELETE FROM a", "SELECT count(*) FROM a"),
 ];
 
-async fn check(workers: usize) {
-    let (cluster, reference) = start(workers, SETUP).await;
-    let c = &cluster.coordinator;
-    let mut failures = vec![];
-    for q in QUERIES {
-        if let Some(d) = differs(c, &reference, q).await {
-            failures.push(d);
-        }
-    }
+/// Runs each of [`CHANGES`] on the cluster and the reference: the counts and the
+/// tables afterwards must agree.
+async fn apply_changes(
+    c: &std::sync::Arc<gyre_cluster::Coordinator>,
+    reference: &datafusion::prelude::SessionContext,
+    failures: &mut Vec<String>,
+) {
     for (change, check) in CHANGES {
         let want = reference
             .sql(change)
@@ -98,15 +96,87 @@ async fn check(workers: usize) {
             }
             Err(e) => failures.push(format!("{change}: {e}")),
         }
-        if let Some(d) = differs(c, &reference, check).await {
+        if let Some(d) = differs(c, reference, check).await {
             failures.push(format!("after {change}: {d}"));
         }
     }
+}
+
+async fn check(workers: usize) {
+    let (cluster, reference) = start(workers, SETUP).await;
+    let c = &cluster.coordinator;
+    let mut failures = vec![];
+    for q in QUERIES {
+        if let Some(d) = differs(c, &reference, q).await {
+            failures.push(d);
+        }
+    }
+    apply_changes(c, &reference, &mut failures).await;
     assert!(
         failures.is_empty(),
         "{workers} workers:\n{}",
         failures.join("\n")
     );
+}
+
+/// The tables of [`SETUP`] whose column types the row store keeps, created as
+/// transactional tables (`gyre.replication`): `s` with its primary key, the others
+/// numbered by a hidden row id, equal rows included (`t`, `a` after the UPDATE).
+const TRANSACTIONAL_SETUP: &str = "
+SET gyre.replication = 'partitioned';
+CREATE TABLE s (sn INT PRIMARY KEY, amount INT);
+INSERT INTO s VALUES (1, 10), (2, 20), (3, 30);
+CREATE TABLE a (a BIGINT, b BIGINT);
+INSERT INTO a VALUES (1, 1), (1, 2), (2, 3);
+CREATE TABLE t (pk INT, val INT);
+INSERT INTO t SELECT value % 5, value FROM generate_series(1, 200) AS g(value);
+INSERT INTO t SELECT pk, val FROM t WHERE val % 7 = 0;
+SET gyre.replication = 'full';
+CREATE TABLE n1 (name VARCHAR);
+INSERT INTO n1 VALUES ('x'), ('y'), ('z'), ('y');
+CREATE TABLE n2 (name VARCHAR);
+INSERT INTO n2 VALUES ('y'), ('w');
+SET gyre.replication = 'none';
+";
+
+/// Transactional tables, read on the workers' snapshots and changed on the primary,
+/// give DataFusion's results for the queries and changes that use them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transactional_tables_give_datafusions_results() {
+    let cluster = gyre_cluster::LocalCluster::start(3, 1, "127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let c = &cluster.coordinator;
+    c.sql(TRANSACTIONAL_SETUP).await.unwrap();
+    let without_settings: String = TRANSACTIONAL_SETUP
+        .split(';')
+        .filter(|s| !s.trim().starts_with("SET"))
+        .collect::<Vec<_>>()
+        .join(";");
+    let reference = sql_reference::reference(&without_settings).await;
+    // The queries that read only these tables (each word after FROM or JOIN is one).
+    let uses = |q: &str| {
+        let words: Vec<&str> = q.split([' ', '(', ')', ',']).collect();
+        let read: Vec<&str> = words
+            .windows(2)
+            .filter(|w| ["FROM", "JOIN"].contains(&w[0].to_ascii_uppercase().as_str()))
+            .map(|w| w[1])
+            .filter(|t| !t.is_empty())
+            .collect();
+        !read.is_empty() && read.iter().all(|t| ["s", "a", "t", "n1", "n2"].contains(t))
+    };
+    let mut failures = vec![];
+    let queries: Vec<&str> = QUERIES.iter().copied().filter(|q| uses(q)).collect();
+    assert!(queries.len() >= 9, "{queries:?}");
+    for q in queries {
+        if let Some(d) = differs(c, &reference, q).await {
+            failures.push(d);
+        }
+    }
+    apply_changes(c, &reference, &mut failures).await;
+    let explained = sql_reference::text(c.sql_one("EXPLAIN SELECT * FROM t").await.unwrap());
+    assert!(explained.contains("table=t (partitioned)"), "{explained}");
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1045,3 +1045,190 @@ async fn partitioned_tables_are_dealt_out_to_the_workers() {
         vec![vec![90, 0]]
     );
 }
+
+/// Tables `WITH (replication = ...)` and no primary key, one loaded from a directory
+/// of Parquet files by CREATE TABLE ... AS SELECT: the primary numbers their rows (a
+/// hidden row id), so equal rows are told apart and UPDATE and DELETE find rows by
+/// their values. Every statement runs on a distributed table with the same rows too,
+/// which is the reference, and the tables come back after a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn tables_without_a_primary_key_are_transactional_and_durable() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = dir.path().join("files");
+    let data = dir.path().join("data");
+    let check = "SELECT count(*), sum(g), sum(length(label)), count(DISTINCT label) FROM";
+    let tables = ["gen", "nk", "fk"];
+    let expected = {
+        let cluster = cluster(2, Some(&data)).await;
+        let c = &cluster.coordinator;
+        let s = c.new_session();
+        // 120,000 rows, each value twice.
+        sql(
+            c,
+            &s,
+            "CREATE TABLE gen AS SELECT value % 997 AS g, \
+             'label ' || CAST(value % 60000 AS VARCHAR) AS label \
+             FROM generate_series(1, 120000)",
+        )
+        .await;
+        sql(
+            c,
+            &s,
+            &format!("COPY gen TO '{}/' STORED AS PARQUET", files.display()),
+        )
+        .await;
+        assert!(std::fs::read_dir(&files).unwrap().count() >= 2);
+        sql(
+            c,
+            &s,
+            &format!(
+                "CREATE EXTERNAL TABLE f STORED AS PARQUET LOCATION '{}/'",
+                files.display()
+            ),
+        )
+        .await;
+        sql(
+            c,
+            &s,
+            "CREATE TABLE nk WITH (replication = 'partitioned') AS SELECT * FROM f",
+        )
+        .await;
+        sql(
+            c,
+            &s,
+            "CREATE TABLE fk (g BIGINT, label VARCHAR) WITH (replication = 'full')",
+        )
+        .await;
+        assert_eq!(
+            sql(c, &s, "INSERT INTO fk SELECT * FROM f").await,
+            vec![vec![120_000]]
+        );
+        let same = |q: String| same_on(c, &s, &tables, q);
+        assert_eq!(same(format!("{check} {{t}}")).await[0][0], 120_000);
+        // Each of a pair of equal rows is a row of its own.
+        assert_eq!(
+            same("DELETE FROM {t} WHERE label = 'label 5'".into()).await,
+            vec![vec![2]]
+        );
+        assert_eq!(
+            same("UPDATE {t} SET g = g + 1000 WHERE g % 10 = 3".into()).await[0][0],
+            12_036
+        );
+        same("UPDATE {t} SET label = label || '!' WHERE g < 50 AND label < 'label 3'".into()).await;
+        same("DELETE FROM {t} WHERE g % 10 = 5".into()).await;
+        let before = same(format!("{check} {{t}}")).await;
+        // A transaction rolled back changes nothing.
+        for t in ["nk", "fk"] {
+            sql(c, &s, "BEGIN").await;
+            sql(c, &s, &format!("DELETE FROM {t} WHERE g > 100")).await;
+            sql(c, &s, &format!("INSERT INTO {t} VALUES (1, 'x'), (1, 'x')")).await;
+            sql(c, &s, &format!("UPDATE {t} AS a SET g = a.g + 1")).await;
+            sql(c, &s, "ROLLBACK").await;
+        }
+        assert_eq!(same(format!("{check} {{t}}")).await, before);
+        // An alias, and equal rows inserted together.
+        sql(c, &s, "INSERT INTO nk VALUES (7, 'twin'), (7, 'twin')").await;
+        assert_eq!(
+            sql(
+                c,
+                &s,
+                "UPDATE nk AS n SET g = n.g + 1 WHERE n.label = 'twin'"
+            )
+            .await,
+            vec![vec![2]]
+        );
+        assert_eq!(
+            sql(
+                c,
+                &s,
+                "SELECT g, count(*) FROM nk WHERE label = 'twin' GROUP BY g"
+            )
+            .await,
+            vec![vec![8, 2]]
+        );
+        sql(c, &s, "DELETE FROM nk WHERE label = 'twin'").await;
+        // The row id is never seen.
+        let star = c.sql_in(&s, "SELECT * FROM nk LIMIT 1").await.unwrap();
+        assert_eq!(star[0].schema.fields().len(), 2);
+        let plan = c.sql_in(&s, &format!("EXPLAIN {check} nk")).await.unwrap();
+        let text = arrow::util::pretty::pretty_format_batches(&plan[0].batches)
+            .unwrap()
+            .to_string();
+        assert!(text.contains("table=nk (partitioned)"), "{text}");
+        assert!(!text.contains(gyre_replica::ROW_ID), "{text}");
+        // gyre.replication makes tables transactional without WITH (replication).
+        sql(c, &s, "SET gyre.replication = 'partitioned'").await;
+        sql(c, &s, "CREATE TABLE dflt AS SELECT * FROM f WHERE g < 10").await;
+        sql(
+            c,
+            &s,
+            "CREATE TABLE plain WITH (replication = 'none') AS SELECT * FROM f WHERE g < 10",
+        )
+        .await;
+        sql(c, &s, "SET gyre.replication = 'none'").await;
+        let explain = |t: &'static str| {
+            let s = &s;
+            async move {
+                let plan = c
+                    .sql_in(s, &format!("EXPLAIN SELECT * FROM {t}"))
+                    .await
+                    .unwrap();
+                arrow::util::pretty::pretty_format_batches(&plan[0].batches)
+                    .unwrap()
+                    .to_string()
+            }
+        };
+        assert!(explain("dflt").await.contains("table=dflt (partitioned)"));
+        assert!(!explain("plain").await.contains("SnapshotScanExec"));
+        assert_eq!(
+            sql(c, &s, "SELECT count(*) FROM dflt").await,
+            vec![vec![1209]]
+        );
+        // The partitioned tables' replicas hold them once between them.
+        let held = replica_rows(c, &s).await;
+        let fk_rows = sql(c, &s, "SELECT count(*) FROM fk").await[0][0];
+        let nk_rows = sql(c, &s, "SELECT count(*) FROM nk").await[0][0];
+        assert_eq!(
+            held.iter().sum::<i64>(),
+            2 * fk_rows + nk_rows + 1209,
+            "{held:?}"
+        );
+        before
+    };
+    let cluster = cluster(2, Some(&data)).await;
+    let c = &cluster.coordinator;
+    let s = c.new_session();
+    for t in ["nk", "fk"] {
+        assert_eq!(sql(c, &s, &format!("{check} {t}")).await, expected, "{t}");
+    }
+    assert_eq!(
+        sql(c, &s, "SELECT count(*) FROM dflt").await,
+        vec![vec![1209]]
+    );
+    assert!(
+        fails(c, &s, "SELECT count(*) FROM plain")
+            .await
+            .contains("plain")
+    );
+    // Numbering goes on after the greatest row id.
+    sql(c, &s, "INSERT INTO nk VALUES (1, 'after')").await;
+    assert_eq!(
+        sql(c, &s, &format!("{check} nk")).await[0][0],
+        expected[0][0] + 1
+    );
+}
+
+/// `q` with `{t}` replaced by each of `tables`: the results, which must be equal.
+async fn same_on(
+    c: &Arc<Coordinator>,
+    s: &datafusion::prelude::SessionContext,
+    tables: &[&str],
+    q: String,
+) -> Vec<Vec<i64>> {
+    let mut results = vec![];
+    for t in tables {
+        results.push(sql(c, s, &q.replace("{t}", t)).await);
+    }
+    assert!(results.iter().all(|r| *r == results[0]), "{q}: {results:?}");
+    results.remove(0)
+}

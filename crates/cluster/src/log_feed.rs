@@ -41,8 +41,12 @@ use tokio::sync::broadcast;
 /// Log groups a subscriber may lag behind before it is cut off.
 pub const BACKLOG_GROUPS: usize = 4096;
 
-/// Bytes of state per message.
-const STATE_PIECE: usize = 4 << 20;
+/// Bytes of state, or of a large log group, per message.
+const PIECE: usize = 4 << 20;
+
+/// The most log bytes a secondary puts together from pieces: groups hold at most
+/// [`gyre_replica::log::segment::MAX_GROUP_BYTES`] each, a shipment a few groups.
+pub const MAX_SHIPMENT_BYTES: usize = 1 << 30;
 
 /// How often a subscription checks the subscriber's place among the live workers.
 pub const SHARE_CHECK: Duration = Duration::from_secs(1);
@@ -82,6 +86,9 @@ pub enum FeedMessage {
     /// The subscriber's share changed to this: it subscribes again at once, for the
     /// state with its new share.
     Moved { share: Option<KeyShare> },
+    /// The first bytes of a log group's frames too large for one message: the
+    /// [`FeedMessage::Log`] that follows carries the rest.
+    LogPiece { piece: Vec<u8> },
     /// Log groups (the log's frames) whose last entry has LSN `last`, shipped when
     /// the coordinator's clock read `shipped_us` (µs since the Unix epoch), to measure
     /// how far the secondaries lag behind.
@@ -298,7 +305,7 @@ impl LogFeed {
             ?share,
             "a secondary subscribed to the log"
         );
-        let mut pieces = bytes.chunks(STATE_PIECE).peekable();
+        let mut pieces = bytes.chunks(PIECE).peekable();
         while let Some(piece) = pieces.next() {
             let message = FeedMessage::State {
                 lsn,
@@ -339,13 +346,9 @@ impl LogFeed {
                     return Ok(());
                 }
             };
-            let message = match received {
+            let group = match received {
                 Ok(group) if group.last <= lsn => continue,
-                Ok(group) => FeedMessage::Log {
-                    last: group.last,
-                    frames: group.frames.clone(),
-                    shipped_us: group.shipped_us,
-                },
+                Ok(group) => group,
                 Err(broadcast::error::RecvError::Lagged(n)) => {
                     return Err(DataFusionError::Execution(format!(
                         "worker {node} fell {n} log groups behind the primary: it starts over \
@@ -354,8 +357,22 @@ impl LogFeed {
                 }
                 Err(broadcast::error::RecvError::Closed) => return Ok(()),
             };
-            if tx.send(Ok(message.encode())).await.is_err() {
-                return Ok(());
+            let mut pieces = group.frames.chunks(PIECE).peekable();
+            while let Some(piece) = pieces.next() {
+                let message = if pieces.peek().is_some() {
+                    FeedMessage::LogPiece {
+                        piece: piece.to_vec(),
+                    }
+                } else {
+                    FeedMessage::Log {
+                        last: group.last,
+                        frames: piece.to_vec(),
+                        shipped_us: group.shipped_us,
+                    }
+                };
+                if tx.send(Ok(message.encode())).await.is_err() {
+                    return Ok(());
+                }
             }
         }
     }

@@ -83,14 +83,16 @@ pub struct PrimaryTable {
 }
 
 impl PrimaryTable {
-    /// The table's rows in `store`, as record batches of the table's schema.
+    /// The table's rows in `store`, as record batches of the columns queries see.
     pub fn batches(&self, store: &Store) -> Result<Vec<RecordBatch>> {
         let id = store.table_id(&self.name).map_err(replica_err)?;
         let table = store.table(id).map_err(replica_err)?;
-        let rows: Vec<&[gyre_replica::Value]> = table.rows.values().map(|r| &r[..]).collect();
+        let columns = table.def.visible_columns();
+        let rows: Vec<&[gyre_replica::Value]> =
+            table.rows.values().map(|r| &r[..columns.len()]).collect();
         Ok(rows
             .chunks(BATCH_ROWS)
-            .map(|chunk| columnar::to_batch(&table.def.columns, chunk.iter().copied()))
+            .map(|chunk| columnar::to_batch(columns, chunk.iter().copied()))
             .collect())
     }
 }
@@ -152,16 +154,21 @@ impl TableProvider for PrimaryTable {
             .and_then(|id| store.table(id))
             .map_err(replica_err)?;
         let workers = QueryWorkers::of(state)?.0.len();
+        // The replicas store a row id after the columns queries see: the scan reads
+        // the stored columns and never outputs it.
+        let projection = projection
+            .cloned()
+            .unwrap_or_else(|| (0..self.schema.fields().len()).collect());
         let table = SnapshotTable {
             name: self.name.clone(),
-            schema: Arc::clone(&self.schema),
+            schema: table.def.schema(),
             key: table.def.key.clone(),
             partitioned: table.def.placement == Placement::Partitioned,
             rows: table.rows.len() as u64,
         };
         Ok(Arc::new(SnapshotScanExec::try_new(
             table,
-            projection.cloned(),
+            Some(projection),
             lsn,
             workers,
         )?))

@@ -94,6 +94,40 @@ impl JoinKernel {
     }
 }
 
+/// Where tables created without `WITH (replication = ...)` live (`SET
+/// gyre.replication`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Replication {
+    /// In the workers' memory only: distributed tables, fastest to load.
+    #[default]
+    None,
+    /// Transactional and durable, every worker holding every row.
+    Full,
+    /// Transactional and durable, each worker holding its share of the rows.
+    Partitioned,
+}
+
+impl Replication {
+    pub fn parse(s: &str) -> Result<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "none" => Ok(Self::None),
+            "full" => Ok(Self::Full),
+            "partitioned" => Ok(Self::Partitioned),
+            other => Err(invalid(format!(
+                "gyre.replication is none, full or partitioned, not '{other}'"
+            ))),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::Full => "full",
+            Self::Partitioned => "partitioned",
+        }
+    }
+}
+
 /// Gyre's session settings, under the prefix `gyre`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GyreOptions {
@@ -119,6 +153,8 @@ pub struct GyreOptions {
     /// `gyre.statement_timeout`: a query still running after this long is canceled on
     /// every node (zero: no limit).
     pub statement_timeout: std::time::Duration,
+    /// `gyre.replication`.
+    pub replication: Replication,
 }
 
 impl Default for GyreOptions {
@@ -137,6 +173,7 @@ impl Default for GyreOptions {
                 ..NeoSettings::default()
             },
             statement_timeout: std::time::Duration::ZERO,
+            replication: Replication::None,
         }
     }
 }
@@ -150,7 +187,7 @@ impl ConfigExtension for GyreOptions {
 pub const DEFAULT_NEO_MIN_SAVING: Option<u32> = Some(25);
 
 /// Every setting with its description, in the order `SHOW ALL` lists them.
-const SETTINGS: [(&str, &str); 21] = [
+const SETTINGS: [(&str, &str); 22] = [
     (
         "compression",
         "Arrow IPC compression of data sent between workers: none, lz4, zstd, or auto \
@@ -189,6 +226,12 @@ const SETTINGS: [(&str, &str); 21] = [
         "statement_timeout",
         "A query that runs longer than this is canceled on every node: '30s', '500ms', \
          '5min', '1h', or a number of milliseconds; 0 (default): no limit.",
+    ),
+    (
+        "replication",
+        "Where tables created without WITH (replication = ...) live: none (default: in \
+         the workers' memory only), full or partitioned (transactional tables, durable \
+         under --data-dir, each worker holding every row or its share of them).",
     ),
     (
         "skew_detection",
@@ -303,6 +346,7 @@ impl GyreOptions {
             "skew_sfr" => on_off(s.sfr),
             "skew_fetch" => on_off(s.fetch),
             "statement_timeout" => duration_text(self.statement_timeout),
+            "replication" => self.replication.name().to_string(),
             "neo_partitions" => match self.neo.partitions {
                 0 => "auto".to_string(),
                 p => p.to_string(),
@@ -368,6 +412,7 @@ impl ExtensionOptions for GyreOptions {
             "skew_sfr" => s.sfr = parse_on_off(&name, value)?,
             "skew_fetch" => s.fetch = parse_on_off(&name, value)?,
             "statement_timeout" => next.statement_timeout = parse_duration(&name, value)?,
+            "replication" => next.replication = Replication::parse(value)?,
             "neo_partitions" => {
                 next.neo.partitions = match value.trim().eq_ignore_ascii_case("auto") {
                     true => 0,
@@ -568,6 +613,9 @@ mod tests {
         };
         assert_eq!(listed("gyre.join_strategy").as_deref(), Some("shuffle"));
         assert_eq!(listed("gyre.skew_detection").as_deref(), Some("off"));
+        assert_eq!(listed("gyre.replication").as_deref(), Some("none"));
+        c.set("gyre.replication", "Partitioned").unwrap();
+        assert_eq!(GyreOptions::of(&c).replication, Replication::Partitioned);
         assert_eq!(
             entries
                 .iter()
@@ -590,6 +638,7 @@ mod tests {
             ("gyre.neo_solver_ms", "-1", "gyre.neo_solver_ms"),
             ("gyre.neo_min_saving", "101", "from 0 to 100 or off"),
             ("gyre.neo_schedule", "phased", "open-shop or free"),
+            ("gyre.replication", "twice", "none, full or partitioned"),
             ("gyre.nothing", "1", "gyre.join_strategy"),
         ] {
             let e = c.set(bad, value).unwrap_err().to_string();

@@ -139,22 +139,42 @@ fn retz(array: ArrayRef, tz: Option<Arc<str>>) -> ArrayRef {
 /// The rows of a batch whose columns have the table's types, each checked against the
 /// table's rules.
 pub fn from_batch(def: &TableDef, batch: &RecordBatch) -> Result<Vec<Vec<Value>>> {
-    if batch.num_columns() != def.columns.len() {
+    let rows = values_of(&def.name, &def.columns, batch)?;
+    for row in &rows {
+        def.check_row(row)?;
+    }
+    Ok(rows)
+}
+
+/// The rows of a batch of the columns queries see (all but a row id), each value
+/// checked against its column: rows to insert, or rows a statement read back.
+pub fn from_visible_batch(def: &TableDef, batch: &RecordBatch) -> Result<Vec<Vec<Value>>> {
+    let columns = def.visible_columns();
+    let rows = values_of(&def.name, columns, batch)?;
+    for row in &rows {
+        for (c, v) in columns.iter().zip(row) {
+            c.check(v)
+                .map_err(|e| Error::Constraint(format!("{}.{}: {e}", def.name, c.name)))?;
+        }
+    }
+    Ok(rows)
+}
+
+fn values_of(table: &str, columns: &[Column], batch: &RecordBatch) -> Result<Vec<Vec<Value>>> {
+    if batch.num_columns() != columns.len() {
         return Err(Error::Constraint(format!(
-            "{} has {} columns, the data {}",
-            def.name,
-            def.columns.len(),
+            "{table} has {} columns, the data {}",
+            columns.len(),
             batch.num_columns()
         )));
     }
     let mut rows: Vec<Vec<Value>> = (0..batch.num_rows())
-        .map(|_| Vec::with_capacity(def.columns.len()))
+        .map(|_| Vec::with_capacity(columns.len()))
         .collect();
-    for (c, array) in def.columns.iter().zip(batch.columns()) {
+    for (c, array) in columns.iter().zip(batch.columns()) {
         if array.data_type() != &c.column_type.data_type() {
             return Err(Error::Constraint(format!(
-                "{}.{} is {:?}, the data {}",
-                def.name,
+                "{table}.{} is {:?}, the data {}",
                 c.name,
                 c.column_type,
                 array.data_type()
@@ -163,9 +183,6 @@ pub fn from_batch(def: &TableDef, batch: &RecordBatch) -> Result<Vec<Vec<Value>>
         for (i, row) in rows.iter_mut().enumerate() {
             row.push(value_at(c.column_type, array.as_ref(), i));
         }
-    }
-    for row in &rows {
-        def.check_row(row)?;
     }
     Ok(rows)
 }

@@ -206,7 +206,8 @@ impl Database {
     }
 
     /// Creates a table holding `rows`: one log entry, so that after a crash the table
-    /// is there with all of them or not at all (CREATE TABLE ... AS SELECT).
+    /// is there with all of them or not at all (CREATE TABLE ... AS SELECT). Without
+    /// `key` columns the rows are numbered ([`crate::store::ROW_ID`]).
     pub fn create_table_with_rows(
         &self,
         name: &str,
@@ -215,15 +216,14 @@ impl Database {
         placement: Placement,
         rows: Vec<Vec<Value>>,
     ) -> Result<TableId> {
-        let key = key
-            .iter()
-            .map(|k| {
-                columns
-                    .iter()
-                    .position(|c| c.name == *k)
-                    .ok_or_else(|| Error::Constraint(format!("{name} has no column {k}")))
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let (mut columns, mut rows) = (columns, rows);
+        if key.is_empty() {
+            for (number, row) in (1..).zip(rows.iter_mut()) {
+                row.push(Value::Int(number));
+            }
+        }
+        let key = TableDef::keyed(&mut columns, key)
+            .map_err(|e| Error::Constraint(format!("{name}: {e}")))?;
         let store = self.lock()?;
         let def = TableDef {
             id: store.next_table_id(),

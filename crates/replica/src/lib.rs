@@ -34,6 +34,6 @@ pub use error::{Error, Result};
 pub use log::LogMode;
 pub use procedure::{Procedure, Procedures};
 pub use secondary::Secondary;
-pub use store::{Key, Placement, Row, RowOp, Store, TableDef, TableId};
+pub use store::{Key, Placement, ROW_ID, Row, RowOp, Store, TableDef, TableId};
 pub use txn::Txn;
 pub use value::{Column, ColumnType, Value};

@@ -23,6 +23,12 @@ pub struct TableId(pub u32);
 pub type Key = Arc<[Value]>;
 pub type Row = Arc<[Value]>;
 
+/// The column that numbers the rows of a table without a primary key of its own: its
+/// last column and its key, assigned by the primary on insert (the greatest number
+/// in the table plus one) and hidden from queries. Physical log entries carry it, so
+/// replay and the secondaries know each row by it as by any key.
+pub const ROW_ID: &str = "_gyre_row_id";
+
 /// What a transactional table is: its columns and which of them form the primary key.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TableDef {
@@ -72,8 +78,45 @@ impl std::str::FromStr for Placement {
 }
 
 impl TableDef {
+    /// Every stored column's type, the row id's too.
     pub fn schema(&self) -> SchemaRef {
         schema_of(&self.columns)
+    }
+
+    /// Whether the rows are numbered by a [`ROW_ID`] (the table has no primary key of
+    /// its own).
+    pub fn has_row_id(&self) -> bool {
+        self.columns.last().is_some_and(|c| c.name == ROW_ID)
+    }
+
+    /// The columns queries see: all but the row id.
+    pub fn visible_columns(&self) -> &[Column] {
+        &self.columns[..self.columns.len() - usize::from(self.has_row_id())]
+    }
+
+    /// The schema queries see.
+    pub fn visible_schema(&self) -> SchemaRef {
+        schema_of(self.visible_columns())
+    }
+
+    /// The key a row gets: the primary key's columns, or for a table without one the
+    /// row id column ([`ROW_ID`]) appended to `columns`.
+    pub fn keyed(
+        columns: &mut Vec<Column>,
+        key: &[&str],
+    ) -> std::result::Result<Vec<usize>, String> {
+        if key.is_empty() {
+            columns.push(Column::new(ROW_ID, crate::value::ColumnType::Int64, false));
+            return Ok(vec![columns.len() - 1]);
+        }
+        key.iter()
+            .map(|k| {
+                columns
+                    .iter()
+                    .position(|c| c.name == *k)
+                    .ok_or_else(|| format!("no column {k}"))
+            })
+            .collect()
     }
 
     /// Checks the definition itself: at least one column, names unique, a key of
@@ -84,6 +127,21 @@ impl TableDef {
                 "table {} has no columns",
                 self.name
             )));
+        }
+        if let Some(at) = self.columns.iter().position(|c| c.name == ROW_ID) {
+            let last = self.columns.len() - 1;
+            let c = &self.columns[at];
+            if at != last
+                || self.key != [last]
+                || c.column_type != crate::value::ColumnType::Int64
+                || c.nullable
+            {
+                return Err(Error::Constraint(format!(
+                    "table {}: the column name {ROW_ID} is reserved for the row numbers of \
+                     a table without a primary key",
+                    self.name
+                )));
+            }
         }
         let mut names = std::collections::HashSet::new();
         for c in &self.columns {

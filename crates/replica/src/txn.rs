@@ -126,8 +126,71 @@ impl<'a> Txn<'a> {
         Ok(self.read(table)?.rows.iter())
     }
 
-    pub fn insert(&mut self, table: TableId, row: Vec<Value>) -> Result<()> {
+    /// Inserts a row. A table without a primary key numbers its rows: give the row
+    /// without its row id and it gets the greatest one in the table plus one (which
+    /// depends only on the table's state, so a procedure replays to the same numbers).
+    pub fn insert(&mut self, table: TableId, mut row: Vec<Value>) -> Result<()> {
+        let t = self.read(table)?;
+        if t.def.has_row_id() && row.len() + 1 == t.def.columns.len() {
+            let next = match t.rows.get_max() {
+                None => 1,
+                Some((key, _)) => key[0]
+                    .as_int()
+                    .and_then(|id| id.checked_add(1))
+                    .ok_or_else(|| {
+                        Error::Constraint(format!("{}: row numbers are used up", t.def.name))
+                    })?,
+            };
+            row.push(Value::Int(next));
+        }
         self.apply_op(RowOp::Insert { table, row })
+    }
+
+    /// For each of `rows` (a row's values without its row id), the key of a distinct
+    /// row of `table` holding these values: how a statement finds the rows it read in
+    /// a table without a primary key. Equal rows are interchangeable, so it takes them
+    /// in key order. An error if there are fewer such rows than asked for (the
+    /// statement would change one row twice). Reads the whole table once.
+    pub fn match_rows(&self, table: TableId, rows: &[Vec<Value>]) -> Result<Vec<Key>> {
+        let t = self.read(table)?;
+        let width = t.def.visible_columns().len();
+        let mut wanted: std::collections::HashMap<&[Value], Vec<usize>> =
+            std::collections::HashMap::new();
+        for (i, row) in rows.iter().enumerate().rev() {
+            if row.len() != width {
+                return Err(Error::Constraint(format!(
+                    "{} has {width} columns, the row {}",
+                    t.def.name,
+                    row.len()
+                )));
+            }
+            wanted.entry(&row[..]).or_default().push(i);
+        }
+        let mut keys: Vec<Option<Key>> = vec![None; rows.len()];
+        let mut left = rows.len();
+        for (key, row) in t.rows.iter() {
+            if left == 0 {
+                break;
+            }
+            if let Some(waiting) = wanted.get_mut(&row[..width])
+                && let Some(i) = waiting.pop()
+            {
+                keys[i] = Some(key.clone());
+                left -= 1;
+            }
+        }
+        keys.into_iter()
+            .zip(rows)
+            .map(|(key, row)| {
+                key.ok_or_else(|| {
+                    Error::Constraint(format!(
+                        "the statement changes the row {row:?} of {} more often than the \
+                         table holds it",
+                        t.def.name
+                    ))
+                })
+            })
+            .collect()
     }
 
     /// Replaces the row that has the same key; an error if there is none.

@@ -107,8 +107,41 @@ impl Procedure for Boom {
     }
 }
 
+/// `note(text)`: appends a row to `notes`, a table without a primary key, and deletes
+/// the oldest row holding the same text once there are three: deterministic, so it
+/// logs logically, and replay must number the rows as the primary did.
+struct Note;
+
+impl Procedure for Note {
+    fn name(&self) -> &str {
+        "note"
+    }
+
+    fn params(&self) -> Vec<Column> {
+        vec![Column::new("text", ColumnType::Text, false)]
+    }
+
+    fn run(&self, txn: &mut Txn<'_>, args: &[Value]) -> Result<Vec<Vec<Value>>> {
+        let notes = txn.table("notes")?;
+        txn.insert(notes, vec![args[0].clone()])?;
+        let same: Vec<gyre_replica::Key> = txn
+            .scan(notes)?
+            .filter(|(_, r)| r[0] == args[0])
+            .map(|(k, _)| k.clone())
+            .collect();
+        if same.len() >= 3 {
+            txn.delete(notes, &same[0])?;
+        }
+        Ok(vec![])
+    }
+}
+
 fn procedures() -> Procedures {
-    Procedures::new().with(Transfer).with(Stamp).with(Boom)
+    Procedures::new()
+        .with(Transfer)
+        .with(Stamp)
+        .with(Boom)
+        .with(Note)
 }
 
 fn int(name: &str) -> Column {
@@ -927,4 +960,95 @@ fn partitioned_tables_are_logged_physically_and_dealt_out_to_secondaries() {
         )
         .unwrap_err();
     assert!(err.to_string().contains("partitioned"), "{err}");
+}
+
+/// A table created without a primary key numbers its rows: the number is its hidden
+/// last column and its key, assigned on insert (the greatest plus one), carried by the
+/// log, kept by checkpoints, and the same after replay of logical entries. Equal rows
+/// are told apart by it, so a statement that read rows by value finds distinct ones.
+#[test]
+fn tables_without_a_key_number_their_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = |s: &str| Value::Text(s.into());
+    let options = || Options {
+        log_mode: LogMode::Logical,
+        ..Options::durable(dir.path())
+    };
+    let shipped = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let expected = {
+        let db = Database::open(options(), procedures()).unwrap();
+        let sink = Arc::clone(&shipped);
+        db.ship(Box::new(move |last, frames| {
+            sink.lock().push((last, frames.to_vec()))
+        }))
+        .unwrap();
+        // The name is reserved.
+        let reserved = db
+            .create_table_with_rows(
+                "bad",
+                vec![int(gyre_replica::ROW_ID)],
+                &[],
+                Placement::Full,
+                vec![],
+            )
+            .unwrap_err();
+        assert!(reserved.to_string().contains("reserved"), "{reserved}");
+        let rows = vec![vec![text("a")], vec![text("b")], vec![text("a")]];
+        let id = db
+            .create_table_with_rows(
+                "notes",
+                vec![Column::new("text", ColumnType::Text, false)],
+                &[],
+                Placement::Full,
+                rows,
+            )
+            .unwrap();
+        let def = db.read(|s| s.table(id).unwrap().def.clone());
+        assert!(def.has_row_id());
+        assert_eq!(def.visible_columns().len(), 1);
+        assert_eq!(def.visible_schema().fields().len(), 1);
+        // Logical: the row numbers come from the state, so replay gives the same.
+        for t in ["a", "c", "a", "c", "c"] {
+            db.call("note", &[text(t)]).unwrap();
+        }
+        db.checkpoint().unwrap();
+        db.transaction(|txn| {
+            // Two of the three "c" rows, by value: two distinct rows.
+            let keys = txn.match_rows(id, &[vec![text("c")], vec![text("c")]])?;
+            assert_eq!(keys.len(), 2);
+            assert_ne!(keys[0], keys[1]);
+            for k in &keys {
+                txn.delete(id, k)?;
+            }
+            // More than the table holds: an error, not a row changed twice.
+            let err = txn
+                .match_rows(id, &[vec![text("c")], vec![text("c")]])
+                .unwrap_err();
+            assert!(err.to_string().contains("more often"), "{err}");
+            let b = txn.match_rows(id, &[vec![text("b")]])?;
+            txn.update(id, vec![text("B"), b[0][0].clone()])?;
+            txn.insert(id, vec![text("d")])
+        })
+        .unwrap();
+        let rows = contents(&db)["notes"].clone();
+        let numbers: Vec<i64> = rows.iter().map(|r| r[1].as_int().unwrap()).collect();
+        // 1-3 created; notes 4-8 (the second and third "a" dropped rows 1 and 3, the
+        // third "c" row 5); the "c" rows 7 and 8 deleted by value; "d" numbered after
+        // the greatest left.
+        assert_eq!(numbers, [2, 4, 6, 7], "{rows:?}");
+        assert_eq!(rows[0], vec![text("B"), Value::Int(2)]);
+        wait_shipped(&shipped, db.lsn());
+        rows
+    };
+    let db = Database::open(options(), procedures()).unwrap();
+    assert_eq!(contents(&db)["notes"], expected);
+    let mut secondary = Secondary::new(procedures());
+    for (_, frames) in shipped.lock().iter() {
+        secondary.apply_frames(frames).unwrap();
+    }
+    let notes = secondary.rows().table_id("notes").unwrap();
+    assert_eq!(secondary.rows().table(notes).unwrap().to_rows(), expected);
+    db.call("note", &[text("e")]).unwrap();
+    let last = contents(&db)["notes"].last().unwrap().clone();
+    assert_eq!(last, vec![text("e"), Value::Int(8)]);
 }

@@ -14,6 +14,9 @@
 //!   new rows, the changed rows, the rows to delete), reading the transaction's own
 //!   state, then change those rows in the row store.
 //! - `CALL name(args)` runs a stored procedure registered in the binary.
+//! - A table without a primary key numbers its rows with a hidden row id
+//!   ([`gyre_replica::ROW_ID`]): `UPDATE` and `DELETE` read the rows they change with
+//!   their current values, and the row store finds distinct rows holding those.
 //! - A failed statement rolls its whole transaction back; until `ROLLBACK` (or
 //!   `COMMIT`, which then fails) the session's statements are refused, as in
 //!   PostgreSQL.
@@ -32,6 +35,7 @@ use datafusion::sql::sqlparser::ast::{
     CreateTableOptions, FunctionArg, FunctionArgExpr, FunctionArguments, SqlOption,
     Value as SqlValue,
 };
+use gyre_planner::options::Replication;
 use gyre_replica::{
     Database, LogMode, Placement, Procedures, TableDef, Transaction, Value, columnar,
 };
@@ -150,10 +154,16 @@ impl Coordinator {
     }
 
     fn register_primary(&self, def: &TableDef) -> Result<()> {
+        // A row id is no key queries can use: they do not see it.
+        let constraints = if def.has_row_id() {
+            Constraints::default()
+        } else {
+            Constraints::new_unverified(vec![Constraint::PrimaryKey(def.key.clone())])
+        };
         let provider = PrimaryTable {
             name: def.name.clone(),
-            schema: def.schema(),
-            constraints: Constraints::new_unverified(vec![Constraint::PrimaryKey(def.key.clone())]),
+            schema: def.visible_schema(),
+            constraints,
             db: Arc::clone(&self.primary),
         };
         let name = TableReference::bare(def.name.as_str());
@@ -424,21 +434,30 @@ impl Coordinator {
                 self.call(session, &name, &args).await.map(Some)
             }
             SqlStatement::CreateTable(ct) => {
-                let CreateTableOptions::With(options) = &mut ct.table_options else {
-                    return Ok(None);
-                };
-                let Some(at) = options.iter().position(
-                    |o| matches!(o, SqlOption::KeyValue { key, .. } if key.value.eq_ignore_ascii_case("replication")),
-                ) else {
-                    return Ok(None);
-                };
-                let SqlOption::KeyValue { value, .. } = options.remove(at) else {
-                    unreachable!()
-                };
-                let placement = placement_of(&value)?;
-                if options.is_empty() {
-                    ct.table_options = CreateTableOptions::None;
+                // WITH (replication = ...), else the session's gyre.replication.
+                let mut given = None;
+                if let CreateTableOptions::With(options) = &mut ct.table_options
+                    && let Some(at) = options.iter().position(
+                        |o| matches!(o, SqlOption::KeyValue { key, .. } if key.value.eq_ignore_ascii_case("replication")),
+                    )
+                {
+                    let SqlOption::KeyValue { value, .. } = options.remove(at) else {
+                        unreachable!()
+                    };
+                    given = Some(placement_of(&value)?);
+                    if options.is_empty() {
+                        ct.table_options = CreateTableOptions::None;
+                    }
                 }
+                let default = || match GyreOptions::of(session.state().config_options()).replication
+                {
+                    Replication::None => None,
+                    Replication::Full => Some(Placement::Full),
+                    Replication::Partitioned => Some(Placement::Partitioned),
+                };
+                let Some(placement) = given.unwrap_or_else(default) else {
+                    return Ok(None);
+                };
                 let workers = self.live_workers();
                 let state = self.query_state(session, &workers);
                 let plan = state
@@ -483,22 +502,25 @@ impl Coordinator {
         }
         let schema = cmd.input.schema().as_arrow().clone();
         let columns = gyre_replica::value::columns_of(&schema).map_err(replica_err)?;
-        let Some(key) = cmd.constraints.iter().find_map(|c| match c {
-            Constraint::PrimaryKey(cols) => Some(cols.clone()),
-            _ => None,
-        }) else {
-            return plan_err!(
-                "a table WITH (replication = '{}') needs a PRIMARY KEY",
-                placement.name()
-            );
-        };
+        // Without a primary key the primary numbers the rows (a hidden row id).
+        let key = cmd
+            .constraints
+            .iter()
+            .find_map(|c| match c {
+                Constraint::PrimaryKey(cols) => Some(cols.clone()),
+                _ => None,
+            })
+            .unwrap_or_default();
         let key_names: Vec<String> = key.iter().map(|&k| columns[k].name.clone()).collect();
         // The rows of CREATE TABLE ... AS SELECT, checked against the new table's rules:
         // the table appears with all of them, in one log entry, or not at all.
+        let mut stored = columns.clone();
+        let names: Vec<&str> = key_names.iter().map(String::as_str).collect();
+        let key = TableDef::keyed(&mut stored, &names).map_err(|e| plan_datafusion_err!("{e}"))?;
         let def = TableDef {
             id: gyre_replica::TableId(0),
             name: name.clone(),
-            columns: columns.clone(),
+            columns: stored,
             key,
             placement,
         };
@@ -540,10 +562,17 @@ impl Coordinator {
         match plan {
             LogicalPlan::Dml(d) if self.is_primary(&self.table_name(&d.table_name)?) => {
                 let def = self.primary_def(&self.table_name(&d.table_name)?)?;
-                if d.op == WriteOp::Update {
-                    key_untouched(&d.input, &d.table_name, &def)?;
-                }
-                let input = d.input.as_ref().clone();
+                let input = match d.op {
+                    // Rows without a key of their own are found by their old values.
+                    WriteOp::Update if def.has_row_id() => {
+                        with_old_values(&d.input, &d.table_name, &def)?
+                    }
+                    WriteOp::Update => {
+                        key_untouched(&d.input, &d.table_name, &def)?;
+                        d.input.as_ref().clone()
+                    }
+                    _ => d.input.as_ref().clone(),
+                };
                 self.change_rows(
                     session,
                     state.clone(),
@@ -625,10 +654,19 @@ impl Coordinator {
         state.config_mut().set_extension(Arc::new(snapshot));
         let result = self.run_query(state, input, workers).await?;
         let mut rows: Vec<Vec<Value>> = Vec::new();
+        // An UPDATE of a table without a key reads each row's old values too.
+        let mut old: Vec<Vec<Value>> = Vec::new();
+        let width = def.visible_columns().len();
         for batch in &result.batches {
-            rows.extend(rows_of(def, batch)?);
+            if matches!(change, Change::Update) && def.has_row_id() {
+                let split = |at: usize| batch.project(&(at..at + width).collect::<Vec<_>>());
+                rows.extend(rows_of(def, &split(0)?)?);
+                old.extend(rows_of(def, &split(width)?)?);
+            } else {
+                rows.extend(rows_of(def, batch)?);
+            }
         }
-        if !matches!(change, Change::Insert) {
+        if !matches!(change, Change::Insert) && !def.has_row_id() {
             // An UPDATE ... FROM may match a row several times; a DELETE deletes once.
             let mut seen = std::collections::BTreeSet::new();
             let mut unique = Vec::with_capacity(rows.len());
@@ -650,6 +688,23 @@ impl Coordinator {
         let def = def.clone();
         let apply = move |txn: &mut Transaction| -> gyre_replica::Result<()> {
             txn.run(|txn| {
+                if def.has_row_id() && !matches!(change, Change::Insert) {
+                    // Each row read is a distinct row holding its values.
+                    let found = match change {
+                        Change::Update => &old,
+                        _ => &rows,
+                    };
+                    let keys = txn.match_rows(def.id, found)?;
+                    for (mut row, key) in rows.into_iter().zip(keys) {
+                        if matches!(change, Change::Update) {
+                            row.extend(key.iter().cloned());
+                            txn.update(def.id, row)?;
+                        } else {
+                            txn.delete(def.id, &key)?;
+                        }
+                    }
+                    return Ok(());
+                }
                 for row in rows {
                     match change {
                         Change::Insert => txn.insert(def.id, row)?,
@@ -776,24 +831,77 @@ impl Coordinator {
     }
 }
 
-/// The rows of a batch for table `def`, its columns cast to the table's types.
+/// The rows of a batch of table `def`'s visible columns (all but a row id), cast to
+/// the table's types.
 fn rows_of(def: &TableDef, batch: &RecordBatch) -> Result<Vec<Vec<Value>>> {
-    if batch.num_columns() != def.columns.len() {
+    let visible = def.visible_columns();
+    if batch.num_columns() != visible.len() {
         return Err(exec_err(format!(
             "{} has {} columns, the statement gave {}",
             def.name,
-            def.columns.len(),
+            visible.len(),
             batch.num_columns()
         )));
     }
-    let columns = def
-        .columns
+    let columns = visible
         .iter()
         .zip(batch.columns())
         .map(|(c, a)| arrow::compute::cast(a, &c.column_type.data_type()))
         .collect::<std::result::Result<Vec<_>, _>>()?;
-    let cast = RecordBatch::try_new(def.schema(), columns)?;
-    columnar::from_batch(def, &cast).map_err(replica_err)
+    let cast = RecordBatch::try_new(def.visible_schema(), columns)?;
+    columnar::from_visible_batch(def, &cast).map_err(replica_err)
+}
+
+/// An UPDATE of a table without a primary key finds each row by its values: its input
+/// (the new rows) followed by the target row's current values.
+fn with_old_values(
+    input: &LogicalPlan,
+    target: &TableReference,
+    def: &TableDef,
+) -> Result<LogicalPlan> {
+    let LogicalPlan::Projection(p) = input else {
+        return plan_err!("UPDATE of a transactional table: unexpected plan");
+    };
+    // The target's columns are qualified by its alias, if it has one, else by the
+    // name its scan has.
+    let (mut aliases, mut scans) = (vec![], vec![]);
+    p.input.apply(|node| {
+        match node {
+            LogicalPlan::SubqueryAlias(a)
+                if matches!(a.input.as_ref(), LogicalPlan::TableScan(s) if s.table_name.table() == target.table()) =>
+            {
+                aliases.push(a.alias.clone());
+            }
+            LogicalPlan::TableScan(s) if s.table_name.table() == target.table() => {
+                scans.push(s.table_name.clone());
+            }
+            _ => {}
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })?;
+    let qualifier = match (aliases.as_slice(), scans.as_slice()) {
+        ([alias], [_]) => alias.clone(),
+        ([], [scan]) => scan.clone(),
+        _ => {
+            return not_impl_err!(
+                "UPDATE of {}, a table without a primary key, that reads it twice",
+                def.name
+            );
+        }
+    };
+    let mut exprs = p.expr.clone();
+    for (i, c) in def.visible_columns().iter().enumerate() {
+        exprs.push(
+            datafusion::logical_expr::Expr::Column(datafusion::common::Column::new(
+                Some(qualifier.clone()),
+                &c.name,
+            ))
+            .alias(format!("__old_{i}")),
+        );
+    }
+    Ok(LogicalPlan::Projection(
+        datafusion::logical_expr::Projection::try_new(exprs, Arc::clone(&p.input))?,
+    ))
 }
 
 /// An UPDATE may not change a key column: the row would need a new place in the index
@@ -829,13 +937,18 @@ fn key_untouched(input: &LogicalPlan, target: &TableReference, def: &TableDef) -
     Ok(())
 }
 
-/// The placement `WITH (replication = ...)` names.
-fn placement_of(value: &SqlExpr) -> Result<Placement> {
+/// The placement `WITH (replication = ...)` names (`None`: 'none', a distributed
+/// table).
+fn placement_of(value: &SqlExpr) -> Result<Option<Placement>> {
     if let SqlExpr::Value(v) = value
         && let SqlValue::SingleQuotedString(s) = &v.value
-        && let Ok(placement) = s.parse()
     {
-        return Ok(placement);
+        if s.eq_ignore_ascii_case("none") {
+            return Ok(None);
+        }
+        if let Ok(placement) = s.parse() {
+            return Ok(Some(placement));
+        }
     }
-    plan_err!("replication takes 'full' or 'partitioned', not {value}")
+    plan_err!("replication takes 'none', 'full' or 'partitioned', not {value}")
 }

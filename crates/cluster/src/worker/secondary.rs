@@ -230,6 +230,7 @@ impl WorkerSecondary {
             })
             .await?;
         let mut state = Vec::new();
+        let mut group = Vec::new();
         let mut started = false;
         loop {
             tokio::select! {
@@ -243,7 +244,20 @@ impl WorkerSecondary {
                                 started = true;
                             }
                         }
-                        FeedMessage::Log { last, frames, shipped_us } => {
+                        FeedMessage::LogPiece { piece } => {
+                            if group.len() + piece.len() > crate::log_feed::MAX_SHIPMENT_BYTES {
+                                return Err(DataFusionError::Execution(format!(
+                                    "a log group larger than {} bytes",
+                                    crate::log_feed::MAX_SHIPMENT_BYTES
+                                )));
+                            }
+                            group.extend_from_slice(&piece);
+                        }
+                        FeedMessage::Log { last, mut frames, shipped_us } => {
+                            if !group.is_empty() {
+                                group.append(&mut frames);
+                                frames = std::mem::take(&mut group);
+                            }
                             self.apply_log(last, frames, shipped_us).await?;
                         }
                         FeedMessage::Moved { share } => {
