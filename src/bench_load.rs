@@ -3,7 +3,12 @@
 //! - Gyre with the coordinator reading every file and sending the rows
 //!   (`'gyre.read_on' 'coordinator'`, the path the workers' reads replaced),
 //! - single-node DataFusion (`CREATE TABLE AS` over the files, all cores),
-//! - DuckDB (`CREATE TABLE AS SELECT * FROM read_parquet(...)`, its Python package).
+//! - DuckDB (`CREATE TABLE AS SELECT * FROM read_parquet(...)`, its Python package),
+//! - with `--transactional`, Gyre into a durable transactional table: the workers
+//!   read the files, `CREATE TABLE ... WITH (replication = 'partitioned') AS SELECT`
+//!   copies the rows into the primary's row store in one logged, fsynced
+//!   transaction, and the time ends when the workers have replayed it and answer a
+//!   count.
 //!
 //! Every system loads every table `--repeat` times, the systems taking turns table by
 //! table (the one that starts rotates), and the report gives per table the median
@@ -60,6 +65,10 @@ pub struct LoadArgs {
     /// Leave DuckDB out (otherwise its Python package is installed when missing).
     #[arg(long)]
     no_duckdb: bool,
+    /// Also load every table into a durable transactional table (partitioned
+    /// replicas), logged under a temporary data directory (loopback only).
+    #[arg(long)]
+    transactional: bool,
     /// Use the running cluster whose coordinator is at ADDR (Gyre's paths only).
     #[arg(long)]
     connect: Option<String>,
@@ -82,6 +91,7 @@ const WORKERS: &str = "gyre (workers read)";
 const COORDINATOR: &str = "gyre (coordinator reads)";
 const DATAFUSION: &str = "datafusion";
 const DUCKDB: &str = "duckdb";
+const TRANSACTIONAL: &str = "gyre (transactional)";
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct TableLoad {
@@ -137,13 +147,31 @@ pub async fn run(args: LoadArgs) -> Result<(), BoxError> {
     }
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
     let loopback = args.link.eq_ignore_ascii_case("loopback");
+    if args.transactional && !loopback {
+        return Err("--transactional runs on --link loopback".into());
+    }
     let loads = if let Some(addr) = &args.connect {
         let client = RemoteClient::connect(addr).await?;
         measure(&args, &tables, &placements, Some(&client), None, None).await?
     } else if loopback {
         let threads = (cores / args.workers.max(1)).max(1);
-        let cluster =
-            LocalCluster::start(args.workers, threads, "127.0.0.1:0".parse().unwrap()).await?;
+        // Transactional tables are logged and fsynced, as under `--data-dir`.
+        let data_dir = tempfile::tempdir()?;
+        let limits = gyre_cluster::Limits {
+            primary: gyre_cluster::PrimaryConfig {
+                data_dir: args.transactional.then(|| data_dir.path().to_path_buf()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let cluster = LocalCluster::start_limited(
+            args.workers,
+            threads,
+            "127.0.0.1:0".parse().unwrap(),
+            &Default::default(),
+            &limits,
+        )
+        .await?;
         let client = RemoteClient::connect(&cluster.addr.to_string()).await?;
         let mut duckdb = if args.no_duckdb {
             None
@@ -228,6 +256,9 @@ async fn measure(
     let mut systems = vec![];
     if gyre.is_some() {
         systems.extend([WORKERS, COORDINATOR]);
+        if args.transactional {
+            systems.push(TRANSACTIONAL);
+        }
     }
     if datafusion_partitions.is_some() {
         systems.push(DATAFUSION);
@@ -256,6 +287,9 @@ async fn measure(
                         WORKERS | COORDINATOR => {
                             let client = gyre.ok_or("no cluster")?;
                             load_gyre(client, t, placement, system == COORDINATOR).await?
+                        }
+                        TRANSACTIONAL => {
+                            load_transactional(gyre.ok_or("no cluster")?, t, placement).await?
                         }
                         DATAFUSION => {
                             load_datafusion(t, datafusion_partitions.unwrap_or(1)).await?
@@ -315,6 +349,27 @@ async fn load_gyre(
     placement: &str,
     on_coordinator: bool,
 ) -> Result<(f64, u64), BoxError> {
+    client
+        .run(&format!("DROP TABLE IF EXISTS {}", t.table))
+        .await?;
+    let start = Instant::now();
+    load_into(client, t, placement, on_coordinator).await?;
+    let seconds = start.elapsed().as_secs_f64();
+    let counted = client
+        .run(&format!("SELECT count(*) FROM {}", t.table))
+        .await?;
+    let rows = first_number(&counted).ok_or("the count returned no number")?;
+    client.run(&format!("DROP TABLE {}", t.table)).await?;
+    Ok((seconds, rows))
+}
+
+/// `CREATE EXTERNAL TABLE` of the table's files, placed so and read so.
+async fn load_into(
+    client: &RemoteClient,
+    t: &TableFiles,
+    placement: &str,
+    on_coordinator: bool,
+) -> Result<(), BoxError> {
     let mut options = vec![];
     if placement == "hash" {
         let key = tpch::primary_key(t.table).ok_or("not a TPC-H table")?;
@@ -328,22 +383,41 @@ async fn load_gyre(
     } else {
         format!(" OPTIONS ({})", options.join(", "))
     };
-    client
-        .run(&format!("DROP TABLE IF EXISTS {}", t.table))
-        .await?;
     let sql = format!(
         "CREATE EXTERNAL TABLE {} STORED AS PARQUET LOCATION '{}/'{options}",
         t.table,
         t.dir.display()
     );
-    let start = Instant::now();
     client.run(&sql).await?;
-    let seconds = start.elapsed().as_secs_f64();
-    let counted = client
-        .run(&format!("SELECT count(*) FROM {}", t.table))
+    Ok(())
+}
+
+/// The files into the workers, then into a transactional table on the primary, until
+/// the workers have replayed it: the seconds and the rows the replicas hold.
+async fn load_transactional(
+    client: &RemoteClient,
+    t: &TableFiles,
+    placement: &str,
+) -> Result<(f64, u64), BoxError> {
+    let durable = format!("{}_durable", t.table);
+    client
+        .run(&format!("DROP TABLE IF EXISTS {durable}"))
         .await?;
+    let start = Instant::now();
+    load_into(client, t, placement, false).await?;
+    client
+        .run(&format!(
+            "CREATE TABLE {durable} WITH (replication = 'partitioned') AS SELECT * FROM {}",
+            t.table
+        ))
+        .await?;
+    let counted = client
+        .run(&format!("SELECT count(*) FROM {durable}"))
+        .await?;
+    let seconds = start.elapsed().as_secs_f64();
     let rows = first_number(&counted).ok_or("the count returned no number")?;
     client.run(&format!("DROP TABLE {}", t.table)).await?;
+    client.run(&format!("DROP TABLE {durable}")).await?;
     Ok((seconds, rows))
 }
 
@@ -489,7 +563,7 @@ fn placements(r: &LoadReport) -> Vec<String> {
 }
 
 fn print_report(r: &LoadReport) {
-    let systems = [WORKERS, COORDINATOR, DATAFUSION, DUCKDB];
+    let systems = [WORKERS, COORDINATOR, TRANSACTIONAL, DATAFUSION, DUCKDB];
     println!(
         "TPC-H SF {} Parquet into memory: {} workers, link {}{}, {} cores; median of {} loads",
         r.scale_factor,
@@ -568,6 +642,9 @@ fn print_report(r: &LoadReport) {
         if let Some(x) = ratio(WORKERS, DATAFUSION) {
             println!("  workers read / single-node DataFusion: {x:.2}x the time");
         }
+        if let Some(x) = ratio(TRANSACTIONAL, WORKERS) {
+            println!("  transactional / workers read: {x:.2}x the time");
+        }
     }
 }
 
@@ -575,6 +652,7 @@ fn plot_svg(r: &LoadReport) -> String {
     let all = [
         (WORKERS, "#3b6fd4"),
         (COORDINATOR, "#9ab3e8"),
+        (TRANSACTIONAL, "#2a9d8f"),
         (DATAFUSION, "#999"),
         (DUCKDB, "#e0a030"),
     ];
