@@ -66,7 +66,8 @@ pub struct LoadArgs {
     #[arg(long)]
     no_duckdb: bool,
     /// Also load every table into a durable transactional table (partitioned
-    /// replicas), logged under a temporary data directory (loopback only).
+    /// replicas), logged under a temporary data directory (loopback only). Each
+    /// table is one log entry of at most 256 MiB: lineitem fits up to about SF 0.3.
     #[arg(long)]
     transactional: bool,
     /// Use the running cluster whose coordinator is at ADDR (Gyre's paths only).

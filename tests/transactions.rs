@@ -1156,6 +1156,56 @@ async fn tables_without_a_primary_key_are_transactional_and_durable() {
             .to_string();
         assert!(text.contains("table=nk (partitioned)"), "{text}");
         assert!(!text.contains(gyre_replica::ROW_ID), "{text}");
+        // The row id's name is reserved; other names, such as the ones UPDATE gives
+        // the old values it reads, are the user's.
+        let reserved = fails(
+            c,
+            &s,
+            "CREATE TABLE r (a INT, _gyre_row_id BIGINT NOT NULL PRIMARY KEY) \
+             WITH (replication = 'full')",
+        )
+        .await;
+        assert!(reserved.contains("reserved"), "{reserved}");
+        sql(
+            c,
+            &s,
+            "CREATE TABLE o (__old_0 INT) WITH (replication = 'full') AS VALUES (1), (1)",
+        )
+        .await;
+        assert_eq!(sql(c, &s, "UPDATE o SET __old_0 = 2").await, vec![vec![2]]);
+        assert_eq!(
+            sql(c, &s, "SELECT __old_0 FROM o").await,
+            vec![vec![2], vec![2]]
+        );
+        // OR REPLACE; a replacement whose rows break the key keeps the old table.
+        sql(
+            c,
+            &s,
+            "CREATE OR REPLACE TABLE o (k BIGINT PRIMARY KEY) WITH (replication = 'full') \
+             AS VALUES (1), (2)",
+        )
+        .await;
+        assert!(
+            fails(
+                c,
+                &s,
+                "CREATE OR REPLACE TABLE o (k BIGINT PRIMARY KEY) WITH (replication = 'full') \
+                 AS VALUES (3), (3)",
+            )
+            .await
+            .contains("duplicate key")
+        );
+        assert_eq!(
+            sql(c, &s, "SELECT k FROM o ORDER BY k").await,
+            vec![vec![1], vec![2]]
+        );
+        let defaults = fails(
+            c,
+            &s,
+            "CREATE TABLE d (a INT DEFAULT 1) WITH (replication = 'full')",
+        )
+        .await;
+        assert!(defaults.contains("DEFAULT"), "{defaults}");
         // gyre.replication makes tables transactional without WITH (replication).
         sql(c, &s, "SET gyre.replication = 'partitioned'").await;
         sql(c, &s, "CREATE TABLE dflt AS SELECT * FROM f WHERE g < 10").await;
@@ -1184,13 +1234,14 @@ async fn tables_without_a_primary_key_are_transactional_and_durable() {
             sql(c, &s, "SELECT count(*) FROM dflt").await,
             vec![vec![1209]]
         );
-        // The partitioned tables' replicas hold them once between them.
+        // The partitioned tables' replicas hold them once between them; fk and the
+        // two rows of o are whole on both workers.
         let held = replica_rows(c, &s).await;
         let fk_rows = sql(c, &s, "SELECT count(*) FROM fk").await[0][0];
         let nk_rows = sql(c, &s, "SELECT count(*) FROM nk").await[0][0];
         assert_eq!(
             held.iter().sum::<i64>(),
-            2 * fk_rows + nk_rows + 1209,
+            2 * (fk_rows + 2) + nk_rows + 1209,
             "{held:?}"
         );
         before

@@ -86,9 +86,6 @@ pub enum FeedMessage {
     /// The subscriber's share changed to this: it subscribes again at once, for the
     /// state with its new share.
     Moved { share: Option<KeyShare> },
-    /// The first bytes of a log group's frames too large for one message: the
-    /// [`FeedMessage::Log`] that follows carries the rest.
-    LogPiece { piece: Vec<u8> },
     /// Log groups (the log's frames) whose last entry has LSN `last`, shipped when
     /// the coordinator's clock read `shipped_us` (µs since the Unix epoch), to measure
     /// how far the secondaries lag behind.
@@ -97,6 +94,9 @@ pub enum FeedMessage {
         frames: Vec<u8>,
         shipped_us: u64,
     },
+    /// The first bytes of a log group's frames too large for one message: the
+    /// [`FeedMessage::Log`] that follows carries the rest.
+    LogPiece { piece: Vec<u8> },
 }
 
 impl FeedMessage {

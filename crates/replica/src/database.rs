@@ -216,6 +216,16 @@ impl Database {
         placement: Placement,
         rows: Vec<Vec<Value>>,
     ) -> Result<TableId> {
+        if columns.is_empty() {
+            return Err(Error::Constraint(format!("table {name} has no columns")));
+        }
+        if columns.iter().any(|c| c.name == crate::store::ROW_ID) {
+            return Err(Error::Constraint(format!(
+                "table {name}: the column name {} is reserved for the row numbers of a table \
+                 without a primary key",
+                crate::store::ROW_ID
+            )));
+        }
         let (mut columns, mut rows) = (columns, rows);
         if key.is_empty() {
             for (number, row) in (1..).zip(rows.iter_mut()) {

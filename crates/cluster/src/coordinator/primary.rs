@@ -449,8 +449,11 @@ impl Coordinator {
                         ct.table_options = CreateTableOptions::None;
                     }
                 }
+                // A temporary table is not one to keep.
+                let temporary = ct.temporary;
                 let default = || match GyreOptions::of(session.state().config_options()).replication
                 {
+                    _ if temporary => None,
                     Replication::None => None,
                     Replication::Full => Some(Placement::Full),
                     Replication::Partitioned => Some(Placement::Partitioned),
@@ -492,16 +495,40 @@ impl Coordinator {
         if self.in_transaction(session) {
             return Err(exec_err("CREATE TABLE inside a transaction"));
         }
+        if cmd.temporary {
+            return not_impl_err!("a TEMPORARY table WITH (replication = ...)");
+        }
+        if !cmd.column_defaults.is_empty() {
+            return not_impl_err!("column defaults (DEFAULT) in a transactional table");
+        }
         let name = self.table_name(&cmd.name)?;
         let _reservation = self.reserve(&name)?;
         if self.exists(&name) {
             if cmd.if_not_exists {
                 return no_result();
             }
-            return Err(exec_err(format!("Table '{name}' already exists")));
+            if !cmd.or_replace {
+                return Err(exec_err(format!("Table '{name}' already exists")));
+            }
+            if !self.is_primary(&name) {
+                return not_impl_err!(
+                    "CREATE OR REPLACE of '{name}', a distributed table, as a transactional \
+                     one: DROP it first"
+                );
+            }
         }
         let schema = cmd.input.schema().as_arrow().clone();
         let columns = gyre_replica::value::columns_of(&schema).map_err(replica_err)?;
+        if columns.is_empty() {
+            return plan_err!("table '{name}' has no columns");
+        }
+        if columns.iter().any(|c| c.name == gyre_replica::ROW_ID) {
+            return plan_err!(
+                "the column name {} is reserved for the row numbers of a table without a \
+                 primary key",
+                gyre_replica::ROW_ID
+            );
+        }
         // Without a primary key the primary numbers the rows (a hidden row id).
         let key = cmd
             .constraints
@@ -538,8 +565,22 @@ impl Coordinator {
         }
         let db = Arc::clone(&self.primary);
         let table = name.clone();
+        let replace = cmd.or_replace && self.is_primary(&name);
         tokio::task::spawn_blocking(move || {
             let key: Vec<&str> = key_names.iter().map(String::as_str).collect();
+            // OR REPLACE: two transactions. The new table is tried in memory first,
+            // so that rows it refuses do not cost the old one.
+            if replace {
+                gyre_replica::Database::open(Default::default(), Procedures::new())?
+                    .create_table_with_rows(
+                        &table,
+                        columns.clone(),
+                        &key,
+                        placement,
+                        rows.clone(),
+                    )?;
+                db.drop_table(&table)?;
+            }
             db.create_table_with_rows(&table, columns, &key, placement, rows)
         })
         .await
@@ -890,13 +931,19 @@ fn with_old_values(
         }
     };
     let mut exprs = p.expr.clone();
-    for (i, c) in def.visible_columns().iter().enumerate() {
+    let columns = def.visible_columns();
+    for (i, c) in columns.iter().enumerate() {
+        // Named apart from the table's columns, which name the new values.
+        let mut name = format!("__old_{i}");
+        while columns.iter().any(|c| c.name == name) {
+            name.push('_');
+        }
         exprs.push(
             datafusion::logical_expr::Expr::Column(datafusion::common::Column::new(
                 Some(qualifier.clone()),
                 &c.name,
             ))
-            .alias(format!("__old_{i}")),
+            .alias(name),
         );
     }
     Ok(LogicalPlan::Projection(

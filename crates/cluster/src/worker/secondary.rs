@@ -238,6 +238,12 @@ impl WorkerSecondary {
                     let Some(message) = message else { return Ok(false) };
                     match FeedMessage::decode(&message?)? {
                         FeedMessage::State { lsn, piece, done, share } => {
+                            if !group.is_empty() {
+                                return Err(DataFusionError::Execution(
+                                    "the log feed sent a state in the middle of a log group"
+                                        .into(),
+                                ));
+                            }
                             state.extend_from_slice(&piece);
                             if done {
                                 self.start(node, lsn, std::mem::take(&mut state), share).await?;
