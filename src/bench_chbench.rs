@@ -199,6 +199,7 @@ pub async fn run(args: ChbenchArgs) -> Result<(), BoxError> {
                             interface: std::net::Ipv4Addr::LOCALHOST,
                         }
                     }),
+                    ..Default::default()
                 },
                 ..Default::default()
             };

@@ -5,10 +5,10 @@
 //! - single-node DataFusion (`CREATE TABLE AS` over the files, all cores),
 //! - DuckDB (`CREATE TABLE AS SELECT * FROM read_parquet(...)`, its Python package),
 //! - with `--transactional`, Gyre into a durable transactional table: the workers
-//!   read the files, `CREATE TABLE ... WITH (replication = 'partitioned') AS SELECT`
-//!   copies the rows into the primary's row store in one logged, fsynced
-//!   transaction, and the time ends when the workers have replayed it and answer a
-//!   count.
+//!   read the files, `CREATE TABLE ... WITH (replication = 'partitioned' or
+//!   'chunked', as --placement) AS SELECT` copies the rows into the primary's row
+//!   store in one transaction logged in pieces and fsynced, and the time ends when
+//!   the workers have replayed it and answer a count.
 //!
 //! Every system loads every table `--repeat` times, the systems taking turns table by
 //! table (the one that starts rotates), and the report gives per table the median
@@ -65,9 +65,9 @@ pub struct LoadArgs {
     /// Leave DuckDB out (otherwise its Python package is installed when missing).
     #[arg(long)]
     no_duckdb: bool,
-    /// Also load every table into a durable transactional table (partitioned
-    /// replicas), logged under a temporary data directory (loopback only). Each
-    /// table is one log entry of at most 256 MiB: lineitem fits up to about SF 0.3.
+    /// Also load every table into a durable transactional table, logged under a
+    /// temporary data directory (loopback only): replicas partitioned by hash with
+    /// `--placement hash`, chunked with `chunked`.
     #[arg(long)]
     transactional: bool,
     /// Use the running cluster whose coordinator is at ADDR (Gyre's paths only).
@@ -406,9 +406,13 @@ async fn load_transactional(
         .await?;
     let start = Instant::now();
     load_into(client, t, placement, false).await?;
+    let replication = match placement {
+        "chunked" => "chunked",
+        _ => "partitioned",
+    };
     client
         .run(&format!(
-            "CREATE TABLE {durable} WITH (replication = 'partitioned') AS SELECT * FROM {}",
+            "CREATE TABLE {durable} WITH (replication = '{replication}') AS SELECT * FROM {}",
             t.table
         ))
         .await?;

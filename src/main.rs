@@ -349,6 +349,7 @@ impl PrimaryArgs {
             // embedding the cluster registers its own.
             procedures: gyre_tpcc::procedures(),
             log_multicast: self.multicast.group(),
+            ..Default::default()
         }
     }
 }

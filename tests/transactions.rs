@@ -945,7 +945,7 @@ async fn partitioned_tables_are_dealt_out_to_the_workers() {
             "CREATE TABLE bad (k BIGINT PRIMARY KEY) WITH (replication = 'sideways')"
         )
         .await
-        .contains("'full' or 'partitioned'")
+        .contains("'partitioned' or 'chunked'")
     );
     assert_eq!(
         sql(&c, &s, "INSERT INTO ptx SELECT * FROM src").await,
@@ -1057,9 +1057,14 @@ async fn tables_without_a_primary_key_are_transactional_and_durable() {
     let files = dir.path().join("files");
     let data = dir.path().join("data");
     let check = "SELECT count(*), sum(g), sum(length(label)), count(DISTINCT label) FROM";
-    let tables = ["gen", "nk", "fk"];
+    let tables = ["gen", "nk", "fk", "ck"];
     let expected = {
-        let cluster = cluster(2, Some(&data)).await;
+        // Loads of more than 64 KiB are logged in pieces.
+        let pieces = PrimaryConfig {
+            load_piece_bytes: 64 << 10,
+            ..primary(Some(&data))
+        };
+        let cluster = cluster_with(2, pieces).await;
         let c = &cluster.coordinator;
         let s = c.new_session();
         // 120,000 rows, each value twice.
@@ -1096,6 +1101,12 @@ async fn tables_without_a_primary_key_are_transactional_and_durable() {
         sql(
             c,
             &s,
+            "CREATE TABLE ck WITH (replication = 'chunked') AS SELECT * FROM f",
+        )
+        .await;
+        sql(
+            c,
+            &s,
             "CREATE TABLE fk (g BIGINT, label VARCHAR) WITH (replication = 'full')",
         )
         .await;
@@ -1118,7 +1129,7 @@ async fn tables_without_a_primary_key_are_transactional_and_durable() {
         same("DELETE FROM {t} WHERE g % 10 = 5".into()).await;
         let before = same(format!("{check} {{t}}")).await;
         // A transaction rolled back changes nothing.
-        for t in ["nk", "fk"] {
+        for t in ["nk", "fk", "ck"] {
             sql(c, &s, "BEGIN").await;
             sql(c, &s, &format!("DELETE FROM {t} WHERE g > 100")).await;
             sql(c, &s, &format!("INSERT INTO {t} VALUES (1, 'x'), (1, 'x')")).await;
@@ -1155,6 +1166,19 @@ async fn tables_without_a_primary_key_are_transactional_and_durable() {
             .unwrap()
             .to_string();
         assert!(text.contains("table=nk (partitioned)"), "{text}");
+        let plan = c.sql_in(&s, &format!("EXPLAIN {check} ck")).await.unwrap();
+        let text = arrow::util::pretty::pretty_format_batches(&plan[0].batches)
+            .unwrap()
+            .to_string();
+        assert!(text.contains("table=ck (chunked)"), "{text}");
+        // Chunked placement is for tables the primary numbers.
+        let keyed = fails(
+            c,
+            &s,
+            "CREATE TABLE kc (k BIGINT PRIMARY KEY) WITH (replication = 'chunked')",
+        )
+        .await;
+        assert!(keyed.contains("chunked placement"), "{keyed}");
         assert!(!text.contains(gyre_replica::ROW_ID), "{text}");
         // The row id's name is reserved; other names, such as the ones UPDATE gives
         // the old values it reads, are the user's.
@@ -1239,9 +1263,10 @@ async fn tables_without_a_primary_key_are_transactional_and_durable() {
         let held = replica_rows(c, &s).await;
         let fk_rows = sql(c, &s, "SELECT count(*) FROM fk").await[0][0];
         let nk_rows = sql(c, &s, "SELECT count(*) FROM nk").await[0][0];
+        let ck_rows = sql(c, &s, "SELECT count(*) FROM ck").await[0][0];
         assert_eq!(
             held.iter().sum::<i64>(),
-            2 * (fk_rows + 2) + nk_rows + 1209,
+            2 * (fk_rows + 2) + nk_rows + ck_rows + 1209,
             "{held:?}"
         );
         before
@@ -1249,7 +1274,7 @@ async fn tables_without_a_primary_key_are_transactional_and_durable() {
     let cluster = cluster(2, Some(&data)).await;
     let c = &cluster.coordinator;
     let s = c.new_session();
-    for t in ["nk", "fk"] {
+    for t in ["nk", "fk", "ck"] {
         assert_eq!(sql(c, &s, &format!("{check} {t}")).await, expected, "{t}");
     }
     assert_eq!(

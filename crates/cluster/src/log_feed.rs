@@ -69,7 +69,8 @@ pub fn share_of(node: u32, workers: &[u32]) -> Option<KeyShare> {
 /// How long a subscription waits for a starting cluster's workers to register.
 const STARTING_WAIT: Duration = Duration::from_secs(30);
 
-/// How long a subscription waits for the state to show what was already shipped.
+/// How long a subscription waits for the state to show what was already shipped,
+/// while the log does not grow.
 const STATE_WAIT: Duration = Duration::from_secs(10);
 
 /// One message of a subscription.
@@ -378,15 +379,19 @@ impl LogFeed {
     }
 
     /// The primary's committed state, once it shows every entry up to `durable` (the
-    /// state shows a commit a moment after it is durable).
+    /// state shows a commit a moment after it is durable, a load in pieces only once
+    /// its last piece is: the wait goes on while the log grows).
     async fn state_after(&self, durable: u64) -> Result<Arc<gyre_replica::Store>> {
-        let started = Instant::now();
+        let mut progress = (Instant::now(), self.db.durable_lsn());
         loop {
             let store = self.db.snapshot();
             if store.lsn >= durable {
                 return Ok(store);
             }
-            if started.elapsed() > STATE_WAIT {
+            let now = self.db.durable_lsn();
+            if now != progress.1 {
+                progress = (Instant::now(), now);
+            } else if progress.0.elapsed() > STATE_WAIT {
                 return Err(DataFusionError::Execution(format!(
                     "the primary's state stayed at LSN {} while LSN {durable} was durable",
                     store.lsn

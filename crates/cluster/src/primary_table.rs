@@ -28,7 +28,7 @@ use datafusion::datasource::memory::MemorySourceConfig;
 use datafusion::logical_expr::Expr;
 use datafusion::physical_plan::ExecutionPlan;
 use gyre_replica::columnar;
-use gyre_replica::{Database, Placement, Store};
+use gyre_replica::{Database, Store};
 use std::sync::Arc;
 
 /// Rows per record batch a scan produces.
@@ -163,7 +163,7 @@ impl TableProvider for PrimaryTable {
             name: self.name.clone(),
             schema: table.def.schema(),
             key: table.def.key.clone(),
-            partitioned: table.def.placement == Placement::Partitioned,
+            placement: table.def.placement,
             rows: table.rows.len() as u64,
         };
         Ok(Arc::new(SnapshotScanExec::try_new(

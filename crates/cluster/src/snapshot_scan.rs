@@ -16,7 +16,7 @@
 
 use crate::progress::ReadCounters;
 use crate::worker::secondary::WorkerSecondary;
-use arrow::array::{ArrayRef, BooleanArray};
+use arrow::array::{Array, ArrayRef, BooleanArray, Int64Array};
 use arrow::compute::filter_record_batch;
 use arrow::datatypes::SchemaRef;
 use datafusion::common::stats::Precision;
@@ -33,6 +33,7 @@ use datafusion::physical_plan::{
 };
 use futures::{StreamExt, TryStreamExt};
 use gyre_exchange::key_hash::hash_keys;
+pub use gyre_replica::Placement;
 use gyre_replica::secondary::Share;
 use gyre_replica::{TableDef, Value};
 use serde::{Deserialize, Serialize};
@@ -54,10 +55,26 @@ impl fmt::Display for KeyShare {
 }
 
 impl KeyShare {
-    /// Which rows, given their key columns, are in the share.
-    pub fn mask(&self, keys: &[ArrayRef], rows: usize) -> Result<BooleanArray> {
+    /// Which rows of a table placed so, given their key columns, are in the share.
+    pub fn mask(
+        &self,
+        placement: Placement,
+        keys: &[ArrayRef],
+        rows: usize,
+    ) -> Result<BooleanArray> {
         if self.count <= 1 {
             return Ok(BooleanArray::from(vec![true; rows]));
+        }
+        if placement == Placement::Chunked {
+            let numbers = keys
+                .first()
+                .and_then(|k| k.as_any().downcast_ref::<Int64Array>())
+                .ok_or_else(|| internal_datafusion_err!("a chunked table's key is its row id"))?;
+            let (index, count) = (i64::from(self.index), i64::from(self.count));
+            return Ok(numbers
+                .iter()
+                .map(|n| Some(Placement::chunk_of(n.unwrap_or(0)) % count == index))
+                .collect());
         }
         let mut hashes = Vec::new();
         hash_keys(keys, rows, &mut hashes)?;
@@ -77,7 +94,7 @@ impl Share for KeyShare {
             .collect();
         let batch = gyre_replica::columnar::to_batch(&columns, keys.iter().copied());
         let mask = self
-            .mask(batch.columns(), keys.len())
+            .mask(table.placement, batch.columns(), keys.len())
             .map_err(|e| gyre_replica::Error::Constraint(format!("hashing keys: {e}")))?;
         Ok(mask.iter().map(|m| m == Some(true)).collect())
     }
@@ -90,8 +107,9 @@ pub struct SnapshotTable {
     pub schema: SchemaRef,
     /// The primary key's columns: each worker reads the rows whose key hashes to it.
     pub key: Vec<usize>,
-    /// Each worker's replica holds only its share (`Placement::Partitioned`).
-    pub partitioned: bool,
+    /// Where its rows live: a replica of a table that is not `Full` holds only its
+    /// worker's share.
+    pub placement: Placement,
     /// Its rows at planning time (for the planner's estimates).
     pub rows: u64,
 }
@@ -143,7 +161,10 @@ impl SnapshotScanExec {
             })
             .collect();
         let partitioning = match key_exprs {
-            Some(exprs) if !exprs.is_empty() => Partitioning::Hash(exprs, workers),
+            // A chunked table's workers hold runs of row numbers, not hashes of them.
+            Some(exprs) if !exprs.is_empty() && table.placement != Placement::Chunked => {
+                Partitioning::Hash(exprs, workers)
+            }
             _ => Partitioning::UnknownPartitioning(workers),
         };
         let props = Arc::new(
@@ -177,10 +198,10 @@ impl DisplayAs for SnapshotScanExec {
             "SnapshotScanExec: table={}{}, snapshot_lsn={}, projection=[{}], workers={}, \
              partitioning={}",
             self.table.name,
-            if self.table.partitioned {
-                " (partitioned)"
-            } else {
-                ""
+            match self.table.placement {
+                Placement::Full => "",
+                Placement::Partitioned => " (partitioned)",
+                Placement::Chunked => " (chunked)",
             },
             self.lsn,
             cols.join(", "),
@@ -250,7 +271,8 @@ impl ExecutionPlan for SnapshotScanExec {
             index: partition as u32,
             count: workers as u32,
         };
-        let partitioned = self.table.partitioned;
+        let placement = self.table.placement;
+        let partitioned = placement.splits_rows();
         let batches = async move {
             let (snapshot, holds_more) = secondary
                 .read(&table, lsn, partitioned.then_some(share))
@@ -266,7 +288,7 @@ impl ExecutionPlan for SnapshotScanExec {
                 } else {
                     let keys: Vec<ArrayRef> =
                         key.iter().map(|&k| Arc::clone(batch.column(k))).collect();
-                    filter_record_batch(&batch, &share.mask(&keys, batch.num_rows())?)?
+                    filter_record_batch(&batch, &share.mask(placement, &keys, batch.num_rows())?)?
                 };
                 if mine.num_rows() == 0 {
                     continue;
@@ -314,6 +336,7 @@ impl ExecutionPlan for SnapshotScanExec {
 #[cfg(test)]
 mod tests {
     use super::{SnapshotScanExec, SnapshotTable};
+    use arrow::array::ArrayRef;
     use arrow::datatypes::{DataType, Field, Schema};
     use datafusion::physical_plan::{ExecutionPlan, Partitioning};
     use std::sync::Arc;
@@ -330,7 +353,7 @@ mod tests {
                 name: "t".into(),
                 schema: Arc::clone(&schema),
                 key,
-                partitioned: false,
+                placement: gyre_replica::Placement::Full,
                 rows: 10,
             };
             SnapshotScanExec::try_new(table, projection, 7, 3)
@@ -390,7 +413,7 @@ mod tests {
         for index in 0..3 {
             let share = KeyShare { index, count: 3 };
             let by_values = share.owns(&def, &keys).unwrap();
-            let by_columns = share.mask(&key_columns, rows.len()).unwrap();
+            let by_columns = share.mask(def.placement, &key_columns, rows.len()).unwrap();
             for (i, owned) in by_values.iter().enumerate() {
                 assert_eq!(*owned, by_columns.value(i), "row {i}, {share}");
                 holders[i] += usize::from(*owned);
@@ -398,5 +421,50 @@ mod tests {
             assert!(by_values.iter().filter(|o| **o).count() > 250, "{share}");
         }
         assert!(holders.iter().all(|&h| h == 1));
+    }
+
+    /// A chunked table's shares are runs of `CHUNK_ROWS` row numbers dealt in turn, the
+    /// same by values (the log) and by columns (a scan), each row in one share.
+    #[test]
+    fn chunked_shares_are_runs_of_row_numbers() {
+        use super::KeyShare;
+        use gyre_replica::secondary::Share;
+        use gyre_replica::store::CHUNK_ROWS;
+        use gyre_replica::{Column, ColumnType, Placement, ROW_ID, TableDef, TableId, Value};
+        let def = TableDef {
+            id: TableId(0),
+            name: "t".into(),
+            columns: vec![
+                Column::new("v", ColumnType::Text, true),
+                Column::new(ROW_ID, ColumnType::Int64, false),
+            ],
+            key: vec![1],
+            placement: Placement::Chunked,
+        };
+        def.validate().unwrap();
+        let n = 5 * CHUNK_ROWS + 17;
+        let keys: Vec<Vec<Value>> = (1..=n).map(|i| vec![Value::Int(i)]).collect();
+        let keys: Vec<&[Value]> = keys.iter().map(Vec::as_slice).collect();
+        let column: ArrayRef = Arc::new(arrow::array::Int64Array::from_iter_values(1..=n));
+        for index in 0..3 {
+            let share = KeyShare { index, count: 3 };
+            let by_values = share.owns(&def, &keys).unwrap();
+            let by_columns = share
+                .mask(def.placement, std::slice::from_ref(&column), keys.len())
+                .unwrap();
+            for (i, owned) in by_values.iter().enumerate() {
+                assert_eq!(*owned, by_columns.value(i), "row {}, {share}", i + 1);
+                let chunk = i as i64 / CHUNK_ROWS;
+                assert_eq!(*owned, chunk % 3 == i64::from(index), "row {}", i + 1);
+            }
+        }
+        // Only a table numbered by the primary can be chunked.
+        let keyed = TableDef {
+            columns: vec![Column::new("k", ColumnType::Int64, false)],
+            key: vec![0],
+            ..def
+        };
+        let err = keyed.validate().unwrap_err().to_string();
+        assert!(err.contains("chunked placement"), "{err}");
     }
 }

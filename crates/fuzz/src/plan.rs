@@ -14,7 +14,7 @@ use gyre_cluster::codec::GyreCodec;
 use gyre_cluster::files::{FileSplitScanExec, LocalFiles};
 use gyre_cluster::modify::{GyreModifyExec, Modification};
 use gyre_cluster::progress::ReadCounters;
-use gyre_cluster::snapshot_scan::{SnapshotScanExec, SnapshotTable};
+use gyre_cluster::snapshot_scan::{Placement, SnapshotScanExec, SnapshotTable};
 use gyre_cluster::storage::WorkerStorage;
 use gyre_cluster::table::GyreInsertExec;
 use gyre_cluster::tpch::TpchGenExec;
@@ -233,19 +233,20 @@ pub fn seeds() -> Vec<Vec<u8>> {
         let doubled = Arc::new(BinaryExpr::new(k(), Operator::Multiply, k()));
         // Scans of a transactional table at a snapshot, whole on each worker or
         // partitioned, with and without the key projected.
-        let snapshot_scan = |partitioned: bool, projection: Vec<usize>| {
+        let snapshot_scan = |placement: Placement, projection: Vec<usize>| {
             let table = SnapshotTable {
                 name: "a".into(),
                 schema: Arc::clone(&a),
                 key: vec![0, 1],
-                partitioned,
+                placement,
                 rows: 2000,
             };
             Arc::new(SnapshotScanExec::try_new(table, Some(projection), 42, n).expect("a scan"))
         };
         let plans: Vec<Arc<dyn ExecutionPlan>> = vec![
-            snapshot_scan(false, vec![3, 1, 0]),
-            snapshot_scan(true, vec![2]),
+            snapshot_scan(Placement::Full, vec![3, 1, 0]),
+            snapshot_scan(Placement::Partitioned, vec![2]),
+            snapshot_scan(Placement::Chunked, vec![2]),
             Arc::new(FileSplitScanExec::try_new(csv_scan).expect("a split scan")),
             Arc::new(GyreModifyExec::new(
                 "a".into(),

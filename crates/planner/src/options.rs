@@ -105,6 +105,9 @@ pub enum Replication {
     Full,
     /// Transactional and durable, each worker holding its share of the rows.
     Partitioned,
+    /// Transactional and durable, each worker holding runs of consecutive rows (tables
+    /// without a primary key only).
+    Chunked,
 }
 
 impl Replication {
@@ -113,8 +116,9 @@ impl Replication {
             "none" => Ok(Self::None),
             "full" => Ok(Self::Full),
             "partitioned" => Ok(Self::Partitioned),
+            "chunked" => Ok(Self::Chunked),
             other => Err(invalid(format!(
-                "gyre.replication is none, full or partitioned, not '{other}'"
+                "gyre.replication is none, full, partitioned or chunked, not '{other}'"
             ))),
         }
     }
@@ -124,6 +128,7 @@ impl Replication {
             Self::None => "none",
             Self::Full => "full",
             Self::Partitioned => "partitioned",
+            Self::Chunked => "chunked",
         }
     }
 }
@@ -230,8 +235,9 @@ const SETTINGS: [(&str, &str); 22] = [
     (
         "replication",
         "Where tables created without WITH (replication = ...) live: none (default: in \
-         the workers' memory only), full or partitioned (transactional tables, durable \
-         under --data-dir, each worker holding every row or its share of them).",
+         the workers' memory only), full, partitioned or chunked (transactional tables, \
+         durable under --data-dir, each worker holding every row, its share of them by \
+         key, or runs of consecutive rows of a table without a primary key).",
     ),
     (
         "skew_detection",
@@ -638,7 +644,11 @@ mod tests {
             ("gyre.neo_solver_ms", "-1", "gyre.neo_solver_ms"),
             ("gyre.neo_min_saving", "101", "from 0 to 100 or off"),
             ("gyre.neo_schedule", "phased", "open-shop or free"),
-            ("gyre.replication", "twice", "none, full or partitioned"),
+            (
+                "gyre.replication",
+                "twice",
+                "none, full, partitioned or chunked",
+            ),
             ("gyre.nothing", "1", "gyre.join_strategy"),
         ] {
             let e = c.set(bad, value).unwrap_err().to_string();

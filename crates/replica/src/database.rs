@@ -39,7 +39,15 @@ pub struct Options {
     pub segment_bytes: u64,
     /// How long a transaction waits for the one running now before it fails as busy.
     pub lock_wait: std::time::Duration,
+    /// A table created with more rows than fit in about this many bytes is logged as a
+    /// load in several entries ([`Entry::LoadBegin`]) of about this size each.
+    pub load_piece_bytes: usize,
 }
+
+/// The default of [`Options::load_piece_bytes`]: small enough that a secondary
+/// decodes a piece in a fraction of a second, large enough that a load of gigabytes
+/// takes a few hundred entries.
+pub const LOAD_PIECE_BYTES: usize = 16 << 20;
 
 impl Default for Options {
     fn default() -> Self {
@@ -49,6 +57,7 @@ impl Default for Options {
             group_commit: true,
             segment_bytes: 64 << 20,
             lock_wait: std::time::Duration::from_secs(10),
+            load_piece_bytes: LOAD_PIECE_BYTES,
         }
     }
 }
@@ -71,6 +80,8 @@ pub struct Recovery {
     pub replayed: u64,
     /// Bytes cut off the log's end: a group torn by a crash, never acknowledged.
     pub torn_bytes: u64,
+    /// A load the log ends inside (never acknowledged): dropped, and its end logged.
+    pub dropped_load: Option<TableId>,
 }
 
 pub struct Database {
@@ -175,8 +186,30 @@ impl Database {
                 recovery.torn_bytes
             );
         }
+        let unfinished = store.take_unfinished_load();
         let next = next_lsn(&store).map_err(|_| Error::corrupt(&dir, "the LSN is at its limit"))?;
         let log = LogWriter::open(&log_dir, next, tail, options.segment_bytes)?;
+        if let Some(load) = unfinished {
+            // Secondaries may hold part of it: the end tells them to drop it too.
+            let id = load.def.id;
+            log.append(
+                next,
+                &Entry::LoadEnd {
+                    table: id,
+                    commit: false,
+                },
+            )?;
+            log.wait_durable(next)?;
+            store.lsn = next;
+            recovery.dropped_load = Some(id);
+            tracing::info!(
+                "{}: the log ends inside the load of table {} ({} rows, never acknowledged): \
+                 dropped",
+                dir.display(),
+                load.def.name,
+                load.rows.len()
+            );
+        }
         Ok(Self {
             committed: Mutex::new(Arc::new(store.clone())),
             store: Arc::new(Mutex::new(store)),
@@ -205,9 +238,9 @@ impl Database {
         self.create_table_with_rows(name, columns, key, Placement::Full, Vec::new())
     }
 
-    /// Creates a table holding `rows`: one log entry, so that after a crash the table
-    /// is there with all of them or not at all (CREATE TABLE ... AS SELECT). Without
-    /// `key` columns the rows are numbered ([`crate::store::ROW_ID`]).
+    /// Creates a table holding `rows` (CREATE TABLE ... AS SELECT), logged so that after
+    /// a crash the table is there with all of them or not at all. Without `key` columns
+    /// the rows are numbered ([`crate::store::ROW_ID`]).
     pub fn create_table_with_rows(
         &self,
         name: &str,
@@ -216,25 +249,33 @@ impl Database {
         placement: Placement,
         rows: Vec<Vec<Value>>,
     ) -> Result<TableId> {
-        if columns.is_empty() {
-            return Err(Error::Constraint(format!("table {name} has no columns")));
-        }
-        if columns.iter().any(|c| c.name == crate::store::ROW_ID) {
-            return Err(Error::Constraint(format!(
-                "table {name}: the column name {} is reserved for the row numbers of a table \
-                 without a primary key",
-                crate::store::ROW_ID
-            )));
-        }
-        let (mut columns, mut rows) = (columns, rows);
-        if key.is_empty() {
-            for (number, row) in (1..).zip(rows.iter_mut()) {
-                row.push(Value::Int(number));
-            }
-        }
+        self.load_table(name, columns, key, placement, [Ok(rows)])
+    }
+
+    /// [`Database::create_table_with_rows`] with the rows given in batches, converted as
+    /// they are needed. Rows that fit in [`Options::load_piece_bytes`] are one
+    /// `CreateTable` entry; more are a load ([`Entry::LoadBegin`], one `LoadRows` per
+    /// piece, `LoadEnd`) that holds the primary throughout and keeps at most two pieces
+    /// waiting for the disk. A failure after the load began logs its end as discarded.
+    pub fn load_table(
+        &self,
+        name: &str,
+        columns: Vec<Column>,
+        key: &[&str],
+        placement: Placement,
+        batches: impl IntoIterator<Item = Result<Vec<Vec<Value>>>>,
+    ) -> Result<TableId> {
+        let numbered = key.is_empty();
+        let mut columns = columns;
         let key = TableDef::keyed(&mut columns, key)
-            .map_err(|e| Error::Constraint(format!("{name}: {e}")))?;
-        let store = self.lock()?;
+            .map_err(|e| Error::Constraint(format!("table {name}: {e}")))?;
+        let mut pieces = Pieces {
+            batches: batches.into_iter(),
+            held: Vec::new(),
+            bytes: self.options.load_piece_bytes.max(1),
+            next_number: numbered.then_some(1),
+        };
+        let mut store = self.lock()?;
         let def = TableDef {
             id: store.next_table_id(),
             name: name.to_string(),
@@ -243,9 +284,98 @@ impl Database {
             placement,
         };
         let id = def.id;
-        let entry = Entry::CreateTable { def, rows };
-        self.commit_entry(store, &entry, |store| apply_create(store, &entry))?;
-        Ok(id)
+        let first = pieces.next().transpose()?.unwrap_or_default();
+        let Some(second) = pieces.next().transpose()? else {
+            let entry = Entry::CreateTable { def, rows: first };
+            self.commit_entry(store, &entry, |store| apply_create(store, &entry))?;
+            return Ok(id);
+        };
+        let rest = [Ok(first), Ok(second)].into_iter().chain(pieces);
+        match self.load_locked(&mut store, def, rest) {
+            Ok(lsn) => {
+                let state = store.clone();
+                drop(store);
+                self.wait_durable(lsn)?;
+                self.publish(state);
+                Ok(id)
+            }
+            Err(e) if store.loading(id).is_err() => Err(e),
+            Err(e) => {
+                // Entries of the load may be logged: end it, so that every secondary
+                // drops what it holds of it.
+                store.take_unfinished_load();
+                let ended = next_lsn(&store).and_then(|lsn| {
+                    self.append(
+                        lsn,
+                        &Entry::LoadEnd {
+                            table: id,
+                            commit: false,
+                        },
+                    )?;
+                    store.lsn = lsn;
+                    Ok(lsn)
+                });
+                if let Ok(lsn) = ended {
+                    let state = store.clone();
+                    drop(store);
+                    if self.wait_durable(lsn).is_ok() {
+                        self.publish(state);
+                    }
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Logs and applies a load's entries; returns the LSN of its `LoadEnd`.
+    fn load_locked(
+        &self,
+        store: &mut Store,
+        def: TableDef,
+        pieces: impl Iterator<Item = Result<Vec<Vec<Value>>>>,
+    ) -> Result<u64> {
+        let id = def.id;
+        let log = |store: &mut Store, entry: &Entry| -> Result<u64> {
+            let lsn = next_lsn(store)?;
+            self.append(lsn, entry)?;
+            store.lsn = lsn;
+            Ok(lsn)
+        };
+        store.begin_load(def.clone())?;
+        log(store, &Entry::LoadBegin { def })?;
+        let mut waiting = std::collections::VecDeque::new();
+        for piece in pieces {
+            // Encoded before the rows go to the store, which checks them: a piece is
+            // logged only once it is known to apply.
+            let entry = Entry::LoadRows {
+                table: id,
+                rows: piece?,
+            };
+            let mut raw = Vec::new();
+            segment::encode_entry(&mut raw, &entry);
+            let Entry::LoadRows { rows, .. } = entry else {
+                unreachable!("built above")
+            };
+            store.load_rows(id, rows)?;
+            let lsn = next_lsn(store)?;
+            if let Some(log) = &self.log {
+                log.append_encoded(lsn, raw)?;
+            }
+            store.lsn = lsn;
+            waiting.push_back(lsn);
+            if waiting.len() > 2 {
+                let oldest = waiting.pop_front().expect("three are waiting");
+                self.wait_durable(oldest)?;
+            }
+        }
+        store.end_load(id, true)?;
+        log(
+            store,
+            &Entry::LoadEnd {
+                table: id,
+                commit: true,
+            },
+        )
     }
 
     /// Applies `change` (what `entry` says, as recovery applies it) and logs `entry` as
@@ -690,6 +820,18 @@ pub(crate) fn replay(
             txn.take_ops()
         }
         Entry::Snapshot => vec![],
+        Entry::LoadBegin { def } => {
+            store.begin_load(def)?;
+            vec![]
+        }
+        Entry::LoadRows { table, rows } => {
+            store.load_rows(table, rows)?;
+            vec![]
+        }
+        Entry::LoadEnd { table, commit } => {
+            store.end_load(table, commit)?;
+            vec![]
+        }
         Entry::Logical { procedure, args } => {
             let procedure = procedures.get(&procedure)?.clone();
             check_args(procedure.as_ref(), &args)?;
@@ -744,6 +886,48 @@ pub(crate) fn apply_create(store: &mut Store, entry: &Entry) -> Result<()> {
     }
     txn.take_ops();
     Ok(())
+}
+
+/// Rows regrouped into pieces of about `bytes` (as encoded), numbered when the table
+/// has no key of its own.
+struct Pieces<I> {
+    batches: I,
+    held: Vec<Vec<Value>>,
+    bytes: usize,
+    /// The next row number (`None`: the rows have a key).
+    next_number: Option<i64>,
+}
+
+impl<I: Iterator<Item = Result<Vec<Vec<Value>>>>> Iterator for Pieces<I> {
+    type Item = Result<Vec<Vec<Value>>>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let mut piece = Vec::new();
+        let mut bytes = 0;
+        loop {
+            if self.held.is_empty() {
+                match self.batches.next() {
+                    Some(Ok(rows)) => self.held = rows,
+                    Some(Err(e)) => return Some(Err(e)),
+                    None if piece.is_empty() => return None,
+                    None => return Some(Ok(piece)),
+                }
+                self.held.reverse();
+                continue;
+            }
+            while let Some(mut row) = self.held.pop() {
+                bytes += row.iter().map(Value::encoded_bytes).sum::<usize>();
+                if let Some(number) = &mut self.next_number {
+                    row.push(Value::Int(*number));
+                    *number += 1;
+                }
+                piece.push(row);
+                if bytes >= self.bytes {
+                    return Some(Ok(piece));
+                }
+            }
+        }
+    }
 }
 
 fn remove_unfinished_checkpoints(root: &Path) -> Result<()> {

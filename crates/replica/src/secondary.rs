@@ -8,17 +8,18 @@
 //! as logged, a logical entry's as its procedure makes them again) to versioned Arrow
 //! tables ([`crate::versioned`]), from which snapshots are cut without copying.
 //!
-//! A secondary given a [`Share`] keeps, of each [`Placement::Partitioned`] table, only
-//! the rows whose keys the share owns: it drops the others from the state it starts
-//! from and skips the row operations on them. The primary logs every transaction that
-//! touches such a table physically, so no replay needs the rows skipped.
+//! A secondary given a [`Share`] keeps, of each table whose rows are split
+//! ([`crate::store::Placement::splits_rows`]), only the rows whose keys the share
+//! owns: it drops the others from the state it starts from and skips the row
+//! operations on them. The primary logs every transaction that touches such a table
+//! physically, so no replay needs the rows skipped.
 
 use crate::database::{apply_create, replay};
 use crate::error::{Error, Result};
 use crate::log::Entry;
 use crate::log::segment;
 use crate::procedure::Procedures;
-use crate::store::{Placement, RowOp, Store, TableDef};
+use crate::store::{RowOp, Store, TableDef};
 use crate::value::Value;
 use crate::versioned::{Snapshot, VersionedStore};
 use std::collections::BTreeMap;
@@ -81,7 +82,7 @@ impl Secondary {
     ) -> Result<Self> {
         let partitioned: Vec<_> = store
             .tables()
-            .filter(|t| t.def.placement == Placement::Partitioned)
+            .filter(|t| t.def.placement.splits_rows())
             .map(|t| t.def.id)
             .collect();
         for id in partitioned {
@@ -97,11 +98,7 @@ impl Secondary {
 
     /// Of `rows` of `def`, those this secondary keeps.
     fn own_rows(&self, def: &TableDef, rows: Vec<Vec<Value>>) -> Result<Vec<Vec<Value>>> {
-        let Some(share) = self
-            .share
-            .as_ref()
-            .filter(|_| def.placement == Placement::Partitioned)
-        else {
+        let Some(share) = self.share.as_ref().filter(|_| def.placement.splits_rows()) else {
             return Ok(rows);
         };
         for row in &rows {
@@ -124,7 +121,7 @@ impl Secondary {
         let mut keep = vec![true; ops.len()];
         let mut by_table: BTreeMap<_, Vec<usize>> = BTreeMap::new();
         for (i, op) in ops.iter().enumerate() {
-            if self.rows.table(op.table())?.def.placement == Placement::Partitioned {
+            if self.rows.table(op.table())?.def.placement.splits_rows() {
                 by_table.entry(op.table()).or_default().push(i);
             }
         }
@@ -259,6 +256,13 @@ impl Secondary {
             Entry::Physical { ops } => Entry::Physical {
                 ops: self.own_ops(ops).map_err(diverged)?,
             },
+            Entry::LoadRows { table, rows } => {
+                let def = self.rows.loading(table).map_err(diverged)?.clone();
+                Entry::LoadRows {
+                    table,
+                    rows: self.own_rows(&def, rows).map_err(diverged)?,
+                }
+            }
             entry => entry,
         };
         match entry {
@@ -277,7 +281,19 @@ impl Secondary {
                     .map_err(diverged)?;
                 self.versions.drop_table(id).map_err(diverged)?;
             }
-            // Row changes (none for a snapshot transaction).
+            Entry::LoadEnd {
+                table,
+                commit: true,
+            } => {
+                let loaded = self.rows.end_load(table, true).map_err(diverged)?;
+                let loaded = loaded.expect("a committed load is a table");
+                let (def, rows) = ((*loaded.def).clone(), loaded.to_rows());
+                self.rows.lsn = lsn;
+                self.versions
+                    .create_table(lsn, def, rows)
+                    .map_err(diverged)?;
+            }
+            // Row changes (none for a snapshot transaction or the rest of a load).
             entry => {
                 let ops = replay(&mut self.rows, &self.procedures, lsn, entry).map_err(diverged)?;
                 let columnar = Instant::now();
@@ -349,6 +365,17 @@ mod tests {
     use crate::store::{RowOp, TableDef, TableId};
     use crate::value::{Column, ColumnType, Value};
 
+    /// Table `t`: one Int64 key column `k`.
+    fn table_t() -> TableDef {
+        TableDef {
+            id: TableId(0),
+            name: "t".into(),
+            columns: vec![Column::new("k", ColumnType::Int64, false)],
+            key: vec![0],
+            placement: Default::default(),
+        }
+    }
+
     fn insert(k: i64) -> Entry {
         Entry::Physical {
             ops: vec![RowOp::Insert {
@@ -365,13 +392,7 @@ mod tests {
         assert_eq!(empty.snapshot_lsns(), vec![0]);
         let mut s = Secondary::new(Procedures::new());
         s.keep_snapshots(3);
-        let def = TableDef {
-            id: TableId(0),
-            name: "t".into(),
-            columns: vec![Column::new("k", ColumnType::Int64, false)],
-            key: vec![0],
-            placement: Default::default(),
-        };
+        let def = table_t();
         s.apply(1, Entry::CreateTable { def, rows: vec![] })
             .unwrap();
         let mut lsn = 1;
@@ -423,5 +444,60 @@ mod tests {
         let err = s.apply(lsn + 1, insert(99)).unwrap_err();
         assert!(err.to_string().contains("failed earlier"), "{err}");
         assert_eq!(s.lsn(), lsn);
+    }
+
+    #[test]
+    fn a_load_is_seen_whole_at_its_end_or_not_at_all() {
+        let def = table_t();
+        let rows = |r: std::ops::Range<i64>| r.map(|k| vec![Value::Int(k)]).collect();
+        let count = |s: &mut Secondary| {
+            let snapshot = s.snapshot();
+            snapshot
+                .tables
+                .get("t")
+                .map(|t| t.batches().iter().map(|b| b.num_rows()).sum::<usize>())
+        };
+        let mut s = Secondary::new(Procedures::new());
+        let begin = || Entry::LoadBegin { def: def.clone() };
+        let piece = |r| Entry::LoadRows {
+            table: TableId(0),
+            rows: rows(r),
+        };
+        s.apply(1, begin()).unwrap();
+        s.apply(2, piece(0..10)).unwrap();
+        s.apply(3, Entry::Snapshot).unwrap();
+        assert_eq!(count(&mut s), None, "invisible while it loads");
+        // The primary restarted inside the load: it ends it as discarded.
+        let end = |commit| Entry::LoadEnd {
+            table: TableId(0),
+            commit,
+        };
+        s.apply(4, end(false)).unwrap();
+        assert!(s.rows().table_id("t").is_err());
+        // The table's id is taken by the discarded load.
+        let def = TableDef {
+            id: TableId(1),
+            ..def.clone()
+        };
+        s.apply(5, Entry::LoadBegin { def }).unwrap();
+        for (lsn, r) in [(6, 0..10), (7, 10..25)] {
+            let piece = Entry::LoadRows {
+                table: TableId(1),
+                rows: rows(r),
+            };
+            s.apply(lsn, piece).unwrap();
+        }
+        s.apply(
+            8,
+            Entry::LoadEnd {
+                table: TableId(1),
+                commit: true,
+            },
+        )
+        .unwrap();
+        assert_eq!(count(&mut s), Some(25));
+        // Rows for a table no load is filling fail the secondary.
+        let err = s.apply(9, piece(30..31)).unwrap_err();
+        assert!(err.to_string().contains("no load"), "{err}");
     }
 }

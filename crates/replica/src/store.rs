@@ -54,7 +54,15 @@ pub enum Placement {
     /// procedure that reads such a table, so transactions that touch one are logged
     /// physically.
     Partitioned,
+    /// For a table without a primary key: runs of [`CHUNK_ROWS`] consecutive row
+    /// numbers are dealt to the secondaries in turn, so rows loaded together stay
+    /// together (the time-of-creation locality Neo-Join exploits) while the
+    /// secondaries together hold the table once. Logged as a partitioned table is.
+    Chunked,
 }
+
+/// Rows per chunk of a [`Placement::Chunked`] table.
+pub const CHUNK_ROWS: i64 = 1 << 16;
 
 impl Placement {
     /// The name `WITH (replication = ...)` takes.
@@ -62,7 +70,19 @@ impl Placement {
         match self {
             Placement::Full => "full",
             Placement::Partitioned => "partitioned",
+            Placement::Chunked => "chunked",
         }
+    }
+
+    /// Whether each secondary keeps only its share of the rows (so that it cannot
+    /// replay a procedure reading them).
+    pub fn splits_rows(self) -> bool {
+        !matches!(self, Placement::Full)
+    }
+
+    /// The chunk of a [`Placement::Chunked`] table a row number falls in.
+    pub fn chunk_of(row_id: i64) -> i64 {
+        row_id.saturating_sub(1).max(0) / CHUNK_ROWS
     }
 }
 
@@ -70,10 +90,10 @@ impl Placement {
 impl std::str::FromStr for Placement {
     type Err = String;
     fn from_str(s: &str) -> std::result::Result<Self, String> {
-        [Placement::Full, Placement::Partitioned]
+        [Placement::Full, Placement::Partitioned, Placement::Chunked]
             .into_iter()
             .find(|p| s.eq_ignore_ascii_case(p.name()))
-            .ok_or_else(|| format!("placement {s}: expected full or partitioned"))
+            .ok_or_else(|| format!("placement {s}: expected full, partitioned or chunked"))
     }
 }
 
@@ -100,11 +120,21 @@ impl TableDef {
     }
 
     /// The key a row gets: the primary key's columns, or for a table without one the
-    /// row id column ([`ROW_ID`]) appended to `columns`.
+    /// row id column ([`ROW_ID`]) appended to `columns`. Checks first that the user's
+    /// `columns` are some and do not take the row id's name.
     pub fn keyed(
         columns: &mut Vec<Column>,
         key: &[&str],
     ) -> std::result::Result<Vec<usize>, String> {
+        if columns.is_empty() {
+            return Err("a table needs a column".into());
+        }
+        if columns.iter().any(|c| c.name == ROW_ID) {
+            return Err(format!(
+                "the column name {ROW_ID} is reserved for the row numbers of a table \
+                 without a primary key"
+            ));
+        }
         if key.is_empty() {
             columns.push(Column::new(ROW_ID, crate::value::ColumnType::Int64, false));
             return Ok(vec![columns.len() - 1]);
@@ -155,6 +185,13 @@ impl TableDef {
         if self.key.is_empty() {
             return Err(Error::Constraint(format!(
                 "table {} needs a primary key",
+                self.name
+            )));
+        }
+        if self.placement == Placement::Chunked && !self.has_row_id() {
+            return Err(Error::Constraint(format!(
+                "table {}: chunked placement deals rows out by their row numbers, which only \
+                 a table without a primary key has (use partitioned)",
                 self.name
             )));
         }
@@ -228,6 +265,21 @@ pub struct Table {
 }
 
 impl Table {
+    /// Inserts a row, checked against the definition, unless its key is taken; returns
+    /// its key.
+    fn insert(&mut self, row: Vec<Value>) -> Result<Key> {
+        self.def.check_row(&row)?;
+        let key = self.def.key_of(&row);
+        if self.rows.contains_key(&key) {
+            return Err(Error::Constraint(format!(
+                "duplicate key {key:?} in {}",
+                self.def.name
+            )));
+        }
+        self.rows.insert(key.clone(), row.into());
+        Ok(key)
+    }
+
     /// Every row, in key order, as owned values.
     pub fn to_rows(&self) -> Vec<Vec<Value>> {
         self.rows.values().map(|r| r.to_vec()).collect()
@@ -277,6 +329,9 @@ pub struct Store {
     tables: OrdMap<TableId, Table>,
     names: imbl::HashMap<String, TableId>,
     next_table: u32,
+    /// A table whose rows arrive in several log entries (a bulk load): invisible until
+    /// its last entry, never in a checkpoint (a load holds the primary throughout).
+    loading: Option<Table>,
     /// The LSN of the last log entry applied (0: none yet).
     pub lsn: u64,
 }
@@ -335,16 +390,7 @@ impl Store {
     /// Adds a table (checked); its id must be the next one, so that replay and the
     /// primary agree.
     pub fn create_table(&mut self, def: TableDef) -> Result<()> {
-        def.validate()?;
-        if self.names.contains_key(&def.name) {
-            return Err(Error::TableExists(def.name));
-        }
-        if def.id.0 < self.next_table || self.tables.contains_key(&def.id) {
-            return Err(Error::Constraint(format!(
-                "table id {} of {} is taken",
-                def.id.0, def.name
-            )));
-        }
+        self.check_new(&def)?;
         self.next_table = def.id.0 + 1;
         self.names.insert(def.name.clone(), def.id);
         self.tables.insert(
@@ -355,6 +401,79 @@ impl Store {
             },
         );
         Ok(())
+    }
+
+    /// Whether `def` can be created: valid, its name free, its id the next one.
+    fn check_new(&self, def: &TableDef) -> Result<()> {
+        def.validate()?;
+        let loading = self.loading.as_ref().map(|t| t.def.name.as_str());
+        if self.names.contains_key(&def.name) || loading == Some(def.name.as_str()) {
+            return Err(Error::TableExists(def.name.clone()));
+        }
+        if def.id.0 < self.next_table || self.tables.contains_key(&def.id) {
+            return Err(Error::Constraint(format!(
+                "table id {} of {} is taken",
+                def.id.0, def.name
+            )));
+        }
+        Ok(())
+    }
+
+    /// Starts loading a new table ([`crate::log::Entry::LoadBegin`]): checked as
+    /// [`Store::create_table`] checks, its id taken, but not visible yet.
+    pub(crate) fn begin_load(&mut self, def: TableDef) -> Result<()> {
+        if let Some(t) = &self.loading {
+            return Err(Error::Constraint(format!(
+                "a load of {} starts while the load of {} is unfinished",
+                def.name, t.def.name
+            )));
+        }
+        self.check_new(&def)?;
+        self.next_table = def.id.0 + 1;
+        self.loading = Some(Table {
+            def: Arc::new(def),
+            rows: OrdMap::new(),
+        });
+        Ok(())
+    }
+
+    /// The definition of the table being loaded, if it is `id`.
+    pub fn loading(&self, id: TableId) -> Result<&Arc<TableDef>> {
+        match &self.loading {
+            Some(t) if t.def.id == id => Ok(&t.def),
+            _ => Err(Error::Constraint(format!(
+                "rows for table #{} arrive, but no load of it is under way",
+                id.0
+            ))),
+        }
+    }
+
+    /// Adds rows to the table being loaded, each checked as an insert is.
+    pub(crate) fn load_rows(&mut self, id: TableId, rows: Vec<Vec<Value>>) -> Result<()> {
+        self.loading(id)?;
+        let t = self.loading.as_mut().expect("checked above");
+        for row in rows {
+            t.insert(row)?;
+        }
+        Ok(())
+    }
+
+    /// Ends the load of table `id`: with `commit` the table becomes visible with its
+    /// rows, which are returned; otherwise it is discarded.
+    pub(crate) fn end_load(&mut self, id: TableId, commit: bool) -> Result<Option<&Table>> {
+        self.loading(id)?;
+        let t = self.loading.take().expect("checked above");
+        if !commit {
+            return Ok(None);
+        }
+        self.names.insert(t.def.name.clone(), id);
+        self.tables.insert(id, t);
+        Ok(self.tables.get(&id))
+    }
+
+    /// The unfinished load, taken away (recovery drops it: it was never acknowledged).
+    pub(crate) fn take_unfinished_load(&mut self) -> Option<Table> {
+        self.loading.take()
     }
 
     /// Adds a table with its rows, as a checkpoint holds them.
@@ -382,16 +501,7 @@ impl Store {
     pub(crate) fn apply(&mut self, op: RowOp) -> Result<Undo> {
         match op {
             RowOp::Insert { table, row } => {
-                let t = self.table_mut(table)?;
-                t.def.check_row(&row)?;
-                let key = t.def.key_of(&row);
-                if t.rows.contains_key(&key) {
-                    return Err(Error::Constraint(format!(
-                        "duplicate key {key:?} in {}",
-                        t.def.name
-                    )));
-                }
-                t.rows.insert(key.clone(), row.into());
+                let key = self.table_mut(table)?.insert(row)?;
                 Ok(Undo::Remove(table, key))
             }
             RowOp::Update { table, row } => {

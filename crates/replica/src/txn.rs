@@ -6,7 +6,7 @@
 //! physical redo entry. Nothing is logged for a transaction that rolls back.
 
 use crate::error::{Error, Result};
-use crate::store::{Key, Placement, Row, RowOp, Store, Table, TableDef, TableId, Undo};
+use crate::store::{Key, Row, RowOp, Store, Table, TableDef, TableId, Undo};
 use crate::value::Value;
 use std::cell::Cell;
 use std::ops::Bound;
@@ -14,7 +14,8 @@ use std::ops::Bound;
 pub struct Txn<'a> {
     store: &'a mut Store,
     pending: Pending,
-    /// Whether it read or wrote a [`Placement::Partitioned`] table.
+    /// Whether it read or wrote a table whose rows the secondaries split
+    /// ([`crate::store::Placement::splits_rows`]).
     touched_partitioned: Cell<bool>,
 }
 
@@ -48,7 +49,7 @@ impl<'a> Txn<'a> {
     /// The table `id`, noting whether it is partitioned.
     fn read(&self, id: TableId) -> Result<&Table> {
         let t = self.store.table(id)?;
-        if t.def.placement == Placement::Partitioned {
+        if t.def.placement.splits_rows() {
             self.touched_partitioned.set(true);
         }
         Ok(t)

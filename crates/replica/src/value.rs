@@ -42,6 +42,21 @@ impl Value {
         }
     }
 
+    /// About the bytes the value takes in a log entry (at most a few more than
+    /// postcard's varints need): what sizes a load's pieces.
+    pub fn encoded_bytes(&self) -> usize {
+        1 + match self {
+            Value::Null => 0,
+            Value::Bool(_) => 1,
+            Value::Int(_) | Value::Timestamp(_) => 9,
+            Value::Float(_) => 8,
+            Value::Decimal(_) => 17,
+            Value::Date(_) => 5,
+            Value::Text(t) => t.len() + 2,
+            Value::IntList(l) => 9 * l.len() + 2,
+        }
+    }
+
     pub fn is_null(&self) -> bool {
         matches!(self, Value::Null)
     }

@@ -664,13 +664,7 @@ fn a_torn_tail_recovers_a_prefix_of_whole_transactions() {
             .map(|(_, lsn)| *lsn)
             .max()
             .unwrap();
-        let copy = tempfile::tempdir().unwrap();
-        std::fs::create_dir(copy.path().join("log")).unwrap();
-        std::fs::write(
-            copy.path().join("log").join(last.file_name().unwrap()),
-            &bytes[..cut],
-        )
-        .unwrap();
+        let copy = cut_copy(&last, &bytes[..cut]);
         let db = open_bank(Options::durable(copy.path()));
         assert_eq!(db.lsn(), expected, "cut at {cut}: {:?}", db.recovery());
         check_bank(&db);
@@ -684,6 +678,19 @@ fn a_torn_tail_recovers_a_prefix_of_whole_transactions() {
         assert_eq!(db.lsn(), lsn, "appending after the cut tail");
         check_bank(&db);
     }
+}
+
+/// A data directory whose log is the one segment `segment` holding only `bytes` (its
+/// start, as a crash may leave it).
+fn cut_copy(segment: &std::path::Path, bytes: &[u8]) -> tempfile::TempDir {
+    let copy = tempfile::tempdir().unwrap();
+    std::fs::create_dir(copy.path().join("log")).unwrap();
+    std::fs::write(
+        copy.path().join("log").join(segment.file_name().unwrap()),
+        bytes,
+    )
+    .unwrap();
+    copy
 }
 
 /// The environment variable that makes `crash_child` run: the data directory.
@@ -1051,4 +1058,153 @@ fn tables_without_a_key_number_their_rows() {
     db.call("note", &[text("e")]).unwrap();
     let last = contents(&db)["notes"].last().unwrap().clone();
     assert_eq!(last, vec![text("e"), Value::Int(8)]);
+}
+
+/// The length of the log's one segment under `dir`, and its path.
+fn only_segment(dir: &std::path::Path) -> (u64, std::path::PathBuf) {
+    let segments = gyre_replica::log::segment::list(&dir.join("log")).unwrap();
+    assert_eq!(segments.len(), 1, "{segments:?}");
+    let path = segments[0].1.clone();
+    (std::fs::metadata(&path).unwrap().len(), path)
+}
+
+#[test]
+fn a_load_in_several_entries_is_all_or_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = Options {
+        load_piece_bytes: 4 << 10,
+        ..Options::durable(dir.path())
+    };
+    let text = |i: i64| Value::Text(format!("row {i}"));
+    let keyed = || vec![int("k"), Column::new("v", ColumnType::Text, false)];
+    let rows = |from: i64, to: i64| -> Vec<Vec<Value>> {
+        (from..to).map(|i| vec![Value::Int(i), text(i)]).collect()
+    };
+    // In batches of 1000 rows, as a query gives them.
+    let batches = move |n: i64| {
+        (0..n)
+            .step_by(1000)
+            .map(move |at| Ok(rows(at, (at + 1000).min(n))))
+    };
+    let texts = |n: i64| {
+        (0..n)
+            .step_by(700)
+            .map(move |at| Ok((at..(at + 700).min(n)).map(|i| vec![text(i)]).collect()))
+    };
+    let shipped = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let (before_last, after_last) = {
+        let db = Database::open(options.clone(), procedures()).unwrap();
+        let sink = Arc::clone(&shipped);
+        db.ship(Box::new(move |last, frames| {
+            sink.lock().push((last, frames.to_vec()))
+        }))
+        .unwrap();
+        let entries = db.log_stats().unwrap().entries;
+        db.load_table(
+            "keyed",
+            keyed(),
+            &["k"],
+            Placement::Partitioned,
+            batches(20_000),
+        )
+        .unwrap();
+        let entries = db.log_stats().unwrap().entries - entries;
+        assert!(entries > 20, "a load of 20,000 rows in {entries} entries");
+        // Without a key, the rows are numbered across the pieces.
+        let columns = vec![Column::new("v", ColumnType::Text, false)];
+        db.load_table("numbered", columns, &[], Placement::Chunked, texts(9_000))
+            .unwrap();
+        // A duplicate key in a later batch fails the load after pieces were logged:
+        // no table, and the load's end is logged as discarded.
+        let lsn = db.lsn();
+        let dup = batches(10_000).chain([Ok(rows(5, 6))]);
+        let err = db
+            .load_table("dup", keyed(), &["k"], Placement::Full, dup)
+            .unwrap_err();
+        assert!(err.to_string().contains("duplicate key"), "{err}");
+        assert!(db.read(|s| s.table_id("dup").is_err()));
+        assert!(db.lsn() > lsn + 3, "its entries and its end are logged");
+        // So does a batch that fails to convert.
+        let bad = batches(10_000).chain([Err(Error::Constraint("a bad batch".into()))]);
+        let err = db
+            .load_table("dup", keyed(), &["k"], Placement::Full, bad)
+            .unwrap_err();
+        assert!(err.to_string().contains("a bad batch"), "{err}");
+        // The name is free again.
+        db.load_table("dup", keyed(), &["k"], Placement::Full, batches(3_000))
+            .unwrap();
+        let before_last = only_segment(dir.path()).0;
+        db.load_table("last", keyed(), &["k"], Placement::Full, batches(8_000))
+            .unwrap();
+        wait_shipped(&shipped, db.lsn());
+        (before_last, only_segment(dir.path()).0)
+    };
+    let check = |db: &Database| {
+        let c = contents(db);
+        assert_eq!(c["keyed"], rows(0, 20_000));
+        let numbered = &c["numbered"];
+        assert_eq!(numbered.len(), 9_000);
+        for (i, row) in numbered.iter().enumerate() {
+            assert_eq!(row, &vec![text(i as i64), Value::Int(i as i64 + 1)]);
+        }
+        assert_eq!(c["dup"], rows(0, 3_000));
+    };
+    let db = Database::open(options.clone(), procedures()).unwrap();
+    check(&db);
+    assert_eq!(contents(&db)["last"].len(), 8_000);
+    assert_eq!(db.recovery().dropped_load, None);
+    drop(db);
+    // Secondaries replaying the log keep their shares of the split tables, and
+    // together hold every row once; the failed loads left nothing behind.
+    let mut held = BTreeMap::<String, usize>::new();
+    for index in 0..2 {
+        let share = Arc::new(ModShare { index, count: 2 });
+        let mut secondary =
+            Secondary::from_state_shared(gyre_replica::Store::default(), procedures(), share)
+                .unwrap();
+        for (_, frames) in shipped.lock().iter() {
+            secondary.apply_frames(frames).unwrap();
+        }
+        let snapshot = secondary.snapshot();
+        for (name, table) in &snapshot.tables {
+            let rows: usize = table.batches().iter().map(|b| b.num_rows()).sum();
+            let id = secondary.rows().table_id(name).unwrap();
+            assert_eq!(secondary.rows().table(id).unwrap().rows.len(), rows);
+            *held.entry(name.clone()).or_default() += rows;
+        }
+    }
+    let expected = [("dup", 6_000), ("keyed", 20_000), ("last", 16_000)];
+    let expected = expected.map(|(n, r)| (n.to_string(), r));
+    let mut expected = BTreeMap::from(expected);
+    expected.insert("numbered".into(), 9_000);
+    assert_eq!(held, expected);
+    // A crash inside a load: the log cut anywhere in its entries recovers without the
+    // table, logs the load's end, and goes on.
+    let (_, path) = only_segment(dir.path());
+    let bytes = std::fs::read(&path).unwrap();
+    assert_eq!(bytes.len() as u64, after_last);
+    let mut rng = rand::rng();
+    for _ in 0..6 {
+        let cut = rng.random_range(before_last as usize..bytes.len() - 1);
+        let copy = cut_copy(&path, &bytes[..cut]);
+        let options = Options {
+            load_piece_bytes: 4 << 10,
+            ..Options::durable(copy.path())
+        };
+        let db = Database::open(options.clone(), procedures()).unwrap();
+        let recovery = db.recovery();
+        check(&db);
+        assert!(db.read(|s| s.table_id("last").is_err()), "cut at {cut}");
+        let lsn = db.lsn();
+        drop(db);
+        let db = Database::open(options.clone(), procedures()).unwrap();
+        assert_eq!(db.lsn(), lsn, "cut at {cut}: {recovery:?}");
+        assert_eq!(db.recovery().dropped_load, None, "the end was logged");
+        db.load_table("last", keyed(), &["k"], Placement::Full, batches(2_000))
+            .unwrap();
+        drop(db);
+        let db = Database::open(options, procedures()).unwrap();
+        check(&db);
+        assert_eq!(contents(&db)["last"], rows(0, 2_000));
+    }
 }

@@ -66,6 +66,9 @@ pub struct PrimaryConfig {
     /// Multicast the log to the workers on this group (they must join it:
     /// `WorkerConfig::log_multicast`); without it, each worker's stream carries it.
     pub log_multicast: Option<gyre_replica::ship::Group>,
+    /// CREATE TABLE ... AS SELECT logs more rows than this many bytes as a load in
+    /// pieces of about this size.
+    pub load_piece_bytes: usize,
 }
 
 impl Default for PrimaryConfig {
@@ -76,6 +79,7 @@ impl Default for PrimaryConfig {
             group_commit: true,
             procedures: Procedures::new(),
             log_multicast: None,
+            load_piece_bytes: gyre_replica::database::LOAD_PIECE_BYTES,
         }
     }
 }
@@ -87,6 +91,7 @@ impl PrimaryConfig {
             log_mode: self.log_mode,
             group_commit: self.group_commit,
             lock_wait: LOCK_WAIT,
+            load_piece_bytes: self.load_piece_bytes,
             ..Default::default()
         };
         let db = Database::open(options, self.procedures.clone()).map_err(replica_err)?;
@@ -457,6 +462,7 @@ impl Coordinator {
                     Replication::None => None,
                     Replication::Full => Some(Placement::Full),
                     Replication::Partitioned => Some(Placement::Partitioned),
+                    Replication::Chunked => Some(Placement::Chunked),
                 };
                 let Some(placement) = given.unwrap_or_else(default) else {
                     return Ok(None);
@@ -519,16 +525,6 @@ impl Coordinator {
         }
         let schema = cmd.input.schema().as_arrow().clone();
         let columns = gyre_replica::value::columns_of(&schema).map_err(replica_err)?;
-        if columns.is_empty() {
-            return plan_err!("table '{name}' has no columns");
-        }
-        if columns.iter().any(|c| c.name == gyre_replica::ROW_ID) {
-            return plan_err!(
-                "the column name {} is reserved for the row numbers of a table without a \
-                 primary key",
-                gyre_replica::ROW_ID
-            );
-        }
         // Without a primary key the primary numbers the rows (a hidden row id).
         let key = cmd
             .constraints
@@ -540,10 +536,11 @@ impl Coordinator {
             .unwrap_or_default();
         let key_names: Vec<String> = key.iter().map(|&k| columns[k].name.clone()).collect();
         // The rows of CREATE TABLE ... AS SELECT, checked against the new table's rules:
-        // the table appears with all of them, in one log entry, or not at all.
+        // the table appears with all of them or not at all.
         let mut stored = columns.clone();
         let names: Vec<&str> = key_names.iter().map(String::as_str).collect();
-        let key = TableDef::keyed(&mut stored, &names).map_err(|e| plan_datafusion_err!("{e}"))?;
+        let key = TableDef::keyed(&mut stored, &names)
+            .map_err(|e| plan_datafusion_err!("table '{name}': {e}"))?;
         let def = TableDef {
             id: gyre_replica::TableId(0),
             name: name.clone(),
@@ -554,34 +551,38 @@ impl Coordinator {
         def.validate().map_err(replica_err)?;
         let empty =
             matches!(cmd.input.as_ref(), LogicalPlan::EmptyRelation(e) if !e.produce_one_row);
-        let mut rows = vec![];
-        if !empty {
-            let result = self
-                .run_query(state, Arc::unwrap_or_clone(cmd.input), workers)
-                .await?;
-            for batch in &result.batches {
-                rows.extend(rows_of(&def, batch)?);
+        let batches = match empty {
+            true => vec![],
+            false => {
+                self.run_query(state, Arc::unwrap_or_clone(cmd.input), workers)
+                    .await?
+                    .batches
             }
-        }
+        };
         let db = Arc::clone(&self.primary);
         let table = name.clone();
         let replace = cmd.or_replace && self.is_primary(&name);
         tokio::task::spawn_blocking(move || {
             let key: Vec<&str> = key_names.iter().map(String::as_str).collect();
+            // Converted to rows batch by batch as the load logs them.
+            let rows = || {
+                batches.iter().map(|b| {
+                    rows_of(&def, b).map_err(|e| gyre_replica::Error::Constraint(e.to_string()))
+                })
+            };
             // OR REPLACE: two transactions. The new table is tried in memory first,
             // so that rows it refuses do not cost the old one.
             if replace {
-                gyre_replica::Database::open(Default::default(), Procedures::new())?
-                    .create_table_with_rows(
-                        &table,
-                        columns.clone(),
-                        &key,
-                        placement,
-                        rows.clone(),
-                    )?;
+                gyre_replica::Database::open(Default::default(), Procedures::new())?.load_table(
+                    &table,
+                    columns.clone(),
+                    &key,
+                    placement,
+                    rows(),
+                )?;
                 db.drop_table(&table)?;
             }
-            db.create_table_with_rows(&table, columns, &key, placement, rows)
+            db.load_table(&table, columns, &key, placement, rows())
         })
         .await
         .map_err(|e| exec_err(e.to_string()))?
@@ -905,21 +906,7 @@ fn with_old_values(
     };
     // The target's columns are qualified by its alias, if it has one, else by the
     // name its scan has.
-    let (mut aliases, mut scans) = (vec![], vec![]);
-    p.input.apply(|node| {
-        match node {
-            LogicalPlan::SubqueryAlias(a)
-                if matches!(a.input.as_ref(), LogicalPlan::TableScan(s) if s.table_name.table() == target.table()) =>
-            {
-                aliases.push(a.alias.clone());
-            }
-            LogicalPlan::TableScan(s) if s.table_name.table() == target.table() => {
-                scans.push(s.table_name.clone());
-            }
-            _ => {}
-        }
-        Ok(TreeNodeRecursion::Continue)
-    })?;
+    let (aliases, scans) = target_reads(&p.input, target)?;
     let qualifier = match (aliases.as_slice(), scans.as_slice()) {
         ([alias], [_]) => alias.clone(),
         ([], [scan]) => scan.clone(),
@@ -951,6 +938,25 @@ fn with_old_values(
     ))
 }
 
+/// How an UPDATE's input reads its target table: the aliases it gives it, and its
+/// scans of it.
+fn target_reads(
+    input: &LogicalPlan,
+    target: &TableReference,
+) -> Result<(Vec<TableReference>, Vec<TableReference>)> {
+    let is_target = |plan: &LogicalPlan| matches!(plan, LogicalPlan::TableScan(s) if s.table_name.table() == target.table());
+    let (mut aliases, mut scans) = (vec![], vec![]);
+    input.apply(|node| {
+        match node {
+            LogicalPlan::SubqueryAlias(a) if is_target(&a.input) => aliases.push(a.alias.clone()),
+            LogicalPlan::TableScan(s) if is_target(node) => scans.push(s.table_name.clone()),
+            _ => {}
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })?;
+    Ok((aliases, scans))
+}
+
 /// An UPDATE may not change a key column: the row would need a new place in the index
 /// and its old key is not in the new row. A key column must be the target table's own
 /// (by its name or alias), not another table's of an `UPDATE ... FROM`.
@@ -959,14 +965,8 @@ fn key_untouched(input: &LogicalPlan, target: &TableReference, def: &TableDef) -
         return plan_err!("UPDATE of a transactional table: unexpected plan");
     };
     let mut names = vec![target.table().to_string()];
-    input.apply(|node| {
-        if let LogicalPlan::SubqueryAlias(a) = node
-            && matches!(a.input.as_ref(), LogicalPlan::TableScan(s) if s.table_name.table() == target.table())
-        {
-            names.push(a.alias.table().to_string());
-        }
-        Ok(TreeNodeRecursion::Continue)
-    })?;
+    let (aliases, _) = target_reads(input, target)?;
+    names.extend(aliases.iter().map(|a| a.table().to_string()));
     for &k in &def.key {
         let name = &def.columns[k].name;
         let same = matches!(p.expr.get(k).map(|e| e.clone().unalias()),
@@ -997,5 +997,5 @@ fn placement_of(value: &SqlExpr) -> Result<Option<Placement>> {
             return Ok(Some(placement));
         }
     }
-    plan_err!("replication takes 'none', 'full' or 'partitioned', not {value}")
+    plan_err!("replication takes 'none', 'full', 'partitioned' or 'chunked', not {value}")
 }

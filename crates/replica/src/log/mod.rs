@@ -39,6 +39,24 @@ pub enum Entry {
     /// ScyPer's snapshot transaction: changes nothing; every secondary cuts a snapshot
     /// at exactly its LSN, so snapshots agree across secondaries.
     Snapshot,
+    /// A bulk load (CREATE TABLE ... AS SELECT too large for one entry) starts: the
+    /// table, invisible until [`Entry::LoadEnd`]. The load's entries have consecutive
+    /// LSNs (it holds the primary), and a log that ends inside them is a load that was
+    /// never acknowledged: recovery drops it and logs its end.
+    LoadBegin {
+        def: TableDef,
+    },
+    /// Rows of the table being loaded.
+    LoadRows {
+        table: TableId,
+        rows: Vec<Vec<Value>>,
+    },
+    /// The load's last entry: the table becomes visible with every row of its
+    /// `LoadRows` (`commit`), or is discarded.
+    LoadEnd {
+        table: TableId,
+        commit: bool,
+    },
 }
 
 /// Which entries committed transactions get.

@@ -188,11 +188,17 @@ impl LogWriter {
     /// Queues the entry of the transaction with LSN `lsn` (the next one, as the caller
     /// holds the primary's lock). It is durable once [`LogWriter::wait_durable`] says so.
     pub fn append(&self, lsn: u64, entry: &Entry) -> Result<()> {
+        let mut raw = Vec::new();
+        segment::encode_entry(&mut raw, entry);
+        self.append_encoded(lsn, raw)
+    }
+
+    /// [`LogWriter::append`] of an entry already encoded by [`segment::encode_entry`]
+    /// (so that its caller can give the entry's values away first).
+    pub fn append_encoded(&self, lsn: u64, raw: Vec<u8>) -> Result<()> {
         if let Some(failed) = &self.shared.durable.lock().failed {
             return Err(Error::LogFailed(failed.clone()));
         }
-        let mut raw = Vec::new();
-        segment::encode_entry(&mut raw, entry);
         if raw.len() > MAX_GROUP_BYTES {
             return Err(Error::Unsupported(format!(
                 "a transaction whose log entry has {} bytes (at most {MAX_GROUP_BYTES})",
