@@ -335,47 +335,47 @@ impl Database {
         pieces: impl Iterator<Item = Result<Vec<Vec<Value>>>>,
     ) -> Result<u64> {
         let id = def.id;
-        let log = |store: &mut Store, entry: &Entry| -> Result<u64> {
-            let lsn = next_lsn(store)?;
-            self.append(lsn, entry)?;
-            store.lsn = lsn;
-            Ok(lsn)
-        };
-        store.begin_load(def.clone())?;
-        log(store, &Entry::LoadBegin { def })?;
-        let mut waiting = std::collections::VecDeque::new();
-        for piece in pieces {
-            // Encoded before the rows go to the store, which checks them: a piece is
-            // logged only once it is known to apply.
-            let entry = Entry::LoadRows {
-                table: id,
-                rows: piece?,
-            };
-            let mut raw = Vec::new();
-            segment::encode_entry(&mut raw, &entry);
-            let Entry::LoadRows { rows, .. } = entry else {
-                unreachable!("built above")
-            };
-            store.load_rows(id, rows)?;
+        // Each entry is encoded before its change goes to the store, which checks it:
+        // an entry is logged only once it is known to apply.
+        let log = |store: &mut Store, raw: Vec<u8>| -> Result<u64> {
             let lsn = next_lsn(store)?;
             if let Some(log) = &self.log {
                 log.append_encoded(lsn, raw)?;
             }
             store.lsn = lsn;
-            waiting.push_back(lsn);
+            Ok(lsn)
+        };
+        let encoded = |entry: &Entry| {
+            let mut raw = Vec::new();
+            segment::encode_entry(&mut raw, entry);
+            raw
+        };
+        let begin = encoded(&Entry::LoadBegin { def: def.clone() });
+        store.begin_load(def)?;
+        log(store, begin)?;
+        let mut waiting = std::collections::VecDeque::new();
+        for piece in pieces {
+            let entry = Entry::LoadRows {
+                table: id,
+                rows: piece?,
+            };
+            let raw = encoded(&entry);
+            let Entry::LoadRows { rows, .. } = entry else {
+                unreachable!("built above")
+            };
+            store.load_rows(id, rows)?;
+            waiting.push_back(log(store, raw)?);
             if waiting.len() > 2 {
                 let oldest = waiting.pop_front().expect("three are waiting");
                 self.wait_durable(oldest)?;
             }
         }
+        let end = encoded(&Entry::LoadEnd {
+            table: id,
+            commit: true,
+        });
         store.end_load(id, true)?;
-        log(
-            store,
-            &Entry::LoadEnd {
-                table: id,
-                commit: true,
-            },
-        )
+        log(store, end)
     }
 
     /// Applies `change` (what `entry` says, as recovery applies it) and logs `entry` as
