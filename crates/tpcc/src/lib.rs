@@ -3,7 +3,8 @@
 //! the five transactions as deterministic stored procedures, a terminal's input
 //! generator, and the specification's consistency conditions.
 //!
-//! - [`schema`]: the nine tables, their keys, and `CREATE TABLE` statements for SQL.
+//! - [`schema`]: the nine tables and two secondary indexes as tables, their keys, and
+//!   `CREATE TABLE` statements for SQL.
 //! - [`random`]: the specification's random data, from a generator whose sequence is
 //!   fixed (a logged load is replayed by drawing it again).
 //! - [`load`]: the initial database as procedures, per warehouse and per district.

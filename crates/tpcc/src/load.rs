@@ -9,7 +9,7 @@
 //! orders are undelivered, as the specification's 900 of 3000 are.
 
 use crate::random::{C_LAST_LOAD, Random, last_name, nurand_a};
-use crate::schema::TIMESTAMP;
+use crate::schema::{TIMESTAMP, col};
 use crate::values::{dec, int, ints, text};
 use gyre_replica::{Column, ColumnType, Procedure, Result, Txn, Value};
 
@@ -152,6 +152,7 @@ impl Procedure for LoadDistrict {
         txn.insert(district, row)?;
 
         let customer = txn.table("customer")?;
+        let customer_name = txn.table("customer_name")?;
         let history = txn.table("history")?;
         let last_range = customers.min(1000) - 1;
         for c in 1..=customers {
@@ -175,7 +176,10 @@ impl Procedure for LoadDistrict {
                 int(0),
                 text(r.astring(300, 500)),
             ]);
+            let (first, last) = (&row[col::customer::FIRST], &row[col::customer::LAST]);
+            let name = vec![int(w), int(d), last.clone(), first.clone(), int(c)];
             txn.insert(customer, row)?;
+            txn.insert(customer_name, name)?;
             txn.insert(
                 history,
                 vec![
@@ -199,19 +203,22 @@ impl Procedure for LoadDistrict {
             owner.swap(i, j);
         }
         let orders = txn.table("orders")?;
+        let customer_order = txn.table("customer_order")?;
         let order_line = txn.table("order_line")?;
         let new_order = txn.table("new_order")?;
         let undelivered = first_new_order(customers);
         for o in 1..=customers {
             let delivered = o < undelivered;
             let lines = r.uniform(5, 15);
+            let c = owner[o as usize - 1];
+            txn.insert(customer_order, vec![int(w), int(d), int(c), int(o)])?;
             txn.insert(
                 orders,
                 vec![
                     int(o),
                     int(d),
                     int(w),
-                    int(owner[o as usize - 1]),
+                    int(c),
                     now.clone(),
                     if delivered {
                         int(r.uniform(1, 10))

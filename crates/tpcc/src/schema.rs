@@ -34,7 +34,7 @@ fn cols(spec: &[(&str, ColumnType, bool)]) -> Vec<Column> {
         .collect()
 }
 
-/// The nine tables, in loading order.
+/// The nine tables and the two secondary indexes, in loading order.
 pub fn tables() -> Vec<Table> {
     let address = |p: &str| {
         [
@@ -190,10 +190,37 @@ pub fn tables() -> Vec<Table> {
             ]),
             key: &["ol_w_id", "ol_d_id", "ol_o_id", "ol_number"],
         },
+        // Secondary indexes. The row store indexes a table by its primary key only, so
+        // the two lookups the transactions make by other columns get tables of their
+        // own, written in the transactions that write the rows they index.
+        Table {
+            // A district's customers by last name, in the order clause 2.5.2.2 picks
+            // from (first name); names never change.
+            name: "customer_name",
+            columns: cols(&[
+                ("cn_w_id", INT, false),
+                ("cn_d_id", INT, false),
+                ("cn_last", TEXT, false),
+                ("cn_first", TEXT, false),
+                ("cn_c_id", INT, false),
+            ]),
+            key: &["cn_w_id", "cn_d_id", "cn_last", "cn_first", "cn_c_id"],
+        },
+        Table {
+            // A customer's orders, newest last (Order-Status, clause 2.6.2.2).
+            name: "customer_order",
+            columns: cols(&[
+                ("co_w_id", INT, false),
+                ("co_d_id", INT, false),
+                ("co_c_id", INT, false),
+                ("co_o_id", INT, false),
+            ]),
+            key: &["co_w_id", "co_d_id", "co_c_id", "co_o_id"],
+        },
     ]
 }
 
-/// Creates the nine tables in `db`.
+/// Creates the tables in `db`.
 pub fn create_tables(db: &Database) -> Result<()> {
     for t in tables() {
         db.create_table(t.name, t.columns, t.key)?;
@@ -204,16 +231,18 @@ pub fn create_tables(db: &Database) -> Result<()> {
 /// The tables that grow with the warehouses and that CH-benCHmark's analytical
 /// queries scan in bulk: a cluster may partition them over its workers, while item,
 /// warehouse and district stay whole on each.
-pub const GROWING_TABLES: [&str; 6] = [
+pub const GROWING_TABLES: [&str; 8] = [
     "stock",
     "customer",
     "history",
     "orders",
     "new_order",
     "order_line",
+    "customer_name",
+    "customer_order",
 ];
 
-/// `CREATE TABLE` statements for the nine tables as transactional tables of a Gyre
+/// `CREATE TABLE` statements for the tables as transactional tables of a Gyre
 /// coordinator: `WITH (replication = 'full')`, or for the [`GROWING_TABLES`]
 /// `placement`'s.
 pub fn ddl(placement: Placement) -> Vec<String> {
@@ -260,6 +289,12 @@ fn sql_type(t: ColumnType) -> String {
 
 /// Column positions, per table, in the order [`tables`] defines them.
 pub mod col {
+    pub mod customer_name {
+        pub const C_ID: usize = 4;
+    }
+    pub mod customer_order {
+        pub const O_ID: usize = 3;
+    }
     pub mod item {
         pub const ID: usize = 0;
         pub const PRICE: usize = 3;
@@ -376,7 +411,7 @@ mod tests {
     #[test]
     fn ddl_names_every_column_and_key() {
         let ddl = ddl(Placement::Full);
-        assert_eq!(ddl.len(), 9);
+        assert_eq!(ddl.len(), 11);
         assert!(ddl[2].starts_with("CREATE TABLE stock (s_i_id INT NOT NULL"));
         assert!(ddl[2].contains("PRIMARY KEY (s_w_id, s_i_id)"));
         assert!(ddl[6].contains("o_carrier_id INT,"));

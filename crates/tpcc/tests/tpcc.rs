@@ -197,6 +197,7 @@ fn payment_by_last_name_takes_the_middle_one_by_first_name() {
     let base = row(&db.snapshot(), "customer", &[1, 2, 5]).unwrap();
     db.transaction(|txn| {
         let customer = txn.table("customer")?;
+        let by_name = txn.table("customer_name")?;
         let history = txn.table("history")?;
         for (table, key, ytd) in [
             ("warehouse", vec![Value::Int(1)], col::warehouse::YTD),
@@ -215,6 +216,18 @@ fn payment_by_last_name_takes_the_middle_one_by_first_name() {
             let mut r = base.to_vec();
             r[0] = Value::Int(id);
             r[col::customer::FIRST] = Value::Text(first.into());
+            // A customer comes with its row in the name index.
+            let name = [1, 2].map(Value::Int).to_vec();
+            let name = [
+                name,
+                vec![
+                    r[col::customer::LAST].clone(),
+                    r[col::customer::FIRST].clone(),
+                ],
+            ];
+            let mut name = name.concat();
+            name.push(Value::Int(id));
+            txn.insert(by_name, name)?;
             txn.insert(customer, r)?;
             txn.insert(
                 history,

@@ -103,6 +103,8 @@ impl Procedure for NewOrder {
                 int(all_local.into()),
             ],
         )?;
+        let customer_order = txn.table("customer_order")?;
+        txn.insert(customer_order, vec![int(w), int(d), int(c), int(o_id)])?;
         let new_order = txn.table("new_order")?;
         txn.insert(new_order, vec![int(o_id), int(d), int(w)])?;
 

@@ -1,10 +1,9 @@
 //! Order-Status (clause 2.6): a customer's last order and its lines; reads only.
 
-use super::customer;
+use super::{customer, get};
 use crate::schema::{TIMESTAMP, col};
 use crate::values::{int, int_of, ints};
 use gyre_replica::{Column, ColumnType, Procedure, Result, Txn, Value};
-use std::ops::Bound;
 
 /// `tpcc_order_status(w_id, d_id, c_id, c_last)`: one row per line of the customer's
 /// newest order.
@@ -47,19 +46,14 @@ impl Procedure for OrderStatus {
         let [w, d] = ints(args);
         let c_row = customer(txn, w, d, &args[2], &args[3])?;
         let c_id = int_of(&c_row, col::customer::ID);
-        // The newest order is the district's last one with this customer: without an
-        // index by customer, a walk back from the district's newest order.
-        let orders = txn.table("orders")?;
-        let (lo, hi) = ([int(w), int(d)], [int(w), int(d + 1)]);
-        let Some(o_row) = txn
-            .range(orders, Bound::Included(&lo[..]), Bound::Excluded(&hi[..]))?
-            .rev()
-            .find(|(_, r)| int_of(r, col::orders::C_ID) == c_id)
-            .map(|(_, r)| r.clone())
-        else {
+        // The customer's newest order: the last of its orders in the index.
+        let index = txn.table("customer_order")?;
+        let Some(newest) = txn.last_with_prefix(index, &[int(w), int(d), int(c_id)])? else {
             return Ok(vec![]);
         };
-        let o_id = int_of(&o_row, col::orders::ID);
+        let o_id = int_of(&newest, col::customer_order::O_ID);
+        let orders = txn.table("orders")?;
+        let o_row = get(txn, orders, &[int(w), int(d), int(o_id)], "order")?;
         let order_line = txn.table("order_line")?;
         let head = [
             int(c_id),
