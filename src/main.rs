@@ -1,5 +1,8 @@
 //! The `gyre` command: coordinator, worker, embedded cluster, SQL client, benchmarks.
 
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod bench;
 mod bench_assign;
 mod bench_chbench;

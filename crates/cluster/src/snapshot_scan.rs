@@ -401,7 +401,7 @@ mod tests {
                 vec![
                     Value::Float(i as f64),
                     Value::Int(i % 7),
-                    Value::Text(format!("n{i}")),
+                    Value::Text(format!("n{i}").into()),
                 ]
             })
             .collect();

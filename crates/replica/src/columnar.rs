@@ -212,7 +212,7 @@ pub fn value_at(t: ColumnType, a: &dyn Array, i: usize) -> Value {
             6 => a.as_primitive::<TimestampMicrosecondType>().value(i),
             _ => a.as_primitive::<TimestampNanosecondType>().value(i),
         }),
-        ColumnType::Text => Value::Text(a.as_string::<i32>().value(i).to_string()),
+        ColumnType::Text => Value::Text(a.as_string::<i32>().value(i).into()),
         ColumnType::IntList => {
             let items = a.as_list::<i32>().value(i);
             if items.null_count() > 0 {
@@ -277,7 +277,7 @@ mod tests {
             ColumnType::Decimal { .. } => Value::Decimal(k as i128 * 101),
             ColumnType::Date => Value::Date(k as i32),
             ColumnType::Timestamp { .. } => Value::Timestamp(k * 1000),
-            ColumnType::Text => Value::Text(format!("v{k}")),
+            ColumnType::Text => Value::Text(format!("v{k}").into()),
             ColumnType::IntList => Value::IntList((0..k % 4).collect()),
             _ => Value::Int(k % 100),
         };

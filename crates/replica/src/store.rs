@@ -270,13 +270,14 @@ impl Table {
     fn insert(&mut self, row: Vec<Value>) -> Result<Key> {
         self.def.check_row(&row)?;
         let key = self.def.key_of(&row);
-        if self.rows.contains_key(&key) {
+        // One walk down the tree: a duplicate is rare, and then put back.
+        if let Some(old) = self.rows.insert(key.clone(), row.into()) {
+            self.rows.insert(key.clone(), old);
             return Err(Error::Constraint(format!(
                 "duplicate key {key:?} in {}",
                 self.def.name
             )));
         }
-        self.rows.insert(key.clone(), row.into());
         Ok(key)
     }
 
@@ -585,6 +586,9 @@ mod tests {
             row: vec![Value::Int(1), Value::Int(11)],
         });
         assert!(matches!(dup, Err(Error::Constraint(_))));
+        // The refused insert left the row it collided with as it was.
+        let key: Key = vec![Value::Int(1)].into();
+        assert_eq!(s.table(t).unwrap().rows[&key][1], Value::Int(10));
         let u2 = s
             .apply(RowOp::Update {
                 table: t,
@@ -600,7 +604,6 @@ mod tests {
         );
         assert_eq!(s.table(t).unwrap().rows.len(), 1);
         s.undo(u2);
-        let key: Key = vec![Value::Int(1)].into();
         assert_eq!(s.table(t).unwrap().rows[&key][1], Value::Int(10));
         s.undo(u1);
         assert!(s.table(t).unwrap().rows.is_empty());

@@ -22,9 +22,26 @@ pub enum Value {
     Decimal(i128),
     Date(i32),
     Timestamp(i64),
-    Text(String),
+    /// Shared: copying a row to change one of its columns copies no text. Encoded as
+    /// a string is.
+    Text(#[serde(with = "shared_str")] Arc<str>),
     /// A list of integers without NULLs (a procedure's item numbers, say).
     IntList(Vec<i64>),
+}
+
+/// `Arc<str>` as serde's string, without serde's `rc` feature (which would rebuild
+/// every crate that uses serde).
+mod shared_str {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use std::sync::Arc;
+
+    pub fn serialize<S: Serializer>(v: &Arc<str>, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(v)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Arc<str>, D::Error> {
+        String::deserialize(d).map(Arc::from)
+    }
 }
 
 impl Value {
@@ -162,13 +179,13 @@ impl From<f64> for Value {
 
 impl From<&str> for Value {
     fn from(v: &str) -> Self {
-        Value::Text(v.to_string())
+        Value::Text(v.into())
     }
 }
 
 impl From<String> for Value {
     fn from(v: String) -> Self {
-        Value::Text(v)
+        Value::Text(v.into())
     }
 }
 

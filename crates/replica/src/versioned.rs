@@ -448,7 +448,7 @@ mod tests {
                     .unwrap()
                     .rows
                     .contains_key(&[Value::Int(k)][..]);
-                let row = vec![Value::Int(k), Value::Text(format!("{lsn}"))];
+                let row = vec![Value::Int(k), Value::Text(format!("{lsn}").into())];
                 let op = match (exists, rand(3)) {
                     (false, _) => RowOp::Insert { table, row },
                     (true, 0) => RowOp::Delete {

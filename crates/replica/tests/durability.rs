@@ -1075,7 +1075,7 @@ fn a_load_in_several_entries_is_all_or_nothing() {
         load_piece_bytes: 4 << 10,
         ..Options::durable(dir.path())
     };
-    let text = |i: i64| Value::Text(format!("row {i}"));
+    let text = |i: i64| Value::Text(format!("row {i}").into());
     let keyed = || vec![int("k"), Column::new("v", ColumnType::Text, false)];
     let rows = |from: i64, to: i64| -> Vec<Vec<Value>> {
         (from..to).map(|i| vec![Value::Int(i), text(i)]).collect()

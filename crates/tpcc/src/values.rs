@@ -6,7 +6,7 @@ pub(crate) fn int(v: i64) -> Value {
     Value::Int(v)
 }
 
-pub(crate) fn text(v: impl Into<String>) -> Value {
+pub(crate) fn text(v: impl Into<std::sync::Arc<str>>) -> Value {
     Value::Text(v.into())
 }
 

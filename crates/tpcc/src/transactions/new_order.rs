@@ -2,7 +2,7 @@
 
 use super::{get, with};
 use crate::schema::{TIMESTAMP, col};
-use crate::values::{dec_of, int, int_of, ints, text, text_of};
+use crate::values::{dec_of, int, int_of, ints};
 use gyre_replica::{Column, ColumnType, Procedure, Result, Txn, Value};
 
 /// `tpcc_new_order(w_id, d_id, c_id, item_ids, supply_w_ids, quantities, entry_d)`,
@@ -171,8 +171,8 @@ impl Procedure for NewOrder {
             int(o_id),
             int(lines as i64),
             Value::Decimal(total),
-            text(text_of(&c_row, col::customer::LAST)),
-            text(text_of(&c_row, col::customer::CREDIT)),
+            c_row[col::customer::LAST].clone(),
+            c_row[col::customer::CREDIT].clone(),
         ]])
     }
 }
