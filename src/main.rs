@@ -1,8 +1,5 @@
 //! The `gyre` command: coordinator, worker, embedded cluster, SQL client, benchmarks.
 
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 mod bench;
 mod bench_assign;
 mod bench_chbench;
