@@ -201,7 +201,7 @@ pub fn violations(store: &Store) -> Result<Vec<String>> {
             .collect())
     };
     use col::{customer as c, orders as o};
-    let by_name = implied("customer", &[2, 1, c::LAST, c::FIRST, c::ID])?;
+    let by_name = implied("customer", &[c::W_ID, c::D_ID, c::LAST, c::FIRST, c::ID])?;
     let by_order = implied("orders", &[o::W_ID, o::D_ID, o::C_ID, o::ID])?;
     for (index, expected) in [("customer_name", by_name), ("customer_order", by_order)] {
         let held: BTreeSet<Vec<Value>> = rows(store, index)?.map(|r| r.to_vec()).collect();

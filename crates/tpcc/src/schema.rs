@@ -324,6 +324,8 @@ pub mod col {
     }
     pub mod customer {
         pub const ID: usize = 0;
+        pub const D_ID: usize = 1;
+        pub const W_ID: usize = 2;
         pub const FIRST: usize = 3;
         pub const LAST: usize = 5;
         pub const CREDIT: usize = 13;
