@@ -537,7 +537,7 @@ impl Database {
             });
         }
         let entry = logical.unwrap_or_else(|| Entry::Physical {
-            ops: txn.ops().to_vec(),
+            ops: txn.log_ops(),
         });
         let lsn = next_lsn(txn.store())?;
         if let Err(e) = self.append(lsn, &entry) {

@@ -134,7 +134,7 @@ impl Secondary {
                         def.check_row(row)?;
                         def.key_of(row).to_vec()
                     }
-                    RowOp::Delete { key, .. } => {
+                    RowOp::Delete { key, .. } | RowOp::Patch { key, .. } => {
                         def.check_key(key)?;
                         key.clone()
                     }

@@ -213,6 +213,18 @@ impl<'a> Txn<'a> {
 
     pub(crate) fn apply_op(&mut self, op: RowOp) -> Result<()> {
         self.read(op.table())?;
+        // Kept as the whole row: the secondaries' columnar tables append it.
+        let op = match op {
+            RowOp::Patch {
+                table,
+                key,
+                columns,
+            } => RowOp::Update {
+                table,
+                row: self.store.patched(table, &key, columns)?,
+            },
+            op => op,
+        };
         let undo = self.store.apply(op.clone())?;
         self.pending.undo.push(undo);
         self.pending.ops.push(op);
@@ -224,9 +236,20 @@ impl<'a> Txn<'a> {
         self.pending.ops.is_empty()
     }
 
-    /// The row operations made so far, for a physical redo entry.
-    pub(crate) fn ops(&self) -> &[RowOp] {
-        &self.pending.ops
+    /// The row operations made so far as a physical redo entry carries them: each
+    /// update as the columns it changed ([`RowOp::update_for_log`]).
+    pub(crate) fn log_ops(&self) -> Vec<RowOp> {
+        self.pending
+            .ops
+            .iter()
+            .zip(&self.pending.undo)
+            .map(|(op, undo)| match (op, undo) {
+                (RowOp::Update { table, row }, Undo::Restore(_, key, old)) => {
+                    RowOp::update_for_log(*table, key, old, row)
+                }
+                (op, _) => op.clone(),
+            })
+            .collect()
     }
 
     /// Forgets the undo: the transaction committed.

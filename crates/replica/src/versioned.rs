@@ -370,6 +370,11 @@ impl VersionedStore {
                 t.insert_checked(lsn, row, horizon)
             }
             RowOp::Delete { table, key } => self.table_mut(table)?.delete(lsn, &key),
+            // Replay resolves patches against the row store before they come here.
+            RowOp::Patch { table, .. } => Err(Error::Unsupported(format!(
+                "a change of some columns of table #{} without the row it changes",
+                table.0
+            ))),
         }
     }
 
