@@ -13,8 +13,10 @@
 //! - inside a transaction, and where a change reads its input, the transaction's own
 //!   state on the primary, whose rows travel in the plan to wherever the scan runs.
 //!
-//! The choice is made when the statement is planned and handed to the scans through
-//! the planning session ([`PrimarySnapshot`]).
+//! The planning session hands the choice to the scans ([`PrimarySnapshot`]). Outside
+//! a transaction the statement's first scan makes it, once for all of them: a
+//! statement that reads no transactional table (a `CALL`) asks the primary for
+//! nothing, as a copy of its state costs the transactions after it.
 
 use crate::snapshot_scan::{SnapshotScanExec, SnapshotTable};
 use crate::table::QueryWorkers;
@@ -37,12 +39,21 @@ const BATCH_ROWS: usize = 8192;
 /// The state of the primary's tables a statement reads, attached to its planning
 /// session.
 #[derive(Debug, Clone)]
-pub struct PrimarySnapshot {
-    /// The primary's state when the statement arrived (or its transaction's).
+pub enum PrimarySnapshot {
+    /// This state, read on the primary: a transaction's own, or a change's input.
+    OnPrimary(Arc<Store>),
+    /// Outside a transaction: where the statement reads, chosen by its first scan.
+    Chosen(Arc<tokio::sync::OnceCell<Choice>>),
+}
+
+/// Where a statement outside a transaction reads, and the primary's state it plans
+/// with.
+#[derive(Debug)]
+pub struct Choice {
+    pub at: ReadAt,
+    /// At [`ReadAt::Primary`] the state read; at a snapshot, the tables' definitions
+    /// (as of the snapshot or later).
     pub store: Arc<Store>,
-    /// Set when the statement reads on the workers: where it reads, chosen by its
-    /// first scan.
-    pub on_workers: Option<Arc<tokio::sync::OnceCell<ReadAt>>>,
 }
 
 /// Where a statement outside a transaction reads the transactional tables.
@@ -56,21 +67,58 @@ pub enum ReadAt {
 }
 
 impl PrimarySnapshot {
-    /// Reads `store` itself (a transaction's state, or a change's input).
-    pub fn on_primary(store: Arc<Store>) -> Self {
-        Self {
-            store,
-            on_workers: None,
+    /// Reads on the workers, at a global snapshot at least as new as the last commit
+    /// when the first scan is planned.
+    pub fn on_workers() -> Self {
+        Self::Chosen(Arc::default())
+    }
+
+    /// The state `db` reads on the primary for this statement: its own state, or the
+    /// last commit (once durable).
+    pub async fn on_primary_store(&self, db: &Arc<Database>) -> Result<Arc<Store>> {
+        match self {
+            Self::OnPrimary(store) => Ok(Arc::clone(store)),
+            Self::Chosen(_) => {
+                let db = Arc::clone(db);
+                blocking(move || Ok(db.snapshot())).await
+            }
         }
     }
 
-    /// Reads on the workers, at a global snapshot at or after `store`'s LSN.
-    pub fn on_workers(store: Arc<Store>) -> Self {
-        Self {
-            store,
-            on_workers: Some(Arc::default()),
-        }
+    /// Where the statement reads and the state it plans with, chosen once.
+    async fn choose(&self, db: &Arc<Database>) -> Result<(ReadAt, Arc<Store>)> {
+        let chosen = match self {
+            Self::OnPrimary(store) => return Ok((ReadAt::Primary, Arc::clone(store))),
+            Self::Chosen(chosen) => chosen,
+        };
+        let db = Arc::clone(db);
+        let choice = chosen
+            .get_or_try_init(|| {
+                blocking(move || {
+                    Ok(
+                        match db.try_mark_snapshot_if_changed().map_err(replica_err)? {
+                            Some(lsn) => Choice {
+                                at: ReadAt::Snapshot(lsn),
+                                store: db.catalog(),
+                            },
+                            None => Choice {
+                                at: ReadAt::Primary,
+                                store: db.snapshot(),
+                            },
+                        },
+                    )
+                })
+            })
+            .await?;
+        Ok((choice.at, Arc::clone(&choice.store)))
     }
+}
+
+/// Runs `f`, which may wait for the primary's lock or its log, off the async threads.
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| DataFusionError::Execution(format!("reading the primary: {e}")))?
 }
 
 /// The provider of one transactional table.
@@ -118,37 +166,21 @@ impl TableProvider for PrimaryTable {
         _filters: &[Expr],
         _limit: Option<usize>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let snapshot = match state.config().get_extension::<PrimarySnapshot>() {
-            Some(snapshot) => snapshot,
-            None => Arc::new(PrimarySnapshot::on_primary(self.db.snapshot())),
-        };
-        let db = Arc::clone(&self.db);
-        let read_at = match &snapshot.on_workers {
-            None => ReadAt::Primary,
-            Some(chosen) => {
-                *chosen
-                    .get_or_try_init(|| async move {
-                        let marked =
-                            tokio::task::spawn_blocking(move || db.try_mark_snapshot_if_changed())
-                                .await
-                                .map_err(|e| {
-                                    DataFusionError::Execution(format!("marking a snapshot: {e}"))
-                                })?
-                                .map_err(replica_err)?;
-                        Ok::<_, DataFusionError>(marked.map_or(ReadAt::Primary, ReadAt::Snapshot))
-                    })
-                    .await?
+        let (read_at, store) = match state.config().get_extension::<PrimarySnapshot>() {
+            Some(snapshot) => snapshot.choose(&self.db).await?,
+            None => {
+                let db = Arc::clone(&self.db);
+                (ReadAt::Primary, blocking(move || Ok(db.snapshot())).await?)
             }
         };
         let ReadAt::Snapshot(lsn) = read_at else {
-            let batches = self.batches(&snapshot.store)?;
+            let batches = self.batches(&store)?;
             return Ok(MemorySourceConfig::try_new_exec(
                 &[batches],
                 Arc::clone(&self.schema),
                 projection.cloned(),
             )?);
         };
-        let store = &snapshot.store;
         let table = store
             .table_id(&self.name)
             .and_then(|id| store.table(id))

@@ -17,6 +17,7 @@ use crate::log::segment;
 use crate::log::writer::{LogStats, LogWriter};
 use crate::log::{Entry, LogMode};
 use crate::procedure::{Procedures, check_args};
+use crate::published::Published;
 use crate::store::{Placement, RowOp, Store, TableDef, TableId};
 use crate::txn::{Pending, Txn};
 use crate::value::{Column, Value};
@@ -24,9 +25,7 @@ use parking_lot::{ArcMutexGuard, Mutex, RawMutex};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-/// How long a snapshot for a reader waits for the transaction holding the primary:
-/// a single-statement one ends within it, an interactive one may not.
-pub const READER_LOCK_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
+use crate::published::READER_LOCK_WAIT;
 
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -86,9 +85,9 @@ pub struct Recovery {
 
 pub struct Database {
     store: Arc<Mutex<Store>>,
-    /// The store as of the last durable commit, for readers: they never wait for a
-    /// transaction, and never see one that could still be lost.
-    committed: Mutex<Arc<Store>>,
+    /// What readers see: they never wait for a long transaction, and never see one
+    /// that could still be lost.
+    published: Published,
     log: Option<LogWriter>,
     checkpoints: Option<PathBuf>,
     procedures: Procedures,
@@ -111,7 +110,7 @@ impl Database {
         let Some(dir) = options.data_dir.clone() else {
             return Ok(Self {
                 store: Arc::default(),
-                committed: Mutex::default(),
+                published: Published::new(&Store::default()),
                 // Written nowhere, but shipped to secondaries all the same.
                 log: Some(LogWriter::in_memory(1)?),
                 checkpoints: None,
@@ -211,7 +210,7 @@ impl Database {
             );
         }
         Ok(Self {
-            committed: Mutex::new(Arc::new(store.clone())),
+            published: Published::new(&store),
             store: Arc::new(Mutex::new(store)),
             log: Some(log),
             checkpoints: Some(checkpoint_dir),
@@ -276,6 +275,8 @@ impl Database {
             next_number: numbered.then_some(1),
         };
         let mut store = self.lock()?;
+        // A load holds the primary for long.
+        self.published.acquired(&store, true);
         let def = TableDef {
             id: store.next_table_id(),
             name: name.to_string(),
@@ -293,10 +294,8 @@ impl Database {
         let rest = [Ok(first), Ok(second)].into_iter().chain(pieces);
         match self.load_locked(&mut store, def, rest) {
             Ok(lsn) => {
-                let state = store.clone();
-                drop(store);
-                self.wait_durable(lsn)?;
-                self.publish(state);
+                self.published.committed(lsn);
+                self.release_published(store)?;
                 Ok(id)
             }
             Err(e) if store.loading(id).is_err() => Err(e),
@@ -316,11 +315,8 @@ impl Database {
                     Ok(lsn)
                 });
                 if let Ok(lsn) = ended {
-                    let state = store.clone();
-                    drop(store);
-                    if self.wait_durable(lsn).is_ok() {
-                        self.publish(state);
-                    }
+                    self.published.committed(lsn);
+                    let _ = self.release_published(store);
                 }
                 Err(e)
             }
@@ -394,10 +390,18 @@ impl Database {
             return Err(e);
         }
         store.lsn = lsn;
-        let state = store.clone();
+        self.published.committed(lsn);
+        self.release_published(store)
+    }
+
+    /// Releases the primary and, once its state is durable, lets readers see it at
+    /// once (tables created, loaded or dropped). Returns its LSN.
+    fn release_published(&self, store: parking_lot::MutexGuard<'_, Store>) -> Result<u64> {
+        let state = Arc::new(store.clone());
         drop(store);
-        self.wait_durable(lsn)?;
-        self.publish(state);
+        self.wait_durable(state.lsn)?;
+        let lsn = state.lsn;
+        self.published.publish(state);
         Ok(lsn)
     }
 
@@ -434,7 +438,10 @@ impl Database {
             return Ok(Some(last));
         }
         match self.store.try_lock_for(READER_LOCK_WAIT) {
-            Some(store) => self.mark_locked(store).map(Some),
+            Some(store) => {
+                self.published.acquired(&store, false);
+                self.mark_locked(store).map(Some)
+            }
             None => Ok(None),
         }
     }
@@ -448,9 +455,12 @@ impl Database {
 
     /// The primary's lock, waited for at most `lock_wait`.
     fn lock(&self) -> Result<parking_lot::MutexGuard<'_, Store>> {
-        self.store
+        let store = self
+            .store
             .try_lock_for(self.options.lock_wait)
-            .ok_or_else(|| busy(self.options.lock_wait))
+            .ok_or_else(|| busy(self.options.lock_wait))?;
+        self.published.acquired(&store, false);
+        Ok(store)
     }
 
     /// Runs a stored procedure as one transaction and returns its rows once it is
@@ -505,9 +515,11 @@ impl Database {
     /// Starts an interactive transaction (BEGIN): it holds the primary until it commits
     /// or rolls back, as every transaction here runs alone.
     pub fn begin(self: &Arc<Self>) -> Transaction {
+        let guard = self.store.lock_arc();
+        self.published.acquired(&guard, true);
         Transaction {
             db: self.clone(),
-            guard: Some(self.store.lock_arc()),
+            guard: Some(guard),
             pending: Some(Pending::default()),
         }
     }
@@ -519,6 +531,7 @@ impl Database {
             .store
             .try_lock_arc_for(wait)
             .ok_or_else(|| busy(wait))?;
+        self.published.acquired(&guard, true);
         Ok(Transaction {
             db: self.clone(),
             guard: Some(guard),
@@ -527,18 +540,17 @@ impl Database {
     }
 
     /// Gives the transaction its LSN and queues its entry (under the lock). Returns the
-    /// LSN to wait for and the state to publish then. A transaction that changed
-    /// nothing waits for the last commit it may have read, and publishes nothing.
+    /// LSN to wait for. A transaction that changed nothing waits for the last commit
+    /// it may have read. Readers see the commit when they next ask
+    /// ([`crate::published`]).
     fn commit(&self, txn: &mut Txn<'_>, logical: Option<Entry>) -> Result<Committed> {
         if txn.is_empty() {
             return Ok(Committed {
                 lsn: txn.store().lsn,
-                state: None,
+                changed: false,
             });
         }
-        let entry = logical.unwrap_or_else(|| Entry::Physical {
-            ops: txn.log_ops(),
-        });
+        let entry = logical.unwrap_or_else(|| Entry::Physical { ops: txn.log_ops() });
         let lsn = next_lsn(txn.store())?;
         if let Err(e) = self.append(lsn, &entry) {
             txn.rollback();
@@ -546,34 +558,19 @@ impl Database {
         }
         txn.take_ops();
         txn.store().lsn = lsn;
-        let state = txn.store().clone();
+        self.published.committed(lsn);
         if !self.options.group_commit {
             // The next transaction runs only once this one is on disk.
             self.wait_durable(lsn)?;
         }
-        Ok(Committed {
-            lsn,
-            state: Some(state),
-        })
+        Ok(Committed { lsn, changed: true })
     }
 
-    /// Waits until a commit is durable, then lets readers see it. Returns its LSN, or
-    /// none for a transaction that changed nothing.
+    /// Waits until a commit is durable. Returns its LSN, or none for a transaction
+    /// that changed nothing.
     fn acknowledge(&self, committed: Committed) -> Result<Option<u64>> {
         self.wait_durable(committed.lsn)?;
-        Ok(committed.state.map(|state| {
-            self.publish(state);
-            committed.lsn
-        }))
-    }
-
-    /// Makes `state` what readers see, unless they already see a later one (commits
-    /// become durable in LSN order, but their waiters wake in any order).
-    fn publish(&self, state: Store) {
-        let mut committed = self.committed.lock();
-        if state.lsn > committed.lsn {
-            *committed = Arc::new(state);
-        }
+        Ok(committed.changed.then_some(committed.lsn))
     }
 
     fn append(&self, lsn: u64, entry: &Entry) -> Result<()> {
@@ -652,26 +649,38 @@ impl Database {
         Ok(Some(copy.lsn))
     }
 
-    /// Reads the store as of the last durable commit.
+    /// Reads the store as of the last commit ([`Database::snapshot`]).
     pub fn read<R>(&self, f: impl FnOnce(&Store) -> R) -> R {
         f(&self.snapshot())
     }
 
-    /// The store as of the last durable commit; it does not wait for a running
-    /// transaction.
+    /// The store as of the last commit when called, once it is durable (a group commit
+    /// at most). It waits for a transaction holding the primary only briefly: one that
+    /// holds it long left its starting state for readers.
     pub fn snapshot(&self) -> Arc<Store> {
-        self.committed.lock().clone()
+        self.published
+            .snapshot(&self.store, |lsn| self.wait_durable(lsn))
+    }
+
+    /// The last state readers were given, without asking for a newer one: its tables
+    /// are current (creating, loading or dropping a table publishes), its rows may be
+    /// older than the last commit. For looking up table definitions.
+    pub fn catalog(&self) -> Arc<Store> {
+        self.published.current()
     }
 
     /// The LSN of the last durable commit.
     pub fn lsn(&self) -> u64 {
-        self.committed.lock().lsn
+        let last = self.published.last_commit();
+        self.log
+            .as_ref()
+            .map_or(last, |log| last.min(log.durable_lsn()))
     }
 
     pub fn durable_lsn(&self) -> u64 {
         match &self.log {
             Some(log) => log.durable_lsn(),
-            None => self.lsn(),
+            None => self.published.last_commit(),
         }
     }
 
@@ -856,8 +865,8 @@ pub(crate) fn replay(
 struct Committed {
     /// Wait until this LSN is durable.
     lsn: u64,
-    /// Then let readers see this (none: the transaction changed nothing).
-    state: Option<Store>,
+    /// Whether the transaction changed anything (and `lsn` is its own).
+    changed: bool,
 }
 
 fn next_lsn(store: &Store) -> Result<u64> {

@@ -22,6 +22,7 @@ pub mod database;
 pub mod error;
 pub mod log;
 pub mod procedure;
+mod published;
 pub mod secondary;
 pub mod ship;
 pub mod store;

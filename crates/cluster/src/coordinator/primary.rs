@@ -151,7 +151,7 @@ impl Drop for TxnStatement {
 impl Coordinator {
     /// Registers the providers of the transactional tables the primary recovered.
     pub(super) fn register_primary_tables(&self) -> Result<()> {
-        let store = self.primary.snapshot();
+        let store = self.primary.catalog();
         for table in store.tables() {
             self.register_primary(&table.def)?;
         }
@@ -179,18 +179,18 @@ impl Coordinator {
 
     /// The definition of transactional table `name`, as last committed.
     fn primary_def(&self, name: &str) -> Result<Arc<TableDef>> {
-        let store = self.primary.snapshot();
+        let store = self.primary.catalog();
         let id = store.table_id(name).map_err(replica_err)?;
         Ok(Arc::clone(&store.table(id).map_err(replica_err)?.def))
     }
 
     /// Whether `name` is a transactional table.
     pub(super) fn is_primary(&self, name: &str) -> bool {
-        self.primary.snapshot().table_id(name).is_ok()
+        self.primary.catalog().table_id(name).is_ok()
     }
 
     /// The primary's state a statement of `session` reads: its transaction's, on the
-    /// primary, else the last durable commit, on the workers.
+    /// primary, else a snapshot on the workers chosen by its first scan.
     pub(super) fn primary_snapshot(&self, session: &SessionContext) -> PrimarySnapshot {
         let txns = self.transactions.lock();
         if let Some(SessionTxn {
@@ -199,10 +199,10 @@ impl Coordinator {
         }) = txns.get(&session.session_id())
             && let Ok(store) = t.snapshot()
         {
-            return PrimarySnapshot::on_primary(Arc::new(store));
+            return PrimarySnapshot::OnPrimary(Arc::new(store));
         }
         drop(txns);
-        PrimarySnapshot::on_workers(self.primary.snapshot())
+        PrimarySnapshot::on_workers()
     }
 
     /// What the primary logged and ran so far (`gyre_primary()`).
@@ -690,8 +690,12 @@ impl Coordinator {
         };
         // A change reads its input on the primary: its own transaction's state.
         let snapshot = match &own {
-            Some(t) => PrimarySnapshot::on_primary(Arc::new(t.snapshot().map_err(replica_err)?)),
-            None => PrimarySnapshot::on_primary(self.primary_snapshot(session).store),
+            Some(t) => PrimarySnapshot::OnPrimary(Arc::new(t.snapshot().map_err(replica_err)?)),
+            None => PrimarySnapshot::OnPrimary(
+                self.primary_snapshot(session)
+                    .on_primary_store(&self.primary)
+                    .await?,
+            ),
         };
         state.config_mut().set_extension(Arc::new(snapshot));
         let result = self.run_query(state, input, workers).await?;
