@@ -78,10 +78,7 @@ impl PrimarySnapshot {
     pub async fn on_primary_store(&self, db: &Arc<Database>) -> Result<Arc<Store>> {
         match self {
             Self::OnPrimary(store) => Ok(Arc::clone(store)),
-            Self::Chosen(_) => {
-                let db = Arc::clone(db);
-                blocking(move || Ok(db.snapshot())).await
-            }
+            Self::Chosen(_) => last_commit(db).await,
         }
     }
 
@@ -112,6 +109,12 @@ impl PrimarySnapshot {
             .await?;
         Ok((choice.at, Arc::clone(&choice.store)))
     }
+}
+
+/// The primary's state as of its last commit ([`Database::snapshot`]).
+async fn last_commit(db: &Arc<Database>) -> Result<Arc<Store>> {
+    let db = Arc::clone(db);
+    blocking(move || Ok(db.snapshot())).await
 }
 
 /// Runs `f`, which may wait for the primary's lock or its log, off the async threads.
@@ -168,10 +171,7 @@ impl TableProvider for PrimaryTable {
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let (read_at, store) = match state.config().get_extension::<PrimarySnapshot>() {
             Some(snapshot) => snapshot.choose(&self.db).await?,
-            None => {
-                let db = Arc::clone(&self.db);
-                (ReadAt::Primary, blocking(move || Ok(db.snapshot())).await?)
-            }
+            None => (ReadAt::Primary, last_commit(&self.db).await?),
         };
         let ReadAt::Snapshot(lsn) = read_at else {
             let batches = self.batches(&store)?;

@@ -17,15 +17,13 @@ use crate::log::segment;
 use crate::log::writer::{LogStats, LogWriter};
 use crate::log::{Entry, LogMode};
 use crate::procedure::{Procedures, check_args};
-use crate::published::Published;
+use crate::published::{Published, READER_LOCK_WAIT};
 use crate::store::{Placement, RowOp, Store, TableDef, TableId};
 use crate::txn::{Pending, Txn};
 use crate::value::{Column, Value};
 use parking_lot::{ArcMutexGuard, Mutex, RawMutex};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-
-use crate::published::READER_LOCK_WAIT;
 
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -293,8 +291,7 @@ impl Database {
         };
         let rest = [Ok(first), Ok(second)].into_iter().chain(pieces);
         match self.load_locked(&mut store, def, rest) {
-            Ok(lsn) => {
-                self.published.committed(lsn);
+            Ok(_) => {
                 self.release_published(store)?;
                 Ok(id)
             }
@@ -314,8 +311,7 @@ impl Database {
                     store.lsn = lsn;
                     Ok(lsn)
                 });
-                if let Ok(lsn) = ended {
-                    self.published.committed(lsn);
+                if ended.is_ok() {
                     let _ = self.release_published(store);
                 }
                 Err(e)
@@ -390,13 +386,14 @@ impl Database {
             return Err(e);
         }
         store.lsn = lsn;
-        self.published.committed(lsn);
         self.release_published(store)
     }
 
-    /// Releases the primary and, once its state is durable, lets readers see it at
-    /// once (tables created, loaded or dropped). Returns its LSN.
+    /// Notes the commit `store` ends with, releases the primary and, once that state
+    /// is durable, lets readers see it at once (tables created, loaded or dropped).
+    /// Returns its LSN.
     fn release_published(&self, store: parking_lot::MutexGuard<'_, Store>) -> Result<u64> {
+        self.published.committed(store.lsn);
         let state = Arc::new(store.clone());
         drop(store);
         self.wait_durable(state.lsn)?;

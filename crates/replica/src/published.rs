@@ -135,7 +135,8 @@ mod tests {
     use crate::store::{RowOp, TableDef, TableId};
     use crate::value::{Column, ColumnType};
 
-    fn store_with(rows: i64) -> Store {
+    /// A store with one empty table of integer keys.
+    fn one_table() -> Store {
         let mut s = Store::default();
         s.create_table(TableDef {
             id: TableId(0),
@@ -145,13 +146,6 @@ mod tests {
             placement: Default::default(),
         })
         .unwrap();
-        for k in 0..rows {
-            s.apply(RowOp::Insert {
-                table: TableId(0),
-                row: vec![Value::Int(k)],
-            })
-            .unwrap();
-        }
         s
     }
 
@@ -164,7 +158,7 @@ mod tests {
     /// published state.
     #[test]
     fn readers_copy_on_demand_and_never_wait_for_a_long_holder() {
-        let primary = Mutex::new(store_with(0));
+        let primary = Mutex::new(one_table());
         let published = Published::new(&primary.lock());
         let commit = |k: i64| {
             let mut s = primary.lock();

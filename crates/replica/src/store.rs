@@ -536,7 +536,7 @@ impl Store {
     /// The row with `key` with `columns` changed: what a [`RowOp::Patch`] makes of it.
     /// An error if there is no such row, or a column is out of range or part of the
     /// key (a log entry is checked like any input).
-    pub(crate) fn patched(
+    fn patched(
         &self,
         table: TableId,
         key: &[Value],
@@ -566,6 +566,23 @@ impl Store {
         Ok(row)
     }
 
+    /// `op` with a [`RowOp::Patch`] made the whole-row update it stands for (the
+    /// others as they are): what a transaction keeps, as the secondaries' columnar
+    /// tables append whole rows.
+    pub(crate) fn whole_row(&self, op: RowOp) -> Result<RowOp> {
+        match op {
+            RowOp::Patch {
+                table,
+                key,
+                columns,
+            } => Ok(RowOp::Update {
+                table,
+                row: self.patched(table, &key, columns)?,
+            }),
+            op => Ok(op),
+        }
+    }
+
     /// Applies one change, checked, and returns how to undo it.
     pub(crate) fn apply(&mut self, op: RowOp) -> Result<Undo> {
         match op {
@@ -588,13 +605,9 @@ impl Store {
                     ))),
                 }
             }
-            RowOp::Patch {
-                table,
-                key,
-                columns,
-            } => {
-                let row = self.patched(table, &key, columns)?;
-                self.apply(RowOp::Update { table, row })
+            op @ RowOp::Patch { .. } => {
+                let op = self.whole_row(op)?;
+                self.apply(op)
             }
             RowOp::Delete { table, key } => {
                 let t = self.table_mut(table)?;

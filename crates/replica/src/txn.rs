@@ -213,18 +213,7 @@ impl<'a> Txn<'a> {
 
     pub(crate) fn apply_op(&mut self, op: RowOp) -> Result<()> {
         self.read(op.table())?;
-        // Kept as the whole row: the secondaries' columnar tables append it.
-        let op = match op {
-            RowOp::Patch {
-                table,
-                key,
-                columns,
-            } => RowOp::Update {
-                table,
-                row: self.store.patched(table, &key, columns)?,
-            },
-            op => op,
-        };
+        let op = self.store.whole_row(op)?;
         let undo = self.store.apply(op.clone())?;
         self.pending.undo.push(undo);
         self.pending.ops.push(op);
