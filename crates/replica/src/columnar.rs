@@ -42,9 +42,11 @@ pub fn to_batch<'r>(
     .expect("columns built from the table's own types")
 }
 
+/// Builders are sized up front: a secondary seals 64K rows at a time, and growing
+/// them copied each column several times.
 macro_rules! build {
     ($builder:ty, $values:expr, $variant:ident, $conv:expr) => {{
-        let mut b = <$builder>::new();
+        let mut b = <$builder>::with_capacity($values.size_hint().0);
         for v in $values {
             match v {
                 Value::$variant(x) => b.append_value($conv(x)),
@@ -68,7 +70,7 @@ fn column<'r>(t: ColumnType, values: impl Iterator<Item = &'r Value>) -> ArrayRe
         ColumnType::Float32 => build!(Float32Builder, values, Float, |x: &f64| *x as f32),
         ColumnType::Float64 => build!(Float64Builder, values, Float, |x: &f64| *x),
         ColumnType::Decimal { precision, scale } => {
-            let mut b = Decimal128Builder::new();
+            let mut b = Decimal128Builder::with_capacity(values.size_hint().0);
             for v in values {
                 match v {
                     Value::Decimal(x) => b.append_value(*x),
@@ -104,7 +106,9 @@ fn column<'r>(t: ColumnType, values: impl Iterator<Item = &'r Value>) -> ArrayRe
             }
         }
         ColumnType::Text => {
-            let mut b = StringBuilder::new();
+            let values: Vec<&Value> = values.collect();
+            let bytes = values.iter().map(|v| v.as_text().map_or(0, str::len)).sum();
+            let mut b = StringBuilder::with_capacity(values.len(), bytes);
             for v in values {
                 match v {
                     Value::Text(x) => b.append_value(x),
@@ -114,7 +118,7 @@ fn column<'r>(t: ColumnType, values: impl Iterator<Item = &'r Value>) -> ArrayRe
             Arc::new(b.finish())
         }
         ColumnType::IntList => {
-            let mut b = ListBuilder::new(Int64Builder::new());
+            let mut b = ListBuilder::with_capacity(Int64Builder::new(), values.size_hint().0);
             for v in values {
                 match v {
                     Value::IntList(x) => b.append_value(x.iter().map(|i| Some(*i))),

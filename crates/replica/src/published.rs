@@ -164,7 +164,7 @@ mod tests {
             let mut s = primary.lock();
             s.apply(RowOp::Insert {
                 table: TableId(0),
-                row: vec![Value::Int(k)],
+                row: vec![Value::Int(k)].into(),
             })
             .unwrap();
             s.lsn += 1;

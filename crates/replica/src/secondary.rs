@@ -380,7 +380,7 @@ mod tests {
         Entry::Physical {
             ops: vec![RowOp::Insert {
                 table: TableId(0),
-                row: vec![Value::Int(k)],
+                row: vec![Value::Int(k)].into(),
             }],
         }
     }

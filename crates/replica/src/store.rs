@@ -23,6 +23,23 @@ pub struct TableId(pub u32);
 pub type Key = Arc<[Value]>;
 pub type Row = Arc<[Value]>;
 
+/// Key columns a lookup copies onto the stack: finding the row an update or a delete
+/// names allocates nothing for keys of up to four columns.
+pub(crate) enum KeyValues {
+    Inline([Value; 4], usize),
+    Heap(Vec<Value>),
+}
+
+impl std::ops::Deref for KeyValues {
+    type Target = [Value];
+    fn deref(&self) -> &[Value] {
+        match self {
+            KeyValues::Inline(values, n) => &values[..*n],
+            KeyValues::Heap(values) => values,
+        }
+    }
+}
+
 /// The column that numbers the rows of a table without a primary key of its own: its
 /// last column and its key, assigned by the primary on insert (the greatest number
 /// in the table plus one) and hidden from queries. Physical log entries carry it, so
@@ -212,6 +229,18 @@ impl TableDef {
         self.key.iter().map(|&k| row[k].clone()).collect()
     }
 
+    /// The key of a row to look it up with, without allocating (see [`KeyValues`]).
+    pub(crate) fn key_values(&self, row: &[Value]) -> KeyValues {
+        if self.key.len() > 4 {
+            return KeyValues::Heap(self.key.iter().map(|&k| row[k].clone()).collect());
+        }
+        let mut values = [const { Value::Null }; 4];
+        for (v, &k) in values.iter_mut().zip(&self.key) {
+            *v = row[k].clone();
+        }
+        KeyValues::Inline(values, self.key.len())
+    }
+
     /// Whether `row` fits the table: one value per column, each of the column's type,
     /// NULL only where allowed and never in the key.
     pub fn check_row(&self, row: &[Value]) -> Result<()> {
@@ -267,11 +296,11 @@ pub struct Table {
 impl Table {
     /// Inserts a row, checked against the definition, unless its key is taken; returns
     /// its key.
-    fn insert(&mut self, row: Vec<Value>) -> Result<Key> {
+    fn insert(&mut self, row: Row) -> Result<Key> {
         self.def.check_row(&row)?;
         let key = self.def.key_of(&row);
         // One walk down the tree: a duplicate is rare, and then put back.
-        if let Some(old) = self.rows.insert(key.clone(), row.into()) {
+        if let Some(old) = self.rows.insert(key.clone(), row) {
             self.rows.insert(key.clone(), old);
             return Err(Error::Constraint(format!(
                 "duplicate key {key:?} in {}",
@@ -290,14 +319,18 @@ impl Table {
 /// One change to one row, as transactions make it and as physical log entries carry it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum RowOp {
+    /// Rows are shared: the row store, the transaction's redo and a secondary's
+    /// columnar tail hold one copy.
     Insert {
         table: TableId,
-        row: Vec<Value>,
+        #[serde(with = "crate::value::shared_row")]
+        row: Row,
     },
     /// Replaces the row with the same key (the key does not change).
     Update {
         table: TableId,
-        row: Vec<Value>,
+        #[serde(with = "crate::value::shared_row")]
+        row: Row,
     },
     Delete {
         table: TableId,
@@ -325,18 +358,18 @@ impl RowOp {
         }
     }
 
-    /// The update that takes a row from `old` to `new` (same key) as the log carries
-    /// it: a [`RowOp::Patch`] of the changed columns when that names fewer values
-    /// than the whole row, else the [`RowOp::Update`]. Values compare exactly (floats
-    /// by their bits), so a replica never misses a change.
-    pub fn update_for_log(table: TableId, key: &[Value], old: &[Value], new: &[Value]) -> RowOp {
+    /// The update that takes a row from `old` to `new` (same key, whose columns are
+    /// `key`) as the log carries it: a [`RowOp::Patch`] of the changed columns when
+    /// that names fewer values than the whole row, else the [`RowOp::Update`]. Values
+    /// compare exactly (floats by their bits), so a replica never misses a change.
+    pub fn update_for_log(table: TableId, key: &[usize], old: &[Value], new: &Row) -> RowOp {
         let changed: Vec<usize> = (0..new.len())
             .filter(|&i| old.get(i) != Some(&new[i]))
             .collect();
         if old.len() == new.len() && key.len() + changed.len() < new.len() {
             RowOp::Patch {
                 table,
-                key: key.to_vec(),
+                key: key.iter().map(|&k| new[k].clone()).collect(),
                 columns: changed
                     .into_iter()
                     .map(|i| (i as u32, new[i].clone()))
@@ -345,7 +378,7 @@ impl RowOp {
         } else {
             RowOp::Update {
                 table,
-                row: new.to_vec(),
+                row: Arc::clone(new),
             }
         }
     }
@@ -354,7 +387,8 @@ impl RowOp {
 /// How to take a [`RowOp`] back.
 #[derive(Debug)]
 pub(crate) enum Undo {
-    Restore(TableId, Key, Row),
+    /// Puts back the row an update replaced or a delete removed.
+    Restore(TableId, Row),
     Remove(TableId, Key),
 }
 
@@ -489,7 +523,7 @@ impl Store {
         self.loading(id)?;
         let t = self.loading.as_mut().expect("checked above");
         for row in rows {
-            t.insert(row)?;
+            t.insert(row.into())?;
         }
         Ok(())
     }
@@ -533,88 +567,68 @@ impl Store {
         Ok(())
     }
 
-    /// The row with `key` with `columns` changed: what a [`RowOp::Patch`] makes of it.
-    /// An error if there is no such row, or a column is out of range or part of the
-    /// key (a log entry is checked like any input).
-    fn patched(
-        &self,
-        table: TableId,
-        key: &[Value],
-        columns: Vec<(u32, Value)>,
-    ) -> Result<Vec<Value>> {
-        let t = self.table(table)?;
-        t.def.check_key(key)?;
-        let Some(old) = t.rows.get(key) else {
-            return Err(Error::Constraint(format!(
-                "no row with key {key:?} in {} to update",
-                t.def.name
-            )));
-        };
-        let mut row = old.to_vec();
-        for (at, value) in columns {
-            let at = at as usize;
-            if at >= row.len() || t.def.key.contains(&at) {
-                return Err(Error::Constraint(format!(
-                    "a change of {} names column {at}, which is not one of its {} \
-                     non-key columns",
-                    t.def.name,
-                    row.len() - t.def.key.len()
-                )));
-            }
-            row[at] = value;
-        }
-        Ok(row)
-    }
-
-    /// `op` with a [`RowOp::Patch`] made the whole-row update it stands for (the
-    /// others as they are): what a transaction keeps, as the secondaries' columnar
-    /// tables append whole rows.
-    pub(crate) fn whole_row(&self, op: RowOp) -> Result<RowOp> {
-        match op {
-            RowOp::Patch {
-                table,
-                key,
-                columns,
-            } => Ok(RowOp::Update {
-                table,
-                row: self.patched(table, &key, columns)?,
-            }),
-            op => Ok(op),
-        }
-    }
-
-    /// Applies one change, checked, and returns how to undo it.
-    pub(crate) fn apply(&mut self, op: RowOp) -> Result<Undo> {
+    /// Applies one change, checked, and returns how to undo it and the change as
+    /// applied: a [`RowOp::Patch`] becomes the whole-row update it stands for (what a
+    /// transaction keeps, as the secondaries' columnar tables append whole rows). A
+    /// patch is refused if its row is missing or it names a column out of range or
+    /// part of the key (a log entry is checked like any input).
+    pub(crate) fn apply(&mut self, op: RowOp) -> Result<(Undo, RowOp)> {
         match op {
             RowOp::Insert { table, row } => {
-                let key = self.table_mut(table)?.insert(row)?;
-                Ok(Undo::Remove(table, key))
+                let key = self.table_mut(table)?.insert(Arc::clone(&row))?;
+                Ok((Undo::Remove(table, key), RowOp::Insert { table, row }))
             }
             RowOp::Update { table, row } => {
                 let t = self.table_mut(table)?;
                 t.def.check_row(&row)?;
-                let key = t.def.key_of(&row);
-                match t.rows.get_mut(&key) {
+                let key = t.def.key_values(&row);
+                match t.rows.get_mut(&*key) {
                     Some(old) => {
-                        let old = std::mem::replace(old, row.into());
-                        Ok(Undo::Restore(table, key, old))
+                        let old = std::mem::replace(old, Arc::clone(&row));
+                        Ok((Undo::Restore(table, old), RowOp::Update { table, row }))
                     }
                     None => Err(Error::Constraint(format!(
-                        "no row with key {key:?} in {} to update",
-                        t.def.name
+                        "no row with key {:?} in {} to update",
+                        &*key, t.def.name
                     ))),
                 }
             }
-            op @ RowOp::Patch { .. } => {
-                let op = self.whole_row(op)?;
-                self.apply(op)
+            RowOp::Patch {
+                table,
+                key,
+                columns,
+            } => {
+                let t = self.table_mut(table)?;
+                t.def.check_key(&key)?;
+                let Some(old) = t.rows.get_mut(&key[..]) else {
+                    return Err(Error::Constraint(format!(
+                        "no row with key {key:?} in {} to update",
+                        t.def.name
+                    )));
+                };
+                let mut row = old.to_vec();
+                for (at, value) in columns {
+                    let at = at as usize;
+                    if at >= row.len() || t.def.key.contains(&at) {
+                        return Err(Error::Constraint(format!(
+                            "a change of {} names column {at}, which is not one of its {} \
+                             non-key columns",
+                            t.def.name,
+                            row.len() - t.def.key.len()
+                        )));
+                    }
+                    row[at] = value;
+                }
+                t.def.check_row(&row)?;
+                let row: Row = row.into();
+                let old = std::mem::replace(old, Arc::clone(&row));
+                Ok((Undo::Restore(table, old), RowOp::Update { table, row }))
             }
             RowOp::Delete { table, key } => {
                 let t = self.table_mut(table)?;
                 t.def.check_key(&key)?;
-                let key: Key = key.into();
-                match t.rows.remove(&key) {
-                    Some(old) => Ok(Undo::Restore(table, key, old)),
+                match t.rows.remove(&key[..]) {
+                    Some(old) => Ok((Undo::Restore(table, old), RowOp::Delete { table, key })),
                     None => Err(Error::Constraint(format!(
                         "no row with key {key:?} in {} to delete",
                         t.def.name
@@ -627,9 +641,9 @@ impl Store {
     /// Takes back one change made by [`Store::apply`] (in reverse order of applying).
     pub(crate) fn undo(&mut self, undo: Undo) {
         match undo {
-            Undo::Restore(table, key, row) => {
+            Undo::Restore(table, row) => {
                 if let Some(t) = self.tables.get_mut(&table) {
-                    t.rows.insert(key, row);
+                    t.rows.insert(t.def.key_of(&row), row);
                 }
             }
             Undo::Remove(table, key) => {
@@ -667,12 +681,12 @@ mod tests {
         let u1 = s
             .apply(RowOp::Insert {
                 table: t,
-                row: vec![Value::Int(1), Value::Int(10)],
+                row: vec![Value::Int(1), Value::Int(10)].into(),
             })
             .unwrap();
         let dup = s.apply(RowOp::Insert {
             table: t,
-            row: vec![Value::Int(1), Value::Int(11)],
+            row: vec![Value::Int(1), Value::Int(11)].into(),
         });
         assert!(matches!(dup, Err(Error::Constraint(_))));
         // The refused insert left the row it collided with as it was.
@@ -681,50 +695,52 @@ mod tests {
         let u2 = s
             .apply(RowOp::Update {
                 table: t,
-                row: vec![Value::Int(1), Value::Null],
+                row: vec![Value::Int(1), Value::Null].into(),
             })
             .unwrap();
         assert!(
             s.apply(RowOp::Insert {
                 table: t,
-                row: vec![Value::Null, Value::Int(1)],
+                row: vec![Value::Null, Value::Int(1)].into(),
             })
             .is_err()
         );
         assert_eq!(s.table(t).unwrap().rows.len(), 1);
-        s.undo(u2);
+        s.undo(u2.0);
         assert_eq!(s.table(t).unwrap().rows[&key][1], Value::Int(10));
-        s.undo(u1);
+        s.undo(u1.0);
         assert!(s.table(t).unwrap().rows.is_empty());
     }
 
     #[test]
     fn updates_are_logged_as_the_columns_they_change() {
         let t = TableId(0);
-        let key = [Value::Int(1)];
+        let key = [0];
         let old = [Value::Int(1), Value::Int(5), Value::Float(0.0), Value::Null];
         // One column of four: a patch. -0.0 is a change, as floats compare by bits.
-        let new = [
+        let new: Row = [
             Value::Int(1),
             Value::Int(5),
             Value::Float(-0.0),
             Value::Null,
-        ];
+        ]
+        .into();
         assert_eq!(
             RowOp::update_for_log(t, &key, &old, &new),
             RowOp::Patch {
                 table: t,
-                key: key.to_vec(),
+                key: vec![Value::Int(1)],
                 columns: vec![(2, Value::Float(-0.0))],
             }
         );
         // Key and changes would name as many values as the row: the row.
-        let most = [
+        let most: Row = [
             Value::Int(1),
             Value::Int(6),
             Value::Float(1.0),
             Value::Int(0),
-        ];
+        ]
+        .into();
         assert!(matches!(
             RowOp::update_for_log(t, &key, &old, &most),
             RowOp::Update { .. }
@@ -738,7 +754,7 @@ mod tests {
         let t = TableId(0);
         s.apply(RowOp::Insert {
             table: t,
-            row: vec![Value::Int(1), Value::Int(10)],
+            row: vec![Value::Int(1), Value::Int(10)].into(),
         })
         .unwrap();
         let patch = |key: i64, at: u32, v: Value| RowOp::Patch {
@@ -757,10 +773,57 @@ mod tests {
             assert!(err.contains(why), "{err}");
             assert_eq!(s.table(t).unwrap().rows[&key][1], Value::Int(10));
         }
-        let undo = s.apply(patch(1, 1, Value::Int(11))).unwrap();
+        let (undo, applied) = s.apply(patch(1, 1, Value::Int(11))).unwrap();
         assert_eq!(s.table(t).unwrap().rows[&key][1], Value::Int(11));
+        // What the transaction keeps (and a secondary's columns append) is the row.
+        assert_eq!(
+            applied,
+            RowOp::Update {
+                table: t,
+                row: vec![Value::Int(1), Value::Int(11)].into(),
+            }
+        );
         s.undo(undo);
         assert_eq!(s.table(t).unwrap().rows[&key][1], Value::Int(10));
+    }
+
+    /// Rows are shared slices in memory and sequences in the log, encoded as the
+    /// `Vec<Value>` they were before: logs written then still read.
+    #[test]
+    fn shared_rows_encode_as_vectors_did() {
+        #[derive(Serialize)]
+        enum Before {
+            Insert { table: TableId, row: Vec<Value> },
+            Update { table: TableId, row: Vec<Value> },
+        }
+        let row = vec![Value::Int(7), Value::Text("seven".into())];
+        let pairs = [
+            (
+                RowOp::Insert {
+                    table: TableId(3),
+                    row: row.clone().into(),
+                },
+                Before::Insert {
+                    table: TableId(3),
+                    row: row.clone(),
+                },
+            ),
+            (
+                RowOp::Update {
+                    table: TableId(3),
+                    row: row.clone().into(),
+                },
+                Before::Update {
+                    table: TableId(3),
+                    row: row.clone(),
+                },
+            ),
+        ];
+        for (op, before) in pairs {
+            let bytes = postcard::to_allocvec(&before).unwrap();
+            assert_eq!(postcard::to_allocvec(&op).unwrap(), bytes);
+            assert_eq!(postcard::from_bytes::<RowOp>(&bytes).unwrap(), op);
+        }
     }
 
     #[test]

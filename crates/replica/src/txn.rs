@@ -144,7 +144,10 @@ impl<'a> Txn<'a> {
             };
             row.push(Value::Int(next));
         }
-        self.apply_op(RowOp::Insert { table, row })
+        self.apply_op(RowOp::Insert {
+            table,
+            row: row.into(),
+        })
     }
 
     /// For each of `rows` (a row's values without its row id), the key of a distinct
@@ -196,7 +199,10 @@ impl<'a> Txn<'a> {
 
     /// Replaces the row that has the same key; an error if there is none.
     pub fn update(&mut self, table: TableId, row: Vec<Value>) -> Result<()> {
-        self.apply_op(RowOp::Update { table, row })
+        self.apply_op(RowOp::Update {
+            table,
+            row: row.into(),
+        })
     }
 
     /// Deletes the row with this key; false if there was none.
@@ -213,8 +219,7 @@ impl<'a> Txn<'a> {
 
     pub(crate) fn apply_op(&mut self, op: RowOp) -> Result<()> {
         self.read(op.table())?;
-        let op = self.store.whole_row(op)?;
-        let undo = self.store.apply(op.clone())?;
+        let (undo, op) = self.store.apply(op)?;
         self.pending.undo.push(undo);
         self.pending.ops.push(op);
         Ok(())
@@ -233,8 +238,10 @@ impl<'a> Txn<'a> {
             .iter()
             .zip(&self.pending.undo)
             .map(|(op, undo)| match (op, undo) {
-                (RowOp::Update { table, row }, Undo::Restore(_, key, old)) => {
-                    RowOp::update_for_log(*table, key, old, row)
+                (RowOp::Update { table, row }, Undo::Restore(_, old)) => {
+                    let t = self.store.table(*table);
+                    let t = t.expect("a table the transaction updated");
+                    RowOp::update_for_log(*table, &t.def.key, old, row)
                 }
                 (op, _) => op.clone(),
             })

@@ -44,6 +44,22 @@ mod shared_str {
     }
 }
 
+/// A shared row (`Arc<[Value]>`) as serde's sequence of values, the encoding of a
+/// `Vec<Value>`, so that log entries read the same whichever they hold.
+pub(crate) mod shared_row {
+    use super::Value;
+    use serde::{Deserialize, Deserializer, Serializer};
+    use std::sync::Arc;
+
+    pub fn serialize<S: Serializer>(v: &Arc<[Value]>, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(v.iter())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Arc<[Value]>, D::Error> {
+        Vec::<Value>::deserialize(d).map(Arc::from)
+    }
+}
+
 impl Value {
     fn rank(&self) -> u8 {
         match self {

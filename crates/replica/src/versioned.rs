@@ -13,9 +13,10 @@
 
 use crate::columnar::to_batch;
 use crate::error::{Error, Result};
-use crate::store::{Key, RowOp, TableDef, TableId};
+use crate::store::{Key, Row, RowOp, TableDef, TableId};
 use crate::value::Value;
 use arrow_array::{BooleanArray, RecordBatch};
+use std::collections::hash_map::Entry as Slot;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -41,13 +42,14 @@ pub struct VersionedTable {
     def: Arc<TableDef>,
     /// Sealed chunks, in id order.
     chunks: Vec<Chunk>,
-    tail: Vec<Vec<Value>>,
+    /// Shared with the row store that applied them.
+    tail: Vec<Row>,
     tail_created: Vec<u64>,
     tail_deleted: Vec<u64>,
     /// The id of the tail's first row; the tail's row `i` has id `tail_first + i`.
     tail_first: u64,
     /// The id of each key's live version.
-    live: HashMap<Key, u64>,
+    live: HashMap<Key, u64, foldhash::fast::RandomState>,
 }
 
 impl VersionedTable {
@@ -59,7 +61,7 @@ impl VersionedTable {
             tail_created: vec![],
             tail_deleted: vec![],
             tail_first: 0,
-            live: HashMap::new(),
+            live: HashMap::default(),
         }
     }
 
@@ -82,38 +84,68 @@ impl VersionedTable {
         (sealed + self.tail.len(), self.chunks.len())
     }
 
-    fn insert(&mut self, lsn: u64, row: Vec<Value>, horizon: u64) -> Result<()> {
+    fn insert(&mut self, lsn: u64, row: Row, horizon: u64) -> Result<()> {
         self.def.check_row(&row)?;
         self.insert_checked(lsn, row, horizon)
     }
 
     /// [`VersionedTable::insert`] of a row already checked against the table.
-    fn insert_checked(&mut self, lsn: u64, row: Vec<Value>, horizon: u64) -> Result<()> {
-        let key = self.def.key_of(&row);
-        if self.live.contains_key(&key) {
+    fn insert_checked(&mut self, lsn: u64, row: Row, horizon: u64) -> Result<()> {
+        let id = self.tail_first + self.tail.len() as u64;
+        match self.live.entry(self.def.key_of(&row)) {
+            Slot::Occupied(o) => {
+                return Err(Error::Constraint(format!(
+                    "duplicate key {:?} in {}",
+                    o.key(),
+                    self.def.name
+                )));
+            }
+            Slot::Vacant(v) => v.insert(id),
+        };
+        self.append(lsn, row, horizon);
+        Ok(())
+    }
+
+    /// Replaces the live version of the row's key by `row` (checked against the
+    /// table): one lookup, no key built.
+    fn update_checked(&mut self, lsn: u64, row: Row, horizon: u64) -> Result<()> {
+        let id = self.tail_first + self.tail.len() as u64;
+        let key = self.def.key_values(&row);
+        let Some(live) = self.live.get_mut(&*key) else {
             return Err(Error::Constraint(format!(
-                "duplicate key {key:?} in {}",
-                self.def.name
+                "no row with key {:?} in {}",
+                &*key, self.def.name
             )));
-        }
-        self.live
-            .insert(key, self.tail_first + self.tail.len() as u64);
+        };
+        let old = std::mem::replace(live, id);
+        self.stamp_deleted(old, lsn);
+        self.append(lsn, row, horizon);
+        Ok(())
+    }
+
+    /// Adds a version at the end of the tail (its id's entry in `live` is made).
+    fn append(&mut self, lsn: u64, row: Row, horizon: u64) {
         self.tail.push(row);
         self.tail_created.push(lsn);
         self.tail_deleted.push(LIVE);
         if self.tail.len() >= CHUNK_ROWS {
             self.seal(horizon);
         }
-        Ok(())
     }
 
     fn delete(&mut self, lsn: u64, key: &[Value]) -> Result<()> {
         let id = self.live.remove(key).ok_or_else(|| {
             Error::Constraint(format!("no row with key {key:?} in {}", self.def.name))
         })?;
+        self.stamp_deleted(id, lsn);
+        Ok(())
+    }
+
+    /// Marks version `id` deleted at `lsn`.
+    fn stamp_deleted(&mut self, id: u64, lsn: u64) {
         if id >= self.tail_first {
             self.tail_deleted[(id - self.tail_first) as usize] = lsn;
-            return Ok(());
+            return;
         }
         let c = self
             .chunks
@@ -124,7 +156,6 @@ impl VersionedTable {
             .binary_search(&id)
             .expect("a live version is in the chunk its id falls in");
         chunk.deleted[at].store(lsn, Ordering::Release);
-        Ok(())
     }
 
     /// Turns the tail into a chunk, then merges the newest chunks while the one
@@ -331,7 +362,7 @@ impl VersionedStore {
         let (id, name) = (def.id, def.name.clone());
         let mut table = VersionedTable::new(def);
         for row in rows {
-            table.insert(lsn, row, self.horizon)?;
+            table.insert(lsn, row.into(), self.horizon)?;
         }
         self.tables.insert(id, table);
         self.names.insert(name, id);
@@ -364,10 +395,7 @@ impl VersionedStore {
                 self.table_mut(table)?.insert_checked(lsn, row, horizon)
             }
             RowOp::Update { table, row } => {
-                let t = self.table_mut(table)?;
-                let key = t.def.key_of(&row);
-                t.delete(lsn, &key)?;
-                t.insert_checked(lsn, row, horizon)
+                self.table_mut(table)?.update_checked(lsn, row, horizon)
             }
             RowOp::Delete { table, key } => self.table_mut(table)?.delete(lsn, &key),
             // Replay resolves patches against the row store before they come here.
@@ -453,7 +481,7 @@ mod tests {
                     .unwrap()
                     .rows
                     .contains_key(&[Value::Int(k)][..]);
-                let row = vec![Value::Int(k), Value::Text(format!("{lsn}").into())];
+                let row: Row = vec![Value::Int(k), Value::Text(format!("{lsn}").into())].into();
                 let op = match (exists, rand(3)) {
                     (false, _) => RowOp::Insert { table, row },
                     (true, 0) => RowOp::Delete {
@@ -494,16 +522,22 @@ mod tests {
         // Errors the primary never logs are refused, not applied.
         let dup = RowOp::Insert {
             table: TableId(0),
-            row: vec![Value::Int(-1), Value::Null],
+            row: vec![Value::Int(-1), Value::Null].into(),
         };
         versioned.apply(3001, &dup).unwrap();
         assert!(versioned.apply(3001, &dup).is_err());
         assert!(versioned.advance(5).is_err());
         let wrong = RowOp::Insert {
             table: TableId(1),
-            row: vec![Value::Text("x".into()), Value::Null],
+            row: vec![Value::Text("x".into()), Value::Null].into(),
         };
         assert!(versioned.apply(3002, &wrong).is_err());
+        let missing = RowOp::Update {
+            table: TableId(0),
+            row: vec![Value::Int(-2), Value::Null].into(),
+        };
+        let err = versioned.apply(3002, &missing).unwrap_err().to_string();
+        assert!(err.contains("no row with key"), "{err}");
     }
 
     /// A snapshot shares its chunks: taking one copies no data, and a chunk whose rows

@@ -1303,7 +1303,7 @@ fn updates_are_logged_as_their_changed_columns_and_replayed_whole() {
                     ops: vec![
                         gyre_replica::RowOp::Update {
                             table: wide,
-                            row: row(4, 9),
+                            row: row(4, 9).into(),
                         },
                         gyre_replica::RowOp::Patch {
                             table: wide,

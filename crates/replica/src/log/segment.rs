@@ -262,7 +262,7 @@ mod tests {
             .map(|i| Entry::Physical {
                 ops: vec![RowOp::Insert {
                     table: TableId(0),
-                    row: vec![Value::Int(i as i64), Value::Text("x".repeat(i).into())],
+                    row: vec![Value::Int(i as i64), Value::Text("x".repeat(i).into())].into(),
                 }],
             })
             .collect();
