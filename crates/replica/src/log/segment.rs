@@ -6,7 +6,9 @@
 //! magic u32 | compressed u32 | raw u32 | first_lsn u64 | count u32 | crc32 u32 | LZ4 block
 //! ```
 //!
-//! The CRC covers the five fields before it and the block. The block holds `count`
+//! The CRC covers the five fields before it and the block. `compressed` with its top
+//! bit set ([`STORED`]) says the block is the raw bytes as they are: LZ4 would not
+//! have made them smaller (a few short logical entries). The block holds `count`
 //! entries, each a u32 length and its postcard encoding, with LSNs `first_lsn`,
 //! `first_lsn + 1`, ... Every field is checked before anything is allocated from it.
 //!
@@ -23,6 +25,9 @@ use std::path::{Path, PathBuf};
 /// Version 2: table definitions carry their placement.
 pub const HEADER: &[u8; 16] = b"GYREREDO\x02\0\0\0\0\0\0\0";
 const FRAME_MAGIC: u32 = 0x4759_4752;
+/// The bit of a frame's `compressed` size that marks a block stored without LZ4 (sizes
+/// are at most [`MAX_GROUP_BYTES`], far below it).
+pub const STORED: u32 = 1 << 31;
 pub const FRAME_HEADER: usize = 28;
 /// The largest group, uncompressed (and so the largest transaction's entry): larger
 /// groups are split by the writer.
@@ -68,12 +73,18 @@ pub fn encode_entry(raw: &mut Vec<u8>, entry: &Entry) {
     *raw = out;
 }
 
-/// One group frame around `raw` (the concatenated entries).
+/// One group frame around `raw` (the concatenated entries): LZ4-compressed, or stored
+/// as it is when LZ4 would not make it smaller.
 pub fn encode_frame(first_lsn: u64, count: u32, raw: &[u8]) -> Vec<u8> {
-    let block = lz4_flex::block::compress(raw);
+    let lz4 = lz4_flex::block::compress(raw);
+    let (block, size) = if lz4.len() < raw.len() {
+        (&lz4[..], lz4.len() as u32)
+    } else {
+        (raw, raw.len() as u32 | STORED)
+    };
     let mut frame = Vec::with_capacity(FRAME_HEADER + block.len());
     frame.extend_from_slice(&FRAME_MAGIC.to_le_bytes());
-    frame.extend_from_slice(&(block.len() as u32).to_le_bytes());
+    frame.extend_from_slice(&size.to_le_bytes());
     frame.extend_from_slice(&(raw.len() as u32).to_le_bytes());
     frame.extend_from_slice(&first_lsn.to_le_bytes());
     frame.extend_from_slice(&count.to_le_bytes());
@@ -81,7 +92,7 @@ pub fn encode_frame(first_lsn: u64, count: u32, raw: &[u8]) -> Vec<u8> {
     crc.update(&frame);
     crc.update(&block);
     frame.extend_from_slice(&crc.finalize().to_le_bytes());
-    frame.extend_from_slice(&block);
+    frame.extend_from_slice(block);
     frame
 }
 
@@ -191,12 +202,16 @@ pub fn frame(bytes: &[u8]) -> std::result::Result<(u64, Vec<Entry>, usize), Stri
     if u32_at(0) != FRAME_MAGIC {
         return Err("no group starts here".into());
     }
-    let compressed = u32_at(4) as usize;
+    let stored = u32_at(4) & STORED != 0;
+    let compressed = (u32_at(4) & !STORED) as usize;
     let raw = u32_at(8) as usize;
     let first_lsn = u64::from_le_bytes(bytes[12..20].try_into().unwrap());
     let count = u32_at(20) as usize;
     let crc = u32_at(24);
-    if raw > MAX_GROUP_BYTES || compressed > lz4_flex::block::get_maximum_output_size(raw) {
+    if raw > MAX_GROUP_BYTES
+        || compressed > lz4_flex::block::get_maximum_output_size(raw)
+        || (stored && compressed != raw)
+    {
         return Err(format!(
             "group sizes out of bounds ({compressed} compressed, {raw} raw)"
         ));
@@ -221,8 +236,14 @@ pub fn frame(bytes: &[u8]) -> std::result::Result<(u64, Vec<Entry>, usize), Stri
     {
         return Err(format!("group of {count} entries from LSN {first_lsn}"));
     }
-    let data = lz4_flex::block::decompress(&bytes[FRAME_HEADER..end], raw)
-        .map_err(|e| format!("LZ4: {e}"))?;
+    let block = &bytes[FRAME_HEADER..end];
+    let data = if stored {
+        std::borrow::Cow::Borrowed(block)
+    } else {
+        std::borrow::Cow::Owned(
+            lz4_flex::block::decompress(block, raw).map_err(|e| format!("LZ4: {e}"))?,
+        )
+    };
     if data.len() != raw {
         return Err(format!("LZ4 gave {} bytes, not {raw}", data.len()));
     }
@@ -310,6 +331,37 @@ mod tests {
         // A partly written header of a new segment is a torn tail too.
         assert!(scan(p, &HEADER[..5], true).unwrap().entries.is_empty());
         assert!(scan(p, b"something else", true).is_err());
+    }
+
+    /// A group LZ4 would not make smaller is stored as it is, and reads back; a stored
+    /// block must be exactly the raw size.
+    #[test]
+    fn incompressible_groups_are_stored_as_they_are() {
+        let entries = [Entry::Logical {
+            procedure: "pay".into(),
+            args: vec![Value::Int(7), Value::Int(-3)],
+        }];
+        let mut raw = Vec::new();
+        encode_entry(&mut raw, &entries[0]);
+        let f = encode_frame(9, 1, &raw);
+        assert_eq!(f.len(), FRAME_HEADER + raw.len());
+        let size = u32::from_le_bytes(f[4..8].try_into().unwrap());
+        assert_eq!(size, raw.len() as u32 | STORED);
+        let (first, read, len) = frame(&f).unwrap();
+        assert_eq!((first, len), (9, f.len()));
+        assert_eq!(read, entries);
+        // Compressible groups still are compressed.
+        let (g, _) = group(1, 40);
+        assert_eq!(u32::from_le_bytes(g[4..8].try_into().unwrap()) & STORED, 0);
+        assert_eq!(frame(&g).unwrap().1.len(), 40);
+        // A stored block of another size than the raw one is refused.
+        let mut bad = f.clone();
+        bad[4..8].copy_from_slice(&((raw.len() as u32 - 1) | STORED).to_le_bytes());
+        let mut crc = crc32fast::Hasher::new();
+        crc.update(&bad[..24]);
+        crc.update(&bad[FRAME_HEADER..]);
+        bad[24..28].copy_from_slice(&crc.finalize().to_le_bytes());
+        assert!(frame(&bad).unwrap_err().contains("out of bounds"));
     }
 
     #[test]
