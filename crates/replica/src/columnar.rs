@@ -22,18 +22,24 @@ use arrow_array::types::{
 use arrow_array::{Array, ArrayRef, RecordBatch};
 use std::sync::Arc;
 
-/// One record batch of `rows` (each already checked against `columns`).
-pub fn to_batch<'r>(
-    columns: &[Column],
-    rows: impl Iterator<Item = &'r [Value]> + Clone,
-) -> RecordBatch {
+/// One record batch of `rows` (each already checked against `columns`). Each row is
+/// read once, all its columns appended: a secondary seals 64K rows at a time, and
+/// reading them once per column missed the cache on every value.
+pub fn to_batch<'r>(columns: &[Column], rows: impl Iterator<Item = &'r [Value]>) -> RecordBatch {
     let schema = schema_of(columns);
-    let arrays: Vec<ArrayRef> = columns
+    let capacity = rows.size_hint().0;
+    let mut builders: Vec<Builder> = columns
         .iter()
-        .enumerate()
-        .map(|(i, c)| column(c.column_type, rows.clone().map(|r| &r[i])))
+        .map(|c| Builder::new(c.column_type, capacity))
         .collect();
-    let n = rows.count();
+    let mut n = 0;
+    for row in rows {
+        for (b, v) in builders.iter_mut().zip(row) {
+            b.append(v);
+        }
+        n += 1;
+    }
+    let arrays: Vec<ArrayRef> = builders.into_iter().map(Builder::finish).collect();
     RecordBatch::try_new_with_options(
         schema,
         arrays,
@@ -42,90 +48,124 @@ pub fn to_batch<'r>(
     .expect("columns built from the table's own types")
 }
 
-/// Builders are sized up front: a secondary seals 64K rows at a time, and growing
-/// them copied each column several times.
-macro_rules! build {
-    ($builder:ty, $values:expr, $variant:ident, $conv:expr) => {{
-        let mut b = <$builder>::with_capacity($values.size_hint().0);
-        for v in $values {
-            match v {
-                Value::$variant(x) => b.append_value($conv(x)),
-                _ => b.append_null(),
-            }
-        }
-        Arc::new(b.finish()) as ArrayRef
-    }};
+/// One column's Arrow builder, by the column's type.
+enum Builder {
+    Bool(BooleanBuilder),
+    Int8(Int8Builder),
+    Int16(Int16Builder),
+    Int32(Int32Builder),
+    Int64(Int64Builder),
+    UInt8(UInt8Builder),
+    UInt16(UInt16Builder),
+    UInt32(UInt32Builder),
+    Float32(Float32Builder),
+    Float64(Float64Builder),
+    Decimal(Decimal128Builder, u8, i8),
+    Date(Date32Builder),
+    /// Timestamps by unit, with whether they are UTC.
+    Seconds(TimestampSecondBuilder, bool),
+    Millis(TimestampMillisecondBuilder, bool),
+    Micros(TimestampMicrosecondBuilder, bool),
+    Nanos(TimestampNanosecondBuilder, bool),
+    Text(StringBuilder),
+    IntList(ListBuilder<Int64Builder>),
 }
 
-fn column<'r>(t: ColumnType, values: impl Iterator<Item = &'r Value>) -> ArrayRef {
-    match t {
-        ColumnType::Bool => build!(BooleanBuilder, values, Bool, |x: &bool| *x),
-        ColumnType::Int8 => build!(Int8Builder, values, Int, |x: &i64| *x as i8),
-        ColumnType::Int16 => build!(Int16Builder, values, Int, |x: &i64| *x as i16),
-        ColumnType::Int32 => build!(Int32Builder, values, Int, |x: &i64| *x as i32),
-        ColumnType::Int64 => build!(Int64Builder, values, Int, |x: &i64| *x),
-        ColumnType::UInt8 => build!(UInt8Builder, values, Int, |x: &i64| *x as u8),
-        ColumnType::UInt16 => build!(UInt16Builder, values, Int, |x: &i64| *x as u16),
-        ColumnType::UInt32 => build!(UInt32Builder, values, Int, |x: &i64| *x as u32),
-        ColumnType::Float32 => build!(Float32Builder, values, Float, |x: &f64| *x as f32),
-        ColumnType::Float64 => build!(Float64Builder, values, Float, |x: &f64| *x),
-        ColumnType::Decimal { precision, scale } => {
-            let mut b = Decimal128Builder::with_capacity(values.size_hint().0);
-            for v in values {
-                match v {
-                    Value::Decimal(x) => b.append_value(*x),
-                    _ => b.append_null(),
-                }
+/// Appends the value if it is the variant, else NULL (rows are checked before).
+macro_rules! put {
+    ($b:expr, $v:expr, $variant:ident, $conv:expr) => {
+        match $v {
+            Value::$variant(x) => $b.append_value($conv(x)),
+            _ => $b.append_null(),
+        }
+    };
+}
+
+impl Builder {
+    fn new(t: ColumnType, rows: usize) -> Self {
+        match t {
+            ColumnType::Bool => Builder::Bool(BooleanBuilder::with_capacity(rows)),
+            ColumnType::Int8 => Builder::Int8(Int8Builder::with_capacity(rows)),
+            ColumnType::Int16 => Builder::Int16(Int16Builder::with_capacity(rows)),
+            ColumnType::Int32 => Builder::Int32(Int32Builder::with_capacity(rows)),
+            ColumnType::Int64 => Builder::Int64(Int64Builder::with_capacity(rows)),
+            ColumnType::UInt8 => Builder::UInt8(UInt8Builder::with_capacity(rows)),
+            ColumnType::UInt16 => Builder::UInt16(UInt16Builder::with_capacity(rows)),
+            ColumnType::UInt32 => Builder::UInt32(UInt32Builder::with_capacity(rows)),
+            ColumnType::Float32 => Builder::Float32(Float32Builder::with_capacity(rows)),
+            ColumnType::Float64 => Builder::Float64(Float64Builder::with_capacity(rows)),
+            ColumnType::Decimal { precision, scale } => {
+                Builder::Decimal(Decimal128Builder::with_capacity(rows), precision, scale)
             }
-            Arc::new(
+            ColumnType::Date => Builder::Date(Date32Builder::with_capacity(rows)),
+            ColumnType::Timestamp { digits, utc } => match digits {
+                0 => Builder::Seconds(TimestampSecondBuilder::with_capacity(rows), utc),
+                3 => Builder::Millis(TimestampMillisecondBuilder::with_capacity(rows), utc),
+                6 => Builder::Micros(TimestampMicrosecondBuilder::with_capacity(rows), utc),
+                _ => Builder::Nanos(TimestampNanosecondBuilder::with_capacity(rows), utc),
+            },
+            // Text grows as it needs: its size is not known without a pass of its own.
+            ColumnType::Text => Builder::Text(StringBuilder::with_capacity(rows, 16 * rows)),
+            ColumnType::IntList => {
+                Builder::IntList(ListBuilder::with_capacity(Int64Builder::new(), rows))
+            }
+        }
+    }
+
+    fn append(&mut self, v: &Value) {
+        match self {
+            Builder::Bool(b) => put!(b, v, Bool, |x: &bool| *x),
+            Builder::Int8(b) => put!(b, v, Int, |x: &i64| *x as i8),
+            Builder::Int16(b) => put!(b, v, Int, |x: &i64| *x as i16),
+            Builder::Int32(b) => put!(b, v, Int, |x: &i64| *x as i32),
+            Builder::Int64(b) => put!(b, v, Int, |x: &i64| *x),
+            Builder::UInt8(b) => put!(b, v, Int, |x: &i64| *x as u8),
+            Builder::UInt16(b) => put!(b, v, Int, |x: &i64| *x as u16),
+            Builder::UInt32(b) => put!(b, v, Int, |x: &i64| *x as u32),
+            Builder::Float32(b) => put!(b, v, Float, |x: &f64| *x as f32),
+            Builder::Float64(b) => put!(b, v, Float, |x: &f64| *x),
+            Builder::Decimal(b, ..) => put!(b, v, Decimal, |x: &i128| *x),
+            Builder::Date(b) => put!(b, v, Date, |x: &i32| *x),
+            Builder::Seconds(b, _) => put!(b, v, Timestamp, |x: &i64| *x),
+            Builder::Millis(b, _) => put!(b, v, Timestamp, |x: &i64| *x),
+            Builder::Micros(b, _) => put!(b, v, Timestamp, |x: &i64| *x),
+            Builder::Nanos(b, _) => put!(b, v, Timestamp, |x: &i64| *x),
+            Builder::Text(b) => match v {
+                Value::Text(x) => b.append_value(x),
+                _ => b.append_null(),
+            },
+            Builder::IntList(b) => match v {
+                Value::IntList(x) => b.append_value(x.iter().map(|i| Some(*i))),
+                _ => b.append_null(),
+            },
+        }
+    }
+
+    fn finish(self) -> ArrayRef {
+        let tz = |utc: bool| -> Option<Arc<str>> { utc.then(|| "UTC".into()) };
+        match self {
+            Builder::Bool(mut b) => Arc::new(b.finish()),
+            Builder::Int8(mut b) => Arc::new(b.finish()),
+            Builder::Int16(mut b) => Arc::new(b.finish()),
+            Builder::Int32(mut b) => Arc::new(b.finish()),
+            Builder::Int64(mut b) => Arc::new(b.finish()),
+            Builder::UInt8(mut b) => Arc::new(b.finish()),
+            Builder::UInt16(mut b) => Arc::new(b.finish()),
+            Builder::UInt32(mut b) => Arc::new(b.finish()),
+            Builder::Float32(mut b) => Arc::new(b.finish()),
+            Builder::Float64(mut b) => Arc::new(b.finish()),
+            Builder::Decimal(mut b, precision, scale) => Arc::new(
                 b.finish()
                     .with_precision_and_scale(precision, scale)
                     .expect("the column's own precision and scale"),
-            )
-        }
-        ColumnType::Date => build!(Date32Builder, values, Date, |x: &i32| *x),
-        ColumnType::Timestamp { digits, utc } => {
-            let tz: Option<Arc<str>> = utc.then(|| "UTC".into());
-            match digits {
-                0 => {
-                    let a = build!(TimestampSecondBuilder, values, Timestamp, |x: &i64| *x);
-                    retz(a, tz)
-                }
-                3 => {
-                    let a = build!(TimestampMillisecondBuilder, values, Timestamp, |x: &i64| *x);
-                    retz(a, tz)
-                }
-                6 => {
-                    let a = build!(TimestampMicrosecondBuilder, values, Timestamp, |x: &i64| *x);
-                    retz(a, tz)
-                }
-                _ => {
-                    let a = build!(TimestampNanosecondBuilder, values, Timestamp, |x: &i64| *x);
-                    retz(a, tz)
-                }
-            }
-        }
-        ColumnType::Text => {
-            let values: Vec<&Value> = values.collect();
-            let bytes = values.iter().map(|v| v.as_text().map_or(0, str::len)).sum();
-            let mut b = StringBuilder::with_capacity(values.len(), bytes);
-            for v in values {
-                match v {
-                    Value::Text(x) => b.append_value(x),
-                    _ => b.append_null(),
-                }
-            }
-            Arc::new(b.finish())
-        }
-        ColumnType::IntList => {
-            let mut b = ListBuilder::with_capacity(Int64Builder::new(), values.size_hint().0);
-            for v in values {
-                match v {
-                    Value::IntList(x) => b.append_value(x.iter().map(|i| Some(*i))),
-                    _ => b.append_null(),
-                }
-            }
-            Arc::new(b.finish())
+            ),
+            Builder::Date(mut b) => Arc::new(b.finish()),
+            Builder::Seconds(mut b, utc) => retz(Arc::new(b.finish()), tz(utc)),
+            Builder::Millis(mut b, utc) => retz(Arc::new(b.finish()), tz(utc)),
+            Builder::Micros(mut b, utc) => retz(Arc::new(b.finish()), tz(utc)),
+            Builder::Nanos(mut b, utc) => retz(Arc::new(b.finish()), tz(utc)),
+            Builder::Text(mut b) => Arc::new(b.finish()),
+            Builder::IntList(mut b) => Arc::new(b.finish()),
         }
     }
 }
