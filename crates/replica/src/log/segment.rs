@@ -90,7 +90,7 @@ pub fn encode_frame(first_lsn: u64, count: u32, raw: &[u8]) -> Vec<u8> {
     frame.extend_from_slice(&count.to_le_bytes());
     let mut crc = crc32fast::Hasher::new();
     crc.update(&frame);
-    crc.update(&block);
+    crc.update(block);
     frame.extend_from_slice(&crc.finalize().to_le_bytes());
     frame.extend_from_slice(block);
     frame
