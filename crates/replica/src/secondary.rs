@@ -388,7 +388,8 @@ mod tests {
     /// A group from a broken or hostile sender behind a valid checksum: entries of
     /// every kind a secondary replays (a load, then inserts, an update, a patch and a
     /// delete), with bytes changed or cut, are applied or refused with an error, never
-    /// a panic; a secondary that refused one refuses what follows.
+    /// a panic. A refused group is never applied whole, and a secondary whose store
+    /// refused a change refuses what follows.
     #[test]
     fn changed_groups_are_applied_or_refused_never_a_panic() {
         use crate::log::segment::{encode_entry, encode_frame};
