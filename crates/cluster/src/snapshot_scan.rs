@@ -405,7 +405,7 @@ mod tests {
                 ]
             })
             .collect();
-        let keys: Vec<Vec<Value>> = rows.iter().map(|r| def.key_of(r).to_vec()).collect();
+        let keys: Vec<Vec<Value>> = rows.iter().map(|r| def.key_values(r)).collect();
         let keys: Vec<&[Value]> = keys.iter().map(Vec::as_slice).collect();
         let batch = gyre_replica::columnar::to_batch(&def.columns, rows.iter().map(Vec::as_slice));
         let key_columns = [batch.column(1).clone(), batch.column(2).clone()];

@@ -4,6 +4,7 @@
 //!
 //! - [`value`]: values, column types and their checks.
 //! - [`store`]: tables of rows by primary key; the one place a row changes.
+//! - [`key`]: primary keys as order-preserving bytes.
 //! - [`txn`]: the handle transactions read and write through, with undo for rollback.
 //! - [`procedure`]: stored procedures, logged by name and arguments.
 //! - [`log`]: the redo log: entries, segment format, group commit.
@@ -20,6 +21,7 @@ pub mod checkpoint;
 pub mod columnar;
 pub mod database;
 pub mod error;
+pub mod key;
 pub mod log;
 pub mod procedure;
 mod published;
@@ -32,9 +34,10 @@ pub mod versioned;
 
 pub use database::{Database, Options, Recovery, Transaction};
 pub use error::{Error, Result};
+pub use key::Key;
 pub use log::LogMode;
 pub use procedure::{Procedure, Procedures};
 pub use secondary::Secondary;
-pub use store::{Key, Placement, ROW_ID, Row, RowOp, Store, TableDef, TableId};
+pub use store::{Placement, ROW_ID, Row, RowOp, Store, TableDef, TableId};
 pub use txn::Txn;
 pub use value::{Column, ColumnType, Value};

@@ -19,7 +19,7 @@ use crate::error::{Error, Result};
 use crate::log::Entry;
 use crate::log::segment;
 use crate::procedure::Procedures;
-use crate::store::{RowOp, Store, TableDef};
+use crate::store::{Key, RowOp, Store, TableDef};
 use crate::value::Value;
 use crate::versioned::{Snapshot, VersionedStore};
 use std::collections::BTreeMap;
@@ -87,8 +87,11 @@ impl Secondary {
             .collect();
         for id in partitioned {
             let table = store.table(id)?;
-            let keys: Vec<&[Value]> = table.rows.keys().map(|k| &k[..]).collect();
-            let keep = share.owns(&table.def, &keys)?;
+            let keys: Vec<Vec<Value>> = table.rows.keys().map(Key::values).collect();
+            let keep = share.owns(
+                &table.def,
+                &keys.iter().map(Vec::as_slice).collect::<Vec<_>>(),
+            )?;
             store.retain_rows(id, &keep)?;
         }
         let mut secondary = Self::from_state(store, procedures)?;
@@ -104,7 +107,7 @@ impl Secondary {
         for row in &rows {
             def.check_row(row)?;
         }
-        let keys: Vec<Vec<Value>> = rows.iter().map(|r| def.key_of(r).to_vec()).collect();
+        let keys: Vec<Vec<Value>> = rows.iter().map(|r| def.key_values(r)).collect();
         let keep = share.owns(def, &keys.iter().map(Vec::as_slice).collect::<Vec<_>>())?;
         Ok(rows
             .into_iter()
@@ -132,7 +135,7 @@ impl Secondary {
                 keys.push(match &ops[i] {
                     RowOp::Insert { row, .. } | RowOp::Update { row, .. } => {
                         def.check_row(row)?;
-                        def.key_of(row).to_vec()
+                        def.key_values(row)
                     }
                     RowOp::Delete { key, .. } | RowOp::Patch { key, .. } => {
                         def.check_key(key)?;

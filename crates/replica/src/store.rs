@@ -3,8 +3,8 @@
 //! Each table is a persistent ordered map from key to row (`imbl::OrdMap`): lookups and
 //! range scans by key prefix serve the stored procedures, and cloning a table is O(1),
 //! so a checkpoint copies the whole store under the lock and writes it while
-//! transactions go on. Rows and keys are shared slices, cheap to clone when the map
-//! copies a node.
+//! transactions go on. Rows are shared slices and keys order-preserving bytes held in
+//! the tree's nodes ([`crate::key`]), both cheap to clone when the map copies a node.
 //!
 //! [`Store::apply`] is the one place a row changes: transactions call it and record its
 //! undo, recovery calls it to replay physical log entries.
@@ -20,25 +20,8 @@ use std::sync::Arc;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct TableId(pub u32);
 
-pub type Key = Arc<[Value]>;
+pub use crate::key::Key;
 pub type Row = Arc<[Value]>;
-
-/// Key columns a lookup copies onto the stack: finding the row an update or a delete
-/// names allocates nothing for keys of up to four columns.
-pub(crate) enum KeyValues {
-    Inline([Value; 4], usize),
-    Heap(Vec<Value>),
-}
-
-impl std::ops::Deref for KeyValues {
-    type Target = [Value];
-    fn deref(&self) -> &[Value] {
-        match self {
-            KeyValues::Inline(values, n) => &values[..*n],
-            KeyValues::Heap(values) => values,
-        }
-    }
-}
 
 /// The column that numbers the rows of a table without a primary key of its own: its
 /// last column and its key, assigned by the primary on insert (the greatest number
@@ -226,19 +209,12 @@ impl TableDef {
 
     /// The key of a row (already checked to have every column).
     pub fn key_of(&self, row: &[Value]) -> Key {
-        self.key.iter().map(|&k| row[k].clone()).collect()
+        Key::encode_columns(row, &self.key)
     }
 
-    /// The key of a row to look it up with, without allocating (see [`KeyValues`]).
-    pub(crate) fn key_values(&self, row: &[Value]) -> KeyValues {
-        if self.key.len() > 4 {
-            return KeyValues::Heap(self.key.iter().map(|&k| row[k].clone()).collect());
-        }
-        let mut values = [const { Value::Null }; 4];
-        for (v, &k) in values.iter_mut().zip(&self.key) {
-            *v = row[k].clone();
-        }
-        KeyValues::Inline(values, self.key.len())
+    /// The values of a row's key (already checked to have every column).
+    pub fn key_values(&self, row: &[Value]) -> Vec<Value> {
+        self.key.iter().map(|&k| row[k].clone()).collect()
     }
 
     /// Whether `row` fits the table: one value per column, each of the column's type,
@@ -581,15 +557,15 @@ impl Store {
             RowOp::Update { table, row } => {
                 let t = self.table_mut(table)?;
                 t.def.check_row(&row)?;
-                let key = t.def.key_values(&row);
-                match t.rows.get_mut(&*key) {
+                let key = t.def.key_of(&row);
+                match t.rows.get_mut(&key) {
                     Some(old) => {
                         let old = std::mem::replace(old, Arc::clone(&row));
                         Ok((Undo::Restore(table, old), RowOp::Update { table, row }))
                     }
                     None => Err(Error::Constraint(format!(
-                        "no row with key {:?} in {} to update",
-                        &*key, t.def.name
+                        "no row with key {key:?} in {} to update",
+                        t.def.name
                     ))),
                 }
             }
@@ -600,7 +576,7 @@ impl Store {
             } => {
                 let t = self.table_mut(table)?;
                 t.def.check_key(&key)?;
-                let Some(old) = t.rows.get_mut(&key[..]) else {
+                let Some(old) = t.rows.get_mut(&Key::encode(&key)) else {
                     return Err(Error::Constraint(format!(
                         "no row with key {key:?} in {} to update",
                         t.def.name
@@ -627,7 +603,7 @@ impl Store {
             RowOp::Delete { table, key } => {
                 let t = self.table_mut(table)?;
                 t.def.check_key(&key)?;
-                match t.rows.remove(&key[..]) {
+                match t.rows.remove(&Key::encode(&key)) {
                     Some(old) => Ok((Undo::Restore(table, old), RowOp::Delete { table, key })),
                     None => Err(Error::Constraint(format!(
                         "no row with key {key:?} in {} to delete",
@@ -690,7 +666,7 @@ mod tests {
         });
         assert!(matches!(dup, Err(Error::Constraint(_))));
         // The refused insert left the row it collided with as it was.
-        let key: Key = vec![Value::Int(1)].into();
+        let key = Key::encode(&[Value::Int(1)]);
         assert_eq!(s.table(t).unwrap().rows[&key][1], Value::Int(10));
         let u2 = s
             .apply(RowOp::Update {
@@ -762,7 +738,7 @@ mod tests {
             key: vec![Value::Int(key)],
             columns: vec![(at, v)],
         };
-        let key: Key = vec![Value::Int(1)].into();
+        let key = Key::encode(&[Value::Int(1)]);
         for (bad, why) in [
             (patch(1, 0, Value::Int(2)), "names column 0"),
             (patch(1, 2, Value::Int(2)), "names column 2"),

@@ -77,18 +77,19 @@ impl<'a> Txn<'a> {
     pub fn get(&self, table: TableId, key: &[Value]) -> Result<Option<Row>> {
         let t = self.read(table)?;
         t.def.check_key(key)?;
-        Ok(t.rows.get(key).cloned())
+        Ok(t.rows.get(&Key::encode(key)).cloned())
     }
 
     /// Rows whose keys lie between `lo` and `hi`, in key order.
     pub fn range<'s>(
         &'s self,
         table: TableId,
-        lo: Bound<&'s [Value]>,
-        hi: Bound<&'s [Value]>,
+        lo: Bound<&[Value]>,
+        hi: Bound<&[Value]>,
     ) -> Result<impl DoubleEndedIterator<Item = (&'s Key, &'s Row)> + 's> {
         let t = self.read(table)?;
-        Ok(t.rows.range::<_, [Value]>((lo, hi)))
+        let bound = |b: Bound<&[Value]>| b.map(Key::encode);
+        Ok(t.rows.range((bound(lo), bound(hi))))
     }
 
     /// Rows whose keys start with `prefix`, in key order (a shorter key sorts first, so
@@ -96,30 +97,22 @@ impl<'a> Txn<'a> {
     pub fn prefix<'s>(
         &'s self,
         table: TableId,
-        prefix: &'s [Value],
-    ) -> Result<impl Iterator<Item = (&'s Key, &'s Row)> + 's> {
+        prefix: &[Value],
+    ) -> Result<impl DoubleEndedIterator<Item = (&'s Key, &'s Row)> + 's> {
         let t = self.read(table)?;
-        Ok(t.rows
-            .range::<_, [Value]>((Bound::Included(prefix), Bound::Unbounded))
-            .take_while(move |(k, _)| k.starts_with(prefix)))
+        Ok(t.rows.range((
+            Bound::Included(Key::encode(prefix)),
+            Bound::Excluded(Key::prefix_end(prefix)),
+        )))
     }
 
     /// The row with the greatest key starting with `prefix` (the newest order of a
-    /// customer, say). Reads from the end when the prefix ends in an integer.
+    /// customer, say), read from the end.
     pub fn last_with_prefix(&self, table: TableId, prefix: &[Value]) -> Result<Option<Row>> {
-        let t = self.read(table)?;
-        if let Some((Value::Int(last), head)) = prefix.split_last()
-            && let Some(next) = last.checked_add(1)
-        {
-            let mut end = head.to_vec();
-            end.push(Value::Int(next));
-            return Ok(t
-                .rows
-                .range::<_, [Value]>((Bound::Included(prefix), Bound::Excluded(&end[..])))
-                .next_back()
-                .map(|(_, r)| r.clone()));
-        }
-        Ok(self.prefix(table, prefix)?.last().map(|(_, r)| r.clone()))
+        Ok(self
+            .prefix(table, prefix)?
+            .next_back()
+            .map(|(_, r)| r.clone()))
     }
 
     /// Every row of the table, in key order.
@@ -135,7 +128,7 @@ impl<'a> Txn<'a> {
         if t.def.has_row_id() && row.len() + 1 == t.def.columns.len() {
             let next = match t.rows.get_max() {
                 None => 1,
-                Some((key, _)) => key[0]
+                Some((_, last)) => last[t.def.key[0]]
                     .as_int()
                     .and_then(|id| id.checked_add(1))
                     .ok_or_else(|| {
@@ -155,7 +148,7 @@ impl<'a> Txn<'a> {
     /// a table without a primary key. Equal rows are interchangeable, so it takes them
     /// in key order. An error if there are fewer such rows than asked for (the
     /// statement would change one row twice). Reads the whole table once.
-    pub fn match_rows(&self, table: TableId, rows: &[Vec<Value>]) -> Result<Vec<Key>> {
+    pub fn match_rows(&self, table: TableId, rows: &[Vec<Value>]) -> Result<Vec<Vec<Value>>> {
         let t = self.read(table)?;
         let width = t.def.visible_columns().len();
         let mut wanted: std::collections::HashMap<&[Value], Vec<usize>> =
@@ -170,7 +163,7 @@ impl<'a> Txn<'a> {
             }
             wanted.entry(&row[..]).or_default().push(i);
         }
-        let mut keys: Vec<Option<Key>> = vec![None; rows.len()];
+        let mut keys: Vec<Option<Vec<Value>>> = vec![None; rows.len()];
         let mut left = rows.len();
         for (key, row) in t.rows.iter() {
             if left == 0 {
@@ -179,7 +172,7 @@ impl<'a> Txn<'a> {
             if let Some(waiting) = wanted.get_mut(&row[..width])
                 && let Some(i) = waiting.pop()
             {
-                keys[i] = Some(key.clone());
+                keys[i] = Some(key.values());
                 left -= 1;
             }
         }

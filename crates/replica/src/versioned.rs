@@ -110,11 +110,11 @@ impl VersionedTable {
     /// table): one lookup, no key built.
     fn update_checked(&mut self, lsn: u64, row: Row, horizon: u64) -> Result<()> {
         let id = self.tail_first + self.tail.len() as u64;
-        let key = self.def.key_values(&row);
-        let Some(live) = self.live.get_mut(&*key) else {
+        let key = self.def.key_of(&row);
+        let Some(live) = self.live.get_mut(&key) else {
             return Err(Error::Constraint(format!(
-                "no row with key {:?} in {}",
-                &*key, self.def.name
+                "no row with key {key:?} in {}",
+                self.def.name
             )));
         };
         let old = std::mem::replace(live, id);
@@ -134,7 +134,7 @@ impl VersionedTable {
     }
 
     fn delete(&mut self, lsn: u64, key: &[Value]) -> Result<()> {
-        let id = self.live.remove(key).ok_or_else(|| {
+        let id = self.live.remove(&Key::encode(key)).ok_or_else(|| {
             Error::Constraint(format!("no row with key {key:?} in {}", self.def.name))
         })?;
         self.stamp_deleted(id, lsn);
@@ -480,7 +480,7 @@ mod tests {
                     .table(table)
                     .unwrap()
                     .rows
-                    .contains_key(&[Value::Int(k)][..]);
+                    .contains_key(&Key::encode(&[Value::Int(k)]));
                 let row: Row = vec![Value::Int(k), Value::Text(format!("{lsn}").into())].into();
                 let op = match (exists, rand(3)) {
                     (false, _) => RowOp::Insert { table, row },

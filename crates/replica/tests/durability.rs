@@ -124,10 +124,10 @@ impl Procedure for Note {
     fn run(&self, txn: &mut Txn<'_>, args: &[Value]) -> Result<Vec<Vec<Value>>> {
         let notes = txn.table("notes")?;
         txn.insert(notes, vec![args[0].clone()])?;
-        let same: Vec<gyre_replica::Key> = txn
+        let same: Vec<Vec<Value>> = txn
             .scan(notes)?
             .filter(|(_, r)| r[0] == args[0])
-            .map(|(k, _)| k.clone())
+            .map(|(k, _)| k.values())
             .collect();
         if same.len() >= 3 {
             txn.delete(notes, &same[0])?;

@@ -2,7 +2,7 @@
 //! leaves satisfy the specification's consistency conditions, each transaction does
 //! what its clause says, and the log (logical or physical) replays to the same state.
 
-use gyre_replica::{Database, LogMode, Options, Row, Store, Value};
+use gyre_replica::{Database, Key, LogMode, Options, Row, Store, Value};
 use gyre_tpcc::consistency::violations;
 use gyre_tpcc::load::first_new_order;
 use gyre_tpcc::schema::col;
@@ -31,7 +31,12 @@ fn table(store: &Store, name: &str) -> Vec<Row> {
 fn row(store: &Store, name: &str, key: &[i64]) -> Option<Row> {
     let id = store.table_id(name).unwrap();
     let key: Vec<Value> = key.iter().map(|k| Value::Int(*k)).collect();
-    store.table(id).unwrap().rows.get(&key[..]).cloned()
+    store
+        .table(id)
+        .unwrap()
+        .rows
+        .get(&Key::encode(&key))
+        .cloned()
 }
 
 fn assert_consistent(store: &Store) {

@@ -756,8 +756,7 @@ impl Coordinator {
                         Change::Insert => txn.insert(def.id, row)?,
                         Change::Update => txn.update(def.id, row)?,
                         Change::Delete => {
-                            let key = def.key_of(&row);
-                            txn.delete(def.id, &key)?;
+                            txn.delete(def.id, &def.key_values(&row))?;
                         }
                     }
                 }
