@@ -25,7 +25,6 @@
 //! | integer list | `1A`, each element as `01` and 8 bytes, then `00` |
 
 use crate::value::Value;
-use std::borrow::Borrow;
 use std::cmp::Ordering;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
@@ -59,29 +58,18 @@ enum Repr {
 impl Key {
     /// The key of these values, in order.
     pub fn encode(values: &[Value]) -> Key {
-        let mut w = Writer::default();
-        for v in values {
-            w.value(v);
-        }
-        w.finish()
+        Writer::of(values).finish()
     }
 
     /// The key of the values at `columns` of `row`.
     pub fn encode_columns(row: &[Value], columns: &[usize]) -> Key {
-        let mut w = Writer::default();
-        for &c in columns {
-            w.value(&row[c]);
-        }
-        w.finish()
+        Writer::of(columns.iter().map(|&c| &row[c])).finish()
     }
 
     /// The least key greater than every key starting with `prefix`'s values: the
     /// exclusive end of a prefix scan.
     pub fn prefix_end(prefix: &[Value]) -> Key {
-        let mut w = Writer::default();
-        for v in prefix {
-            w.value(v);
-        }
+        let mut w = Writer::of(prefix);
         w.push(END);
         w.finish()
     }
@@ -96,11 +84,6 @@ impl Key {
     /// The values it was made of.
     pub fn values(&self) -> Vec<Value> {
         decode(self.as_bytes()).expect("a key holds the encoding of its values")
-    }
-
-    /// Whether its values start with `prefix`'s.
-    pub fn starts_with(&self, prefix: &Key) -> bool {
-        self.as_bytes().starts_with(prefix.as_bytes())
     }
 }
 
@@ -124,16 +107,10 @@ impl PartialOrd for Key {
     }
 }
 
-/// As the bytes hash, so that a map of keys can be asked with bytes.
+/// As the bytes hash: equal keys hash alike whatever lies past an inline key's end.
 impl Hash for Key {
     fn hash<H: Hasher>(&self, state: &mut H) {
         self.as_bytes().hash(state)
-    }
-}
-
-impl Borrow<[u8]> for Key {
-    fn borrow(&self) -> &[u8] {
-        self.as_bytes()
     }
 }
 
@@ -164,6 +141,15 @@ impl Default for Writer {
 }
 
 impl Writer {
+    /// The encoding of these values, in order, to go on with.
+    fn of<'v>(values: impl IntoIterator<Item = &'v Value>) -> Writer {
+        let mut w = Writer::default();
+        for v in values {
+            w.value(v);
+        }
+        w
+    }
+
     fn extend(&mut self, bytes: &[u8]) {
         if let Some(heap) = &mut self.heap {
             heap.extend_from_slice(bytes);
@@ -237,15 +223,10 @@ impl Writer {
     fn int(&mut self, i: i64) {
         let magnitude = i.unsigned_abs();
         let n = (8 - magnitude.leading_zeros() / 8) as usize;
-        let bytes = if i >= 0 {
-            magnitude.to_be_bytes()
+        let (tag, bytes) = if i >= 0 {
+            (INT_ZERO + n as u8, magnitude.to_be_bytes())
         } else {
-            (!magnitude).to_be_bytes()
-        };
-        let tag = if i >= 0 {
-            INT_ZERO + n as u8
-        } else {
-            INT_ZERO - n as u8
+            (INT_ZERO - n as u8, (!magnitude).to_be_bytes())
         };
         self.push(tag);
         self.extend(&bytes[8 - n..]);
@@ -448,7 +429,7 @@ mod tests {
                 let kb = Key::encode(b);
                 assert_eq!(ka.cmp(&kb), a[..].cmp(&b[..]), "{a:?} against {b:?}");
                 assert_eq!(
-                    kb.starts_with(&ka),
+                    kb.as_bytes().starts_with(ka.as_bytes()),
                     b.starts_with(a),
                     "{b:?} starts with {a:?}"
                 );
