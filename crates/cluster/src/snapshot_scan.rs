@@ -86,13 +86,13 @@ impl KeyShare {
 }
 
 impl Share for KeyShare {
-    fn owns(&self, table: &TableDef, keys: &[&[Value]]) -> gyre_replica::Result<Vec<bool>> {
+    fn owns(&self, table: &TableDef, keys: &[Vec<Value>]) -> gyre_replica::Result<Vec<bool>> {
         let columns: Vec<_> = table
             .key
             .iter()
             .map(|&k| table.columns[k].clone())
             .collect();
-        let batch = gyre_replica::columnar::to_batch(&columns, keys.iter().copied());
+        let batch = gyre_replica::columnar::to_batch(&columns, keys.iter().map(Vec::as_slice));
         let mask = self
             .mask(table.placement, batch.columns(), keys.len())
             .map_err(|e| gyre_replica::Error::Constraint(format!("hashing keys: {e}")))?;
@@ -406,7 +406,6 @@ mod tests {
             })
             .collect();
         let keys: Vec<Vec<Value>> = rows.iter().map(|r| def.key_values(r)).collect();
-        let keys: Vec<&[Value]> = keys.iter().map(Vec::as_slice).collect();
         let batch = gyre_replica::columnar::to_batch(&def.columns, rows.iter().map(Vec::as_slice));
         let key_columns = [batch.column(1).clone(), batch.column(2).clone()];
         let mut holders = vec![0; rows.len()];
@@ -444,7 +443,6 @@ mod tests {
         def.validate().unwrap();
         let n = 5 * CHUNK_ROWS + 17;
         let keys: Vec<Vec<Value>> = (1..=n).map(|i| vec![Value::Int(i)]).collect();
-        let keys: Vec<&[Value]> = keys.iter().map(Vec::as_slice).collect();
         let column: ArrayRef = Arc::new(arrow::array::Int64Array::from_iter_values(1..=n));
         for index in 0..3 {
             let share = KeyShare { index, count: 3 };

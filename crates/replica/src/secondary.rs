@@ -34,7 +34,7 @@ pub const KEEP_SNAPSHOTS: usize = 16;
 pub trait Share: Send + Sync {
     /// For each key of `table` (its key columns' values, in key order), whether this
     /// secondary keeps the row.
-    fn owns(&self, table: &TableDef, keys: &[&[Value]]) -> Result<Vec<bool>>;
+    fn owns(&self, table: &TableDef, keys: &[Vec<Value>]) -> Result<Vec<bool>>;
 }
 
 pub struct Secondary {
@@ -88,10 +88,7 @@ impl Secondary {
         for id in partitioned {
             let table = store.table(id)?;
             let keys: Vec<Vec<Value>> = table.rows.keys().map(Key::values).collect();
-            let keep = share.owns(
-                &table.def,
-                &keys.iter().map(Vec::as_slice).collect::<Vec<_>>(),
-            )?;
+            let keep = share.owns(&table.def, &keys)?;
             store.retain_rows(id, &keep)?;
         }
         let mut secondary = Self::from_state(store, procedures)?;
@@ -108,7 +105,7 @@ impl Secondary {
             def.check_row(row)?;
         }
         let keys: Vec<Vec<Value>> = rows.iter().map(|r| def.key_values(r)).collect();
-        let keep = share.owns(def, &keys.iter().map(Vec::as_slice).collect::<Vec<_>>())?;
+        let keep = share.owns(def, &keys)?;
         Ok(rows
             .into_iter()
             .zip(keep)
@@ -143,7 +140,7 @@ impl Secondary {
                     }
                 });
             }
-            let owned = share.owns(def, &keys.iter().map(Vec::as_slice).collect::<Vec<_>>())?;
+            let owned = share.owns(def, &keys)?;
             for (i, owned) in at.into_iter().zip(owned) {
                 keep[i] = owned;
             }

@@ -851,7 +851,7 @@ struct ModShare {
 }
 
 impl gyre_replica::secondary::Share for ModShare {
-    fn owns(&self, _table: &gyre_replica::TableDef, keys: &[&[Value]]) -> Result<Vec<bool>> {
+    fn owns(&self, _table: &gyre_replica::TableDef, keys: &[Vec<Value>]) -> Result<Vec<bool>> {
         Ok(keys
             .iter()
             .map(|k| k[0].as_int().unwrap().rem_euclid(self.count) == self.index)
