@@ -26,29 +26,67 @@ use std::sync::Arc;
 /// read once, all its columns appended: a secondary seals 64K rows at a time, and
 /// reading them once per column missed the cache on every value.
 pub fn to_batch<'r>(columns: &[Column], rows: impl Iterator<Item = &'r [Value]>) -> RecordBatch {
-    let schema = schema_of(columns);
-    let capacity = rows.size_hint().0;
-    let mut builders: Vec<Builder> = columns
-        .iter()
-        .map(|c| Builder::new(c.column_type, capacity))
-        .collect();
-    let mut n = 0;
+    let mut batch = RowsToBatch::new(columns, rows.size_hint().0);
     for row in rows {
-        for (b, v) in builders.iter_mut().zip(row) {
+        batch.append(row);
+    }
+    batch.finish()
+}
+
+/// Rows appended one at a time into Arrow builders, all columns of a row at once, so
+/// that a secondary copies a row into its columnar tail while the row is still in
+/// the cache rather than reading it back cold when the tail is sealed.
+#[derive(Debug)]
+pub struct RowsToBatch {
+    schema: arrow_schema::SchemaRef,
+    builders: Vec<Builder>,
+    rows: usize,
+}
+
+impl RowsToBatch {
+    pub fn new(columns: &[Column], capacity: usize) -> Self {
+        Self {
+            schema: schema_of(columns),
+            builders: columns
+                .iter()
+                .map(|c| Builder::new(c.column_type, capacity))
+                .collect(),
+            rows: 0,
+        }
+    }
+
+    /// Appends a row already checked against the columns.
+    pub fn append(&mut self, row: &[Value]) {
+        for (b, v) in self.builders.iter_mut().zip(row) {
             b.append(v);
         }
-        n += 1;
+        self.rows += 1;
     }
-    let arrays: Vec<ArrayRef> = builders.into_iter().map(Builder::finish).collect();
-    RecordBatch::try_new_with_options(
-        schema,
-        arrays,
-        &arrow_array::RecordBatchOptions::new().with_row_count(Some(n)),
-    )
-    .expect("columns built from the table's own types")
+
+    /// Rows appended since the last [`RowsToBatch::finish`].
+    pub fn len(&self) -> usize {
+        self.rows
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rows == 0
+    }
+
+    /// The rows appended as one batch; the builder starts over empty.
+    pub fn finish(&mut self) -> RecordBatch {
+        let arrays: Vec<ArrayRef> = self.builders.iter_mut().map(Builder::finish).collect();
+        let n = std::mem::take(&mut self.rows);
+        RecordBatch::try_new_with_options(
+            Arc::clone(&self.schema),
+            arrays,
+            &arrow_array::RecordBatchOptions::new().with_row_count(Some(n)),
+        )
+        .expect("columns built from the table's own types")
+    }
 }
 
 /// One column's Arrow builder, by the column's type.
+#[derive(Debug)]
 enum Builder {
     Bool(BooleanBuilder),
     Int8(Int8Builder),
@@ -141,31 +179,31 @@ impl Builder {
         }
     }
 
-    fn finish(self) -> ArrayRef {
+    fn finish(&mut self) -> ArrayRef {
         let tz = |utc: bool| -> Option<Arc<str>> { utc.then(|| "UTC".into()) };
         match self {
-            Builder::Bool(mut b) => Arc::new(b.finish()),
-            Builder::Int8(mut b) => Arc::new(b.finish()),
-            Builder::Int16(mut b) => Arc::new(b.finish()),
-            Builder::Int32(mut b) => Arc::new(b.finish()),
-            Builder::Int64(mut b) => Arc::new(b.finish()),
-            Builder::UInt8(mut b) => Arc::new(b.finish()),
-            Builder::UInt16(mut b) => Arc::new(b.finish()),
-            Builder::UInt32(mut b) => Arc::new(b.finish()),
-            Builder::Float32(mut b) => Arc::new(b.finish()),
-            Builder::Float64(mut b) => Arc::new(b.finish()),
-            Builder::Decimal(mut b, precision, scale) => Arc::new(
+            Builder::Bool(b) => Arc::new(b.finish()),
+            Builder::Int8(b) => Arc::new(b.finish()),
+            Builder::Int16(b) => Arc::new(b.finish()),
+            Builder::Int32(b) => Arc::new(b.finish()),
+            Builder::Int64(b) => Arc::new(b.finish()),
+            Builder::UInt8(b) => Arc::new(b.finish()),
+            Builder::UInt16(b) => Arc::new(b.finish()),
+            Builder::UInt32(b) => Arc::new(b.finish()),
+            Builder::Float32(b) => Arc::new(b.finish()),
+            Builder::Float64(b) => Arc::new(b.finish()),
+            Builder::Decimal(b, precision, scale) => Arc::new(
                 b.finish()
-                    .with_precision_and_scale(precision, scale)
+                    .with_precision_and_scale(*precision, *scale)
                     .expect("the column's own precision and scale"),
             ),
-            Builder::Date(mut b) => Arc::new(b.finish()),
-            Builder::Seconds(mut b, utc) => retz(Arc::new(b.finish()), tz(utc)),
-            Builder::Millis(mut b, utc) => retz(Arc::new(b.finish()), tz(utc)),
-            Builder::Micros(mut b, utc) => retz(Arc::new(b.finish()), tz(utc)),
-            Builder::Nanos(mut b, utc) => retz(Arc::new(b.finish()), tz(utc)),
-            Builder::Text(mut b) => Arc::new(b.finish()),
-            Builder::IntList(mut b) => Arc::new(b.finish()),
+            Builder::Date(b) => Arc::new(b.finish()),
+            Builder::Seconds(b, utc) => retz(Arc::new(b.finish()), tz(*utc)),
+            Builder::Millis(b, utc) => retz(Arc::new(b.finish()), tz(*utc)),
+            Builder::Micros(b, utc) => retz(Arc::new(b.finish()), tz(*utc)),
+            Builder::Nanos(b, utc) => retz(Arc::new(b.finish()), tz(*utc)),
+            Builder::Text(b) => Arc::new(b.finish()),
+            Builder::IntList(b) => Arc::new(b.finish()),
         }
     }
 }

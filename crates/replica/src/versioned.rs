@@ -3,7 +3,7 @@
 //!
 //! ScyPer's secondaries fork a snapshot at exactly the LSN of the primary's snapshot
 //! transaction (Rödiger's thesis, section 5.2.2). Here a table is a list of sealed
-//! Arrow chunks and an open tail of rows. Every row version records the LSN that
+//! Arrow chunks and an open tail of rows in Arrow builders. Every row version records the LSN that
 //! created it and the LSN that deleted it (`u64::MAX` while live): an insert appends a
 //! version, a delete stamps one, an update does both. A snapshot at LSN `s` seals the
 //! tail and keeps references to the chunks; it sees a version when
@@ -11,9 +11,9 @@
 //! changes, and nothing is copied until a scan filters out invisible versions (none,
 //! for a chunk every version of which is visible).
 
-use crate::columnar::to_batch;
+use crate::columnar::RowsToBatch;
 use crate::error::{Error, Result};
-use crate::store::{Key, Row, RowOp, TableDef, TableId};
+use crate::store::{Key, RowOp, TableDef, TableId};
 use crate::value::Value;
 use arrow_array::{BooleanArray, RecordBatch};
 use std::collections::hash_map::Entry as Slot;
@@ -37,13 +37,18 @@ const LIVE: u64 = u64::MAX;
 /// Rows in the tail are sealed into a chunk once there are this many.
 const CHUNK_ROWS: usize = 64 * 1024;
 
+/// Rows a tail's builders have room for at first (they grow as rows arrive): most
+/// tables seal at a snapshot long before `CHUNK_ROWS`, and some hold a few rows.
+const TAIL_ROWS: usize = 1024;
+
 #[derive(Debug)]
 pub struct VersionedTable {
     def: Arc<TableDef>,
     /// Sealed chunks, in id order.
     chunks: Vec<Chunk>,
-    /// Shared with the row store that applied them.
-    tail: Vec<Row>,
+    /// Rows since the last seal, already in Arrow builders: each is copied in as it is
+    /// applied, while it is in the cache.
+    tail: RowsToBatch,
     tail_created: Vec<u64>,
     tail_deleted: Vec<u64>,
     /// The id of the tail's first row; the tail's row `i` has id `tail_first + i`.
@@ -55,9 +60,9 @@ pub struct VersionedTable {
 impl VersionedTable {
     fn new(def: TableDef) -> Self {
         Self {
+            tail: RowsToBatch::new(&def.columns, TAIL_ROWS),
             def: Arc::new(def),
             chunks: vec![],
-            tail: vec![],
             tail_created: vec![],
             tail_deleted: vec![],
             tail_first: 0,
@@ -84,15 +89,15 @@ impl VersionedTable {
         (sealed + self.tail.len(), self.chunks.len())
     }
 
-    fn insert(&mut self, lsn: u64, row: Row, horizon: u64) -> Result<()> {
-        self.def.check_row(&row)?;
+    fn insert(&mut self, lsn: u64, row: &[Value], horizon: u64) -> Result<()> {
+        self.def.check_row(row)?;
         self.insert_checked(lsn, row, horizon)
     }
 
     /// [`VersionedTable::insert`] of a row already checked against the table.
-    fn insert_checked(&mut self, lsn: u64, row: Row, horizon: u64) -> Result<()> {
+    fn insert_checked(&mut self, lsn: u64, row: &[Value], horizon: u64) -> Result<()> {
         let id = self.tail_first + self.tail.len() as u64;
-        match self.live.entry(self.def.key_of(&row)) {
+        match self.live.entry(self.def.key_of(row)) {
             Slot::Occupied(o) => {
                 return Err(Error::Constraint(format!(
                     "duplicate key {:?} in {}",
@@ -108,9 +113,9 @@ impl VersionedTable {
 
     /// Replaces the live version of the row's key by `row` (checked against the
     /// table): one lookup, no key built.
-    fn update_checked(&mut self, lsn: u64, row: Row, horizon: u64) -> Result<()> {
+    fn update_checked(&mut self, lsn: u64, row: &[Value], horizon: u64) -> Result<()> {
         let id = self.tail_first + self.tail.len() as u64;
-        let key = self.def.key_of(&row);
+        let key = self.def.key_of(row);
         let Some(live) = self.live.get_mut(&key) else {
             return Err(Error::Constraint(format!(
                 "no row with key {key:?} in {}",
@@ -124,8 +129,8 @@ impl VersionedTable {
     }
 
     /// Adds a version at the end of the tail (its id's entry in `live` is made).
-    fn append(&mut self, lsn: u64, row: Row, horizon: u64) {
-        self.tail.push(row);
+    fn append(&mut self, lsn: u64, row: &[Value], horizon: u64) {
+        self.tail.append(row);
         self.tail_created.push(lsn);
         self.tail_deleted.push(LIVE);
         if self.tail.len() >= CHUNK_ROWS {
@@ -167,8 +172,8 @@ impl VersionedTable {
         if self.tail.is_empty() {
             return;
         }
-        let batch = to_batch(&self.def.columns, self.tail.iter().map(|r| &r[..]));
-        let n = self.tail.len() as u64;
+        let batch = self.tail.finish();
+        let n = batch.num_rows() as u64;
         self.chunks.push(Chunk {
             batch,
             ids: (self.tail_first..self.tail_first + n).collect(),
@@ -179,7 +184,6 @@ impl VersionedTable {
                 .collect(),
         });
         self.tail_first += n;
-        self.tail.clear();
         while let [.., a, b] = &self.chunks[..]
             && a.ids.len() <= 2 * b.ids.len()
         {
@@ -362,7 +366,7 @@ impl VersionedStore {
         let (id, name) = (def.id, def.name.clone());
         let mut table = VersionedTable::new(def);
         for row in rows {
-            table.insert(lsn, row.into(), self.horizon)?;
+            table.insert(lsn, &row, self.horizon)?;
         }
         self.tables.insert(id, table);
         self.names.insert(name, id);
@@ -387,15 +391,15 @@ impl VersionedStore {
     }
 
     /// [`VersionedStore::apply`] of an operation the row store has just applied (and
-    /// so checked): its row moves in without another check or copy.
+    /// so checked): its row is appended without another check.
     pub(crate) fn apply_checked(&mut self, lsn: u64, op: RowOp) -> Result<()> {
         let horizon = self.horizon;
         match op {
             RowOp::Insert { table, row } => {
-                self.table_mut(table)?.insert_checked(lsn, row, horizon)
+                self.table_mut(table)?.insert_checked(lsn, &row, horizon)
             }
             RowOp::Update { table, row } => {
-                self.table_mut(table)?.update_checked(lsn, row, horizon)
+                self.table_mut(table)?.update_checked(lsn, &row, horizon)
             }
             RowOp::Delete { table, key } => self.table_mut(table)?.delete(lsn, &key),
             // Replay resolves patches against the row store before they come here.
@@ -435,7 +439,7 @@ impl VersionedStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::Store;
+    use crate::store::{Row, Store};
     use crate::value::{Column, ColumnType};
 
     fn def(id: u32, name: &str) -> TableDef {
