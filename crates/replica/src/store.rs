@@ -366,6 +366,8 @@ pub(crate) enum Undo {
     /// Puts back the row an update replaced or a delete removed.
     Restore(TableId, Row),
     Remove(TableId, Key),
+    /// Puts back the values a patch replaced, given in the order it replaced them.
+    Unpatch(TableId, Key, Vec<(u32, Value)>),
 }
 
 /// Every table, and the LSN of the last transaction applied to them. Cloning it is
@@ -576,29 +578,40 @@ impl Store {
             } => {
                 let t = self.table_mut(table)?;
                 t.def.check_key(&key)?;
-                let Some(old) = t.rows.get_mut(&Key::encode(&key)) else {
+                let encoded = Key::encode(&key);
+                let Some(row) = t.rows.get_mut(&encoded) else {
                     return Err(Error::Constraint(format!(
                         "no row with key {key:?} in {} to update",
                         t.def.name
                     )));
                 };
-                let mut row = old.to_vec();
-                for (at, value) in columns {
-                    let at = at as usize;
-                    if at >= row.len() || t.def.key.contains(&at) {
+                for (at, value) in &columns {
+                    let at = *at as usize;
+                    let Some(c) = t.def.columns.get(at).filter(|_| !t.def.key.contains(&at)) else {
                         return Err(Error::Constraint(format!(
                             "a change of {} names column {at}, which is not one of its {} \
                              non-key columns",
                             t.def.name,
-                            row.len() - t.def.key.len()
+                            t.def.columns.len() - t.def.key.len()
                         )));
-                    }
-                    row[at] = value;
+                    };
+                    c.check(value).map_err(|e| {
+                        Error::Constraint(format!("{}.{}: {e}", t.def.name, c.name))
+                    })?;
                 }
-                t.def.check_row(&row)?;
-                let row: Row = row.into();
-                let old = std::mem::replace(old, Arc::clone(&row));
-                Ok((Undo::Restore(table, old), RowOp::Update { table, row }))
+                // In place when nothing else holds the row (a secondary's replay: its
+                // columnar tables copy rows in as they come), so that the row is
+                // neither copied nor are its texts' counts touched; else a copy.
+                let values = Arc::make_mut(row);
+                let previous = columns
+                    .into_iter()
+                    .map(|(at, value)| (at, std::mem::replace(&mut values[at as usize], value)))
+                    .collect();
+                let row = Arc::clone(row);
+                Ok((
+                    Undo::Unpatch(table, encoded, previous),
+                    RowOp::Update { table, row },
+                ))
             }
             RowOp::Delete { table, key } => {
                 let t = self.table_mut(table)?;
@@ -625,6 +638,18 @@ impl Store {
             Undo::Remove(table, key) => {
                 if let Some(t) = self.tables.get_mut(&table) {
                     t.rows.remove(&key);
+                }
+            }
+            Undo::Unpatch(table, key, previous) => {
+                if let Some(row) = self
+                    .tables
+                    .get_mut(&table)
+                    .and_then(|t| t.rows.get_mut(&key))
+                {
+                    let values = Arc::make_mut(row);
+                    for (at, value) in previous.into_iter().rev() {
+                        values[at as usize] = value;
+                    }
                 }
             }
         }
@@ -761,6 +786,62 @@ mod tests {
         );
         s.undo(undo);
         assert_eq!(s.table(t).unwrap().rows[&key][1], Value::Int(10));
+    }
+
+    /// A patch may name its columns in any order and one column twice: the columns
+    /// apply in the order given, as one assignment after another would.
+    #[test]
+    fn a_patch_applies_its_columns_in_the_order_given() {
+        let mut s = Store::default();
+        let mut def = accounts();
+        def.columns
+            .push(Column::new("name", ColumnType::Text, true));
+        def.columns
+            .push(Column::new("limit", ColumnType::Int64, true));
+        s.create_table(def).unwrap();
+        let t = TableId(0);
+        let row = |v: [Value; 4]| -> Row { v.into() };
+        s.apply(RowOp::Insert {
+            table: t,
+            row: row([Value::Int(1), Value::Int(10), "a".into(), Value::Int(5)]),
+        })
+        .unwrap();
+        let key = Key::encode(&[Value::Int(1)]);
+        let patch = RowOp::Patch {
+            table: t,
+            key: vec![Value::Int(1)],
+            columns: vec![
+                (3, Value::Int(6)),
+                (1, Value::Int(11)),
+                (3, Value::Null),
+                (1, Value::Int(12)),
+            ],
+        };
+        let first = row([Value::Int(1), Value::Int(10), "a".into(), Value::Int(5)]);
+        let want = row([Value::Int(1), Value::Int(12), "a".into(), Value::Null]);
+        // Applied in place (nothing else holds the row), then undone in place.
+        let at = Arc::as_ptr(&s.table(t).unwrap().rows[&key]);
+        let (undo, applied) = s.apply(patch.clone()).unwrap();
+        assert_eq!(Arc::as_ptr(&s.table(t).unwrap().rows[&key]), at);
+        assert_eq!(
+            applied,
+            RowOp::Update {
+                table: t,
+                row: want.clone()
+            }
+        );
+        drop(applied);
+        s.undo(undo);
+        assert_eq!(s.table(t).unwrap().rows[&key], first);
+        assert_eq!(Arc::as_ptr(&s.table(t).unwrap().rows[&key]), at);
+        // A row someone else holds (a reader's copy, a transaction's redo) is copied,
+        // not changed under them.
+        let held = Arc::clone(&s.table(t).unwrap().rows[&key]);
+        let (undo, _) = s.apply(patch).unwrap();
+        assert_eq!(s.table(t).unwrap().rows[&key], want);
+        assert_eq!(held, first);
+        s.undo(undo);
+        assert_eq!(s.table(t).unwrap().rows[&key], first);
     }
 
     /// Rows are shared slices in memory and sequences in the log, encoded as the
