@@ -18,7 +18,7 @@ use crate::log::writer::{LogStats, LogWriter};
 use crate::log::{Entry, LogMode};
 use crate::procedure::{Procedures, check_args};
 use crate::published::{Published, READER_LOCK_WAIT};
-use crate::store::{Placement, RowOp, Store, TableDef, TableId};
+use crate::store::{Key, Placement, RowOp, Store, TableDef, TableId};
 use crate::txn::{Pending, Txn};
 use crate::value::{Column, Value};
 use parking_lot::{ArcMutexGuard, Mutex, RawMutex};
@@ -799,13 +799,14 @@ impl Drop for Transaction {
 }
 
 /// Applies one log entry to `store`, as recovery and secondaries do, and returns the
-/// row operations it made (a logical entry's are those its procedure makes again).
+/// row operations it made (a logical entry's are those its procedure makes again),
+/// each with the key of its row.
 pub(crate) fn replay(
     store: &mut Store,
     procedures: &Procedures,
     lsn: u64,
     entry: Entry,
-) -> Result<Vec<RowOp>> {
+) -> Result<Vec<(RowOp, Key)>> {
     let ops = match entry {
         entry @ Entry::CreateTable { .. } => {
             apply_create(store, &entry)?;
@@ -823,7 +824,7 @@ pub(crate) fn replay(
                     return Err(e);
                 }
             }
-            txn.take_ops()
+            txn.take_changes()
         }
         Entry::Snapshot => vec![],
         Entry::LoadBegin { def } => {
@@ -851,7 +852,7 @@ pub(crate) fn replay(
                     procedure = procedure.name()
                 )));
             }
-            txn.take_ops()
+            txn.take_changes()
         }
     };
     store.lsn = lsn;

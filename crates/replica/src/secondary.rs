@@ -297,8 +297,10 @@ impl Secondary {
             entry => {
                 let ops = replay(&mut self.rows, &self.procedures, lsn, entry).map_err(diverged)?;
                 let columnar = Instant::now();
-                for op in ops {
-                    self.versions.apply_checked(lsn, op).map_err(diverged)?;
+                for (op, key) in ops {
+                    self.versions
+                        .apply_checked(lsn, op, key)
+                        .map_err(diverged)?;
                 }
                 self.columnar_time += columnar.elapsed();
             }

@@ -363,8 +363,8 @@ impl RowOp {
 /// How to take a [`RowOp`] back.
 #[derive(Debug)]
 pub(crate) enum Undo {
-    /// Puts back the row an update replaced or a delete removed.
-    Restore(TableId, Row),
+    /// Puts back the row (with its key) an update replaced or a delete removed.
+    Restore(TableId, Key, Row),
     Remove(TableId, Key),
     /// Puts back the values a patch replaced, given in the order it replaced them.
     Unpatch(TableId, Key, Vec<(u32, Value)>),
@@ -563,7 +563,7 @@ impl Store {
                 match t.rows.get_mut(&key) {
                     Some(old) => {
                         let old = std::mem::replace(old, Arc::clone(&row));
-                        Ok((Undo::Restore(table, old), RowOp::Update { table, row }))
+                        Ok((Undo::Restore(table, key, old), RowOp::Update { table, row }))
                     }
                     None => Err(Error::Constraint(format!(
                         "no row with key {key:?} in {} to update",
@@ -616,8 +616,12 @@ impl Store {
             RowOp::Delete { table, key } => {
                 let t = self.table_mut(table)?;
                 t.def.check_key(&key)?;
-                match t.rows.remove(&Key::encode(&key)) {
-                    Some(old) => Ok((Undo::Restore(table, old), RowOp::Delete { table, key })),
+                let encoded = Key::encode(&key);
+                match t.rows.remove(&encoded) {
+                    Some(old) => Ok((
+                        Undo::Restore(table, encoded, old),
+                        RowOp::Delete { table, key },
+                    )),
                     None => Err(Error::Constraint(format!(
                         "no row with key {key:?} in {} to delete",
                         t.def.name
@@ -630,9 +634,9 @@ impl Store {
     /// Takes back one change made by [`Store::apply`] (in reverse order of applying).
     pub(crate) fn undo(&mut self, undo: Undo) {
         match undo {
-            Undo::Restore(table, row) => {
+            Undo::Restore(table, key, row) => {
                 if let Some(t) = self.tables.get_mut(&table) {
-                    t.rows.insert(t.def.key_of(&row), row);
+                    t.rows.insert(key, row);
                 }
             }
             Undo::Remove(table, key) => {

@@ -231,7 +231,7 @@ impl<'a> Txn<'a> {
             .iter()
             .zip(&self.pending.undo)
             .map(|(op, undo)| match (op, undo) {
-                (RowOp::Update { table, row }, Undo::Restore(_, old)) => {
+                (RowOp::Update { table, row }, Undo::Restore(_, _, old)) => {
                     let t = self.store.table(*table);
                     let t = t.expect("a table the transaction updated");
                     RowOp::update_for_log(*table, &t.def.key, old, row)
@@ -245,6 +245,21 @@ impl<'a> Txn<'a> {
     pub(crate) fn take_ops(&mut self) -> Vec<RowOp> {
         self.pending.undo.clear();
         std::mem::take(&mut self.pending.ops)
+    }
+
+    /// Forgets the undo, as [`Txn::take_ops`] does, keeping each change's key as the
+    /// row store encoded it: a secondary's columnar tables look the same key up.
+    pub(crate) fn take_changes(&mut self) -> Vec<(RowOp, Key)> {
+        let undo = std::mem::take(&mut self.pending.undo);
+        std::mem::take(&mut self.pending.ops)
+            .into_iter()
+            .zip(undo)
+            .map(|(op, undo)| match undo {
+                Undo::Restore(_, key, _) | Undo::Remove(_, key) | Undo::Unpatch(_, key, _) => {
+                    (op, key)
+                }
+            })
+            .collect()
     }
 
     /// The store, for the commit that follows.

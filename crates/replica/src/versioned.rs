@@ -91,13 +91,14 @@ impl VersionedTable {
 
     fn insert(&mut self, lsn: u64, row: &[Value], horizon: u64) -> Result<()> {
         self.def.check_row(row)?;
-        self.insert_checked(lsn, row, horizon)
+        self.insert_checked(lsn, row, self.def.key_of(row), horizon)
     }
 
-    /// [`VersionedTable::insert`] of a row already checked against the table.
-    fn insert_checked(&mut self, lsn: u64, row: &[Value], horizon: u64) -> Result<()> {
+    /// [`VersionedTable::insert`] of a row already checked against the table, whose
+    /// key is `key`.
+    fn insert_checked(&mut self, lsn: u64, row: &[Value], key: Key, horizon: u64) -> Result<()> {
         let id = self.tail_first + self.tail.len() as u64;
-        match self.live.entry(self.def.key_of(row)) {
+        match self.live.entry(key) {
             Slot::Occupied(o) => {
                 return Err(Error::Constraint(format!(
                     "duplicate key {:?} in {}",
@@ -111,12 +112,11 @@ impl VersionedTable {
         Ok(())
     }
 
-    /// Replaces the live version of the row's key by `row` (checked against the
-    /// table): one lookup, no key built.
-    fn update_checked(&mut self, lsn: u64, row: &[Value], horizon: u64) -> Result<()> {
+    /// Replaces the live version of `key` by `row` (checked against the table, and
+    /// of that key): one lookup.
+    fn update_checked(&mut self, lsn: u64, row: &[Value], key: &Key, horizon: u64) -> Result<()> {
         let id = self.tail_first + self.tail.len() as u64;
-        let key = self.def.key_of(row);
-        let Some(live) = self.live.get_mut(&key) else {
+        let Some(live) = self.live.get_mut(key) else {
             return Err(Error::Constraint(format!(
                 "no row with key {key:?} in {}",
                 self.def.name
@@ -138,8 +138,8 @@ impl VersionedTable {
         }
     }
 
-    fn delete(&mut self, lsn: u64, key: &[Value]) -> Result<()> {
-        let id = self.live.remove(&Key::encode(key)).ok_or_else(|| {
+    fn delete(&mut self, lsn: u64, key: &Key) -> Result<()> {
+        let id = self.live.remove(key).ok_or_else(|| {
             Error::Constraint(format!("no row with key {key:?} in {}", self.def.name))
         })?;
         self.stamp_deleted(id, lsn);
@@ -384,24 +384,34 @@ impl VersionedStore {
 
     /// Applies one row operation of the transaction with LSN `lsn`.
     pub fn apply(&mut self, lsn: u64, op: &RowOp) -> Result<()> {
-        if let RowOp::Insert { table, row } | RowOp::Update { table, row } = op {
-            self.table_mut(*table)?.def.check_row(row)?;
-        }
-        self.apply_checked(lsn, op.clone())
+        let def = &self.table_mut(op.table())?.def;
+        let key = match op {
+            RowOp::Insert { row, .. } | RowOp::Update { row, .. } => {
+                def.check_row(row)?;
+                def.key_of(row)
+            }
+            RowOp::Delete { key, .. } => {
+                def.check_key(key)?;
+                Key::encode(key)
+            }
+            RowOp::Patch { .. } => Key::encode(&[]),
+        };
+        self.apply_checked(lsn, op.clone(), key)
     }
 
     /// [`VersionedStore::apply`] of an operation the row store has just applied (and
-    /// so checked): its row is appended without another check.
-    pub(crate) fn apply_checked(&mut self, lsn: u64, op: RowOp) -> Result<()> {
+    /// so checked), with the key of its row as the row store encoded it: its row is
+    /// appended without another check or encoding.
+    pub(crate) fn apply_checked(&mut self, lsn: u64, op: RowOp, key: Key) -> Result<()> {
         let horizon = self.horizon;
         match op {
-            RowOp::Insert { table, row } => {
-                self.table_mut(table)?.insert_checked(lsn, &row, horizon)
-            }
-            RowOp::Update { table, row } => {
-                self.table_mut(table)?.update_checked(lsn, &row, horizon)
-            }
-            RowOp::Delete { table, key } => self.table_mut(table)?.delete(lsn, &key),
+            RowOp::Insert { table, row } => self
+                .table_mut(table)?
+                .insert_checked(lsn, &row, key, horizon),
+            RowOp::Update { table, row } => self
+                .table_mut(table)?
+                .update_checked(lsn, &row, &key, horizon),
+            RowOp::Delete { table, .. } => self.table_mut(table)?.delete(lsn, &key),
             // Replay resolves patches against the row store before they come here.
             RowOp::Patch { table, .. } => Err(Error::Unsupported(format!(
                 "a change of some columns of table #{} without the row it changes",
