@@ -234,9 +234,8 @@ pub fn from_visible_batch(def: &TableDef, batch: &RecordBatch) -> Result<Vec<Vec
     let columns = def.visible_columns();
     let rows = values_of(&def.name, columns, batch)?;
     for row in &rows {
-        for (c, v) in columns.iter().zip(row) {
-            c.check(v)
-                .map_err(|e| Error::Constraint(format!("{}.{}: {e}", def.name, c.name)))?;
+        for (at, v) in row.iter().enumerate() {
+            def.check_value(at, v)?;
         }
     }
     Ok(rows)

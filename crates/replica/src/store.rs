@@ -235,10 +235,17 @@ impl TableDef {
                     self.name, c.name
                 )));
             }
-            c.check(v)
-                .map_err(|e| Error::Constraint(format!("{}.{}: {e}", self.name, c.name)))?;
+            self.check_value(i, v)?;
         }
         Ok(())
+    }
+
+    /// Whether `value` fits column `at` (its type, NULL only where allowed); the error
+    /// names the table and the column.
+    pub fn check_value(&self, at: usize, value: &Value) -> Result<()> {
+        let c = &self.columns[at];
+        c.check(value)
+            .map_err(|e| Error::Constraint(format!("{}.{}: {e}", self.name, c.name)))
     }
 
     /// Checks a key given on its own (for a delete or a lookup): one value per key
@@ -587,17 +594,15 @@ impl Store {
                 };
                 for (at, value) in &columns {
                     let at = *at as usize;
-                    let Some(c) = t.def.columns.get(at).filter(|_| !t.def.key.contains(&at)) else {
+                    if at >= t.def.columns.len() || t.def.key.contains(&at) {
                         return Err(Error::Constraint(format!(
                             "a change of {} names column {at}, which is not one of its {} \
                              non-key columns",
                             t.def.name,
                             t.def.columns.len() - t.def.key.len()
                         )));
-                    };
-                    c.check(value).map_err(|e| {
-                        Error::Constraint(format!("{}.{}: {e}", t.def.name, c.name))
-                    })?;
+                    }
+                    t.def.check_value(at, value)?;
                 }
                 // In place when nothing else holds the row (a secondary's replay: its
                 // columnar tables copy rows in as they come), so that the row is

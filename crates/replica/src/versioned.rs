@@ -3,10 +3,10 @@
 //!
 //! ScyPer's secondaries fork a snapshot at exactly the LSN of the primary's snapshot
 //! transaction (Rödiger's thesis, section 5.2.2). Here a table is a list of sealed
-//! Arrow chunks and an open tail of rows in Arrow builders. Every row version records the LSN that
-//! created it and the LSN that deleted it (`u64::MAX` while live): an insert appends a
-//! version, a delete stamps one, an update does both. A snapshot at LSN `s` seals the
-//! tail and keeps references to the chunks; it sees a version when
+//! Arrow chunks and an open tail of rows in Arrow builders. Every row version records
+//! the LSN that created it and the LSN that deleted it (`u64::MAX` while live): an
+//! insert appends a version, a delete stamps one, an update does both. A snapshot at
+//! LSN `s` seals the tail and keeps references to the chunks; it sees a version when
 //! `created <= s < deleted`. Later deletes stamp LSNs above `s`, so the snapshot never
 //! changes, and nothing is copied until a scan filters out invisible versions (none,
 //! for a chunk every version of which is visible).
@@ -394,6 +394,7 @@ impl VersionedStore {
                 def.check_key(key)?;
                 Key::encode(key)
             }
+            // Refused below: a patch needs the row it changes, which is not here.
             RowOp::Patch { .. } => Key::encode(&[]),
         };
         self.apply_checked(lsn, op.clone(), key)
