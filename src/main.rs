@@ -21,7 +21,7 @@ mod repl;
 mod stats;
 
 use clap::{Args, Parser, Subcommand};
-use gyre_cluster::{Coordinator, CoordinatorConfig, LocalCluster, Worker, WorkerConfig};
+use gyre_cluster::{Coordinator, CoordinatorConfig, LocalCluster, WorkerConfig};
 use gyre_transport::TransportConfig;
 use output::Format;
 use std::net::SocketAddr;
@@ -603,7 +603,7 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
                     })?),
                     None => None,
                 };
-            let worker = Worker::start(WorkerConfig {
+            let config = WorkerConfig {
                 coordinator,
                 listen,
                 data_listen,
@@ -618,14 +618,20 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
                 local_files,
                 procedures: gyre_tpcc::procedures(),
                 log_multicast: multicast.group(),
-            })
-            .await?;
-            println!(
-                "gyre worker {} serving on {}",
-                worker.node,
-                worker.control_addr()
-            );
-            tokio::signal::ctrl_c().await?;
+            };
+            // A worker the coordinator forgot (it restarted, or declared this one
+            // dead) joins again under a new id, with nothing of what it held.
+            let serving = gyre_cluster::worker::serve(config, |worker| {
+                println!(
+                    "gyre worker {} serving on {}",
+                    worker.node,
+                    worker.control_addr()
+                );
+            });
+            tokio::select! {
+                served = serving => served?,
+                stopped = tokio::signal::ctrl_c() => stopped?,
+            }
             Ok(())
         }
         Command::Local(args) => run_local(args).await,

@@ -5,6 +5,8 @@
 //! while it loads a file fails the load and leaves no table behind. A coordinator too
 //! busy to hear heartbeats does not take its workers for dead. A worker that joins
 //! after a table was loaded reads none of it, and the table's answers stay right.
+//! Workers that outlive their coordinator join it again once it restarts, and a
+//! worker declared dead joins again once it runs, each afresh under a new id.
 
 use arrow_flight::sql::client::FlightSqlServiceClient;
 use futures::TryStreamExt;
@@ -570,4 +572,198 @@ async fn killed_worker_fails_a_load_and_leaves_no_table() {
         "{counted}"
     );
     drop(w2);
+}
+
+/// A worker process of the coordinator at `addr` whose standard output (a line per
+/// start: it joins again under a new id each time the coordinator forgets it) and
+/// info log lines are kept.
+fn logged_worker(addr: &str) -> (Proc, Arc<parking_lot::Mutex<Vec<String>>>) {
+    use std::io::BufRead;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gyre"))
+        .args(["worker", "--coordinator", addr, "--threads", "1"])
+        .env("GYRE_SECRET", "failure tests' cluster secret")
+        .env("GYRE_LOG", "warn,gyre_cluster::worker=info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start gyre");
+    let lines = Arc::new(parking_lot::Mutex::new(vec![]));
+    let out = child.stdout.take().expect("piped stdout");
+    let err = child.stderr.take().expect("piped stderr");
+    for pipe in [
+        Box::new(out) as Box<dyn std::io::Read + Send>,
+        Box::new(err) as Box<dyn std::io::Read + Send>,
+    ] {
+        let lines = Arc::clone(&lines);
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(pipe).lines() {
+                let Ok(line) = line else { return };
+                lines.lock().push(line);
+            }
+        });
+    }
+    (Proc(child), lines)
+}
+
+/// Waits (at most `within`) until one of `lines` contains `text`.
+async fn logged(lines: &parking_lot::Mutex<Vec<String>>, text: &str, within: Duration) {
+    let deadline = Instant::now() + within;
+    while !lines.lock().iter().any(|l| l.contains(text)) {
+        assert!(
+            Instant::now() < deadline,
+            "no line with {text:?} within {within:?}:\n{}",
+            lines.lock().join("\n")
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A Flight SQL client of the coordinator at `addr`, once it answers (at most 30 s).
+async fn client_of(addr: &str) -> FlightSqlServiceClient<Channel> {
+    for _ in 0..300 {
+        if let Ok(ch) = Channel::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect()
+            .await
+        {
+            return FlightSqlServiceClient::new(ch);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("the coordinator at {addr} did not come up in 30 s");
+}
+
+/// kill -9 of a coordinator with `--data-dir` while a query runs, then a restart on
+/// the same port: its workers, which outlived it, join it again within 5 s under new
+/// ids; its transactional tables are back, read on the workers; the plain table (kept
+/// only in the workers' memory) is gone from the catalog, and the workers gave up
+/// everything the old coordinator had them hold: its table parts, the running query.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_coordinator_gets_its_workers_back() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().to_str().unwrap().to_string();
+    let addr = format!("127.0.0.1:{}", free_port());
+    let coordinator = || gyre(&["coordinator", "--listen", &addr, "--data-dir", &data_dir]);
+    let mut first = coordinator();
+    let mut client = client_of(&addr).await;
+    let (_w1, log1) = logged_worker(&addr);
+    let (_w2, log2) = logged_worker(&addr);
+    registered(&mut client, 2).await;
+    for sql in [
+        "CREATE TABLE accounts (id BIGINT PRIMARY KEY, balance BIGINT NOT NULL) \
+         WITH (replication = 'full')",
+        "INSERT INTO accounts SELECT value, 100 FROM generate_series(1, 1000)",
+        "CREATE TABLE orders (id BIGINT PRIMARY KEY, account BIGINT NOT NULL) \
+         WITH (replication = 'partitioned')",
+        "INSERT INTO orders SELECT value, value % 1000 FROM generate_series(1, 5000)",
+        "CREATE TABLE scratch AS SELECT value AS k FROM generate_series(1, 2000000) AS s(value)",
+    ] {
+        run(&mut client, sql).await.unwrap();
+    }
+    let answer = "SELECT count(*), sum(balance), (SELECT count(*) FROM orders) FROM accounts";
+    let before = text(&mut client, answer).await;
+    let mut slow = client.clone();
+    let query = tokio::spawn(async move {
+        run(
+            &mut slow,
+            "SELECT a.k % 1000, count(*) FROM scratch a JOIN scratch b ON a.k = b.k GROUP BY 1",
+        )
+        .await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let _ = first.0.kill();
+    let _ = first.0.wait();
+    let _ = tokio::time::timeout(Duration::from_secs(10), query).await;
+    let _second = coordinator();
+    let mut client = client_of(&addr).await;
+    let up = Instant::now();
+    registered(&mut client, 2).await;
+    let back = up.elapsed();
+    assert!(
+        back < Duration::from_secs(5),
+        "the workers came back after {back:?}"
+    );
+    for log in [&log1, &log2] {
+        logged(log, "joining the cluster afresh", Duration::from_secs(1)).await;
+        // What the old worker held (its part of `scratch`, the query's state) goes.
+        logged(log, "memory is released", Duration::from_secs(10)).await;
+    }
+    assert_eq!(text(&mut client, answer).await, before);
+    assert!(before.contains("| 1000 ") && before.contains("100000") && before.contains("5000"));
+    let e = run(&mut client, "SELECT count(*) FROM scratch")
+        .await
+        .unwrap_err();
+    assert!(e.contains("scratch"), "{e}");
+    // The workers hold no table part and run nothing; each has every account and
+    // its share of the orders.
+    let held = text(
+        &mut client,
+        "SELECT sum(tables) AS t, sum(queries) AS q, sum(replica_rows) AS r FROM gyre_workers()",
+    )
+    .await;
+    assert!(held.contains("| 0 | 0 | 7000 |"), "{held}");
+}
+
+/// A worker stopped for longer than the heartbeat timeout is declared dead; once it
+/// runs again, the coordinator tells it so, and it joins again under a new id with
+/// none of what it held: new tables span it, the old one stays short of its part.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_declared_dead_joins_again_under_a_new_id() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let addr = format!("127.0.0.1:{}", free_port());
+    let _coordinator = gyre(&["coordinator", "--listen", &addr]);
+    let mut client = client_of(&addr).await;
+    let (_w1, _) = logged_worker(&addr);
+    registered(&mut client, 1).await;
+    let (w2, log2) = logged_worker(&addr);
+    registered(&mut client, 2).await;
+    logged(&log2, "gyre worker 2 serving", Duration::from_secs(5)).await;
+    run(
+        &mut client,
+        "CREATE TABLE t AS SELECT value AS k FROM generate_series(1, 100000) AS s(value)",
+    )
+    .await
+    .unwrap();
+    let signal = |sig: &str| {
+        let status = Command::new("kill")
+            .args([sig, &w2.0.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill {sig}");
+    };
+    signal("-STOP");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    signal("-CONT");
+    logged(&log2, "gyre worker 3 serving", Duration::from_secs(5)).await;
+    logged(&log2, "memory is released", Duration::from_secs(10)).await;
+    registered(&mut client, 2).await;
+    let workers = text(
+        &mut client,
+        "SELECT worker, tables FROM gyre_workers() ORDER BY worker",
+    )
+    .await;
+    assert!(workers.contains("| 3      | 0      |"), "{workers}");
+    let e = run(&mut client, "SELECT count(*) FROM t")
+        .await
+        .unwrap_err();
+    assert!(e.contains("worker 2"), "{e}");
+    run(
+        &mut client,
+        "CREATE TABLE u AS SELECT value AS k FROM generate_series(1, 100000) AS s(value)",
+    )
+    .await
+    .unwrap();
+    let counted = text(&mut client, "SELECT count(*), sum(k) FROM u").await;
+    assert!(
+        counted.contains("100000") && counted.contains("5000050000"),
+        "{counted}"
+    );
+    let spread = text(
+        &mut client,
+        "SELECT worker, tables FROM gyre_workers() ORDER BY worker",
+    )
+    .await;
+    assert!(spread.contains("| 3      | 1      |"), "{spread}");
 }

@@ -273,7 +273,10 @@ async fn control_messages_need_the_cluster_secret() {
             node: 1,
             error: "forged".into(),
         },
-        Request::Heartbeat { node: 1 },
+        Request::Heartbeat {
+            node: 1,
+            incarnation: 0,
+        },
     ];
     for attack in &attacks {
         let e = forged.call(attack).await.unwrap_err().to_string();

@@ -232,9 +232,13 @@ pub enum Request {
         control_addr: String,
         data_addr: String,
     },
-    /// Worker to coordinator: still alive.
+    /// Worker to coordinator: still alive. `incarnation` is what the coordinator
+    /// answered the worker's registration with: an id the coordinator gave again
+    /// after a restart is another worker's.
     Heartbeat {
         node: NodeId,
+        #[serde(default)]
+        incarnation: u64,
     },
     /// Worker to coordinator: a stage of a query failed.
     QueryFailed {
@@ -323,8 +327,16 @@ impl Request {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum Response {
     Ok,
+    /// The worker's id, and a number the coordinator drew for this registration.
     Registered {
         node: NodeId,
+        #[serde(default)]
+        incarnation: u64,
+    },
+    /// A heartbeat's answer when the coordinator no longer counts the worker in (it
+    /// restarted, or it declared the worker dead): the worker must join afresh.
+    Forgotten {
+        reason: String,
     },
     Finished {
         /// Per stage: the stage's plan rendered with this worker's metrics.

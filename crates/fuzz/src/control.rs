@@ -10,7 +10,10 @@ pub fn seeds() -> Vec<Vec<u8>> {
             control_addr: "10.0.0.2:50051".into(),
             data_addr: "10.0.0.2:50052".into(),
         },
-        Request::Heartbeat { node: 3 },
+        Request::Heartbeat {
+            node: 3,
+            incarnation: 7,
+        },
         Request::QueryFailed {
             query: 12,
             node: 2,
@@ -53,7 +56,13 @@ pub fn seeds() -> Vec<Vec<u8>> {
     ];
     let mut seeds: Vec<Vec<u8>> = requests.iter().map(encode).collect();
     seeds.push(encode(&Response::Ok));
-    seeds.push(encode(&Response::Registered { node: 4 }));
+    seeds.push(encode(&Response::Registered {
+        node: 4,
+        incarnation: 9,
+    }));
+    seeds.push(encode(&Response::Forgotten {
+        reason: "worker 4 died".into(),
+    }));
     seeds.push(encode(&Response::Finished {
         stages: vec![(0, "metrics".into())],
         tables: vec![],

@@ -160,11 +160,13 @@ impl Coordinator {
                     .next()
                     .ok_or_else(|| exec_err(format!("cannot resolve {data_addr}")))?;
                 let id = self.next_node.fetch_add(1, Ordering::SeqCst);
+                let incarnation = rand::random();
                 self.members.write().insert(
                     id,
                     Member {
                         control: ControlClient::connect_lazy(&control_addr, self.node_key(), id)?,
                         data_addr: data,
+                        incarnation,
                         alive: true,
                         last_seen: Instant::now(),
                         death: None,
@@ -174,22 +176,32 @@ impl Coordinator {
                 // The new worker serves its control service only after this reply.
                 let me = Arc::clone(self);
                 tokio::spawn(async move { me.push_peers().await });
-                Ok(Response::Registered { node: id })
+                Ok(Response::Registered {
+                    node: id,
+                    incarnation,
+                })
             }
-            Request::Heartbeat { node } => {
+            Request::Heartbeat { node, incarnation } => {
                 let mut members = self.members.write();
-                match members.get_mut(&node) {
+                let reason = match members.get_mut(&node) {
+                    Some(m) if m.incarnation != incarnation => {
+                        format!("the coordinator restarted and gave id {node} to another worker")
+                    }
                     Some(m) if m.alive => {
                         m.last_seen = Instant::now();
-                        Ok(Response::Ok)
+                        return Ok(Response::Ok);
                     }
-                    Some(m) => Err(exec_err(format!(
+                    Some(m) => format!(
                         "{} was declared dead: {}",
                         node_name(node),
-                        m.death.clone().unwrap_or_default()
-                    ))),
-                    None => Err(exec_err(format!("unknown worker {node}"))),
-                }
+                        m.death.as_deref().unwrap_or("it left")
+                    ),
+                    None => format!(
+                        "the coordinator does not know {} (it restarted)",
+                        node_name(node)
+                    ),
+                };
+                Ok(Response::Forgotten { reason })
             }
             Request::BenchShuffle(_) | Request::BenchJoin(_) => {
                 super::bench::relay(self, req).await

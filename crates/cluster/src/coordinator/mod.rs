@@ -109,6 +109,9 @@ impl Default for CoordinatorConfig {
 struct Member {
     control: ControlClient,
     data_addr: SocketAddr,
+    /// Drawn at registration: a heartbeat that does not carry it comes from a worker
+    /// registered with an earlier coordinator under the same id.
+    incarnation: u64,
     alive: bool,
     last_seen: Instant,
     death: Option<String>,

@@ -205,6 +205,8 @@ pub struct Worker {
     runtime: tokio::runtime::Handle,
     /// Set by [`Worker::shutdown`]: the control service stops.
     stopped: tokio::sync::watch::Sender<bool>,
+    /// Why the coordinator no longer counts this worker in, once it said so.
+    forgotten: tokio::sync::watch::Sender<Option<String>>,
     control_addr: SocketAddr,
 }
 
@@ -261,7 +263,7 @@ impl Worker {
                 }
             }
         };
-        let Response::Registered { node } = reply else {
+        let Response::Registered { node, incarnation } = reply else {
             return Err(DataFusionError::Execution(format!(
                 "unexpected registration reply {reply:?}"
             )));
@@ -278,6 +280,7 @@ impl Worker {
             queries: Mutex::new(HashMap::new()),
             runtime: tokio::runtime::Handle::current(),
             stopped: tokio::sync::watch::Sender::new(false),
+            forgotten: tokio::sync::watch::Sender::new(None),
             control_addr,
         });
         let key = NodeKey::from_secret(&config.transport.secret);
@@ -291,15 +294,33 @@ impl Worker {
             }),
             worker.stopped.subscribe(),
         );
-        spawn_heartbeat(Arc::downgrade(&worker), config);
+        spawn_heartbeat(Arc::downgrade(&worker), incarnation, config);
         tracing::info!(node, %control_addr, %data_addr, "worker registered");
         Ok(worker)
     }
 
-    /// Stops serving: the control service and the data transport.
+    /// Stops serving: the control service, the data transport and the stages it runs.
     pub fn shutdown(&self) {
         self.stopped.send_replace(true);
         self.transport.shutdown();
+        for (_, q) in self.queries.lock().drain() {
+            for t in &q.tasks {
+                t.abort();
+            }
+        }
+    }
+
+    /// Waits until the coordinator says it no longer counts this worker in, and says
+    /// why: it restarted and forgot its workers, or it declared this one dead. The
+    /// transport never takes a lost node back, so such a worker must join afresh
+    /// ([`serve`]).
+    pub async fn forgotten(&self) -> String {
+        let mut forgotten = self.forgotten.subscribe();
+        match forgotten.wait_for(Option::is_some).await {
+            Ok(reason) => reason.clone().unwrap_or_default(),
+            // The sender lives as long as the worker: never dropped while borrowed.
+            Err(_) => std::future::pending().await,
+        }
     }
 
     /// How many queries have stages on this worker right now.
@@ -517,9 +538,71 @@ impl Worker {
     }
 }
 
+/// How long a worker that joins afresh tries to bind its listen addresses again
+/// (fixed ports are free once the old worker's listeners closed).
+const REBIND_WAIT: Duration = Duration::from_secs(10);
+
+/// How long the old worker's memory may take to go once it stopped: its control
+/// thread and aborted stages end, and with them the last references to it.
+const RELEASE_WAIT: Duration = Duration::from_secs(10);
+
+/// Runs a worker for as long as the process lives. Each time the coordinator forgets
+/// it (a restarted coordinator knows none of its workers; one that declared this
+/// worker dead has failed its queries and given up its table parts), the worker drops
+/// everything it holds, stages, table parts and replica, and joins again under a new
+/// id: the transport never takes a lost node back. A restarted coordinator's
+/// transactional tables come back to it through the log feed; the rest of its
+/// catalog, like the worker's old memory, is gone. `started` sees each worker
+/// started.
+pub async fn serve(config: WorkerConfig, mut started: impl FnMut(&Worker)) -> Result<()> {
+    let mut worker = Worker::start(config.clone()).await?;
+    loop {
+        started(&worker);
+        let reason = worker.forgotten().await;
+        let node = worker.node;
+        worker.shutdown();
+        let old = Arc::downgrade(&worker);
+        drop(worker);
+        tracing::info!(node, "joining the cluster afresh: {reason}");
+        // The worker was part of a cluster: it waits for its coordinator for as long
+        // as it takes (each attempt tries to register for 30 s), but a port someone
+        // else took stays taken.
+        let deadline = tokio::time::Instant::now() + REBIND_WAIT;
+        worker = loop {
+            match Worker::start(config.clone()).await {
+                Ok(worker) => break worker,
+                Err(DataFusionError::IoError(e)) if e.kind() == std::io::ErrorKind::AddrInUse => {
+                    if tokio::time::Instant::now() > deadline {
+                        return Err(DataFusionError::IoError(e));
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => {
+                    tracing::warn!("joining the cluster again: {e}; trying again");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            }
+        };
+        tokio::spawn(async move {
+            let deadline = tokio::time::Instant::now() + RELEASE_WAIT;
+            while old.strong_count() > 0 {
+                if tokio::time::Instant::now() > deadline {
+                    tracing::warn!(
+                        node,
+                        "the forgotten worker's memory is still held {RELEASE_WAIT:?} after it stopped"
+                    );
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            tracing::info!(node, "the forgotten worker's memory is released");
+        });
+    }
+}
+
 /// Heartbeats go from a thread of their own with its own connection, so a worker
 /// whose threads are all busy computing is not mistaken for a dead one.
-fn spawn_heartbeat(worker: std::sync::Weak<Worker>, config: WorkerConfig) {
+fn spawn_heartbeat(worker: std::sync::Weak<Worker>, incarnation: u64, config: WorkerConfig) {
     std::thread::Builder::new()
         .name("gyre-heartbeat".into())
         .spawn(move || {
@@ -536,8 +619,16 @@ fn spawn_heartbeat(worker: std::sync::Weak<Worker>, config: WorkerConfig) {
                     let Some(node) = worker.upgrade().map(|w| w.node) else {
                         return;
                     };
-                    if let Err(e) = client.call(&Request::Heartbeat { node }).await {
-                        tracing::warn!(node, "heartbeat failed: {e}");
+                    match client.call(&Request::Heartbeat { node, incarnation }).await {
+                        Ok(Response::Forgotten { reason }) => {
+                            tracing::info!(node, "the coordinator forgot this worker: {reason}");
+                            if let Some(w) = worker.upgrade() {
+                                w.forgotten.send_replace(Some(reason));
+                            }
+                            return;
+                        }
+                        Ok(_) => {}
+                        Err(e) => tracing::warn!(node, "heartbeat failed: {e}"),
                     }
                 }
             });
