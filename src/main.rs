@@ -358,7 +358,8 @@ impl PrimaryArgs {
 #[derive(Args, Clone)]
 struct ConnectArgs {
     /// The coordinator's Flight SQL address (host:port, grpc://host:port or
-    /// grpc+tls://host:port).
+    /// grpc+tls://host:port); several, separated by commas, are tried in order until
+    /// one answers.
     #[arg(long, default_value = "127.0.0.1:50050")]
     connect: String,
     /// Log in as this user; the password comes from GYRE_PASSWORD or a prompt.
@@ -391,7 +392,24 @@ impl ConnectArgs {
             password,
             tls_ca,
         };
-        client::RemoteClient::connect_with(&self.connect, &login).await
+        let addrs: Vec<&str> = self
+            .connect
+            .split(',')
+            .map(str::trim)
+            .filter(|a| !a.is_empty())
+            .collect();
+        let mut failures = vec![];
+        for addr in &addrs {
+            match client::RemoteClient::connect_with(addr, &login).await {
+                Ok(client) => return Ok(client),
+                Err(e) => failures.push(e.to_string()),
+            }
+        }
+        Err(match failures.len() {
+            0 => "--connect names no address".into(),
+            1 => failures.remove(0).into(),
+            _ => format!("no coordinator answered: {}", failures.join("; ")).into(),
+        })
     }
 }
 

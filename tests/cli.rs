@@ -169,6 +169,41 @@ fn sql_and_load_talk_to_a_served_local_cluster() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("missing_table"), "{err}");
+    // Several addresses are tried in order until one answers; when none does, the
+    // error names each.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .to_string();
+    let out = gyre()
+        .args([
+            "sql",
+            "--format",
+            "csv",
+            "--connect",
+            &format!("{dead}, {addr}"),
+        ])
+        .args(["-c", "SELECT count(*) AS n FROM people"])
+        .output()
+        .unwrap();
+    assert_eq!(stdout_of(out), "n\n1000\n");
+    let out = gyre()
+        .args([
+            "sql",
+            "--connect",
+            &format!("{dead},grpc://{dead}"),
+            "-c",
+            "SELECT 1",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("no coordinator answered") && err.matches(&dead).count() >= 2,
+        "{err}"
+    );
 }
 
 /// Runs `gyre args...` with a terminal for stdout and stderr (`script` from util-linux)
