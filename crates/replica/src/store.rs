@@ -149,8 +149,8 @@ impl TableDef {
             .collect()
     }
 
-    /// Checks the definition itself: at least one column, names unique, a key of
-    /// distinct existing columns.
+    /// Checks the definition itself: at least one column, names unique, decimals that
+    /// Arrow can hold, a key of distinct existing columns.
     pub fn validate(&self) -> Result<()> {
         if self.columns.is_empty() {
             return Err(Error::Constraint(format!(
@@ -175,6 +175,16 @@ impl TableDef {
         }
         let mut names = std::collections::HashSet::new();
         for c in &self.columns {
+            if let crate::value::ColumnType::Decimal { precision, scale } = c.column_type
+                && let Err(e) = arrow_array::types::validate_decimal_precision_and_scale::<
+                    arrow_array::types::Decimal128Type,
+                >(precision, scale)
+            {
+                return Err(Error::Constraint(format!(
+                    "table {}: column {}: {e}",
+                    self.name, c.name
+                )));
+            }
             if !names.insert(c.name.as_str()) {
                 return Err(Error::Constraint(format!(
                     "table {} has two columns named {}",
@@ -681,6 +691,26 @@ mod tests {
             key: vec![0],
             placement: Placement::Full,
         }
+    }
+
+    /// A definition from the log is hostile: a decimal Arrow cannot hold (a scale
+    /// above its precision, a precision of 0 or above 38) is refused, naming the
+    /// column, before a secondary builds a column of it.
+    #[test]
+    fn decimals_arrow_cannot_hold_are_refused() {
+        for (precision, scale) in [(12, 18), (0, 0), (39, 2)] {
+            let mut def = accounts();
+            def.columns[1].column_type = ColumnType::Decimal { precision, scale };
+            let e = def.validate().unwrap_err().to_string();
+            assert!(e.contains("accounts: column balance"), "{e}");
+            assert!(Store::default().create_table(def).is_err());
+        }
+        let mut def = accounts();
+        def.columns[1].column_type = ColumnType::Decimal {
+            precision: 38,
+            scale: -2,
+        };
+        def.validate().unwrap();
     }
 
     #[test]
