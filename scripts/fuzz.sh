@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Coverage-guided fuzzing of Gyre's decoders with AFL++ (cargo-afl): the targets of
-# crates/fuzz (frames stream flow control ipc cyclo plan), one binary each from
+# crates/fuzz (frames stream flow control ipc cyclo plan redo), one binary each from
 # fuzz/afl, in AFL's persistent mode. Installs cargo-afl (which builds AFL++) when
 # missing. Fails if AFL++ saved a crash or a hang, and prints how to replay each.
 #
@@ -48,13 +48,13 @@ fi
 
 if [ ${#targets[@]} -eq 0 ]; then
   targets=(frames stream flow)
-  [ ${#features[@]} -eq 0 ] && targets+=(control ipc cyclo plan)
+  [ ${#features[@]} -eq 0 ] && targets+=(control ipc cyclo plan redo)
 fi
 bins=()
 for t in "${targets[@]}"; do
   case "$t" in
-    frames|stream|flow|control|ipc|cyclo|plan) bins+=(--bin "$t") ;;
-    *) echo "fuzz.sh: no target $t (frames stream flow control ipc cyclo plan)" >&2; exit 2 ;;
+    frames|stream|flow|control|ipc|cyclo|plan|redo) bins+=(--bin "$t") ;;
+    *) echo "fuzz.sh: no target $t (frames stream flow control ipc cyclo plan redo)" >&2; exit 2 ;;
   esac
 done
 

@@ -1,7 +1,8 @@
 //! Fuzzing of every decoder that reads bytes from another node: transport frames and
 //! the handshake, the multiplexer's byte stream after a real handshake, control
 //! messages, exchange (IPC) messages with compression, cyclo-join fragments, Flow-Join
-//! messages and the plan codec.
+//! messages, the plan codec, and the redo log (groups replayed by a secondary,
+//! segments, multicast packets).
 //!
 //! The targets (seeds and decoding) live in `crates/fuzz`, shared with the
 //! coverage-guided AFL++ driver (`fuzz/afl`, `scripts/fuzz.sh`). Here each target
@@ -168,7 +169,10 @@ fn fuzz(name: &str, seeds: Vec<Vec<u8>>, n: u64, target: impl Fn(&[u8])) {
                 .cloned()
                 .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
                 .unwrap_or_default();
-            panic!("{name}: input {i} panicked ({why}): {}", hex(&input));
+            // The panic hook keeps quiet on this thread: say it here.
+            let report = format!("{name}: input {i} panicked ({why}): {}", hex(&input));
+            eprintln!("{report}");
+            panic!("{report}");
         }
         if last.elapsed() > Duration::from_secs(30) {
             last = Instant::now();
@@ -321,4 +325,9 @@ fn cyclo_join_fragments() {
 #[test]
 fn plans() {
     fuzz_target("plan");
+}
+
+#[test]
+fn redo_log_groups_segments_and_packets() {
+    fuzz_target("redo");
 }

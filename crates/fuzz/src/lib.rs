@@ -20,6 +20,8 @@ pub mod cyclo;
 pub mod ipc;
 #[cfg(feature = "engine")]
 pub mod plan;
+#[cfg(feature = "engine")]
+pub mod redo;
 
 /// One decoder under fuzzing.
 #[derive(Clone, Copy)]
@@ -73,6 +75,11 @@ pub fn targets() -> Vec<Target> {
             name: "plan",
             seeds: plan::seeds,
             run: plan::run,
+        },
+        Target {
+            name: "redo",
+            seeds: redo::seeds,
+            run: redo::run,
         },
     ]);
     all
