@@ -171,6 +171,31 @@ async fn registered(client: &mut FlightSqlServiceClient<Channel>, n: usize) {
     panic!("{n} workers did not register within 60 s");
 }
 
+/// Sends `sig` (`-STOP`, `-CONT`) to the process.
+fn signal(p: &Proc, sig: &str) {
+    let status = Command::new("kill")
+        .args([sig, &p.0.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill {sig}");
+}
+
+/// Starts a self-join of `table` on its column `k` that runs for a while, and lets it
+/// get going (300 ms).
+async fn start_self_join(
+    client: &FlightSqlServiceClient<Channel>,
+    table: &str,
+) -> tokio::task::JoinHandle<Result<usize, String>> {
+    let mut slow = client.clone();
+    let sql = format!(
+        "SELECT a.k % 1000, count(*) FROM {table} a JOIN {table} b ON a.k = b.k \
+         GROUP BY 1 ORDER BY 1"
+    );
+    let query = tokio::spawn(async move { run(&mut slow, &sql).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    query
+}
+
 /// Starts a coordinator and two worker processes (ids 1 and 2), runs `setup`, starts
 /// `query`, kills worker 2 while it runs, and checks that the query fails (or finished)
 /// within seconds naming the worker, that a later query needing the lost partition
@@ -297,23 +322,8 @@ async fn stopped_worker_fails_queries_and_ddl_within_seconds() {
     )
     .await
     .unwrap();
-    let mut slow = client.clone();
-    let query = tokio::spawn(async move {
-        run(
-            &mut slow,
-            "SELECT a.k % 1000, count(*) FROM t a JOIN t b ON a.k = b.k GROUP BY 1 ORDER BY 1",
-        )
-        .await
-    });
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let signal = |sig: &str| {
-        let status = Command::new("kill")
-            .args([sig, &w2.0.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(status.success(), "kill {sig}");
-    };
-    signal("-STOP");
+    let query = start_self_join(&client, "t").await;
+    signal(&w2, "-STOP");
     let stopped_at = Instant::now();
     let mut ddl = client.clone();
     let ddl = tokio::spawn(async move { run(&mut ddl, "CREATE TABLE u (a BIGINT)").await });
@@ -361,7 +371,7 @@ async fn stopped_worker_fails_queries_and_ddl_within_seconds() {
     // The cluster answers without the stopped worker.
     assert_eq!(run(&mut client, "SELECT 1").await.unwrap(), 1);
     run(&mut client, "CREATE TABLE v (a BIGINT)").await.unwrap();
-    signal("-CONT");
+    signal(&w2, "-CONT");
 }
 
 /// A final stage that keeps every coordinator thread busy for longer than the heartbeat
@@ -665,15 +675,7 @@ async fn a_restarted_coordinator_gets_its_workers_back() {
     let answer = "SELECT count(*) AS n, sum(balance) AS total, \
                   (SELECT count(*) FROM orders) AS orders FROM accounts";
     let before = text(&mut client, answer).await;
-    let mut slow = client.clone();
-    let query = tokio::spawn(async move {
-        run(
-            &mut slow,
-            "SELECT a.k % 1000, count(*) FROM scratch a JOIN scratch b ON a.k = b.k GROUP BY 1",
-        )
-        .await
-    });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let query = start_self_join(&client, "scratch").await;
     let _ = first.0.kill();
     let _ = first.0.wait();
     let _ = tokio::time::timeout(Duration::from_secs(10), query).await;
@@ -736,16 +738,9 @@ async fn a_worker_declared_dead_joins_again_under_a_new_id() {
     )
     .await
     .unwrap();
-    let signal = |sig: &str| {
-        let status = Command::new("kill")
-            .args([sig, &w2.0.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(status.success(), "kill {sig}");
-    };
-    signal("-STOP");
+    signal(&w2, "-STOP");
     tokio::time::sleep(Duration::from_secs(5)).await;
-    signal("-CONT");
+    signal(&w2, "-CONT");
     logged(&log2, "gyre worker 3 serving", Duration::from_secs(5)).await;
     logged(&log2, "memory is released", Duration::from_secs(10)).await;
     registered(&mut client, 2).await;
