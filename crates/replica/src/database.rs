@@ -693,6 +693,106 @@ impl Database {
         }
     }
 
+    /// Counts a commit as durable only once `replicator` has its log group on a
+    /// majority of the voters as well ([`LogWriter::replicate`]).
+    pub fn replicate(&self, replicator: crate::log::writer::Replicator) -> Result<()> {
+        match &self.log {
+            Some(log) => {
+                log.replicate(replicator);
+                Ok(())
+            }
+            None => Err(Error::Unsupported("this database keeps no log".into())),
+        }
+    }
+
+    /// Applies log frames (as [`LogWriter`] writes them) that the primary committed: a
+    /// standby coordinator follows the replicated log this way. Entries at or below
+    /// this database's last entry are skipped, so that a primary applying its own
+    /// groups as they come back changes nothing. The frames apply whole or not at all.
+    /// Returns the LSN reached.
+    pub fn apply_replicated(&self, frames: &[u8]) -> Result<u64> {
+        let log = self
+            .log
+            .as_ref()
+            .ok_or_else(|| Error::Unsupported("this database keeps no log".into()))?;
+        let mut entries = Vec::new();
+        let mut rest = frames;
+        while !rest.is_empty() {
+            let (first, group, used) = segment::frame(rest).map_err(|e| {
+                Error::corrupt(
+                    Path::new("(replicated log)"),
+                    format!("a frame at byte {}: {e}", frames.len() - rest.len()),
+                )
+            })?;
+            entries.extend((first..).zip(group));
+            rest = &rest[used..];
+        }
+        let Some(last) = entries.last().map(|(lsn, _)| *lsn) else {
+            return Ok(self.lsn());
+        };
+        if last <= log.appended_lsn() {
+            return Ok(last);
+        }
+        let mut store = self.store.lock();
+        let mut copy = store.clone();
+        for (lsn, entry) in entries {
+            if lsn <= copy.lsn {
+                continue;
+            }
+            if lsn != copy.lsn + 1 {
+                return Err(Error::corrupt(
+                    Path::new("(replicated log)"),
+                    format!("entry {lsn} follows {}", copy.lsn),
+                ));
+            }
+            replay(&mut copy, &self.procedures, lsn, entry).map_err(|e| {
+                Error::corrupt(
+                    Path::new("(replicated log)"),
+                    format!("replaying LSN {lsn}: {e}"),
+                )
+            })?;
+        }
+        log.advance_to(copy.lsn)?;
+        *store = copy;
+        self.release_replicated(store)
+    }
+
+    /// The whole state as one buffer (Parquet, as a checkpoint): a standby coordinator's
+    /// snapshot, which [`Database::restore`] takes.
+    pub fn state_bytes(&self) -> Result<Vec<u8>> {
+        let copy = self.store.lock().clone();
+        checkpoint::to_bytes(&copy)
+    }
+
+    /// Replaces the state with one [`Database::state_bytes`] made at a later LSN.
+    pub fn restore(&self, bytes: bytes::Bytes) -> Result<u64> {
+        let restored = checkpoint::from_bytes(bytes)?;
+        let log = self
+            .log
+            .as_ref()
+            .ok_or_else(|| Error::Unsupported("this database keeps no log".into()))?;
+        let mut store = self.store.lock();
+        if restored.lsn < store.lsn {
+            return Err(Error::Unsupported(format!(
+                "a state at LSN {} restored over one at {}",
+                restored.lsn, store.lsn
+            )));
+        }
+        log.advance_to(restored.lsn)?;
+        *store = restored;
+        self.release_replicated(store)
+    }
+
+    /// Publishes a state that arrived replicated (durable already).
+    fn release_replicated(&self, store: parking_lot::MutexGuard<'_, Store>) -> Result<u64> {
+        self.published.committed(store.lsn);
+        let state = Arc::new(store.clone());
+        drop(store);
+        let lsn = state.lsn;
+        self.published.publish(state);
+        Ok(lsn)
+    }
+
     pub fn log_stats(&self) -> Option<LogStats> {
         self.log.as_ref().map(LogWriter::stats)
     }

@@ -1326,3 +1326,72 @@ fn updates_are_logged_as_their_changed_columns_and_replayed_whole() {
     let db = Database::open(options, procedures()).unwrap();
     assert_eq!(contents(&db)["wide"], before, "recovery rebuilt the rows");
 }
+
+/// A standby follows the primary's replicated log: every write's frames reach it
+/// through the replicator before the commit is acknowledged, the primary skips its own
+/// frames coming back, and a third database restored from the standby's state buffer
+/// goes on from there. A replicator that fails stops the log: nothing after it is
+/// acknowledged.
+#[test]
+fn a_standby_follows_the_replicated_log_and_a_failed_replication_stops_the_primary() {
+    let primary = Arc::new(open_bank(Options::default()));
+    let standby = Arc::new(Database::open(Options::default(), procedures()).unwrap());
+    let fail = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    {
+        let (primary, standby, fail) = (primary.clone(), standby.clone(), fail.clone());
+        // The bank's tables were created before the replicator: the standby starts
+        // from the primary's state, as a Raft snapshot would give it.
+        standby
+            .restore(primary.state_bytes().unwrap().into())
+            .unwrap();
+        let weak = Arc::downgrade(&primary);
+        primary
+            .replicate(Box::new(move |frames| {
+                if fail.load(std::sync::atomic::Ordering::SeqCst) {
+                    return Err("not the primary: voter 2 is".into());
+                }
+                standby
+                    .apply_replicated(frames)
+                    .map_err(|e| e.to_string())?;
+                // The primary's own frames come back to it as well: skipped.
+                if let Some(primary) = weak.upgrade() {
+                    primary
+                        .apply_replicated(frames)
+                        .map_err(|e| e.to_string())?;
+                }
+                Ok(())
+            }))
+            .unwrap();
+    }
+    let mut rng = rand::rng();
+    for id in 0..100 {
+        let _ = transfer(&primary, id, &mut rng);
+    }
+    assert_eq!(standby.lsn(), primary.lsn());
+    assert_eq!(contents(&standby), contents(&primary));
+    let ids = check_bank(&standby);
+    assert!(!ids.is_empty());
+
+    let third = Database::open(Options::default(), procedures()).unwrap();
+    third
+        .restore(standby.state_bytes().unwrap().into())
+        .unwrap();
+    assert_eq!(contents(&third), contents(&primary));
+    // A state older than the one held is refused.
+    let older = Database::open(Options::default(), procedures()).unwrap();
+    let err = third
+        .restore(older.state_bytes().unwrap().into())
+        .unwrap_err();
+    assert!(err.to_string().contains("restored over"), "{err}");
+
+    fail.store(true, std::sync::atomic::Ordering::SeqCst);
+    let err = transfer(&primary, 1000, &mut rng).unwrap_err();
+    assert!(err.to_string().contains("not the primary"), "{err}");
+    let err = transfer(&primary, 1001, &mut rng).unwrap_err();
+    assert!(err.to_string().contains("not the primary"), "{err}");
+    assert_eq!(check_bank(&standby), ids);
+    // Damaged frames are refused whole.
+    let err = standby.apply_replicated(&[1, 2, 3]).unwrap_err();
+    assert!(err.to_string().contains("replicated log"), "{err}");
+    assert_eq!(check_bank(&standby), ids);
+}

@@ -60,9 +60,16 @@ struct Durability {
 /// thread: it should hand the bytes on, not wait.
 pub type Shipper = Box<dyn Fn(u64, &[u8]) + Send + Sync>;
 
+/// Where a write must also be before it counts as durable: a majority of the
+/// coordinators that vote on the primary (failover by consensus). Called on the log's
+/// thread with each write's frames, after the local fsync; it returns once they are
+/// replicated. An error stops the log as a failed fsync does.
+pub type Replicator = Box<dyn Fn(&[u8]) -> std::result::Result<(), String> + Send + Sync>;
+
 struct Shared {
     /// `None`: the log is kept nowhere (a database in memory).
     dir: Option<PathBuf>,
+    replicator: Mutex<Option<Replicator>>,
     /// Called with each write's frames once they are durable, in LSN order.
     shipper: Mutex<Option<Shipper>>,
     segment_bytes: u64,
@@ -147,6 +154,7 @@ impl LogWriter {
     ) -> Result<Self> {
         let shared = Arc::new(Shared {
             dir: dir.clone(),
+            replicator: Mutex::new(None),
             shipper: Mutex::new(None),
             segment_bytes,
             queue: Mutex::new(Queue {
@@ -183,6 +191,34 @@ impl LogWriter {
     /// crash of the primary could take back).
     pub fn ship(&self, shipper: Shipper) {
         *self.shared.shipper.lock() = Some(shipper);
+    }
+
+    /// Counts every write from now on as durable only once `replicator` returned.
+    pub fn replicate(&self, replicator: Replicator) {
+        *self.shared.replicator.lock() = Some(replicator);
+    }
+
+    /// The LSN of the last entry appended, durable or not.
+    pub fn appended_lsn(&self) -> u64 {
+        self.shared.queue.lock().next_lsn - 1
+    }
+
+    /// Moves an idle log on to `lsn`, durable: the entries up to it were written by
+    /// another primary and arrived replicated. Refused while entries are queued.
+    pub fn advance_to(&self, lsn: u64) -> Result<()> {
+        let mut q = self.shared.queue.lock();
+        if !q.groups.is_empty() {
+            return Err(Error::LogFailed(format!(
+                "replicated entries up to {lsn} arrived while this log has its own queued"
+            )));
+        }
+        q.next_lsn = q.next_lsn.max(lsn + 1);
+        drop(q);
+        let mut d = self.shared.durable.lock();
+        d.lsn = d.lsn.max(lsn);
+        drop(d);
+        self.shared.durable_changed.notify_all();
+        Ok(())
     }
 
     /// Queues the entry of the transaction with LSN `lsn` (the next one, as the caller
@@ -318,7 +354,14 @@ fn commit_loop(shared: &Shared, mut segment: Option<Segment>) {
             }
             (std::mem::take(&mut q.groups), std::mem::take(&mut q.roll))
         };
-        match write_groups(shared, &mut segment, &groups, roll) {
+        let written = write_groups(shared, &mut segment, &groups, roll).and_then(|frames| {
+            match &*shared.replicator.lock() {
+                Some(replicate) => replicate(&frames).map_err(Error::LogFailed)?,
+                None => {}
+            }
+            Ok(frames)
+        });
+        match written {
             Ok(frames) => {
                 let last = groups.last().map(|g| g.first_lsn + u64::from(g.count) - 1);
                 let mut d = shared.durable.lock();
