@@ -196,6 +196,17 @@ impl SqlRunner for RemoteClient {
 }
 
 impl RemoteClient {
+    /// Asks the coordinator for its SQL info: a standby of voting coordinators refuses,
+    /// naming the primary.
+    pub async fn probe(&self) -> Result<(), BoxError> {
+        let mut client = self.client.lock().await;
+        client
+            .get_sql_info(vec![])
+            .await
+            .map(|_| ())
+            .map_err(flight_error)
+    }
+
     /// Runs one statement and returns its rows, without a progress line.
     pub async fn query(&self, sql: &str) -> Result<Vec<RecordBatch>, BoxError> {
         let mut client = self.client.lock().await;

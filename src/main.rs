@@ -4,6 +4,7 @@ mod bench;
 mod bench_assign;
 mod bench_chbench;
 mod bench_cluster;
+mod bench_failover;
 mod bench_join;
 mod bench_kernels;
 mod bench_latency;
@@ -62,9 +63,17 @@ enum Command {
         files: DataRootArgs,
         #[command(flatten)]
         primary: PrimaryArgs,
+        /// Vote on the primary with other coordinators (three or five): each voter's
+        /// client address (its --listen) and Raft address, CLIENT/RAFT, comma-separated,
+        /// in the same order on every voter. The elected one is the primary; a commit is
+        /// acknowledged once a majority has it on disk. Needs --data-dir.
+        #[arg(long, value_name = "LIST", requires = "data_dir")]
+        voters: Option<String>,
     },
     /// Run a worker that joins a coordinator.
     Worker {
+        /// The coordinator's address, or the voting coordinators' client addresses,
+        /// comma-separated: the worker joins the primary, and the next one elected.
         #[arg(long)]
         coordinator: String,
         /// Control address of this worker.
@@ -158,6 +167,9 @@ enum BenchCommand {
     /// ScyPer's mixed workload (CH-benCHmark): TPC-C terminals on the primary while
     /// analytical streams run CH queries on the secondaries' snapshots.
     Chbench(Box<bench_chbench::ChbenchArgs>),
+    /// Failover of voting coordinators: kill -9 of the primary to the first commit on
+    /// the next, round after round, every acknowledged row checked at the end.
+    Failover(Box<bench_failover::FailoverArgs>),
 }
 
 /// How the nodes of a cluster talk to each other.
@@ -400,7 +412,16 @@ impl ConnectArgs {
             .collect();
         let mut failures = vec![];
         for addr in &addrs {
-            match client::RemoteClient::connect_with(addr, &login).await {
+            let connected = client::RemoteClient::connect_with(addr, &login).await;
+            // Of several coordinators, only the primary answers; the others name it.
+            let connected = match connected {
+                Ok(client) if addrs.len() > 1 => match client.probe().await {
+                    Ok(()) => Ok(client),
+                    Err(e) => Err(format!("{addr}: {e}").into()),
+                },
+                connected => connected,
+            };
+            match connected {
                 Ok(client) => return Ok(client),
                 Err(e) => failures.push(e.to_string()),
             }
@@ -570,6 +591,7 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             max_concurrent_queries,
             files,
             primary,
+            voters,
         } => {
             let secret = secret.secret()?;
             let front = front.front_door(listen)?;
@@ -587,14 +609,34 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
                 primary: primary.config(),
                 ..Default::default()
             };
-            let coordinator = Coordinator::start(config).await?;
-            let listener = tokio::net::TcpListener::bind(listen).await?;
-            let addr = gyre_cluster::flight_sql::serve(coordinator, listener, &front)?;
             let scheme = if front.tls.is_some() {
                 "grpc+tls"
             } else {
                 "grpc"
             };
+            if let Some(voters) = voters {
+                let dir = primary.data_dir.as_deref().expect("checked by clap");
+                let voters = gyre_cluster::failover::Voters::parse(&voters, listen, dir)?;
+                let me = voters.me;
+                let serving = gyre_cluster::failover::run(config, front, voters, |role| {
+                    use gyre_cluster::failover::Role;
+                    match role {
+                        Role::Standby => println!("gyre coordinator voter {me} standing by"),
+                        Role::Primary(_) => println!(
+                            "gyre coordinator listening on {listen} (Flight SQL: {scheme}://{listen}), \
+                             voter {me}, primary"
+                        ),
+                    }
+                });
+                tokio::select! {
+                    served = serving => served?,
+                    stopped = tokio::signal::ctrl_c() => stopped?,
+                }
+                return Ok(());
+            }
+            let coordinator = Coordinator::start(config).await?;
+            let listener = tokio::net::TcpListener::bind(listen).await?;
+            let addr = gyre_cluster::flight_sql::serve(coordinator, listener, &front)?;
             println!("gyre coordinator listening on {addr} (Flight SQL: {scheme}://{addr})");
             tokio::signal::ctrl_c().await?;
             Ok(())
@@ -663,6 +705,7 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
         Command::Bench(BenchCommand::Latency(args)) => bench_latency::run(*args).await,
         Command::Bench(BenchCommand::Replay(args)) => bench_replay::run(*args).await,
         Command::Bench(BenchCommand::Chbench(args)) => bench_chbench::run(*args).await,
+        Command::Bench(BenchCommand::Failover(args)) => bench_failover::run(*args).await,
         Command::Passwd { name } => {
             let password = if std::io::IsTerminal::is_terminal(&std::io::stdin()) {
                 let first = rpassword::prompt_password(format!("Password for {name}: "))?;

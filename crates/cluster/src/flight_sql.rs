@@ -550,11 +550,22 @@ pub fn serve(
     listener: tokio::net::TcpListener,
     front: &FrontDoor,
 ) -> Result<SocketAddr, DataFusionError> {
+    serve_until(coordinator, listener, front, std::future::pending())
+}
+
+/// [`serve`] until `stop` completes: the listener closes, and connections end once
+/// their calls have (a coordinator that stops being the primary).
+pub fn serve_until(
+    coordinator: Arc<Coordinator>,
+    listener: tokio::net::TcpListener,
+    front: &FrontDoor,
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<SocketAddr, DataFusionError> {
     let clients = match &front.users {
         Some(users) => Clients::Users(Arc::clone(users)),
         None => Clients::Open,
     };
-    serve_gated(coordinator, listener, clients, front.tls.as_ref())
+    serve_gated(coordinator, listener, clients, front.tls.as_ref(), stop)
 }
 
 /// Serves only the control messages of workers on `listener` (an embedded cluster's
@@ -563,7 +574,13 @@ pub fn serve_control(
     coordinator: Arc<Coordinator>,
     listener: tokio::net::TcpListener,
 ) -> Result<SocketAddr, DataFusionError> {
-    serve_gated(coordinator, listener, Clients::NodesOnly, None)
+    serve_gated(
+        coordinator,
+        listener,
+        Clients::NodesOnly,
+        None,
+        std::future::pending(),
+    )
 }
 
 use crate::protocol::MAX_CLIENT_MESSAGE;
@@ -573,6 +590,7 @@ fn serve_gated(
     listener: tokio::net::TcpListener,
     clients: Clients,
     tls: Option<&TlsIdentity>,
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<SocketAddr, DataFusionError> {
     let addr = listener.local_addr()?;
     let key = coordinator.node_key();
@@ -599,7 +617,7 @@ fn serve_gated(
     tokio::spawn(async move {
         if let Err(e) = server
             .add_service(service)
-            .serve_with_incoming(incoming)
+            .serve_with_incoming_shutdown(incoming, stop)
             .await
         {
             tracing::error!("Flight SQL service stopped: {e}");

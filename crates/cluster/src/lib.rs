@@ -7,6 +7,7 @@ pub mod codec;
 pub mod column_stats;
 pub mod coordinator;
 pub mod execution;
+pub mod failover;
 pub mod files;
 pub mod flight_sql;
 pub mod local;

@@ -30,6 +30,7 @@ pub mod state_machine;
 
 pub use network::{Carrier, RaftReply, RaftRpc};
 pub use node::{ProposeError, Timing, Voter};
+pub use openraft::ServerState;
 pub use state_machine::Applier;
 
 use serde::{Deserialize, Serialize};

@@ -240,9 +240,18 @@ impl Coordinator {
     /// Starts the coordinator's data transport and membership monitor. The Flight SQL
     /// service is started separately with [`crate::flight_sql::serve`].
     pub async fn start(config: CoordinatorConfig) -> Result<Arc<Self>> {
+        let primary = config.primary.open()?;
+        Self::start_with(config, primary).await
+    }
+
+    /// [`Coordinator::start`] on a row store already open: a standby coordinator that
+    /// was elected primary brings the one it kept up to date ([`crate::failover`]).
+    pub async fn start_with(
+        config: CoordinatorConfig,
+        primary: Arc<gyre_replica::Database>,
+    ) -> Result<Arc<Self>> {
         let transport =
             TcpTransport::bind(COORDINATOR, config.data_listen, config.transport.clone()).await?;
-        let primary = config.primary.open()?;
         let multicast = config.primary.log_multicast.map(|g| {
             let key = crate::log_feed::LogKey::from_secret(&config.transport.secret);
             (g, key)

@@ -86,8 +86,18 @@ impl Default for PrimaryConfig {
 
 impl PrimaryConfig {
     pub(super) fn open(&self) -> Result<Arc<Database>> {
+        self.open_in(self.data_dir.as_ref().map(|d| d.join("primary")))
+    }
+
+    /// A row store in memory, logged as configured: a voting coordinator's, whose log
+    /// is kept by the voters' Raft log instead ([`crate::failover`]).
+    pub(crate) fn open_standby(&self) -> Result<Arc<Database>> {
+        self.open_in(None)
+    }
+
+    fn open_in(&self, data_dir: Option<PathBuf>) -> Result<Arc<Database>> {
         let options = gyre_replica::Options {
-            data_dir: self.data_dir.as_ref().map(|d| d.join("primary")),
+            data_dir,
             log_mode: self.log_mode,
             group_commit: self.group_commit,
             lock_wait: LOCK_WAIT,

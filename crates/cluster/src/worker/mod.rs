@@ -37,6 +37,8 @@ use tonic::{Request as TonicRequest, Response as TonicResponse, Status, Streamin
 /// How a worker is started.
 #[derive(Debug, Clone)]
 pub struct WorkerConfig {
+    /// The coordinator's control address, or the addresses of the coordinators that
+    /// vote on the primary, comma-separated: the worker joins whichever is the primary.
     pub coordinator: String,
     /// Control (Flight) listen address.
     pub listen: SocketAddr,
@@ -60,10 +62,19 @@ pub struct WorkerConfig {
 }
 
 impl WorkerConfig {
-    /// A new connection to the coordinator's control service.
-    fn dial_coordinator(&self) -> Result<ControlClient> {
+    /// The coordinators' addresses, in the order given.
+    fn coordinators(&self) -> Vec<&str> {
+        self.coordinator
+            .split(',')
+            .map(str::trim)
+            .filter(|a| !a.is_empty())
+            .collect()
+    }
+
+    /// A new connection to the control service of the coordinator at `addr`.
+    fn dial(&self, addr: &str) -> Result<ControlClient> {
         ControlClient::connect_lazy_tls(
-            &self.coordinator,
+            addr,
             NodeKey::from_secret(&self.transport.secret),
             gyre_transport::COORDINATOR,
             self.coordinator_ca.as_deref(),
@@ -236,16 +247,30 @@ impl Worker {
                 ip if ip.is_unspecified() => "127.0.0.1".to_string(),
                 ip => ip.to_string(),
             });
-        let coordinator = config.dial_coordinator()?;
+        let coordinators = config
+            .coordinators()
+            .into_iter()
+            .map(|addr| config.dial(addr))
+            .collect::<Result<Vec<_>>>()?;
+        if coordinators.is_empty() {
+            return Err(DataFusionError::Configuration(
+                "no coordinator address given".into(),
+            ));
+        }
         let register = Request::Register {
             control_addr: format!("{host}:{}", control_addr.port()),
             data_addr: format!("{host}:{}", data_addr.port()),
         };
-        // A worker may start before its coordinator: keep trying for a while.
+        // A worker may start before its coordinator: keep trying for a while. Of
+        // several coordinators, only the primary accepts: the others answer which one
+        // is, and the worker tries each in turn.
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        let reply = loop {
+        let mut attempt = 0;
+        let (coordinator, reply) = loop {
+            let coordinator = &coordinators[attempt % coordinators.len()];
+            attempt += 1;
             match coordinator.call(&register).await {
-                Ok(reply) => break reply,
+                Ok(reply) => break (coordinator.clone(), reply),
                 // A refusal (wrong secret) stays one: only an unreachable coordinator
                 // is worth waiting for.
                 Err(e)
@@ -253,7 +278,9 @@ impl Worker {
                         && !matches!(e, DataFusionError::Configuration(_)) =>
                 {
                     tracing::debug!("coordinator not reachable yet: {e}");
-                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    if attempt % coordinators.len() == 0 {
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
                 }
                 Err(e) => {
                     return Err(DataFusionError::Execution(format!(
@@ -294,7 +321,8 @@ impl Worker {
             }),
             worker.stopped.subscribe(),
         );
-        spawn_heartbeat(Arc::downgrade(&worker), incarnation, config);
+        let registered = worker.coordinator.addr().to_string();
+        spawn_heartbeat(Arc::downgrade(&worker), incarnation, config, registered);
         tracing::info!(node, %control_addr, %data_addr, "worker registered");
         Ok(worker)
     }
@@ -600,9 +628,19 @@ pub async fn serve(config: WorkerConfig, mut started: impl FnMut(&Worker)) -> Re
     }
 }
 
+/// How long a worker given several coordinators waits for a silent primary before it
+/// looks for the new one (a coordinator declares a worker dead after as long).
+const PRIMARY_SILENCE: Duration = Duration::from_secs(3);
+
 /// Heartbeats go from a thread of their own with its own connection, so a worker
-/// whose threads are all busy computing is not mistaken for a dead one.
-fn spawn_heartbeat(worker: std::sync::Weak<Worker>, incarnation: u64, config: WorkerConfig) {
+/// whose threads are all busy computing is not mistaken for a dead one. They go to the
+/// coordinator at `addr`, the one the worker registered with.
+fn spawn_heartbeat(
+    worker: std::sync::Weak<Worker>,
+    incarnation: u64,
+    config: WorkerConfig,
+    addr: String,
+) {
     std::thread::Builder::new()
         .name("gyre-heartbeat".into())
         .spawn(move || {
@@ -611,29 +649,82 @@ fn spawn_heartbeat(worker: std::sync::Weak<Worker>, incarnation: u64, config: Wo
                 .build()
                 .expect("heartbeat runtime");
             rt.block_on(async move {
-                let Ok(client) = config.dial_coordinator() else {
+                let Ok(client) = config.dial(&addr) else {
                     return;
                 };
+                // With several coordinators, a silent primary was replaced (or is
+                // about to be): the worker joins the new one. The standbys name it.
+                let others: Vec<ControlClient> = config
+                    .coordinators()
+                    .into_iter()
+                    .filter(|a| *a != addr)
+                    .filter_map(|a| config.dial(a).ok())
+                    .collect();
+                let mut answered = std::time::Instant::now();
                 loop {
                     tokio::time::sleep(Duration::from_millis(500)).await;
                     let Some(node) = worker.upgrade().map(|w| w.node) else {
                         return;
                     };
-                    match client.call(&Request::Heartbeat { node, incarnation }).await {
+                    let heartbeat = Request::Heartbeat { node, incarnation };
+                    let reason = match client.call(&heartbeat).await {
                         Ok(Response::Forgotten { reason }) => {
-                            tracing::info!(node, "the coordinator forgot this worker: {reason}");
-                            if let Some(w) = worker.upgrade() {
-                                w.forgotten.send_replace(Some(reason));
-                            }
-                            return;
+                            format!("the coordinator forgot this worker: {reason}")
                         }
-                        Ok(_) => {}
-                        Err(e) => tracing::warn!(node, "heartbeat failed: {e}"),
+                        Ok(_) => {
+                            answered = std::time::Instant::now();
+                            continue;
+                        }
+                        Err(e) if !others.is_empty() => {
+                            let silent = answered.elapsed();
+                            let mut moved = primary_named(&e.to_string(), &addr);
+                            // After a second of silence, ask the others who leads.
+                            if moved.is_none() && silent > PRIMARY_SILENCE / 3 {
+                                for other in &others {
+                                    if let Err(e) = other.call(&heartbeat).await {
+                                        moved = primary_named(&e.to_string(), &addr);
+                                    }
+                                    if moved.is_some() {
+                                        break;
+                                    }
+                                }
+                            }
+                            match moved {
+                                Some(primary) => format!(
+                                    "the primary is now the coordinator at {primary}, not {addr}"
+                                ),
+                                None if silent > PRIMARY_SILENCE => format!(
+                                    "the primary at {addr} has not answered for {:.1} s ({e})",
+                                    silent.as_secs_f64()
+                                ),
+                                None => {
+                                    tracing::warn!(node, "heartbeat failed: {e}");
+                                    continue;
+                                }
+                            }
+                        }
+                        Err(e) => {
+                            tracing::warn!(node, "heartbeat failed: {e}");
+                            continue;
+                        }
+                    };
+                    tracing::info!(node, "{reason}");
+                    if let Some(w) = worker.upgrade() {
+                        w.forgotten.send_replace(Some(reason));
                     }
+                    return;
                 }
             });
         })
         .expect("heartbeat thread");
+}
+
+/// The primary a standby coordinator's refusal names ("... the primary is at ADDR"),
+/// if it is not `current`.
+fn primary_named(refusal: &str, current: &str) -> Option<String> {
+    let (_, rest) = refusal.split_once("the primary is at ")?;
+    let named = rest.split_whitespace().next()?;
+    (named != current).then(|| named.to_string())
 }
 
 /// The control service holds the worker weakly: a dropped worker stops serving.
@@ -733,5 +824,25 @@ impl FlightService for WorkerService {
             description: "Gyre coordinator-to-worker control".to_string(),
         };
         Ok(TonicResponse::new(Box::pin(futures::stream::iter([Ok(t)]))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::primary_named;
+
+    #[test]
+    fn a_standby_refusal_names_the_primary() {
+        let refusal = "127.0.0.1:7: this coordinator is not the primary: the primary is at \
+                       127.0.0.1:9";
+        assert_eq!(
+            primary_named(refusal, "127.0.0.1:8"),
+            Some("127.0.0.1:9".into())
+        );
+        assert_eq!(primary_named(refusal, "127.0.0.1:9"), None);
+        assert_eq!(
+            primary_named("not the primary, and no primary is elected yet", "a"),
+            None
+        );
     }
 }

@@ -355,9 +355,12 @@ fn commit_loop(shared: &Shared, mut segment: Option<Segment>) {
             (std::mem::take(&mut q.groups), std::mem::take(&mut q.roll))
         };
         let written = write_groups(shared, &mut segment, &groups, roll).and_then(|frames| {
-            match &*shared.replicator.lock() {
-                Some(replicate) => replicate(&frames).map_err(Error::LogFailed)?,
-                None => {}
+            if let Some(replicate) = &*shared.replicator.lock() {
+                // A panic is a failure like any other: the log stops, and every
+                // waiter hears of it (a dead log thread would leave them waiting).
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| replicate(&frames)))
+                    .unwrap_or_else(|_| Err("replicating the group panicked".into()))
+                    .map_err(Error::LogFailed)?;
             }
             Ok(frames)
         });

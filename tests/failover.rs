@@ -1,0 +1,488 @@
+//! Coordinators that vote on the primary (`gyre coordinator --voters`): kill -9 of the
+//! primary, then of the next one, with a restarted voter in between; every
+//! acknowledged commit survives, the workers follow each new primary, and the standbys
+//! refuse clients with the primary's address.
+
+use arrow_flight::sql::client::FlightSqlServiceClient;
+use futures::TryStreamExt;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use tonic::transport::Channel;
+
+const SECRET: &str = "failover tests' cluster secret";
+
+/// Held by each test for its whole run: two clusters of five processes at once on a
+/// two-core machine would turn the timing checks into races.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn gyre(args: &[&str]) -> Proc {
+    Proc(
+        Command::new(env!("CARGO_BIN_EXE_gyre"))
+            .args(args)
+            .env("GYRE_SECRET", SECRET)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("start gyre"),
+    )
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The rows of a query's result as text lines (`a|b`), or the error.
+async fn rows(client: &mut FlightSqlServiceClient<Channel>, sql: &str) -> Result<String, String> {
+    let info = client
+        .execute(sql.to_string(), None)
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut batches = vec![];
+    for ep in info.endpoint {
+        let stream = client
+            .do_get(ep.ticket.unwrap())
+            .await
+            .map_err(|e| e.to_string())?;
+        batches.extend(
+            stream
+                .try_collect::<Vec<_>>()
+                .await
+                .map_err(|e| e.to_string())?,
+        );
+    }
+    let mut out = vec![];
+    for b in &batches {
+        for r in 0..b.num_rows() {
+            let cells: Vec<String> = b
+                .columns()
+                .iter()
+                .map(|c| arrow::util::display::array_value_to_string(c, r).unwrap())
+                .collect();
+            out.push(cells.join("|"));
+        }
+    }
+    Ok(out.join("\n"))
+}
+
+/// Three voting coordinators and their data directories.
+struct Voters {
+    clients: Vec<String>,
+    list: String,
+    dirs: Vec<tempfile::TempDir>,
+    procs: Vec<Option<Proc>>,
+}
+
+impl Voters {
+    fn new() -> Self {
+        let clients: Vec<String> = (0..3)
+            .map(|_| format!("127.0.0.1:{}", free_port()))
+            .collect();
+        let list = clients
+            .iter()
+            .map(|c| format!("{c}/127.0.0.1:{}", free_port()))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut voters = Self {
+            clients,
+            list,
+            dirs: (0..3).map(|_| tempfile::tempdir().unwrap()).collect(),
+            procs: vec![],
+        };
+        voters.procs = (0..3).map(|i| Some(voters.start(i))).collect();
+        voters
+    }
+
+    fn start(&self, i: usize) -> Proc {
+        gyre(&[
+            "coordinator",
+            "--listen",
+            &self.clients[i],
+            "--data-dir",
+            self.dirs[i].path().to_str().unwrap(),
+            "--voters",
+            &self.list,
+        ])
+    }
+
+    fn all(&self) -> String {
+        self.clients.join(",")
+    }
+
+    /// The voter that serves SQL (waits up to `within`), and a client of it.
+    async fn primary(&self, within: Duration) -> (usize, FlightSqlServiceClient<Channel>) {
+        let deadline = Instant::now() + within;
+        loop {
+            for (i, addr) in self.clients.iter().enumerate() {
+                if self.procs[i].is_none() {
+                    continue;
+                }
+                let Ok(ch) = Channel::from_shared(format!("http://{addr}"))
+                    .unwrap()
+                    .connect()
+                    .await
+                else {
+                    continue;
+                };
+                let mut client = FlightSqlServiceClient::new(ch);
+                if client.get_sql_info(vec![]).await.is_ok() {
+                    return (i, client);
+                }
+            }
+            assert!(Instant::now() < deadline, "no primary within {within:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    fn kill(&mut self, i: usize) {
+        self.procs[i] = None;
+    }
+}
+
+/// Waits until `sql` answers `want` (the workers catch up through the log feed).
+async fn eventually(client: &mut FlightSqlServiceClient<Channel>, sql: &str, want: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let got = rows(client, sql).await;
+        if got.as_deref() == Ok(want) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{sql}: {got:?}, not {want}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Commits rows `keys` one by one through whichever voter is the primary, retrying a
+/// row until a primary acknowledges it (a new primary may wait for its workers, which
+/// join it within seconds); a retried row found already there was committed by the
+/// attempt whose answer was lost.
+async fn insert(voters: &Voters, keys: std::ops::RangeInclusive<u32>) {
+    let mut client = None;
+    for k in keys {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let c = match client.as_mut() {
+                Some(c) => c,
+                None => client.insert(voters.primary(Duration::from_secs(30)).await.1),
+            };
+            match rows(c, &format!("INSERT INTO ledger VALUES ({k}, {k})")).await {
+                Ok(_) => break,
+                Err(e) if e.contains("duplicate key") => break,
+                Err(e) => {
+                    assert!(Instant::now() < deadline, "insert {k}: {e}");
+                    client = None;
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+}
+
+const TOTALS: &str = "SELECT count(*), sum(amount) FROM ledger";
+const WORKERS: &str = "SELECT count(*) FROM gyre_workers()";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_primaries_are_replaced_and_lose_no_acknowledged_commit() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let mut voters = Voters::new();
+    let (first, mut client) = voters.primary(Duration::from_secs(30)).await;
+    let _workers: Vec<Proc> = (0..2)
+        .map(|_| gyre(&["worker", "--coordinator", &voters.all(), "--threads", "1"]))
+        .collect();
+    eventually(&mut client, WORKERS, "2").await;
+
+    // A standby refuses and names the primary.
+    let standby = (first + 1) % 3;
+    let ch = Channel::from_shared(format!("http://{}", voters.clients[standby]))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let refused = FlightSqlServiceClient::new(ch)
+        .execute("SELECT 1".into(), None)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refused.contains("not the primary")
+            && refused.contains(&format!("the primary is at {}", voters.clients[first])),
+        "{refused}"
+    );
+
+    rows(
+        &mut client,
+        "CREATE TABLE ledger (k INT PRIMARY KEY, amount BIGINT NOT NULL) \
+         WITH (replication = 'full')",
+    )
+    .await
+    .unwrap();
+    insert(&voters, 1..=50).await;
+    eventually(&mut client, TOTALS, "50|1275").await;
+
+    // kill -9 of the primary: another voter commits within seconds, with every
+    // acknowledged row, and the workers follow it.
+    voters.kill(first);
+    let killed = Instant::now();
+    insert(&voters, 51..=51).await;
+    let failover = killed.elapsed();
+    let (second, mut client) = voters.primary(Duration::from_secs(30)).await;
+    assert_ne!(second, first);
+    assert!(
+        failover < Duration::from_secs(10),
+        "failover took {failover:?}"
+    );
+    eprintln!("first commit on the new primary {failover:?} after the kill");
+    insert(&voters, 52..=100).await;
+    eventually(&mut client, WORKERS, "2").await;
+    eventually(&mut client, TOTALS, "100|5050").await;
+
+    // The killed voter comes back on its disk and catches up; then the second primary
+    // dies too, and the third takes over with the restarted one as its majority.
+    voters.procs[first] = Some(voters.start(first));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    voters.kill(second);
+    let (third, mut client) = voters.primary(Duration::from_secs(30)).await;
+    assert!(third != second);
+    insert(&voters, 101..=150).await;
+    eventually(&mut client, WORKERS, "2").await;
+    eventually(&mut client, TOTALS, "150|11325").await;
+
+    // `gyre sql --connect` with every voter finds the primary.
+    let out = Command::new(env!("CARGO_BIN_EXE_gyre"))
+        .args(["sql", "--connect", &voters.all(), "-c", TOTALS])
+        .args(["--format", "csv"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("150,11325"), "{stdout}");
+}
+
+/// One transfer a client asked for: `amount` from account `from` to `to`.
+#[derive(Debug, Clone, Copy)]
+struct Transfer {
+    from: usize,
+    to: usize,
+    amount: i64,
+}
+
+const ACCOUNTS: usize = 8;
+const START: i64 = 1_000;
+
+/// Moves money until `stop`; returns the transfers acknowledged and those whose outcome
+/// is unknown (the call failed: it may or may not have committed).
+async fn transfers(
+    voters: std::sync::Arc<Vec<String>>,
+    seed: u64,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> (Vec<Transfer>, Vec<Transfer>) {
+    let (mut acked, mut unknown) = (vec![], vec![]);
+    let mut client: Option<FlightSqlServiceClient<Channel>> = None;
+    let mut n = seed;
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        let Some(c) = client.as_mut() else {
+            // A new primary runs statements once its workers joined it: until then
+            // every transfer would fail, each one more of unknown outcome.
+            client = match connect_primary(&voters).await {
+                Some(mut c) => (rows(&mut c, WORKERS).await.as_deref() == Ok("2")).then_some(c),
+                None => None,
+            };
+            if client.is_none() {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            continue;
+        };
+        n = n
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let from = (n >> 33) as usize % ACCOUNTS;
+        let to = (from + 1 + (n >> 40) as usize % (ACCOUNTS - 1)) % ACCOUNTS;
+        let t = Transfer {
+            from,
+            to,
+            amount: 1 + (n >> 50) as i64 % 50,
+        };
+        let sql = format!(
+            "UPDATE accounts SET balance = balance + CASE WHEN id = {from} THEN -{a} ELSE {a} END, \
+             ops = ops + 1 WHERE id IN ({from}, {to})",
+            a = t.amount
+        );
+        match rows(c, &sql).await {
+            Ok(_) => acked.push(t),
+            Err(e) => {
+                // Refused by a standby: never ran. Anything else may have committed.
+                if !e.contains("not the primary") {
+                    unknown.push(t);
+                }
+                client = None;
+            }
+        }
+    }
+    (acked, unknown)
+}
+
+/// A client of whichever of `addrs` is the primary now, if one answers.
+async fn connect_primary(addrs: &[String]) -> Option<FlightSqlServiceClient<Channel>> {
+    for addr in addrs {
+        let Ok(ch) = Channel::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect_timeout(Duration::from_millis(500))
+            .connect()
+            .await
+        else {
+            continue;
+        };
+        let mut client = FlightSqlServiceClient::new(ch);
+        if client.get_sql_info(vec![]).await.is_ok() {
+            return Some(client);
+        }
+    }
+    None
+}
+
+/// A Jepsen-style bank: two clients transfer money between accounts, in one statement
+/// each, while a third reads the total; the primary is killed (-9) and restarted, then
+/// a standby. The total never changes in any read, no client reads an older state than
+/// one it saw (the count of operations never goes down), and the final balances are
+/// the start plus every acknowledged transfer plus some of those whose outcome the
+/// clients could not know, each exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bank_transfers_survive_a_killed_primary_and_a_killed_standby() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let mut voters = Voters::new();
+    let (_, mut client) = voters.primary(Duration::from_secs(30)).await;
+    let _workers: Vec<Proc> = (0..2)
+        .map(|_| gyre(&["worker", "--coordinator", &voters.all(), "--threads", "1"]))
+        .collect();
+    eventually(&mut client, WORKERS, "2").await;
+    for sql in [
+        "CREATE TABLE accounts (id BIGINT PRIMARY KEY, balance BIGINT NOT NULL, \
+         ops BIGINT NOT NULL) WITH (replication = 'full')",
+        &format!(
+            "INSERT INTO accounts SELECT value, {START}, 0 FROM generate_series(0, {})",
+            ACCOUNTS - 1
+        ),
+    ] {
+        rows(&mut client, sql).await.unwrap();
+    }
+    let total = format!("{}", START * ACCOUNTS as i64);
+    eventually(&mut client, "SELECT sum(balance) FROM accounts", &total).await;
+
+    let addrs = Arc::new(voters.clients.clone());
+    let stop = Arc::new(AtomicBool::new(false));
+    let writers: Vec<_> = (1..=2)
+        .map(|seed| tokio::spawn(transfers(addrs.clone(), seed, stop.clone())))
+        .collect();
+    let reader = {
+        let (addrs, stop, total) = (addrs.clone(), stop.clone(), total.clone());
+        tokio::spawn(async move {
+            let (mut reads, mut seen) = (0, 0i64);
+            let mut client = None;
+            while !stop.load(Ordering::Relaxed) {
+                let Some(c) = client.as_mut() else {
+                    client = connect_primary(&addrs).await;
+                    continue;
+                };
+                match rows(c, "SELECT sum(balance), sum(ops) FROM accounts").await {
+                    Ok(row) => {
+                        let (sum, ops) = row.split_once('|').unwrap();
+                        assert_eq!(sum, total, "a read saw money made or lost");
+                        let ops: i64 = ops.parse().unwrap();
+                        assert!(ops >= seen, "a read went back in time: {ops} after {seen}");
+                        seen = ops;
+                        reads += 1;
+                    }
+                    Err(_) => client = None,
+                }
+            }
+            reads
+        })
+    };
+
+    let pause = |s| tokio::time::sleep(Duration::from_secs(s));
+    pause(2).await;
+    let (primary, _) = voters.primary(Duration::from_secs(30)).await;
+    voters.kill(primary);
+    pause(5).await;
+    voters.procs[primary] = Some(voters.start(primary));
+    pause(3).await;
+    let (now, _) = voters.primary(Duration::from_secs(30)).await;
+    let standby = (0..3).find(|i| *i != now).unwrap();
+    voters.kill(standby);
+    pause(3).await;
+    voters.procs[standby] = Some(voters.start(standby));
+    pause(2).await;
+    stop.store(true, Ordering::Relaxed);
+
+    let (mut acked, mut unknown) = (vec![], vec![]);
+    for w in writers {
+        let (a, u) = w.await.unwrap();
+        acked.extend(a);
+        unknown.extend(u);
+    }
+    let reads = reader.await.unwrap();
+    eprintln!(
+        "{} transfers acknowledged, {} unknown, {reads} reads",
+        acked.len(),
+        unknown.len()
+    );
+    assert!(
+        acked.len() > 50,
+        "only {} transfers went through",
+        acked.len()
+    );
+    assert!(
+        unknown.len() <= 16,
+        "{} transfers of unknown outcome",
+        unknown.len()
+    );
+
+    let (_, mut client) = voters.primary(Duration::from_secs(30)).await;
+    let balances: Vec<i64> = rows(&mut client, "SELECT balance FROM accounts ORDER BY id")
+        .await
+        .unwrap()
+        .lines()
+        .map(|l| l.parse().unwrap())
+        .collect();
+    let apply = |balances: &mut [i64], t: &Transfer| {
+        balances[t.from] -= t.amount;
+        balances[t.to] += t.amount;
+    };
+    let mut expected = vec![START; ACCOUNTS];
+    for t in &acked {
+        apply(&mut expected, t);
+    }
+    let explained = (0..1u32 << unknown.len()).any(|subset| {
+        let mut with = expected.clone();
+        for (i, t) in unknown.iter().enumerate() {
+            if subset & (1 << i) != 0 {
+                apply(&mut with, t);
+            }
+        }
+        with == balances
+    });
+    assert!(
+        explained,
+        "the balances {balances:?} are not the start plus the acknowledged transfers plus \
+         some of the {} unknown ones",
+        unknown.len()
+    );
+}
