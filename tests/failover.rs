@@ -210,16 +210,23 @@ async fn killed_primaries_are_replaced_and_lose_no_acknowledged_commit() {
         .connect()
         .await
         .unwrap();
-    let refused = FlightSqlServiceClient::new(ch)
-        .execute("SELECT 1".into(), None)
-        .await
-        .unwrap_err()
-        .to_string();
-    assert!(
-        refused.contains("not the primary")
-            && refused.contains(&format!("the primary is at {}", voters.clients[first])),
-        "{refused}"
-    );
+    let mut standby = FlightSqlServiceClient::new(ch);
+    let named = format!("the primary is at {}", voters.clients[first]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        // A standby learns who leads from the leader's first heartbeat to it.
+        let refused = standby
+            .execute("SELECT 1".into(), None)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(refused.contains("not the primary"), "{refused}");
+        if refused.contains(&named) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{refused}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 
     rows(
         &mut client,
