@@ -559,8 +559,11 @@ fn main() {
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("GYRE_LOG")
                 // HiGHS warns whenever Neo-Join's solver reaches its time limit, which
-                // EXPLAIN ANALYZE reports.
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,highs=error")),
+                // EXPLAIN ANALYZE reports; openraft warns of the votes and messages an
+                // election makes stale, which is how Raft works.
+                .unwrap_or_else(|_| {
+                    tracing_subscriber::EnvFilter::new("warn,highs=error,openraft=error")
+                }),
         )
         .with_writer(std::io::stderr)
         .init();
