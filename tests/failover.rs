@@ -117,6 +117,18 @@ impl Voters {
         ])
     }
 
+    /// Three voters and two workers given every voter; returns once the primary counts
+    /// both workers, with its index, a client of it and the worker processes.
+    async fn with_workers() -> (Self, usize, FlightSqlServiceClient<Channel>, Vec<Proc>) {
+        let voters = Self::new();
+        let (first, mut client) = voters.primary(Duration::from_secs(30)).await;
+        let workers = (0..2)
+            .map(|_| gyre(&["worker", "--coordinator", &voters.all(), "--threads", "1"]))
+            .collect();
+        eventually(&mut client, WORKERS, "2").await;
+        (voters, first, client, workers)
+    }
+
     fn all(&self) -> String {
         self.clients.join(",")
     }
@@ -125,21 +137,9 @@ impl Voters {
     async fn primary(&self, within: Duration) -> (usize, FlightSqlServiceClient<Channel>) {
         let deadline = Instant::now() + within;
         loop {
-            for (i, addr) in self.clients.iter().enumerate() {
-                if self.procs[i].is_none() {
-                    continue;
-                }
-                let Ok(ch) = Channel::from_shared(format!("http://{addr}"))
-                    .unwrap()
-                    .connect()
-                    .await
-                else {
-                    continue;
-                };
-                let mut client = FlightSqlServiceClient::new(ch);
-                if client.get_sql_info(vec![]).await.is_ok() {
-                    return (i, client);
-                }
+            // A killed voter's port refuses at once.
+            if let Some(primary) = connect_primary(&self.clients).await {
+                return primary;
             }
             assert!(Instant::now() < deadline, "no primary within {within:?}");
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -196,12 +196,7 @@ const WORKERS: &str = "SELECT count(*) FROM gyre_workers()";
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_primaries_are_replaced_and_lose_no_acknowledged_commit() {
     let _serial = ONE_AT_A_TIME.lock().await;
-    let mut voters = Voters::new();
-    let (first, mut client) = voters.primary(Duration::from_secs(30)).await;
-    let _workers: Vec<Proc> = (0..2)
-        .map(|_| gyre(&["worker", "--coordinator", &voters.all(), "--threads", "1"]))
-        .collect();
-    eventually(&mut client, WORKERS, "2").await;
+    let (mut voters, first, mut client, _workers) = Voters::with_workers().await;
 
     // A standby refuses and names the primary.
     let standby = (first + 1) % 3;
@@ -307,7 +302,9 @@ async fn transfers(
             // A new primary runs statements once its workers joined it: until then
             // every transfer would fail, each one more of unknown outcome.
             client = match connect_primary(&voters).await {
-                Some(mut c) => (rows(&mut c, WORKERS).await.as_deref() == Ok("2")).then_some(c),
+                Some((_, mut c)) => {
+                    (rows(&mut c, WORKERS).await.as_deref() == Ok("2")).then_some(c)
+                }
                 None => None,
             };
             if client.is_none() {
@@ -345,8 +342,8 @@ async fn transfers(
 }
 
 /// A client of whichever of `addrs` is the primary now, if one answers.
-async fn connect_primary(addrs: &[String]) -> Option<FlightSqlServiceClient<Channel>> {
-    for addr in addrs {
+async fn connect_primary(addrs: &[String]) -> Option<(usize, FlightSqlServiceClient<Channel>)> {
+    for (i, addr) in addrs.iter().enumerate() {
         let Ok(ch) = Channel::from_shared(format!("http://{addr}"))
             .unwrap()
             .connect_timeout(Duration::from_millis(500))
@@ -357,7 +354,7 @@ async fn connect_primary(addrs: &[String]) -> Option<FlightSqlServiceClient<Chan
         };
         let mut client = FlightSqlServiceClient::new(ch);
         if client.get_sql_info(vec![]).await.is_ok() {
-            return Some(client);
+            return Some((i, client));
         }
     }
     None
@@ -374,12 +371,7 @@ async fn bank_transfers_survive_a_killed_primary_and_a_killed_standby() {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, Ordering};
     let _serial = ONE_AT_A_TIME.lock().await;
-    let mut voters = Voters::new();
-    let (_, mut client) = voters.primary(Duration::from_secs(30)).await;
-    let _workers: Vec<Proc> = (0..2)
-        .map(|_| gyre(&["worker", "--coordinator", &voters.all(), "--threads", "1"]))
-        .collect();
-    eventually(&mut client, WORKERS, "2").await;
+    let (mut voters, _, mut client, _workers) = Voters::with_workers().await;
     for sql in [
         "CREATE TABLE accounts (id BIGINT PRIMARY KEY, balance BIGINT NOT NULL, \
          ops BIGINT NOT NULL) WITH (replication = 'full')",
@@ -405,7 +397,7 @@ async fn bank_transfers_survive_a_killed_primary_and_a_killed_standby() {
             let mut client = None;
             while !stop.load(Ordering::Relaxed) {
                 let Some(c) = client.as_mut() else {
-                    client = connect_primary(&addrs).await;
+                    client = connect_primary(&addrs).await.map(|(_, c)| c);
                     continue;
                 };
                 match rows(c, "SELECT sum(balance), sum(ops) FROM accounts").await {
