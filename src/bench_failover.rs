@@ -48,7 +48,7 @@ struct Report {
 }
 
 /// A child process, killed (-9) when dropped.
-struct Proc(Child);
+pub(crate) struct Proc(pub(crate) Child);
 
 impl Drop for Proc {
     fn drop(&mut self) {
@@ -57,7 +57,7 @@ impl Drop for Proc {
     }
 }
 
-fn free_port() -> std::io::Result<u16> {
+pub(crate) fn free_port() -> std::io::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port())

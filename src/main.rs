@@ -5,6 +5,7 @@ mod bench_assign;
 mod bench_chbench;
 mod bench_cluster;
 mod bench_failover;
+mod bench_fragments;
 mod bench_join;
 mod bench_kernels;
 mod bench_latency;
@@ -170,6 +171,9 @@ enum BenchCommand {
     /// Failover of voting coordinators: kill -9 of the primary to the first commit on
     /// the next, round after round, every acknowledged row checked at the end.
     Failover(Box<bench_failover::FailoverArgs>),
+    /// A table fragmented by rendezvous hashing (WITH (replicas = x)): a worker killed
+    /// during a join (which runs again on the others), then a new one joining.
+    Fragments(Box<bench_fragments::FragmentsArgs>),
 }
 
 /// How the nodes of a cluster talk to each other.
@@ -709,6 +713,7 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
         Command::Bench(BenchCommand::Replay(args)) => bench_replay::run(*args).await,
         Command::Bench(BenchCommand::Chbench(args)) => bench_chbench::run(*args).await,
         Command::Bench(BenchCommand::Failover(args)) => bench_failover::run(*args).await,
+        Command::Bench(BenchCommand::Fragments(args)) => bench_fragments::run(*args).await,
         Command::Passwd { name } => {
             let password = if std::io::IsTerminal::is_terminal(&std::io::stdin()) {
                 let first = rpassword::prompt_password(format!("Password for {name}: "))?;

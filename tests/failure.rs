@@ -6,7 +6,10 @@
 //! busy to hear heartbeats does not take its workers for dead. A worker that joins
 //! after a table was loaded reads none of it, and the table's answers stay right.
 //! Workers that outlive their coordinator join it again once it restarts, and a
-//! worker declared dead joins again once it runs, each afresh under a new id.
+//! worker declared dead joins again once it runs, each afresh under a new id. A
+//! table fragmented with two copies of each block loses nothing to a killed worker:
+//! the read running then is retried on the others, and a worker that joins later
+//! receives only its rendezvous share.
 
 use arrow_flight::sql::client::FlightSqlServiceClient;
 use futures::TryStreamExt;
@@ -588,11 +591,20 @@ async fn killed_worker_fails_a_load_and_leaves_no_table() {
 /// start: it joins again under a new id each time the coordinator forgets it) and
 /// info log lines are kept.
 fn logged_worker(addr: &str) -> (Proc, Arc<parking_lot::Mutex<Vec<String>>>) {
+    logged_gyre(
+        &["worker", "--coordinator", addr, "--threads", "1"],
+        "warn,gyre_cluster::worker=info",
+    )
+}
+
+/// A gyre process run with `args` whose standard output and log lines (by the
+/// `GYRE_LOG` filter `log`) are kept.
+fn logged_gyre(args: &[&str], log: &str) -> (Proc, Arc<parking_lot::Mutex<Vec<String>>>) {
     use std::io::BufRead;
     let mut child = Command::new(env!("CARGO_BIN_EXE_gyre"))
-        .args(["worker", "--coordinator", addr, "--threads", "1"])
+        .args(args)
         .env("GYRE_SECRET", "failure tests' cluster secret")
-        .env("GYRE_LOG", "warn,gyre_cluster::worker=info")
+        .env("GYRE_LOG", log)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -771,4 +783,142 @@ async fn a_worker_declared_dead_joins_again_under_a_new_id() {
     )
     .await;
     assert!(spread.contains("| 3      | 1      |"), "{spread}");
+}
+
+/// Each worker's replica rows and the bytes of state it received, by worker id.
+async fn replicas(client: &mut FlightSqlServiceClient<Channel>) -> Vec<(i64, i64, i64)> {
+    let info = client
+        .execute(
+            "SELECT CAST(worker AS BIGINT) AS w, CAST(replica_rows AS BIGINT) AS r, \
+             CAST(replica_state_bytes AS BIGINT) AS b FROM gyre_workers() ORDER BY w"
+                .to_string(),
+            None,
+        )
+        .await
+        .unwrap();
+    let mut out = vec![];
+    for ep in info.endpoint {
+        let stream = client.do_get(ep.ticket.unwrap()).await.unwrap();
+        for b in stream.try_collect::<Vec<_>>().await.unwrap() {
+            let col = |i: usize| {
+                b.column(i)
+                    .as_any()
+                    .downcast_ref::<arrow::array::Int64Array>()
+                    .unwrap()
+                    .clone()
+            };
+            let (w, r, s) = (col(0), col(1), col(2));
+            out.extend((0..b.num_rows()).map(|i| (w.value(i), r.value(i), s.value(i))));
+        }
+    }
+    out
+}
+
+/// A table `WITH (replicas = 2)` on three worker processes: kill -9 of one while a
+/// long join reads the table makes the join run again on the other two, which hold
+/// every block between them, and it returns the right answer; later reads need no
+/// reload. A fourth worker that joins then receives only the blocks rendezvous
+/// hashing gives it (about 2/3 of the rows among three); the others receive nothing
+/// and drop those blocks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fragmented_table_survives_a_killed_worker_and_its_read_is_retried() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let addr = format!("127.0.0.1:{}", free_port());
+    let (_coordinator, log) = logged_gyre(
+        &["coordinator", "--listen", &addr],
+        "warn,gyre_cluster::coordinator=info",
+    );
+    let mut client = client_of(&addr).await;
+    let mut workers = vec![];
+    for n in 1..=3 {
+        workers.push(worker_of(&addr).await.0);
+        registered(&mut client, n).await;
+    }
+    const ROWS: i64 = 300_000;
+    run(
+        &mut client,
+        "CREATE TABLE f (k BIGINT PRIMARY KEY, v BIGINT) WITH (replicas = 2)",
+    )
+    .await
+    .unwrap();
+    run(
+        &mut client,
+        &format!(
+            "INSERT INTO f SELECT value, value % 1000 FROM generate_series(1, {ROWS}) AS s(value)"
+        ),
+    )
+    .await
+    .unwrap();
+    let totals = "SELECT count(*), sum(v) FROM f";
+    let right = |got: &str| got.contains(&format!("| {ROWS}   | {} |", 300 * 499_500));
+    let got = text(&mut client, totals).await;
+    assert!(right(&got), "{got}");
+    let plan = text(&mut client, &format!("EXPLAIN ANALYZE {totals}")).await;
+    assert!(plan.contains("(fragmented, 2 copies)"), "{plan}");
+    // Each value of v 300 times: 1000 * 300 * 300 joined rows, seconds of work.
+    let join = "SELECT count(*), sum(a.k * b.k % 11) FROM f a JOIN f b ON a.v = b.v";
+    let mut sum = 0i64;
+    for v in 0..1000 {
+        let class: Vec<i64> = (1..=ROWS).filter(|k| k % 1000 == v).collect();
+        for a in &class {
+            sum += class.iter().map(|b| a * b % 11).sum::<i64>();
+        }
+    }
+    let pairs = format!("| 90000000 | {sum} ");
+    let mut slow = client.clone();
+    let query = tokio::spawn(async move { text(&mut slow, join).await });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!query.is_finished(), "the join ended before the kill");
+    let killed = workers.pop().unwrap();
+    drop(killed);
+    let got = tokio::time::timeout(Duration::from_secs(60), query)
+        .await
+        .expect("the retried join must not hang")
+        .unwrap();
+    assert!(got.contains(&pairs), "{got}");
+    logged(&log, "a read lost a worker", Duration::from_secs(1)).await;
+    // Later reads on the two that are left, at once.
+    let got = text(&mut client, totals).await;
+    assert!(right(&got), "{got}");
+
+    // Both survivors hold every block (with two copies among two workers); a
+    // newcomer takes its share, and the others receive nothing but drop what they
+    // gave it.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let before = loop {
+        let held = replicas(&mut client).await;
+        if held.len() == 2 && held.iter().all(|h| h.1 == ROWS) {
+            break held;
+        }
+        assert!(Instant::now() < deadline, "{held:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    workers.push(worker_of(&addr).await.0);
+    registered(&mut client, 3).await;
+    // The old workers narrow their replicas to their new shares in place.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let after = loop {
+        let held = replicas(&mut client).await;
+        if held.len() == 3 && held.iter().all(|h| h.1 > 0 && h.1 < ROWS) {
+            break held;
+        }
+        assert!(Instant::now() < deadline, "{held:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    for (old, new) in before.iter().zip(&after) {
+        assert_eq!(old.2, new.2, "worker {} received state: {after:?}", old.0);
+    }
+    assert_eq!(
+        after.iter().map(|h| h.1).sum::<i64>(),
+        2 * ROWS,
+        "{after:?}"
+    );
+    // Its state is its share of the rows (a few bytes each as compressed Parquet).
+    let (rows, bytes) = (after[2].1, after[2].2);
+    assert!(rows > ROWS / 2 && rows < ROWS * 5 / 6, "{after:?}");
+    assert!(bytes > 0 && bytes < 16 * rows, "{after:?}");
+    let got = text(&mut client, totals).await;
+    assert!(right(&got), "{got}");
+    let got = text(&mut client, join).await;
+    assert!(got.contains(&pairs), "{got}");
 }

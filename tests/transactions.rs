@@ -945,7 +945,7 @@ async fn partitioned_tables_are_dealt_out_to_the_workers() {
             "CREATE TABLE bad (k BIGINT PRIMARY KEY) WITH (replication = 'sideways')"
         )
         .await
-        .contains("'partitioned' or 'chunked'")
+        .contains("'chunked' or 'fragmented'")
     );
     assert_eq!(
         sql(&c, &s, "INSERT INTO ptx SELECT * FROM src").await,
@@ -1042,6 +1042,115 @@ async fn partitioned_tables_are_dealt_out_to_the_workers() {
     assert_eq!(settled(&c, &s, rest).await, before);
     assert_eq!(
         settled(&c, &s, "SELECT count(*), sum(v) FROM ptx WHERE k <= 100").await,
+        vec![vec![90, 0]]
+    );
+}
+
+/// A table fragmented by rendezvous hashing (`gyre.replication = 'fragmented'` and
+/// `gyre.replicas`, or `WITH (replicas = ...)`): each block of rows on that many
+/// workers. Reads give what the same rows in a distributed table give, on every
+/// worker set: when a worker leaves, the others already hold every block, and they
+/// take their new copies from the primary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fragmented_tables_keep_copies_of_each_block() {
+    let cluster = cluster(4, None).await;
+    let c = Arc::clone(&cluster.coordinator);
+    let s = c.new_session();
+    sql(&c, &s, SRC).await;
+    for (bad, named) in [
+        ("WITH (replicas = 0)", "from 1 to 16"),
+        ("WITH (replicas = 'many')", "from 1 to 16"),
+        (
+            "WITH (replication = 'full', replicas = 2)",
+            "for fragmented tables",
+        ),
+    ] {
+        let e = fails(
+            &c,
+            &s,
+            &format!("CREATE TABLE bad (k BIGINT PRIMARY KEY) {bad}"),
+        )
+        .await;
+        assert!(e.contains(named), "{bad}: {e}");
+    }
+    sql(&c, &s, "SET gyre.replication = 'fragmented'").await;
+    sql(&c, &s, "SET gyre.replicas = 3").await;
+    sql(
+        &c,
+        &s,
+        "CREATE TABLE ftx (k BIGINT PRIMARY KEY, v BIGINT, label VARCHAR)",
+    )
+    .await;
+    sql(&c, &s, "SET gyre.replication = 'none'").await;
+    sql(
+        &c,
+        &s,
+        "CREATE TABLE f2 (k BIGINT PRIMARY KEY, v BIGINT) WITH (replicas = 2)",
+    )
+    .await;
+    sql(&c, &s, "INSERT INTO ftx SELECT * FROM src").await;
+    sql(
+        &c,
+        &s,
+        "INSERT INTO f2 SELECT k, v FROM src WHERE k % 3 = 0",
+    )
+    .await;
+    sql(&c, &s, "UPDATE ftx SET v = v + 1 WHERE k % 2 = 0").await;
+    sql(&c, &s, "DELETE FROM ftx WHERE k % 10 = 5").await;
+    let check = "SELECT count(*), sum(v), sum(length(label)), min(k), max(k) FROM ";
+    let expected = sql(
+        &c,
+        &s,
+        &format!(
+            "{check} (SELECT k, CASE WHEN k % 2 = 0 THEN v + 1 ELSE v END AS v, label \
+             FROM src WHERE k % 10 <> 5)"
+        ),
+    )
+    .await;
+    let joined = "SELECT count(*), sum(a.v - b.v) FROM ftx a JOIN f2 b USING (k)";
+    let expected_join = sql(
+        &c,
+        &s,
+        "SELECT count(*), sum(CASE WHEN k % 2 = 0 THEN 1 ELSE 0 END) FROM src \
+         WHERE k % 3 = 0 AND k % 10 <> 5",
+    )
+    .await;
+    assert_eq!(sql(&c, &s, &format!("{check} ftx")).await, expected);
+    assert_eq!(sql(&c, &s, joined).await, expected_join);
+    let plan = c
+        .sql_in(&s, &format!("EXPLAIN ANALYZE {check} ftx"))
+        .await
+        .unwrap();
+    let text = arrow::util::pretty::pretty_format_batches(&plan[0].batches)
+        .unwrap()
+        .to_string();
+    assert!(text.contains("table=ftx (fragmented, 3 copies)"), "{text}");
+    // Three copies of every row among the four workers, about 3/4 of them on each,
+    // once every replica has narrowed to its share.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let rows = 90_000 + 100_000 / 3;
+    loop {
+        let held = replica_rows(&c, &s).await;
+        if held.iter().sum::<i64>() == 3 * rows - (3 - 2) * (100_000 / 3) {
+            assert!(held.iter().all(|&h| h > rows / 2 && h < rows), "{held:?}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "{held:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // A worker leaves: the reads go on at once on the others.
+    let leaving = cluster.workers().next().unwrap();
+    leaving.shutdown();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while c.live_workers().len() > 3 {
+        assert!(Instant::now() < deadline, "the worker did not leave");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(sql(&c, &s, &format!("{check} ftx")).await, expected);
+    assert_eq!(sql(&c, &s, joined).await, expected_join);
+    sql(&c, &s, "UPDATE ftx SET v = 0 WHERE k <= 100").await;
+    assert_eq!(
+        sql(&c, &s, "SELECT count(*), sum(v) FROM ftx WHERE k <= 100").await,
         vec![vec![90, 0]]
     );
 }

@@ -11,7 +11,7 @@
 //! the session's `gyre.statement_timeout` bounds the whole of it (waiting, starting
 //! and streaming): when it passes, the query fails and every node stops it.
 
-use crate::coordinator::{Coordinator, RegisteredQuery, StageReports};
+use crate::coordinator::{Coordinator, RegisteredQuery, Replan, StageReports};
 use crate::files::{FileCopyExec, FileSplitScanExec};
 use crate::modify::GyreModifyExec;
 use crate::progress::{ReadTotals, STATEMENT};
@@ -232,29 +232,84 @@ impl QueryExecution {
 
     /// The result as a stream; the query ends (and commits) when the stream is
     /// exhausted, fails, or is dropped. A query that only reads ends on the workers
-    /// after its last batch went out, not before.
-    pub fn into_stream(self) -> SendableRecordBatchStream {
+    /// after its last batch went out, not before. With `replan`, a read that lost a
+    /// worker before its first batch went out runs once more on the remaining workers
+    /// ([`Coordinator::lost_worker`]).
+    pub fn into_stream(self, replan: Option<Replan>) -> SendableRecordBatchStream {
         let schema = Arc::clone(&self.schema);
-        let stream = futures::stream::unfold(Some(self), |state| async move {
-            let mut ex = state?;
-            match ex.next().await {
-                Some(Ok(batch)) => Some((Ok(batch), Some(ex))),
-                Some(Err(e)) => {
-                    ex.finish(false, false).await;
-                    Some((Err(e), None))
-                }
-                None if ex.reads_only => {
-                    ex.finish_in_background();
-                    None
-                }
-                None => {
-                    ex.finish(true, false).await;
-                    None
+        let state = Streaming {
+            replan: replan.filter(|_| self.reads_only),
+            execution: self,
+            sent: false,
+        };
+        let stream = futures::stream::unfold(Some(state), |state| async move {
+            let Streaming {
+                mut execution,
+                sent,
+                mut replan,
+            } = state?;
+            loop {
+                match execution.next().await {
+                    Some(Ok(batch)) => {
+                        let state = Streaming {
+                            execution,
+                            sent: true,
+                            replan,
+                        };
+                        return Some((Ok(batch), Some(state)));
+                    }
+                    Some(Err(e)) => {
+                        let workers = execution.workers.clone();
+                        let coordinator = Arc::clone(&execution.coordinator);
+                        let schema = Arc::clone(&execution.schema);
+                        execution.finish(false, false).await;
+                        let again = match replan.take() {
+                            Some(replan) if !sent => replan,
+                            _ => return Some((Err(e), None)),
+                        };
+                        let Some(death) = coordinator.lost_worker(&workers, &e).await else {
+                            return Some((Err(e), None));
+                        };
+                        let (state, dplan, workers) =
+                            match coordinator.plan_again(&again, e, &death).await {
+                                Ok(planned) => planned,
+                                Err(e) => return Some((Err(e), None)),
+                            };
+                        if dplan.final_stage().plan.schema() != schema {
+                            let e = DataFusionError::Execution(
+                                "the read planned again has another schema".into(),
+                            );
+                            return Some((Err(e), None));
+                        }
+                        execution =
+                            match QueryExecution::start(&coordinator, &state, &dplan, &workers)
+                                .await
+                            {
+                                Ok(execution) => execution,
+                                Err(e) => return Some((Err(e), None)),
+                            };
+                    }
+                    None if execution.reads_only => {
+                        execution.finish_in_background();
+                        return None;
+                    }
+                    None => {
+                        execution.finish(true, false).await;
+                        return None;
+                    }
                 }
             }
         });
         Box::pin(RecordBatchStreamAdapter::new(schema, stream))
     }
+}
+
+/// A result being streamed: the query, whether a batch went out, and what a retry
+/// needs while one may still run.
+struct Streaming {
+    execution: QueryExecution,
+    sent: bool,
+    replan: Option<Replan>,
 }
 
 /// Runs `work` until the statement's deadline, if it has one; past it, the error
@@ -334,6 +389,8 @@ pub struct DeferredQuery {
     pub(crate) workers: Vec<NodeId>,
     /// The state of the session that planned it (its settings and runtime).
     pub(crate) state: Box<SessionState>,
+    /// What planning it again needs, should it lose a worker.
+    pub(crate) replan: Box<Replan>,
 }
 
 impl DeferredQuery {
@@ -350,7 +407,7 @@ impl DeferredQuery {
         Ok(
             QueryExecution::start(coordinator, &self.state, &self.dplan, &self.workers)
                 .await?
-                .into_stream(),
+                .into_stream(Some(*self.replan)),
         )
     }
 }

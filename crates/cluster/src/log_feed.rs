@@ -28,8 +28,9 @@ use crate::snapshot_scan::KeyShare;
 use datafusion::common::{DataFusionError, Result};
 use futures::StreamExt;
 use futures::stream::BoxStream;
-use gyre_replica::Database;
+use gyre_replica::secondary::keep_share;
 use gyre_replica::ship::{Group, Publisher, PublisherConfig};
+use gyre_replica::{Database, Placement, Store, rendezvous};
 use hmac::{Hmac, Mac};
 use serde::{Deserialize, Serialize};
 use sha2::Sha256;
@@ -63,6 +64,57 @@ pub fn share_of(node: u32, workers: &[u32]) -> Option<KeyShare> {
     Some(KeyShare {
         index: index as u32,
         count: workers.len() as u32,
+        node,
+        workers: workers.to_vec(),
+    })
+}
+
+/// Whether a replica that holds `held` must start over to hold `now` of the tables of
+/// `store`: the share of partitioned and chunked tables changed, or rendezvous hashing
+/// gives it blocks of fragmented tables that it does not hold. Blocks it no longer
+/// holds need no new state (queries do not read them there), so a worker joining the
+/// cluster moves no data but its own share.
+pub fn must_move(held: Option<&KeyShare>, now: Option<&KeyShare>, store: &Store) -> bool {
+    let (Some(held), Some(now)) = (held, now) else {
+        return held != now;
+    };
+    let mut fragmented = std::collections::BTreeSet::new();
+    for t in store.tables() {
+        match t.def.placement {
+            Placement::Full => {}
+            Placement::Partitioned | Placement::Chunked => {
+                if (held.index, held.count) != (now.index, now.count) {
+                    return true;
+                }
+            }
+            Placement::Fragmented { replicas } => {
+                fragmented.insert(replicas);
+            }
+        }
+    }
+    fragmented.into_iter().any(|replicas| {
+        (0..rendezvous::BLOCKS).any(|b| {
+            rendezvous::holds(b, now.node, &now.workers, replicas)
+                && !rendezvous::holds(b, held.node, &held.workers, replicas)
+        })
+    })
+}
+
+/// Whether `now` holds fewer blocks of the fragmented tables of `store` than `held`
+/// (and no others): the replica can drop those it no longer holds.
+pub fn narrows(held: &KeyShare, now: &KeyShare, store: &Store) -> bool {
+    let fragmented: std::collections::BTreeSet<u8> = store
+        .tables()
+        .filter_map(|t| match t.def.placement {
+            Placement::Fragmented { replicas } => Some(replicas),
+            _ => None,
+        })
+        .collect();
+    fragmented.into_iter().any(|replicas| {
+        (0..rendezvous::BLOCKS).any(|b| {
+            rendezvous::holds(b, held.node, &held.workers, replicas)
+                && !rendezvous::holds(b, now.node, &now.workers, replicas)
+        })
     })
 }
 
@@ -87,6 +139,10 @@ pub enum FeedMessage {
     /// The subscriber's share changed to this: it subscribes again at once, for the
     /// state with its new share.
     Moved { share: Option<KeyShare> },
+    /// The subscriber's share shrank to this (it holds blocks of fragmented tables
+    /// that rendezvous hashing gave a worker that joined): it drops the others from
+    /// its replica, and the feed goes on.
+    Narrowed { share: KeyShare },
     /// Log groups (the log's frames) whose last entry has LSN `last`, shipped when
     /// the coordinator's clock read `shipped_us` (µs since the Unix epoch), to measure
     /// how far the secondaries lag behind.
@@ -194,6 +250,8 @@ pub struct LogFeed {
     multicast: Option<Group>,
     /// Workers subscribed now.
     subscribers: AtomicUsize,
+    /// Bytes of state sent to subscribers so far.
+    state_bytes: std::sync::atomic::AtomicU64,
 }
 
 impl LogFeed {
@@ -237,12 +295,19 @@ impl LogFeed {
             groups,
             multicast: group,
             subscribers: AtomicUsize::new(0),
+            state_bytes: Default::default(),
         }))
     }
 
     /// How many workers follow the log now.
     pub fn subscribers(&self) -> usize {
         self.subscribers.load(Ordering::Relaxed)
+    }
+
+    /// Bytes of state sent to subscribing workers since the feed started: what
+    /// placing the transactional tables on the workers moved.
+    pub fn state_bytes(&self) -> u64 {
+        self.state_bytes.load(Ordering::Relaxed)
     }
 
     /// A subscription of worker `node`: encoded [`FeedMessage`]s, the state first,
@@ -289,16 +354,26 @@ impl LogFeed {
                 None => break vec![],
             }
         };
-        let share = share_of(node, &live);
+        let mut share = share_of(node, &live);
         // The log makes a group durable before it ships it: every group shipped
         // before this request (which came after the subscriber began to listen) is at
         // or below the durable LSN now.
         let store = self.state_after(self.db.durable_lsn()).await?;
         let lsn = store.lsn;
-        let bytes = tokio::task::spawn_blocking(move || gyre_replica::checkpoint::to_bytes(&store))
-            .await
-            .map_err(|e| DataFusionError::Execution(format!("encoding the state: {e}")))?
-            .map_err(replica_err)?;
+        // Only the rows the subscriber keeps cross the network.
+        let kept = share.clone();
+        let bytes = tokio::task::spawn_blocking(move || {
+            let mut store = Store::clone(&store);
+            if let Some(share) = &kept {
+                keep_share(&mut store, share)?;
+            }
+            gyre_replica::checkpoint::to_bytes(&store)
+        })
+        .await
+        .map_err(|e| DataFusionError::Execution(format!("encoding the state: {e}")))?
+        .map_err(replica_err)?;
+        self.state_bytes
+            .fetch_add(bytes.len() as u64, Ordering::Relaxed);
         tracing::info!(
             node,
             lsn,
@@ -312,7 +387,7 @@ impl LogFeed {
                 lsn,
                 piece: piece.to_vec(),
                 done: pieces.peek().is_none(),
-                share,
+                share: share.clone(),
             };
             if tx.send(Ok(message.encode())).await.is_err() {
                 return Ok(());
@@ -330,18 +405,29 @@ impl LogFeed {
                 received = async { groups.as_mut().expect("guarded").recv().await },
                     if groups.is_some() => received,
                 _ = check.tick() => {
-                    let Some(now) = workers()
-                        .map(|live| share_of(node, &live))
-                        .filter(|now| *now != share)
-                    else {
+                    let Some(now) = workers().map(|live| share_of(node, &live)) else {
                         continue;
                     };
+                    let store = self.db.snapshot();
+                    if !must_move(share.as_ref(), now.as_ref(), &store) {
+                        if let (Some(held), Some(now)) = (&share, &now)
+                            && narrows(held, now, &store)
+                        {
+                            tracing::info!(node, "the workers changed: worker {node} narrows to {now}");
+                            let message = FeedMessage::Narrowed { share: now.clone() };
+                            if tx.send(Ok(message.encode())).await.is_err() {
+                                return Ok(());
+                            }
+                            share = Some(now.clone());
+                        }
+                        continue;
+                    }
                     tracing::info!(
                         node,
                         "the workers changed: worker {node} now holds {} of the partitioned \
                          tables (it held {}) and starts over from the current state",
-                        now.map_or("every row".into(), |s| s.to_string()),
-                        share.map_or("every row".into(), |s| s.to_string()),
+                        now.as_ref().map_or("every row".into(), |s| s.to_string()),
+                        share.as_ref().map_or("every row".into(), |s| s.to_string()),
                     );
                     let _ = tx.send(Ok(FeedMessage::Moved { share: now }.encode())).await;
                     return Ok(());
@@ -404,17 +490,83 @@ impl LogFeed {
 
 #[cfg(test)]
 mod tests {
-    use super::{LogKey, share_of};
+    use super::{LogKey, must_move, narrows, share_of};
     use crate::snapshot_scan::KeyShare;
+    use gyre_replica::{Column, ColumnType, Placement, Store, TableDef, TableId};
 
     #[test]
     fn a_workers_share_is_its_place_among_the_live_workers() {
         assert_eq!(
             share_of(7, &[2, 7, 9]),
-            Some(KeyShare { index: 1, count: 3 })
+            Some(KeyShare {
+                index: 1,
+                count: 3,
+                node: 7,
+                workers: vec![2, 7, 9]
+            })
         );
         assert_eq!(share_of(4, &[2, 7, 9]), None);
         assert_eq!(share_of(4, &[]), None);
+    }
+
+    fn store_with(placements: &[Placement]) -> Store {
+        let mut store = Store::default();
+        for (i, &placement) in placements.iter().enumerate() {
+            store
+                .create_table(TableDef {
+                    id: TableId(i as u32),
+                    name: format!("t{i}"),
+                    columns: vec![Column::new("k", ColumnType::Int64, false)],
+                    key: vec![0],
+                    placement,
+                })
+                .unwrap();
+        }
+        store
+    }
+
+    #[test]
+    fn only_a_worker_given_blocks_it_lacks_starts_over() {
+        let fragmented = store_with(&[Placement::Full, Placement::Fragmented { replicas: 2 }]);
+        let partitioned = store_with(&[Placement::Partitioned]);
+        let before = [1, 2, 3, 4];
+        let joined = [1, 2, 3, 4, 5];
+        let left = [1, 2, 4];
+        for node in before {
+            let held = share_of(node, &before);
+            // A worker joining takes blocks from the others; none of them gains any.
+            assert!(!must_move(
+                held.as_ref(),
+                share_of(node, &joined).as_ref(),
+                &fragmented
+            ));
+            // The shares of a partitioned table are places among the workers: they
+            // change for every worker whose place or count changes.
+            assert!(must_move(
+                held.as_ref(),
+                share_of(node, &joined).as_ref(),
+                &partitioned
+            ));
+            // A worker leaving hands its blocks to the others.
+            if node != 3 {
+                assert!(must_move(
+                    held.as_ref(),
+                    share_of(node, &left).as_ref(),
+                    &fragmented
+                ));
+            }
+        }
+        // Each worker gives the newcomer blocks of the fragmented table: it narrows.
+        for node in before {
+            let (held, now) = (share_of(node, &before), share_of(node, &joined));
+            let (held, now) = (held.unwrap(), now.unwrap());
+            assert!(narrows(&held, &now, &fragmented));
+            assert!(!narrows(&held, &now, &partitioned));
+            assert!(!narrows(&held, &held, &fragmented));
+        }
+        // Not among the workers any more, or not yet: every row.
+        assert!(must_move(share_of(1, &before).as_ref(), None, &fragmented));
+        assert!(!must_move(None, None, &fragmented));
     }
 
     #[test]

@@ -34,24 +34,101 @@ use datafusion::physical_plan::{
 use futures::{StreamExt, TryStreamExt};
 use gyre_exchange::key_hash::hash_keys;
 pub use gyre_replica::Placement;
+use gyre_replica::rendezvous;
 use gyre_replica::secondary::Share;
 use gyre_replica::{TableDef, Value};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::sync::Arc;
 
-/// The rows whose primary key hashes to `index` of `count`: worker `index`'s share of
-/// a transactional table.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// A worker's share of the transactional tables whose rows are split: worker `index`
+/// of `count` (by the place of `node` among the live `workers`, as queries number
+/// them) holds the rows of partitioned tables whose primary key hashes to `index`, the
+/// chunks of chunked tables numbered `index` modulo `count`, and the blocks of
+/// fragmented tables that rendezvous hashing gives `node` among `workers`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KeyShare {
     pub index: u32,
     pub count: u32,
+    pub node: u32,
+    pub workers: Vec<u32>,
 }
 
 impl fmt::Display for KeyShare {
     fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(f, "share {} of {}", self.index, self.count)
+        write!(
+            f,
+            "share {} of {} (worker {} among {:?})",
+            self.index, self.count, self.node, self.workers
+        )
     }
+}
+
+/// What a scan needs a worker's replica to hold.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Need {
+    /// Every row (a fully replicated table).
+    Every,
+    /// Share `index` of `count` of a partitioned or chunked table.
+    Share { index: u32, count: u32 },
+    /// The blocks of a fragmented table with `replicas` copies that `node` reads
+    /// among the query's `readers`.
+    Blocks {
+        node: u32,
+        readers: Vec<u32>,
+        replicas: u8,
+    },
+}
+
+impl Need {
+    /// Whether a replica that holds `held` (`None`: every row) holds what is needed.
+    pub fn covered_by(&self, held: Option<&KeyShare>) -> bool {
+        let Some(held) = held else { return true };
+        match self {
+            Need::Every => true,
+            Need::Share { index, count } => {
+                (held.index, held.count) == (*index, *count) || held.count <= 1
+            }
+            Need::Blocks {
+                node,
+                readers,
+                replicas,
+            } => {
+                held.node == *node
+                    && (0..rendezvous::BLOCKS).all(|b| {
+                        rendezvous::reader(b, readers) != Some(*node)
+                            || rendezvous::holds(b, *node, &held.workers, *replicas)
+                    })
+            }
+        }
+    }
+}
+
+impl fmt::Display for Need {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        match self {
+            Need::Every => write!(f, "every row"),
+            Need::Share { index, count } => write!(f, "share {index} of {count}"),
+            Need::Blocks { node, readers, .. } => {
+                write!(f, "the blocks worker {node} reads among {readers:?}")
+            }
+        }
+    }
+}
+
+/// The block of each row of a fragmented table, by its key columns.
+fn blocks_of(keys: &[ArrayRef], rows: usize) -> Result<Vec<u64>> {
+    let mut hashes = Vec::new();
+    hash_keys(keys, rows, &mut hashes)?;
+    Ok(hashes.into_iter().map(rendezvous::block_of).collect())
+}
+
+/// Which rows fall in the blocks marked in `blocks`.
+pub fn block_mask(keys: &[ArrayRef], rows: usize, blocks: &[bool]) -> Result<BooleanArray> {
+    Ok(blocks_of(keys, rows)?
+        .into_iter()
+        .map(|b| Some(blocks[b as usize]))
+        .collect())
 }
 
 impl KeyShare {
@@ -62,19 +139,26 @@ impl KeyShare {
         keys: &[ArrayRef],
         rows: usize,
     ) -> Result<BooleanArray> {
-        if self.count <= 1 {
-            return Ok(BooleanArray::from(vec![true; rows]));
-        }
-        if placement == Placement::Chunked {
-            let numbers = keys
-                .first()
-                .and_then(|k| k.as_any().downcast_ref::<Int64Array>())
-                .ok_or_else(|| internal_datafusion_err!("a chunked table's key is its row id"))?;
-            let (index, count) = (i64::from(self.index), i64::from(self.count));
-            return Ok(numbers
-                .iter()
-                .map(|n| Some(Placement::chunk_of(n.unwrap_or(0)) % count == index))
-                .collect());
+        match placement {
+            Placement::Fragmented { replicas } => {
+                let held = rendezvous::held_blocks(self.node, &self.workers, replicas);
+                return block_mask(keys, rows, &held);
+            }
+            _ if self.count <= 1 => return Ok(BooleanArray::from(vec![true; rows])),
+            Placement::Chunked => {
+                let numbers = keys
+                    .first()
+                    .and_then(|k| k.as_any().downcast_ref::<Int64Array>())
+                    .ok_or_else(|| {
+                        internal_datafusion_err!("a chunked table's key is its row id")
+                    })?;
+                let (index, count) = (i64::from(self.index), i64::from(self.count));
+                return Ok(numbers
+                    .iter()
+                    .map(|n| Some(Placement::chunk_of(n.unwrap_or(0)) % count == index))
+                    .collect());
+            }
+            Placement::Full | Placement::Partitioned => {}
         }
         let mut hashes = Vec::new();
         hash_keys(keys, rows, &mut hashes)?;
@@ -161,8 +245,12 @@ impl SnapshotScanExec {
             })
             .collect();
         let partitioning = match key_exprs {
-            // A chunked table's workers hold runs of row numbers, not hashes of them.
-            Some(exprs) if !exprs.is_empty() && table.placement != Placement::Chunked => {
+            // A chunked table's workers hold runs of row numbers, not hashes of them, and
+            // a fragmented table's the blocks rendezvous hashing gives them.
+            Some(exprs)
+                if !exprs.is_empty()
+                    && matches!(table.placement, Placement::Full | Placement::Partitioned) =>
+            {
                 Partitioning::Hash(exprs, workers)
             }
             _ => Partitioning::UnknownPartitioning(workers),
@@ -199,9 +287,10 @@ impl DisplayAs for SnapshotScanExec {
              partitioning={}",
             self.table.name,
             match self.table.placement {
-                Placement::Full => "",
-                Placement::Partitioned => " (partitioned)",
-                Placement::Chunked => " (chunked)",
+                Placement::Full => String::new(),
+                Placement::Partitioned => " (partitioned)".to_string(),
+                Placement::Chunked => " (chunked)".to_string(),
+                Placement::Fragmented { replicas } => format!(" (fragmented, {replicas} copies)"),
             },
             self.lsn,
             cols.join(", "),
@@ -267,19 +356,50 @@ impl ExecutionPlan for SnapshotScanExec {
             })?;
         let read = context.session_config().get_extension::<ReadCounters>();
         let (table, lsn, projection) = (self.table.name.clone(), self.lsn, self.projection.clone());
-        let share = KeyShare {
-            index: partition as u32,
-            count: workers as u32,
-        };
         let placement = self.table.placement;
+        let (index, count) = (partition as u32, workers as u32);
+        // What this partition reads, and the rows of its replica it keeps: a fragmented
+        // table's blocks whose reader among the query's workers it is, else its share
+        // of the key's hash (or of the chunks).
+        let (need, read_blocks) = match placement {
+            Placement::Fragmented { replicas } => {
+                let qc = context
+                    .session_config()
+                    .get_extension::<gyre_exchange::QueryContext>()
+                    .ok_or_else(|| internal_datafusion_err!("a scan outside of a query"))?;
+                if qc.workers.len() != workers {
+                    return internal_err!(
+                        "scan of '{}' has {workers} partitions for {} workers",
+                        self.table.name,
+                        qc.workers.len()
+                    );
+                }
+                let node = qc.workers[partition];
+                let readers = qc.workers.clone();
+                let blocks = rendezvous::read_blocks(node, &readers);
+                let need = Need::Blocks {
+                    node,
+                    readers,
+                    replicas,
+                };
+                (need, Some(blocks))
+            }
+            _ if placement.splits_rows() => (Need::Share { index, count }, None),
+            _ => (Need::Every, None),
+        };
+        let share = KeyShare {
+            index,
+            count,
+            node: 0,
+            workers: vec![],
+        };
         let partitioned = placement.splits_rows();
         let batches = async move {
-            let (snapshot, holds_more) = secondary
-                .read(&table, lsn, partitioned.then_some(share))
-                .await?;
+            let (snapshot, holds_more) = secondary.read(&table, lsn, &need).await?;
             // A partitioned table's replica holds this worker's share only, unless it
-            // holds every row (the snapshot is from before the workers changed).
-            let filter = workers > 1 && (!partitioned || holds_more);
+            // holds every row (the snapshot is from before the workers changed); a
+            // fragmented table's holds every block this worker reads, and others.
+            let filter = read_blocks.is_some() || (workers > 1 && (!partitioned || holds_more));
             let key = &snapshot.def().key;
             let mut out = Vec::new();
             for batch in snapshot.batches() {
@@ -288,7 +408,11 @@ impl ExecutionPlan for SnapshotScanExec {
                 } else {
                     let keys: Vec<ArrayRef> =
                         key.iter().map(|&k| Arc::clone(batch.column(k))).collect();
-                    filter_record_batch(&batch, &share.mask(placement, &keys, batch.num_rows())?)?
+                    let mask = match &read_blocks {
+                        Some(blocks) => block_mask(&keys, batch.num_rows(), blocks)?,
+                        None => share.mask(placement, &keys, batch.num_rows())?,
+                    };
+                    filter_record_batch(&batch, &mask)?
                 };
                 if mine.num_rows() == 0 {
                     continue;
@@ -335,7 +459,7 @@ impl ExecutionPlan for SnapshotScanExec {
 
 #[cfg(test)]
 mod tests {
-    use super::{SnapshotScanExec, SnapshotTable};
+    use super::{SnapshotScanExec, SnapshotTable, rendezvous};
     use arrow::array::ArrayRef;
     use arrow::datatypes::{DataType, Field, Schema};
     use datafusion::physical_plan::{ExecutionPlan, Partitioning};
@@ -377,49 +501,77 @@ mod tests {
         assert!(scan(vec![0], Some(vec![5])).is_err());
     }
 
-    /// The rows a partitioned replica keeps (by the keys' values, as the log brings
-    /// them) are those a scan of the whole table picks for the same worker (by its
-    /// Arrow columns), and the shares hold every row once.
+    /// The rows a partitioned or fragmented replica keeps (by the keys' values, as the
+    /// log brings them) are those a scan of the whole table picks for the same worker
+    /// (by its Arrow columns); the shares hold every row as many times as the
+    /// placement keeps copies, and a query's readers read each row once, from a worker
+    /// that holds it.
     #[test]
     fn a_share_by_values_matches_the_scans_filter() {
-        use super::KeyShare;
+        use super::{KeyShare, block_mask};
         use gyre_replica::secondary::Share;
         use gyre_replica::{Column, ColumnType, Placement, TableDef, TableId, Value};
-        let def = TableDef {
-            id: TableId(0),
-            name: "t".into(),
-            columns: vec![
-                Column::new("v", ColumnType::Float64, true),
-                Column::new("w", ColumnType::Int32, false),
-                Column::new("name", ColumnType::Text, false),
-            ],
-            key: vec![1, 2],
-            placement: Placement::Partitioned,
-        };
-        let rows: Vec<Vec<Value>> = (0..1000)
-            .map(|i| {
-                vec![
-                    Value::Float(i as f64),
-                    Value::Int(i % 7),
-                    Value::Text(format!("n{i}").into()),
-                ]
-            })
-            .collect();
-        let keys: Vec<Vec<Value>> = rows.iter().map(|r| def.key_values(r)).collect();
-        let batch = gyre_replica::columnar::to_batch(&def.columns, rows.iter().map(Vec::as_slice));
-        let key_columns = [batch.column(1).clone(), batch.column(2).clone()];
-        let mut holders = vec![0; rows.len()];
-        for index in 0..3 {
-            let share = KeyShare { index, count: 3 };
-            let by_values = share.owns(&def, &keys).unwrap();
-            let by_columns = share.mask(def.placement, &key_columns, rows.len()).unwrap();
-            for (i, owned) in by_values.iter().enumerate() {
-                assert_eq!(*owned, by_columns.value(i), "row {i}, {share}");
-                holders[i] += usize::from(*owned);
+        for placement in [
+            Placement::Partitioned,
+            Placement::Fragmented { replicas: 2 },
+        ] {
+            let def = TableDef {
+                id: TableId(0),
+                name: "t".into(),
+                columns: vec![
+                    Column::new("v", ColumnType::Float64, true),
+                    Column::new("w", ColumnType::Int32, false),
+                    Column::new("name", ColumnType::Text, false),
+                ],
+                key: vec![1, 2],
+                placement,
+            };
+            let rows: Vec<Vec<Value>> = (0..1000)
+                .map(|i| {
+                    vec![
+                        Value::Float(i as f64),
+                        Value::Int(i % 7),
+                        Value::Text(format!("n{i}").into()),
+                    ]
+                })
+                .collect();
+            let keys: Vec<Vec<Value>> = rows.iter().map(|r| def.key_values(r)).collect();
+            let batch =
+                gyre_replica::columnar::to_batch(&def.columns, rows.iter().map(Vec::as_slice));
+            let key_columns = [batch.column(1).clone(), batch.column(2).clone()];
+            let workers = vec![11, 12, 13];
+            let mut holders = vec![0; rows.len()];
+            let mut readers = vec![0; rows.len()];
+            for index in 0..3 {
+                let node = workers[index as usize];
+                let share = KeyShare {
+                    index,
+                    count: 3,
+                    node,
+                    workers: workers.clone(),
+                };
+                let by_values = share.owns(&def, &keys).unwrap();
+                let by_columns = share.mask(def.placement, &key_columns, rows.len()).unwrap();
+                let reads = rendezvous::read_blocks(node, &workers);
+                let read = block_mask(&key_columns, rows.len(), &reads).unwrap();
+                for (i, owned) in by_values.iter().enumerate() {
+                    assert_eq!(*owned, by_columns.value(i), "row {i}, {share}");
+                    holders[i] += usize::from(*owned);
+                    if placement != Placement::Partitioned && read.value(i) {
+                        assert!(*owned, "row {i} read by worker {node}, which lacks it");
+                        readers[i] += 1;
+                    }
+                }
+                assert!(by_values.iter().filter(|o| **o).count() > 250, "{share}");
             }
-            assert!(by_values.iter().filter(|o| **o).count() > 250, "{share}");
+            assert!(
+                holders.iter().all(|&h| h == placement.copies(3)),
+                "{placement:?}"
+            );
+            if placement != Placement::Partitioned {
+                assert!(readers.iter().all(|&r| r == 1));
+            }
         }
-        assert!(holders.iter().all(|&h| h == 1));
     }
 
     /// A chunked table's shares are runs of `CHUNK_ROWS` row numbers dealt in turn, the
@@ -445,7 +597,12 @@ mod tests {
         let keys: Vec<Vec<Value>> = (1..=n).map(|i| vec![Value::Int(i)]).collect();
         let column: ArrayRef = Arc::new(arrow::array::Int64Array::from_iter_values(1..=n));
         for index in 0..3 {
-            let share = KeyShare { index, count: 3 };
+            let share = KeyShare {
+                index,
+                count: 3,
+                node: index,
+                workers: vec![0, 1, 2],
+            };
             let by_values = share.owns(&def, &keys).unwrap();
             let by_columns = share
                 .mask(def.placement, std::slice::from_ref(&column), keys.len())

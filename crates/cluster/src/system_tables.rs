@@ -87,6 +87,8 @@ pub fn workers_schema() -> SchemaRef {
         // Its replica of the transactional tables.
         u64("replayed_lsn"),
         u64("replica_rows"),
+        // Bytes of the primary's state received to start replicas from.
+        u64("replica_state_bytes"),
         u64("replayed_entries"),
         Field::new("replay_seconds", DataType::Float64, false),
         Field::new("replay_lag_ms_p99", DataType::Float64, true),
@@ -192,6 +194,7 @@ fn batch(workers: &[(u32, String, WorkerStats)]) -> Result<RecordBatch> {
         u64s(|s| s.queries),
         u64s(|s| s.secondary.lsn),
         u64s(|s| s.secondary.rows),
+        u64s(|s| s.secondary.state_bytes),
         u64s(|s| s.secondary.entries),
         Arc::new(Float64Array::from_iter_values(
             workers.iter().map(|(_, _, s)| s.secondary.replay_seconds),

@@ -108,6 +108,9 @@ pub enum Replication {
     /// Transactional and durable, each worker holding runs of consecutive rows (tables
     /// without a primary key only).
     Chunked,
+    /// Transactional and durable, each block of rows held by `gyre.replicas` workers
+    /// chosen by rendezvous hashing.
+    Fragmented,
 }
 
 impl Replication {
@@ -117,8 +120,10 @@ impl Replication {
             "full" => Ok(Self::Full),
             "partitioned" => Ok(Self::Partitioned),
             "chunked" => Ok(Self::Chunked),
+            "fragmented" => Ok(Self::Fragmented),
             other => Err(invalid(format!(
-                "gyre.replication is none, full, partitioned or chunked, not '{other}'"
+                "gyre.replication is none, full, partitioned, chunked or fragmented, not \
+                 '{other}'"
             ))),
         }
     }
@@ -129,6 +134,7 @@ impl Replication {
             Self::Full => "full",
             Self::Partitioned => "partitioned",
             Self::Chunked => "chunked",
+            Self::Fragmented => "fragmented",
         }
     }
 }
@@ -160,6 +166,8 @@ pub struct GyreOptions {
     pub statement_timeout: std::time::Duration,
     /// `gyre.replication`.
     pub replication: Replication,
+    /// `gyre.replicas`: copies of each block of a fragmented table.
+    pub replicas: u8,
 }
 
 impl Default for GyreOptions {
@@ -179,6 +187,7 @@ impl Default for GyreOptions {
             },
             statement_timeout: std::time::Duration::ZERO,
             replication: Replication::None,
+            replicas: DEFAULT_REPLICAS,
         }
     }
 }
@@ -191,8 +200,13 @@ impl ConfigExtension for GyreOptions {
 /// Neo-Join's assignment must save to be used (`None`: `auto` plans no Neo-Joins).
 pub const DEFAULT_NEO_MIN_SAVING: Option<u32> = Some(25);
 
+/// Copies of each block of a fragmented table unless `gyre.replicas` or `WITH
+/// (replicas = ...)` says otherwise: one worker may die without a query noticing more
+/// than a retry.
+pub const DEFAULT_REPLICAS: u8 = 2;
+
 /// Every setting with its description, in the order `SHOW ALL` lists them.
-const SETTINGS: [(&str, &str); 22] = [
+const SETTINGS: [(&str, &str); 23] = [
     (
         "compression",
         "Arrow IPC compression of data sent between workers: none, lz4, zstd, or auto \
@@ -237,7 +251,15 @@ const SETTINGS: [(&str, &str); 22] = [
         "Where tables created without WITH (replication = ...) live: none (default: in \
          the workers' memory only), full, partitioned or chunked (transactional tables, \
          durable under --data-dir, each worker holding every row, its share of them by \
-         key, or runs of consecutive rows of a table without a primary key).",
+         key, or runs of consecutive rows of a table without a primary key), or \
+         fragmented (transactional, each block of rows on gyre.replicas workers chosen \
+         by rendezvous hashing).",
+    ),
+    (
+        "replicas",
+        "Copies of each block of a table created with replication 'fragmented' (or WITH \
+         (replicas = ...)), from 1 to 16 (default 2): that many workers less one may die \
+         without losing a block.",
     ),
     (
         "skew_detection",
@@ -353,6 +375,7 @@ impl GyreOptions {
             "skew_fetch" => on_off(s.fetch),
             "statement_timeout" => duration_text(self.statement_timeout),
             "replication" => self.replication.name().to_string(),
+            "replicas" => self.replicas.to_string(),
             "neo_partitions" => match self.neo.partitions {
                 0 => "auto".to_string(),
                 p => p.to_string(),
@@ -419,6 +442,7 @@ impl ExtensionOptions for GyreOptions {
             "skew_fetch" => s.fetch = parse_on_off(&name, value)?,
             "statement_timeout" => next.statement_timeout = parse_duration(&name, value)?,
             "replication" => next.replication = Replication::parse(value)?,
+            "replicas" => next.replicas = parse_count(&name, value, 1, 16)? as u8,
             "neo_partitions" => {
                 next.neo.partitions = match value.trim().eq_ignore_ascii_case("auto") {
                     true => 0,
@@ -647,8 +671,9 @@ mod tests {
             (
                 "gyre.replication",
                 "twice",
-                "none, full, partitioned or chunked",
+                "none, full, partitioned, chunked or fragmented",
             ),
+            ("gyre.replicas", "0", "from 1 to 16"),
             ("gyre.nothing", "1", "gyre.join_strategy"),
         ] {
             let e = c.set(bad, value).unwrap_err().to_string();

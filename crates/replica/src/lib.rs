@@ -12,6 +12,7 @@
 //!   after it.
 //! - [`database`]: all of it together, with recovery on open.
 //! - [`columnar`]: rows to Arrow batches and back.
+//! - [`rendezvous`]: where the blocks of a fragmented table live.
 //! - [`ship`]: the log multicast to secondaries, with NAK-based repair.
 //! - [`secondary`]: replay of the shipped log into versioned tables.
 //! - [`versioned`]: a secondary's tables, Arrow batches with row versions, and
@@ -25,6 +26,7 @@ pub mod key;
 pub mod log;
 pub mod procedure;
 mod published;
+pub mod rendezvous;
 pub mod secondary;
 pub mod ship;
 pub mod store;

@@ -37,6 +37,26 @@ pub trait Share: Send + Sync {
     fn owns(&self, table: &TableDef, keys: &[Vec<Value>]) -> Result<Vec<bool>>;
 }
 
+/// Drops from `store` the rows of split tables that `share` does not own: what a
+/// secondary with that share starts from (the primary sends no more than that).
+pub fn keep_share(store: &mut Store, share: &dyn Share) -> Result<()> {
+    let split: Vec<_> = store
+        .tables()
+        .filter(|t| t.def.placement.splits_rows())
+        .map(|t| t.def.id)
+        .collect();
+    for id in split {
+        let table = store.table(id)?;
+        let keys: Vec<Vec<Value>> = table.rows.keys().map(Key::values).collect();
+        let keep = share.owns(&table.def, &keys)?;
+        if keep.iter().all(|k| *k) {
+            continue;
+        }
+        store.retain_rows(id, &keep)?;
+    }
+    Ok(())
+}
+
 pub struct Secondary {
     rows: Store,
     versions: VersionedStore,
@@ -80,17 +100,7 @@ impl Secondary {
         procedures: Procedures,
         share: Arc<dyn Share>,
     ) -> Result<Self> {
-        let partitioned: Vec<_> = store
-            .tables()
-            .filter(|t| t.def.placement.splits_rows())
-            .map(|t| t.def.id)
-            .collect();
-        for id in partitioned {
-            let table = store.table(id)?;
-            let keys: Vec<Vec<Value>> = table.rows.keys().map(Key::values).collect();
-            let keep = share.owns(&table.def, &keys)?;
-            store.retain_rows(id, &keep)?;
-        }
+        keep_share(&mut store, share.as_ref())?;
         let mut secondary = Self::from_state(store, procedures)?;
         secondary.share = Some(share);
         Ok(secondary)

@@ -59,6 +59,12 @@ pub enum Placement {
     /// together (the time-of-creation locality Neo-Join exploits) while the
     /// secondaries together hold the table once. Logged as a partitioned table is.
     Chunked,
+    /// Each row lives in the block its key hashes to ([`crate::rendezvous::BLOCKS`]
+    /// of them), and each block on the `replicas` secondaries of highest rendezvous
+    /// weight ([`crate::rendezvous`]): losing fewer than `replicas` secondaries loses
+    /// no block, and a secondary that joins takes only its share. Logged as a
+    /// partitioned table is.
+    Fragmented { replicas: u8 },
 }
 
 /// Rows per chunk of a [`Placement::Chunked`] table.
@@ -71,6 +77,16 @@ impl Placement {
             Placement::Full => "full",
             Placement::Partitioned => "partitioned",
             Placement::Chunked => "chunked",
+            Placement::Fragmented { .. } => "fragmented",
+        }
+    }
+
+    /// The copies of each row the secondaries keep together, with `secondaries` of them.
+    pub fn copies(self, secondaries: usize) -> usize {
+        match self {
+            Placement::Full => secondaries,
+            Placement::Partitioned | Placement::Chunked => 1,
+            Placement::Fragmented { replicas } => usize::from(replicas).min(secondaries),
         }
     }
 
@@ -86,14 +102,19 @@ impl Placement {
     }
 }
 
-/// A placement by its name, in any case.
+/// A placement by its name, in any case (`fragmented` with two copies of each block).
 impl std::str::FromStr for Placement {
     type Err = String;
     fn from_str(s: &str) -> std::result::Result<Self, String> {
-        [Placement::Full, Placement::Partitioned, Placement::Chunked]
-            .into_iter()
-            .find(|p| s.eq_ignore_ascii_case(p.name()))
-            .ok_or_else(|| format!("placement {s}: expected full, partitioned or chunked"))
+        [
+            Placement::Full,
+            Placement::Partitioned,
+            Placement::Chunked,
+            Placement::Fragmented { replicas: 2 },
+        ]
+        .into_iter()
+        .find(|p| s.eq_ignore_ascii_case(p.name()))
+        .ok_or_else(|| format!("placement {s}: expected full, partitioned, chunked or fragmented"))
     }
 }
 
@@ -203,6 +224,15 @@ impl TableDef {
                 "table {}: chunked placement deals rows out by their row numbers, which only \
                  a table without a primary key has (use partitioned)",
                 self.name
+            )));
+        }
+        if let Placement::Fragmented { replicas } = self.placement
+            && !(1..=crate::rendezvous::MAX_REPLICAS).contains(&replicas)
+        {
+            return Err(Error::Constraint(format!(
+                "table {}: {replicas} replicas of each block; from 1 to {} are possible",
+                self.name,
+                crate::rendezvous::MAX_REPLICAS
             )));
         }
         let mut seen = std::collections::HashSet::new();

@@ -6,7 +6,8 @@
 //! - [`planning`]: a query's planning state and its stages;
 //! - [`queries`]: a query's lifecycle on the workers;
 //! - [`catalog`]: tables, in memory and following their files;
-//! - [`primary`]: transactional tables and transactions on the primary.
+//! - [`primary`]: transactional tables and transactions on the primary;
+//! - [`retry`]: a read that lost a worker, run again on the others.
 
 mod bench;
 mod catalog;
@@ -14,9 +15,11 @@ mod membership;
 mod planning;
 mod primary;
 mod queries;
+mod retry;
 mod statements;
 
 pub use primary::{PrimaryConfig, PrimaryFigures};
+pub use retry::Replan;
 
 use crate::codec::{GyreCodec, schema_to_bytes};
 use crate::execution::{DeferredQuery, QueryExecution};

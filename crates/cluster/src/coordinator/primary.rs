@@ -449,32 +449,51 @@ impl Coordinator {
                 self.call(session, &name, &args).await.map(Some)
             }
             SqlStatement::CreateTable(ct) => {
-                // WITH (replication = ...), else the session's gyre.replication.
+                // WITH (replication = ..., replicas = ...), else the session's
+                // gyre.replication and gyre.replicas.
                 let mut given = None;
-                if let CreateTableOptions::With(options) = &mut ct.table_options
-                    && let Some(at) = options.iter().position(
-                        |o| matches!(o, SqlOption::KeyValue { key, .. } if key.value.eq_ignore_ascii_case("replication")),
-                    )
-                {
-                    let SqlOption::KeyValue { value, .. } = options.remove(at) else {
-                        unreachable!()
-                    };
-                    given = Some(placement_of(&value)?);
+                let mut replicas = None;
+                if let CreateTableOptions::With(options) = &mut ct.table_options {
+                    if let Some(value) = take_option(options, "replication") {
+                        given = Some(placement_of(&value)?);
+                    }
+                    if let Some(value) = take_option(options, "replicas") {
+                        replicas = Some(replicas_of(&value)?);
+                    }
                     if options.is_empty() {
                         ct.table_options = CreateTableOptions::None;
                     }
                 }
                 // A temporary table is not one to keep.
                 let temporary = ct.temporary;
-                let default = || match GyreOptions::of(session.state().config_options()).replication
-                {
+                let settings = GyreOptions::of(session.state().config_options());
+                let default = || match settings.replication {
                     _ if temporary => None,
                     Replication::None => None,
                     Replication::Full => Some(Placement::Full),
                     Replication::Partitioned => Some(Placement::Partitioned),
                     Replication::Chunked => Some(Placement::Chunked),
+                    Replication::Fragmented => Some(Placement::Fragmented {
+                        replicas: settings.replicas,
+                    }),
                 };
-                let Some(placement) = given.unwrap_or_else(default) else {
+                let placement = match (given, replicas) {
+                    (None, None) => default(),
+                    // WITH (replicas = x) alone makes a fragmented table.
+                    (None, Some(replicas)) => Some(Placement::Fragmented { replicas }),
+                    (Some(Some(Placement::Fragmented { .. })), _) => Some(Placement::Fragmented {
+                        replicas: replicas.unwrap_or(settings.replicas),
+                    }),
+                    (Some(placement), None) => placement,
+                    (Some(_), Some(_)) => {
+                        return plan_err!(
+                            "WITH (replicas = ...) is for fragmented tables, not with \
+                             replication = {}",
+                            given.flatten().map_or("none", Placement::name)
+                        );
+                    }
+                };
+                let Some(placement) = placement else {
                     return Ok(None);
                 };
                 let workers = self.live_workers();
@@ -1010,5 +1029,37 @@ fn placement_of(value: &SqlExpr) -> Result<Option<Placement>> {
             return Ok(Some(placement));
         }
     }
-    plan_err!("replication takes 'none', 'full', 'partitioned' or 'chunked', not {value}")
+    plan_err!(
+        "replication takes 'none', 'full', 'partitioned', 'chunked' or 'fragmented', not \
+         {value}"
+    )
+}
+
+/// Removes the option `name` (in any case) from a CREATE TABLE's `WITH (...)`, giving
+/// its value.
+fn take_option(options: &mut Vec<SqlOption>, name: &str) -> Option<SqlExpr> {
+    let at = options.iter().position(
+        |o| matches!(o, SqlOption::KeyValue { key, .. } if key.value.eq_ignore_ascii_case(name)),
+    )?;
+    match options.remove(at) {
+        SqlOption::KeyValue { value, .. } => Some(value),
+        _ => None,
+    }
+}
+
+/// The copies of each block `WITH (replicas = ...)` asks for.
+fn replicas_of(value: &SqlExpr) -> Result<u8> {
+    let max = gyre_replica::rendezvous::MAX_REPLICAS;
+    let text = match value {
+        SqlExpr::Value(v) => match &v.value {
+            SqlValue::Number(n, _) => n.to_string(),
+            SqlValue::SingleQuotedString(s) => s.clone(),
+            _ => String::new(),
+        },
+        _ => String::new(),
+    };
+    match text.trim().parse::<u8>() {
+        Ok(n) if (1..=max).contains(&n) => Ok(n),
+        _ => plan_err!("replicas takes a whole number from 1 to {max}, not {value}"),
+    }
 }

@@ -139,6 +139,10 @@ impl Coordinator {
             dplan,
             workers,
             state: Box::new(state),
+            replan: Box::new(Replan {
+                session: session.clone(),
+                plan,
+            }),
         }))
     }
 
@@ -283,7 +287,45 @@ impl Coordinator {
                 let _one_at_a_time = self.modifying.lock().await;
                 self.run_query(state, plan, workers).await
             }
+            plan if is_plain_query(&plan) => self.run_read(session, state, plan, workers).await,
             plan => self.run_query(state, plan, workers).await,
+        }
+    }
+
+    /// Plans and runs a query that only reads, once more on the remaining workers if
+    /// it lost one of its workers ([`super::retry`]).
+    async fn run_read(
+        self: &Arc<Self>,
+        session: &SessionContext,
+        state: SessionState,
+        plan: LogicalPlan,
+        workers: Vec<NodeId>,
+    ) -> Result<StatementResult> {
+        let replan = Replan {
+            session: session.clone(),
+            plan,
+        };
+        let physical = state.create_physical_plan(&replan.plan).await?;
+        let dplan = self.distribute(state.config_options(), physical, workers.len())?;
+        let mut attempt = (state, dplan, workers);
+        let mut retried = false;
+        loop {
+            let (state, dplan, workers) = &attempt;
+            let error = match self.execute(state, dplan, workers, false).await {
+                Ok(run) => {
+                    return Ok(StatementResult {
+                        schema: dplan.final_stage().plan.schema(),
+                        batches: run.batches,
+                    });
+                }
+                Err(e) if retried || crate::execution::writes(dplan) => return Err(e),
+                Err(e) => e,
+            };
+            let Some(death) = self.lost_worker(workers, &error).await else {
+                return Err(error);
+            };
+            attempt = self.plan_again(&replan, error, &death).await?;
+            retried = true;
         }
     }
 

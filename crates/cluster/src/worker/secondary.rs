@@ -13,11 +13,12 @@
 //! Of partitioned tables it keeps only the rows of its [`KeyShare`], which the
 //! coordinator names with the state: its place among the live workers. When that
 //! place changes (a worker joined or left), the coordinator ends the feed and the
-//! worker starts over with its new share.
+//! worker starts over with its new share. A worker that only gives blocks of
+//! fragmented tables away (another joined) narrows its replica in place instead.
 
 use crate::log_feed::{FeedMessage, LogKey};
 use crate::protocol::{ControlClient, Request};
-use crate::snapshot_scan::KeyShare;
+use crate::snapshot_scan::{KeyShare, Need};
 use datafusion::common::{DataFusionError, Result};
 use futures::StreamExt;
 use gyre_replica::ship::{Group, Receiver, ReceiverConfig};
@@ -55,6 +56,10 @@ pub struct SecondaryFigures {
     /// The rows it holds: every row of fully replicated tables, its share of
     /// partitioned ones.
     pub rows: u64,
+    /// Bytes of the primary's state received since the worker started (each start
+    /// brings the worker's share of the split tables and every fully replicated row).
+    #[serde(default)]
+    pub state_bytes: u64,
     /// Log entries replayed since the worker started, and the time that took.
     pub entries: u64,
     pub replay_seconds: f64,
@@ -70,6 +75,7 @@ pub struct SecondaryFigures {
 #[derive(Debug, Default)]
 struct Figures {
     entries: u64,
+    state_bytes: u64,
     replay: Duration,
     lags_ms: std::collections::VecDeque<f64>,
     waits_ms: std::collections::VecDeque<f64>,
@@ -153,6 +159,7 @@ impl WorkerSecondary {
         SecondaryFigures {
             lsn: self.lsn(),
             rows,
+            state_bytes: f.state_bytes,
             entries: f.entries,
             replay_seconds: f.replay.as_secs_f64(),
             lag_ms_p99: quantile(&f.lags_ms, 0.99),
@@ -266,6 +273,14 @@ impl WorkerSecondary {
                             }
                             self.apply_log(last, frames, shipped_us).await?;
                         }
+                        FeedMessage::Narrowed { share } => {
+                            if !started {
+                                return Err(DataFusionError::Execution(
+                                    "the log feed narrowed a share before its state".into(),
+                                ));
+                            }
+                            self.narrow(node, share).await?;
+                        }
                         FeedMessage::Moved { share } => {
                             tracing::info!(node, ?share, "the workers changed: taking the new share");
                             return Ok(true);
@@ -292,7 +307,9 @@ impl WorkerSecondary {
         share: Option<KeyShare>,
     ) -> Result<()> {
         let procedures = self.procedures.clone();
-        let mut secondary = blocking(move || {
+        self.figures.lock().state_bytes += bytes.len() as u64;
+        let kept = share.clone();
+        let secondary = blocking(move || {
             let store = gyre_replica::checkpoint::from_bytes(bytes.into())?;
             if store.lsn != lsn {
                 return Err(gyre_replica::Error::Constraint(format!(
@@ -300,12 +317,30 @@ impl WorkerSecondary {
                     store.lsn
                 )));
             }
-            match share {
+            match kept {
                 Some(share) => Secondary::from_state_shared(store, procedures, Arc::new(share)),
                 None => Secondary::from_state(store, procedures),
             }
         })
         .await?;
+        self.install(secondary, share.clone());
+        self.states.fetch_add(1, Ordering::Relaxed);
+        *self.trouble.lock() = None;
+        // Not the larger of the two: a primary that restarted without its data
+        // directory counts from 0 again.
+        self.applied.send_replace(lsn);
+        tracing::info!(
+            node,
+            lsn,
+            ?share,
+            "secondary started from the primary's state"
+        );
+        Ok(())
+    }
+
+    /// Makes `secondary`, which holds `share`, the replica; the one it replaces stays
+    /// readable for [`RETIRED_FOR`].
+    fn install(&self, mut secondary: Secondary, share: Option<KeyShare>) {
         secondary.keep_snapshots(KEEP_SNAPSHOTS);
         let old = self.replica.lock().replace(Replica { secondary, share });
         if let Some(old) = old {
@@ -321,17 +356,30 @@ impl WorkerSecondary {
                 until: std::time::Instant::now() + RETIRED_FOR,
             });
         }
-        self.states.fetch_add(1, Ordering::Relaxed);
-        *self.trouble.lock() = None;
-        // Not the larger of the two: a primary that restarted without its data
-        // directory counts from 0 again.
-        self.applied.send_replace(lsn);
-        tracing::info!(
-            node,
-            lsn,
-            ?share,
-            "secondary started from the primary's state"
-        );
+    }
+
+    /// Keeps only `share` (less than the replica holds: rendezvous hashing gave
+    /// blocks to a worker that joined) by building the replica again from its own
+    /// rows, at the LSN it reached: the memory of the blocks given away is freed and
+    /// nothing crosses the network.
+    async fn narrow(&self, node: NodeId, share: KeyShare) -> Result<()> {
+        let Some(rows) = self
+            .replica
+            .lock()
+            .as_ref()
+            .map(|r| r.secondary.rows().clone())
+        else {
+            return Err(DataFusionError::Execution(
+                "the log feed narrowed a replica before its state".into(),
+            ));
+        };
+        let (procedures, kept) = (self.procedures.clone(), share.clone());
+        let lsn = rows.lsn;
+        let secondary =
+            blocking(move || Secondary::from_state_shared(rows, procedures, Arc::new(kept)))
+                .await?;
+        self.install(secondary, Some(share.clone()));
+        tracing::info!(node, lsn, ?share, "secondary narrowed to its new share");
         Ok(())
     }
 
@@ -377,21 +425,17 @@ impl WorkerSecondary {
     }
 
     /// `table` as of the global snapshot at `lsn`, once this worker has replayed it,
-    /// holding at least `share` of it for a partitioned table; and whether it holds
-    /// more than that share (every row), so that the scan has to pick its share out.
+    /// holding at least what the scan `need`s; and whether it holds more than a
+    /// partitioned table's share (every row), so that the scan has to pick its share
+    /// out.
     ///
     /// The snapshot comes from the replica, or from the one before it if the worker
     /// started over since the query was planned (within [`RETIRED_FOR`]). A replica
     /// that holds another share of the partitioned tables (the workers changed) is
     /// waited on until it has its new share.
-    pub async fn read(
-        &self,
-        table: &str,
-        lsn: u64,
-        share: Option<KeyShare>,
-    ) -> Result<(TableSnapshot, bool)> {
+    pub async fn read(&self, table: &str, lsn: u64, need: &Need) -> Result<(TableSnapshot, bool)> {
         let started = std::time::Instant::now();
-        let result = self.find(table, lsn, share).await;
+        let result = self.find(table, lsn, need).await;
         push_window(
             &mut self.figures.lock().waits_ms,
             started.elapsed().as_secs_f64() * 1e3,
@@ -399,23 +443,20 @@ impl WorkerSecondary {
         result
     }
 
-    async fn find(
-        &self,
-        table: &str,
-        lsn: u64,
-        share: Option<KeyShare>,
-    ) -> Result<(TableSnapshot, bool)> {
-        let covers = |held: Option<KeyShare>| match (share, held) {
-            (None, _) | (_, None) => true,
-            (Some(wanted), Some(held)) => held == wanted || held.count <= 1,
-        };
-        let found = |snapshot: &gyre_replica::versioned::Snapshot, held: Option<KeyShare>| {
+    async fn find(&self, table: &str, lsn: u64, need: &Need) -> Result<(TableSnapshot, bool)> {
+        let covers = |held: Option<&KeyShare>| need.covered_by(held);
+        let found = |snapshot: &gyre_replica::versioned::Snapshot, held: Option<&KeyShare>| {
             let t = snapshot.tables.get(table).cloned().ok_or_else(|| {
                 DataFusionError::Execution(format!(
                     "table '{table}' does not exist in the snapshot at LSN {lsn}"
                 ))
             })?;
-            Ok((t, share.is_some() && held != share))
+            let more = match (need, held) {
+                (Need::Share { .. }, None) => true,
+                (Need::Share { index, count }, Some(h)) => (h.index, h.count) != (*index, *count),
+                _ => false,
+            };
+            Ok((t, more))
         };
         let mut applied = self.applied.subscribe();
         let deadline = tokio::time::Instant::now() + SNAPSHOT_WAIT;
@@ -446,20 +487,20 @@ impl WorkerSecondary {
                         "this worker has no replica of the transactional tables".into(),
                     ));
                 };
-                let held = *held;
-                if covers(held)
+                let held = held.clone();
+                if covers(held.as_ref())
                     && let Some(snapshot) = secondary.snapshot_at(lsn)
                 {
-                    return found(snapshot, held);
+                    return found(snapshot, held.as_ref());
                 }
                 if let Some(retired) = self.retired.lock().as_ref()
                     && retired.until > std::time::Instant::now()
-                    && covers(retired.share)
+                    && covers(retired.share.as_ref())
                     && let Some(snapshot) = retired.snapshots.get(&lsn)
                 {
-                    return found(snapshot, retired.share);
+                    return found(snapshot, retired.share.as_ref());
                 }
-                if covers(held) {
+                if covers(held.as_ref()) {
                     let why = secondary
                         .missing_snapshot(lsn)
                         .unwrap_or_else(|| format!("no snapshot at LSN {lsn}"));
@@ -476,9 +517,8 @@ impl WorkerSecondary {
             {
                 return Err(DataFusionError::Execution(format!(
                     "reading '{table}' on this worker: it holds {} of the partitioned tables, \
-                     the query reads {} (the workers changed; a retry reads the new shares)",
+                     the query reads {need} (the workers changed; a retry reads the new shares)",
                     held.map_or("every row".to_string(), |s| s.to_string()),
-                    share.map_or(String::new(), |s| s.to_string()),
                 )));
             }
         }
