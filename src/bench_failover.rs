@@ -57,6 +57,25 @@ impl Drop for Proc {
     }
 }
 
+/// Starts processes of this binary (`gyre ARGS`) with a cluster secret of their own,
+/// standard output discarded.
+pub(crate) fn spawner(
+    name: &str,
+) -> Result<impl Fn(&[&str]) -> Result<Proc, BoxError> + use<>, BoxError> {
+    let exe = std::env::current_exe()?;
+    let secret = format!("{name} {}", rand::random::<u64>());
+    Ok(move |args: &[&str]| -> Result<Proc, BoxError> {
+        Ok(Proc(
+            Command::new(&exe)
+                .args(args)
+                .env("GYRE_SECRET", &secret)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .spawn()?,
+        ))
+    })
+}
+
 pub(crate) fn free_port() -> std::io::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
@@ -109,18 +128,7 @@ pub async fn run(args: FailoverArgs) -> Result<(), BoxError> {
             println!("{s}");
         }
     };
-    let exe = std::env::current_exe()?;
-    let secret = format!("bench failover {}", rand::random::<u64>());
-    let spawn = |args: &[&str]| -> Result<Proc, BoxError> {
-        Ok(Proc(
-            Command::new(&exe)
-                .args(args)
-                .env("GYRE_SECRET", &secret)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .spawn()?,
-        ))
-    };
+    let spawn = spawner("bench failover")?;
     let clients = (0..3)
         .map(|_| Ok(format!("127.0.0.1:{}", free_port()?)))
         .collect::<Result<Vec<_>, std::io::Error>>()?;

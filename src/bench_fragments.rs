@@ -11,14 +11,13 @@
 //! ideal (a newcomer takes `x / n` of the rows, nobody else anything).
 
 use crate::bench_cluster::{BoxError, write_outputs};
-use crate::bench_failover::{Proc, free_port};
+use crate::bench_failover::{free_port, spawner};
 use crate::client::RemoteClient;
 use crate::plot::{Series, grouped_bars};
 use clap::Args;
 use datafusion::arrow::array::{Array, Int64Array};
 use serde::Serialize;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 #[derive(Args)]
@@ -158,18 +157,7 @@ pub async fn run(args: FragmentsArgs) -> Result<(), BoxError> {
     if args.workers < 2 || args.replicas < 2 || usize::from(args.replicas) > args.workers {
         return Err("the bench needs at least two workers and 2 <= --replicas <= --workers".into());
     }
-    let exe = std::env::current_exe()?;
-    let secret = format!("bench fragments {}", rand::random::<u64>());
-    let spawn = |args: &[&str]| -> Result<Proc, BoxError> {
-        Ok(Proc(
-            Command::new(&exe)
-                .args(args)
-                .env("GYRE_SECRET", &secret)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .spawn()?,
-        ))
-    };
+    let spawn = spawner("bench fragments")?;
     let addr = format!("127.0.0.1:{}", free_port()?);
     let _coordinator = spawn(&["coordinator", "--listen", &addr])?;
     let worker = || spawn(&["worker", "--coordinator", &addr, "--threads", "1"]);

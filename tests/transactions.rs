@@ -1073,30 +1073,19 @@ async fn fragmented_tables_keep_copies_of_each_block() {
         .await;
         assert!(e.contains(named), "{bad}: {e}");
     }
-    sql(&c, &s, "SET gyre.replication = 'fragmented'").await;
-    sql(&c, &s, "SET gyre.replicas = 3").await;
-    sql(
-        &c,
-        &s,
+    for statement in [
+        "SET gyre.replication = 'fragmented'",
+        "SET gyre.replicas = 3",
         "CREATE TABLE ftx (k BIGINT PRIMARY KEY, v BIGINT, label VARCHAR)",
-    )
-    .await;
-    sql(&c, &s, "SET gyre.replication = 'none'").await;
-    sql(
-        &c,
-        &s,
+        "SET gyre.replication = 'none'",
         "CREATE TABLE f2 (k BIGINT PRIMARY KEY, v BIGINT) WITH (replicas = 2)",
-    )
-    .await;
-    sql(&c, &s, "INSERT INTO ftx SELECT * FROM src").await;
-    sql(
-        &c,
-        &s,
+        "INSERT INTO ftx SELECT * FROM src",
         "INSERT INTO f2 SELECT k, v FROM src WHERE k % 3 = 0",
-    )
-    .await;
-    sql(&c, &s, "UPDATE ftx SET v = v + 1 WHERE k % 2 = 0").await;
-    sql(&c, &s, "DELETE FROM ftx WHERE k % 10 = 5").await;
+        "UPDATE ftx SET v = v + 1 WHERE k % 2 = 0",
+        "DELETE FROM ftx WHERE k % 10 = 5",
+    ] {
+        sql(&c, &s, statement).await;
+    }
     let check = "SELECT count(*), sum(v), sum(length(label)), min(k), max(k) FROM ";
     let expected = sql(
         &c,
@@ -1128,10 +1117,11 @@ async fn fragmented_tables_keep_copies_of_each_block() {
     // Three copies of every row among the four workers, about 3/4 of them on each,
     // once every replica has narrowed to its share.
     let deadline = Instant::now() + Duration::from_secs(20);
-    let rows = 90_000 + 100_000 / 3;
+    let (ftx, f2) = (90_000, 100_000 / 3);
+    let rows = ftx + f2;
     loop {
         let held = replica_rows(&c, &s).await;
-        if held.iter().sum::<i64>() == 3 * rows - (3 - 2) * (100_000 / 3) {
+        if held.iter().sum::<i64>() == 3 * ftx + 2 * f2 {
             assert!(held.iter().all(|&h| h > rows / 2 && h < rows), "{held:?}");
             break;
         }

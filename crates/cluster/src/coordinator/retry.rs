@@ -16,11 +16,10 @@ const DEATH_GRACE: Duration = Duration::from_secs(2);
 
 /// Words of the errors a lost peer causes (in the transport's and the coordinator's
 /// messages): only after such an error does a read wait for a worker's death.
-const LOST_PEER: [&str; 8] = [
+const LOST_PEER: [&str; 7] = [
     "died",
     "lost",
-    "connection",
-    "closed",
+    "cannot reach",
     "reset",
     "broken pipe",
     "unavailable",
