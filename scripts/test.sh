@@ -33,6 +33,8 @@ if [ "${GYRE_QUICK:-0}" != "1" ]; then
   echo "== ADBC (Python) client"
   python3 -m pip install --quiet --disable-pip-version-check adbc-driver-flightsql pyarrow cryptography
   GYRE_BIN="$CARGO_TARGET_DIR/release/gyre" python3 tests/python/test_adbc.py
+  # Three voting coordinators: a standby's error names the primary, also after a kill.
+  GYRE_BIN="$CARGO_TARGET_DIR/release/gyre" python3 tests/python/test_adbc_failover.py
   echo "== ADBC and JDBC clients log in over TLS"
   # The Flight SQL JDBC driver (Maven fetches it) logs in as ADBC does.
   if ! command -v java >/dev/null || ! command -v mvn >/dev/null; then

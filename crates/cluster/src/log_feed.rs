@@ -408,7 +408,9 @@ impl LogFeed {
                     let Some(now) = workers().map(|live| share_of(node, &live)) else {
                         continue;
                     };
-                    let store = self.db.snapshot();
+                    // The tables' placements only: the last published state, with no
+                    // wait for a commit to be durable on an async thread.
+                    let store = self.db.catalog();
                     if !must_move(share.as_ref(), now.as_ref(), &store) {
                         if let (Some(held), Some(now)) = (&share, &now)
                             && narrows(held, now, &store)
@@ -470,7 +472,12 @@ impl LogFeed {
     async fn state_after(&self, durable: u64) -> Result<Arc<gyre_replica::Store>> {
         let mut progress = (Instant::now(), self.db.durable_lsn());
         loop {
-            let store = self.db.snapshot();
+            // It may wait for a commit to be durable: not on an async thread, which the
+            // commit may need (a replicated log's proposal runs on them).
+            let db = Arc::clone(&self.db);
+            let store = tokio::task::spawn_blocking(move || db.snapshot())
+                .await
+                .map_err(|e| DataFusionError::Execution(format!("reading the state: {e}")))?;
             if store.lsn >= durable {
                 return Ok(store);
             }

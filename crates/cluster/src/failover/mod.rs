@@ -259,13 +259,24 @@ async fn lead(
     let runtime = tokio::runtime::Handle::current();
     primary
         .replicate(Box::new(move |frames| {
-            let proposed = runtime.block_on(async {
-                tokio::time::timeout(REPLICATION_WAIT, replicating.propose(frames.to_vec())).await
+            // The proposal runs on the runtime; the log thread waits on a clock of its
+            // own, so that a runtime whose threads are all busy (waiting for this very
+            // commit, say) stops the log after REPLICATION_WAIT instead of hanging it.
+            let (done, proposed) = std::sync::mpsc::sync_channel(1);
+            let voter = replicating.clone();
+            let frames = frames.to_vec();
+            runtime.spawn(async move {
+                let _ = done.send(voter.propose(frames).await.map_err(|e| e.to_string()));
             });
-            let why = match proposed {
+            let why = match proposed.recv_timeout(REPLICATION_WAIT) {
                 Ok(Ok(_)) => return Ok(()),
-                Ok(Err(e)) => e.to_string(),
-                Err(_) => format!("no majority of the voters had it within {REPLICATION_WAIT:?}"),
+                Ok(Err(e)) => e,
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                    format!("no majority of the voters had it within {REPLICATION_WAIT:?}")
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                    "the coordinator stopped while the proposal ran".to_string()
+                }
             };
             lost.send_replace(Some(why.clone()));
             Err(why)
