@@ -658,7 +658,8 @@ async fn client_of(addr: &str) -> FlightSqlServiceClient<Channel> {
 
 /// kill -9 of a coordinator with `--data-dir` while a query runs, then a restart on
 /// the same port: its workers, which outlived it, join it again within 5 s under new
-/// ids; its transactional tables are back, read on the workers; the plain table (kept
+/// ids; its transactional tables are back, read on the workers, and its table on files
+/// is loaded again; the plain table (kept
 /// only in the workers' memory) is gone from the catalog, and the workers gave up
 /// everything the old coordinator had them hold: its table parts, the running query.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -673,6 +674,21 @@ async fn a_restarted_coordinator_gets_its_workers_back() {
     let (_w1, log1) = logged_worker(&addr);
     let (_w2, log2) = logged_worker(&addr);
     registered(&mut client, 2).await;
+    let csv = dir.path().join("ext.csv");
+    let lines: Vec<String> = (1..=3000).map(|i| format!("{i},name {i}")).collect();
+    std::fs::write(&csv, format!("a,b\n{}\n", lines.join("\n"))).unwrap();
+    let ext = format!(
+        "CREATE EXTERNAL TABLE ext (a BIGINT, b VARCHAR) STORED AS CSV LOCATION '{}' \
+         OPTIONS ('format.has_header' 'true')",
+        csv.display()
+    );
+    run(&mut client, &ext).await.unwrap();
+    let ext_answer = "SELECT count(*) AS n, sum(a) AS s FROM ext";
+    let ext_before = text(&mut client, ext_answer).await;
+    assert!(ext_before.contains("| 3000 | 4501500 |"), "{ext_before}");
+    // The parts the workers hold of it (a small file may be one split).
+    let parts = "SELECT CAST(sum(tables) AS BIGINT) AS t FROM gyre_workers()";
+    let ext_parts = text(&mut client, parts).await;
     for sql in [
         "CREATE TABLE accounts (id BIGINT PRIMARY KEY, balance BIGINT NOT NULL) \
          WITH (replication = 'full')",
@@ -711,9 +727,16 @@ async fn a_restarted_coordinator_gets_its_workers_back() {
         .await
         .unwrap_err();
     assert!(e.contains("scratch"), "{e}");
-    // The workers hold no table part and run nothing; each has every account and,
-    // once the shares settled (each worker's depends on how many have joined), its
-    // share of the orders.
+    // The table on files is loaded again from the durable catalog.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while run(&mut client, ext_answer).await.is_err() {
+        assert!(Instant::now() < deadline, "ext was not loaded again");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(text(&mut client, ext_answer).await, ext_before);
+    // The workers hold no table part but those of the table on files and run nothing;
+    // each has every account and, once the shares settled (each worker's depends on
+    // how many have joined), its share of the orders.
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let held = text(
@@ -722,7 +745,7 @@ async fn a_restarted_coordinator_gets_its_workers_back() {
              FROM gyre_workers()",
         )
         .await;
-        if held.contains("| 0 | 0 | 7000 |") {
+        if held.contains("| 0 | 7000 |") && text(&mut client, parts).await == ext_parts {
             break;
         }
         assert!(Instant::now() < deadline, "{held}");

@@ -1,6 +1,8 @@
 """An ADBC client (unchanged) of three voting coordinators: a standby answers with an
 error naming the primary, the client connects there and its retry works; after
-kill -9 of the primary, the survivors name the new one and the retry works again."""
+kill -9 of the primary, the survivors name the new one and the retry works again,
+and the new primary has loaded the table on files again from the replicated
+catalog."""
 import os
 import re
 import socket
@@ -90,6 +92,12 @@ def main():
         run(primary, "CREATE TABLE acc (id BIGINT PRIMARY KEY, b BIGINT) "
                      "WITH (replication = 'full')")
         run(primary, "INSERT INTO acc VALUES (1, 100), (2, 100)")
+        # A table on a file: its definition is in the replicated catalog.
+        csv = os.path.join(dirs[0], "ext.csv")
+        with open(csv, "w") as f:
+            f.write("a\n" + "\n".join(str(i) for i in range(1, 1001)) + "\n")
+        run(primary, f"CREATE EXTERNAL TABLE ext (a BIGINT) STORED AS CSV LOCATION '{csv}' "
+                     "OPTIONS ('format.has_header' 'true')")
         # kill -9 of the primary: the others elect a new one and name it.
         dead = clients.index(primary)
         procs[dead].kill()
@@ -100,9 +108,12 @@ def main():
         )
         assert rows == [(200,)], rows
         assert new_primary in left, new_primary
+        # The new primary loads the table on the file again.
+        rows, _, _ = through_named_primary(left, "SELECT count(*), sum(a) FROM ext")
+        assert rows == [(1000, 500500)], rows
         run(new_primary, "UPDATE acc SET b = b - 10 WHERE id = 1")
         assert run(new_primary, "SELECT b FROM acc ORDER BY id") == [(90,), (100,)]
-        print(f"2 passed, 0 failed (after the kill, {len(errors)} refusals before "
+        print(f"3 passed, 0 failed (after the kill, {len(errors)} refusals before "
               f"the new primary at {new_primary} answered)")
     finally:
         worker.kill()

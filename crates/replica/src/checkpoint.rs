@@ -32,6 +32,9 @@ struct Manifest {
     lsn: u64,
     next_table_id: u32,
     tables: Vec<ManifestTable>,
+    /// The definitions of the tables that follow their files, by name.
+    #[serde(default)]
+    file_tables: std::collections::BTreeMap<String, Vec<u8>>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -90,6 +93,10 @@ pub fn write(root: &Path, store: &Store) -> Result<PathBuf> {
         lsn: store.lsn,
         next_table_id: store.next_table_id().0,
         tables,
+        file_tables: store
+            .file_tables()
+            .map(|(n, d)| (n.clone(), d.to_vec()))
+            .collect(),
     };
     let path = tmp.join("manifest.json");
     let json = serde_json::to_vec_pretty(&manifest).expect("manifests serialize");
@@ -167,6 +174,9 @@ pub fn load(dir: &Path) -> Result<Store> {
             .map_err(|e| Error::corrupt(&path, e.to_string()))?;
     }
     store.set_next_table_id(manifest.next_table_id);
+    for (name, definition) in manifest.file_tables {
+        store.set_file_table(name, Some(definition));
+    }
     store.lsn = manifest.lsn;
     Ok(store)
 }
@@ -222,6 +232,10 @@ pub fn to_bytes(store: &Store) -> Result<Vec<u8>> {
         lsn: store.lsn,
         next_table_id: store.next_table_id().0,
         tables,
+        file_tables: store
+            .file_tables()
+            .map(|(n, d)| (n.clone(), d.to_vec()))
+            .collect(),
     };
     let json = serde_json::to_vec(&manifest).expect("manifests serialize");
     let mut out = STATE_MAGIC.to_vec();
@@ -279,6 +293,9 @@ pub fn from_bytes(bytes: Bytes) -> Result<Store> {
         )));
     }
     store.set_next_table_id(manifest.next_table_id);
+    for (name, definition) in manifest.file_tables {
+        store.set_file_table(name, Some(definition));
+    }
     store.lsn = manifest.lsn;
     Ok(store)
 }

@@ -443,6 +443,25 @@ impl Database {
         }
     }
 
+    /// Logs the definition of the table `name` that follows its files (`None`: it was
+    /// dropped), durable (and replicated, with a replicator) when this returns.
+    pub fn set_file_table(&self, name: &str, definition: Option<Vec<u8>>) -> Result<()> {
+        let store = self.lock()?;
+        let entry = Entry::FileTable {
+            name: name.to_string(),
+            definition,
+        };
+        let applied = entry.clone();
+        self.commit_entry(store, &entry, move |store| {
+            let Entry::FileTable { name, definition } = applied else {
+                unreachable!("built above")
+            };
+            store.set_file_table(name, definition);
+            Ok(())
+        })?;
+        Ok(())
+    }
+
     pub fn drop_table(&self, name: &str) -> Result<()> {
         let store = self.lock()?;
         let id = store.table_id(name)?;
@@ -927,6 +946,10 @@ pub(crate) fn replay(
             txn.take_changes()
         }
         Entry::Snapshot => vec![],
+        Entry::FileTable { name, definition } => {
+            store.set_file_table(name, definition);
+            vec![]
+        }
         Entry::LoadBegin { def } => {
             store.begin_load(def)?;
             vec![]

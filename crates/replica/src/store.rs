@@ -429,9 +429,30 @@ pub struct Store {
     loading: Option<Table>,
     /// The LSN of the last log entry applied (0: none yet).
     pub lsn: u64,
+    /// The definitions of the tables that follow their files, by name
+    /// ([`crate::log::Entry::FileTable`]).
+    file_tables: OrdMap<String, Arc<[u8]>>,
 }
 
 impl Store {
+    /// The definitions of the tables that follow their files, by name.
+    pub fn file_tables(&self) -> impl Iterator<Item = (&String, &Arc<[u8]>)> {
+        self.file_tables.iter()
+    }
+
+    /// Records (`Some`) or forgets (`None`) the definition of the table `name` that
+    /// follows its files.
+    pub fn set_file_table(&mut self, name: String, definition: Option<Vec<u8>>) {
+        match definition {
+            Some(d) => {
+                self.file_tables.insert(name, d.into());
+            }
+            None => {
+                self.file_tables.remove(&name);
+            }
+        }
+    }
+
     pub fn table_id(&self, name: &str) -> Result<TableId> {
         self.names
             .get(name)

@@ -295,6 +295,47 @@ fn state_buffers_round_trip_and_refuse_damage() {
     assert!(from_bytes(huge.into()).is_err());
 }
 
+/// The definitions of tables on files are logged: they come back by replay, from a
+/// checkpoint, and in the state a secondary or a new primary starts from; a dropped
+/// one stays dropped.
+#[test]
+fn definitions_of_tables_on_files_are_durable() {
+    use gyre_replica::checkpoint::{from_bytes, to_bytes};
+    let dir = tempfile::tempdir().unwrap();
+    let options = Options::durable(dir.path());
+    let listed = |db: &Database| -> Vec<(String, Vec<u8>)> {
+        db.snapshot()
+            .file_tables()
+            .map(|(n, d)| (n.clone(), d.to_vec()))
+            .collect()
+    };
+    {
+        let db = open_bank(options.clone());
+        db.set_file_table("a", Some(b"first".to_vec())).unwrap();
+        db.set_file_table("b", Some(b"second".to_vec())).unwrap();
+        db.set_file_table("a", Some(b"replaced".to_vec())).unwrap();
+        db.set_file_table("gone", Some(b"x".to_vec())).unwrap();
+        db.set_file_table("gone", None).unwrap();
+    }
+    let want = vec![
+        ("a".to_string(), b"replaced".to_vec()),
+        ("b".to_string(), b"second".to_vec()),
+    ];
+    let db = open_bank(options.clone());
+    assert_eq!(listed(&db), want, "after replay");
+    db.checkpoint().unwrap().unwrap();
+    drop(db);
+    let db = open_bank(options);
+    assert_eq!(db.recovery().replayed, 0);
+    assert_eq!(listed(&db), want, "from the checkpoint");
+    let state = from_bytes(to_bytes(&db.snapshot()).unwrap().into()).unwrap();
+    let from_state: Vec<(String, Vec<u8>)> = state
+        .file_tables()
+        .map(|(n, d)| (n.clone(), d.to_vec()))
+        .collect();
+    assert_eq!(from_state, want, "in a state buffer");
+}
+
 #[test]
 fn reopening_replays_logical_and_physical_entries() {
     for mode in [LogMode::Logical, LogMode::Physical] {

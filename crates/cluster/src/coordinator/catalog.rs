@@ -110,7 +110,7 @@ impl Coordinator {
         }
         self.part_stats.lock().remove(name);
         // A new table: not (yet) one that follows files, nor a stream.
-        self.file_tables.write().remove(name);
+        self.forget_file_table(name).await;
         self.streams.write().remove(name);
         self.register(TableMeta {
             name: name.to_string(),
@@ -241,6 +241,10 @@ impl Coordinator {
             return not_impl_err!("Temporary tables not supported");
         }
         let name = self.table_name(&cmd.name)?;
+        // The statement as given, Gyre's options in it, for the durable catalog.
+        let definition = (!cmd.unbounded)
+            .then(|| file_table_definition(&cmd))
+            .flatten();
         // Gyre's own options and the object store's; DataFusion's file formats reject
         // unknown namespaces.
         let partition_by = cmd.options.remove("gyre.partition_by");
@@ -356,8 +360,77 @@ impl Coordinator {
             .await?;
             files.add_loaded(source.planned());
         }
+        if let Some(definition) = definition {
+            self.log_file_table(&name, Some(definition)).await;
+        }
         self.file_tables.write().insert(name, files);
         no_result()
+    }
+
+    /// Records in the primary's log that table `name` follows its files as
+    /// `definition` says (`None`: no longer), so that a coordinator that restarts or is
+    /// elected loads it again. A log that cannot take it (the primary lost its lead, a
+    /// disk failed) leaves the table in memory for now, and says so.
+    async fn log_file_table(&self, name: &str, definition: Option<Vec<u8>>) {
+        let db = Arc::clone(&self.primary);
+        let table = name.to_string();
+        let logged = tokio::task::spawn_blocking(move || db.set_file_table(&table, definition))
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|r| r.map_err(|e| e.to_string()));
+        if let Err(e) = logged {
+            tracing::warn!("the catalog of tables on files could not record '{name}': {e}");
+        }
+    }
+
+    /// Forgets that table `name` follows files, in the durable catalog too.
+    async fn forget_file_table(&self, name: &str) {
+        let followed = self.file_tables.write().remove(name).is_some();
+        if followed {
+            self.log_file_table(name, None).await;
+        }
+    }
+
+    /// Loads again every table of the durable catalog that follows its files, once
+    /// workers are in: a coordinator that restarted on its data directory, or was
+    /// elected, knows them as the one before did.
+    pub(super) async fn reload_file_tables(self: Arc<Self>) {
+        let tables: Vec<(String, Arc<[u8]>)> = self
+            .primary
+            .catalog()
+            .file_tables()
+            .map(|(n, d)| (n.clone(), Arc::clone(d)))
+            .collect();
+        if tables.is_empty() {
+            return;
+        }
+        if let Err(e) = self.wait_for_workers(1, FILE_TABLES_WAIT).await {
+            tracing::warn!("tables on files not loaded again: {e}");
+            return;
+        }
+        let _ = self.started().await;
+        for (name, definition) in tables {
+            if self.exists(&name) {
+                continue;
+            }
+            match self.load_file_table(&definition).await {
+                Ok(()) => tracing::info!("table '{name}' loaded again from its files"),
+                Err(e) => tracing::warn!("table '{name}' could not be loaded again: {e}"),
+            }
+        }
+    }
+
+    async fn load_file_table(self: &Arc<Self>, definition: &[u8]) -> Result<()> {
+        let plan =
+            datafusion_proto::bytes::logical_plan_from_bytes(definition, &self.ctx.task_ctx())?;
+        let LogicalPlan::Ddl(DdlStatement::CreateExternalTable(cmd)) = plan else {
+            return plan_err!("the catalog holds something else than CREATE EXTERNAL TABLE");
+        };
+        let workers = self.live_workers();
+        let state = self.query_state(&self.default_session, &workers);
+        self.create_external_table(state, *cmd, workers)
+            .await
+            .map(|_| ())
     }
 
     /// Whether a table (distributed, transactional or a stream) is called `name`.
@@ -460,7 +533,7 @@ impl Coordinator {
     /// reached, whatever the others answer: a failed statement leaves nothing behind.
     pub(super) async fn drop_everywhere(&self, name: &str, workers: &[NodeId]) {
         self.tables.write().remove(name);
-        self.file_tables.write().remove(name);
+        self.forget_file_table(name).await;
         self.part_stats.lock().remove(name);
         let _ = self.ctx.deregister_table(TableReference::bare(name));
         let req = Request::DropTable {
@@ -484,7 +557,7 @@ impl Coordinator {
 
     pub(super) async fn drop_by_name(&self, name: &str, workers: &[NodeId]) -> Result<()> {
         self.tables.write().remove(name);
-        self.file_tables.write().remove(name);
+        self.forget_file_table(name).await;
         self.part_stats.lock().remove(name);
         let _ = self.ctx.deregister_table(TableReference::bare(name));
         self.broadcast(
@@ -668,4 +741,24 @@ pub(super) fn scanned_tables(plan: &LogicalPlan, names: &mut BTreeSet<String>) {
         }
         Ok(TreeNodeRecursion::Continue)
     });
+}
+
+/// How long a coordinator that starts waits for a worker to load its tables on files
+/// into.
+const FILE_TABLES_WAIT: Duration = Duration::from_secs(300);
+
+/// `cmd` encoded for the durable catalog (DataFusion's logical plan protobuf); `None`
+/// (with a warning) if it cannot be.
+fn file_table_definition(cmd: &CreateExternalTable) -> Option<Vec<u8>> {
+    let plan = LogicalPlan::Ddl(DdlStatement::CreateExternalTable(Box::new(cmd.clone())));
+    match datafusion_proto::bytes::logical_plan_to_bytes(&plan) {
+        Ok(bytes) => Some(bytes.to_vec()),
+        Err(e) => {
+            tracing::warn!(
+                "table {} will not be loaded again after a restart: {e}",
+                cmd.name
+            );
+            None
+        }
+    }
 }

@@ -5,7 +5,8 @@
 //! - [`statements`]: parsing and running each statement of a session;
 //! - [`planning`]: a query's planning state and its stages;
 //! - [`queries`]: a query's lifecycle on the workers;
-//! - [`catalog`]: tables, in memory and following their files;
+//! - [`catalog`]: tables, in memory and following their files (these in a durable
+//!   catalog);
 //! - [`primary`]: transactional tables and transactions on the primary;
 //! - [`retry`]: a read that lost a worker, run again on the others.
 
@@ -315,6 +316,7 @@ impl Coordinator {
                 last = now;
             }
         });
+        tokio::spawn(Arc::clone(&coordinator).reload_file_tables());
         Ok(coordinator)
     }
 

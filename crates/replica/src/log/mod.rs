@@ -57,6 +57,14 @@ pub enum Entry {
         table: TableId,
         commit: bool,
     },
+    /// The definition of a table that follows its files (`CREATE EXTERNAL TABLE`), as
+    /// the coordinator encodes it, or `None` when it is dropped: the catalog of those
+    /// tables is durable and replicated with the log, so that a coordinator that
+    /// restarts or is elected loads them again.
+    FileTable {
+        name: String,
+        definition: Option<Vec<u8>>,
+    },
 }
 
 /// Which entries committed transactions get.
