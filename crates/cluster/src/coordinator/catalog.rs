@@ -409,6 +409,16 @@ impl Coordinator {
             return;
         }
         let _ = self.started().await;
+        // The workers of a cluster whose coordinator restarted come back within a
+        // second or so: load over all of them, once their number stays put.
+        let mut seen = self.live_workers().len();
+        let mut steady = 0;
+        while steady < FILE_TABLES_STEADY {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let now = self.live_workers().len();
+            steady = if now == seen { steady + 1 } else { 0 };
+            seen = now;
+        }
         for (name, definition) in tables {
             if self.exists(&name) {
                 continue;
@@ -746,6 +756,10 @@ pub(super) fn scanned_tables(plan: &LogicalPlan, names: &mut BTreeSet<String>) {
 /// How long a coordinator that starts waits for a worker to load its tables on files
 /// into.
 const FILE_TABLES_WAIT: Duration = Duration::from_secs(300);
+
+/// Half-seconds the number of workers must stay put before the tables on files are
+/// loaded again.
+const FILE_TABLES_STEADY: u32 = 4;
 
 /// `cmd` encoded for the durable catalog (DataFusion's logical plan protobuf); `None`
 /// (with a warning) if it cannot be.
