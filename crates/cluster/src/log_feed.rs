@@ -78,42 +78,33 @@ pub fn must_move(held: Option<&KeyShare>, now: Option<&KeyShare>, store: &Store)
     let (Some(held), Some(now)) = (held, now) else {
         return held != now;
     };
-    let mut fragmented = std::collections::BTreeSet::new();
-    for t in store.tables() {
-        match t.def.placement {
-            Placement::Full => {}
-            Placement::Partitioned | Placement::Chunked => {
-                if (held.index, held.count) != (now.index, now.count) {
-                    return true;
-                }
-            }
-            Placement::Fragmented { replicas } => {
-                fragmented.insert(replicas);
-            }
-        }
-    }
-    fragmented.into_iter().any(|replicas| {
-        (0..rendezvous::BLOCKS).any(|b| {
-            rendezvous::holds(b, now.node, &now.workers, replicas)
-                && !rendezvous::holds(b, held.node, &held.workers, replicas)
-        })
-    })
+    let split_by_place = store
+        .tables()
+        .any(|t| matches!(t.def.placement, Placement::Partitioned | Placement::Chunked));
+    (split_by_place && (held.index, held.count) != (now.index, now.count))
+        || holds_blocks_beyond(now, held, store)
 }
 
 /// Whether `now` holds fewer blocks of the fragmented tables of `store` than `held`
 /// (and no others): the replica can drop those it no longer holds.
 pub fn narrows(held: &KeyShare, now: &KeyShare, store: &Store) -> bool {
-    let fragmented: std::collections::BTreeSet<u8> = store
+    holds_blocks_beyond(held, now, store)
+}
+
+/// Whether share `a` holds a block of a fragmented table of `store` that share `b`
+/// does not.
+fn holds_blocks_beyond(a: &KeyShare, b: &KeyShare, store: &Store) -> bool {
+    let copies: std::collections::BTreeSet<u8> = store
         .tables()
         .filter_map(|t| match t.def.placement {
             Placement::Fragmented { replicas } => Some(replicas),
             _ => None,
         })
         .collect();
-    fragmented.into_iter().any(|replicas| {
-        (0..rendezvous::BLOCKS).any(|b| {
-            rendezvous::holds(b, held.node, &held.workers, replicas)
-                && !rendezvous::holds(b, now.node, &now.workers, replicas)
+    copies.into_iter().any(|replicas| {
+        (0..rendezvous::BLOCKS).any(|block| {
+            rendezvous::holds(block, a.node, &a.workers, replicas)
+                && !rendezvous::holds(block, b.node, &b.workers, replicas)
         })
     })
 }
@@ -250,8 +241,6 @@ pub struct LogFeed {
     multicast: Option<Group>,
     /// Workers subscribed now.
     subscribers: AtomicUsize,
-    /// Bytes of state sent to subscribers so far.
-    state_bytes: std::sync::atomic::AtomicU64,
 }
 
 impl LogFeed {
@@ -295,19 +284,12 @@ impl LogFeed {
             groups,
             multicast: group,
             subscribers: AtomicUsize::new(0),
-            state_bytes: Default::default(),
         }))
     }
 
     /// How many workers follow the log now.
     pub fn subscribers(&self) -> usize {
         self.subscribers.load(Ordering::Relaxed)
-    }
-
-    /// Bytes of state sent to subscribing workers since the feed started: what
-    /// placing the transactional tables on the workers moved.
-    pub fn state_bytes(&self) -> u64 {
-        self.state_bytes.load(Ordering::Relaxed)
     }
 
     /// A subscription of worker `node`: encoded [`FeedMessage`]s, the state first,
@@ -372,8 +354,6 @@ impl LogFeed {
         .await
         .map_err(|e| DataFusionError::Execution(format!("encoding the state: {e}")))?
         .map_err(replica_err)?;
-        self.state_bytes
-            .fetch_add(bytes.len() as u64, Ordering::Relaxed);
         tracing::info!(
             node,
             lsn,

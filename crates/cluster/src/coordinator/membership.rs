@@ -316,19 +316,25 @@ impl Coordinator {
         }
     }
 
+    /// Why worker `w` is not a live member now, if it is not.
+    pub(super) fn death_now(&self, w: NodeId) -> Option<String> {
+        match self.members.read().get(&w) {
+            None => Some(format!("{} is not a member", node_name(w))),
+            Some(m) if !m.alive => Some(
+                m.death
+                    .clone()
+                    .unwrap_or_else(|| format!("{} left", node_name(w))),
+            ),
+            Some(_) => None,
+        }
+    }
+
     /// Waits until worker `w` is declared dead (at once if it is) and says why.
     pub(super) async fn death_of(&self, w: NodeId) -> String {
         let mut deaths = self.deaths.subscribe();
         loop {
-            match self.members.read().get(&w) {
-                None => return format!("{} is not a member", node_name(w)),
-                Some(m) if !m.alive => {
-                    return m
-                        .death
-                        .clone()
-                        .unwrap_or_else(|| format!("{} left", node_name(w)));
-                }
-                Some(_) => {}
+            if let Some(why) = self.death_now(w) {
+                return why;
             }
             if deaths.changed().await.is_err() {
                 return std::future::pending().await;

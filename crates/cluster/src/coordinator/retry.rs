@@ -53,19 +53,7 @@ impl Coordinator {
         if workers.is_empty() {
             return None;
         }
-        let dead = || {
-            let members = self.members.read();
-            workers.iter().find_map(|w| match members.get(w) {
-                Some(m) if m.alive => None,
-                Some(m) => Some(
-                    m.death
-                        .clone()
-                        .unwrap_or_else(|| format!("{} left", node_name(*w))),
-                ),
-                None => Some(format!("{} is not a member", node_name(*w))),
-            })
-        };
-        if let Some(why) = dead() {
+        if let Some(why) = workers.iter().find_map(|w| self.death_now(*w)) {
             return Some(why);
         }
         let text = error.to_string().to_ascii_lowercase();
