@@ -568,15 +568,21 @@ const EVERY_JOIN_TYPE: [&str; 10] = [
 /// inputs; joins the kernel cannot run (two keys, string keys) stay hash joins.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn radix_join_kernel_answers_every_join_type_like_datafusion() {
-    let setup = "
+    // The kernel sizes partitions by this machine's L2 (2 MiB on some x86 cores): `d`
+    // gets about 2.5 partitions' worth of build rows per worker, 200,000 rows at least.
+    let per_partition = gyre_join::radix::RadixConfig::default().build_rows_per_partition();
+    let d_rows = (per_partition * 4 * 5 / 2).max(200_000);
+    let setup = format!(
+        "
         CREATE TABLE f (fk BIGINT, fi INT, fq INT, fs VARCHAR) PARTITION BY fq;
         INSERT INTO f SELECT CASE WHEN value % 31 = 0 THEN NULL ELSE value % 90000 END,
             value % 5000, value % 50, concat('s', value % 977) FROM generate_series(1, 240000) AS t(value);
         CREATE TABLE d (dk BIGINT, di INT, dc VARCHAR, dn INT) PARTITION BY dn;
         INSERT INTO d SELECT CASE WHEN value % 17 = 0 THEN NULL ELSE value * 2 END, value % 5000,
             CASE WHEN value % 10 = 0 THEN 'Books' ELSE 'Music' END, value % 13
-            FROM generate_series(1, 200000) AS t(value)";
-    let (cluster, reference) = start(4, setup).await;
+            FROM generate_series(1, {d_rows}) AS t(value)"
+    );
+    let (cluster, reference) = start(4, &setup).await;
     let c = &cluster.coordinator;
     c.sql("SET gyre.join_strategy = 'shuffle'").await.unwrap();
     c.sql("SET gyre.join_kernel = 'radix'").await.unwrap();
@@ -603,7 +609,7 @@ async fn radix_join_kernel_answers_every_join_type_like_datafusion() {
     assert_eq!(partitions.len(), 4, "a radix join per worker:\n{inner}");
     assert!(
         partitions.iter().all(|&p| p >= 2),
-        "build sides of several radix partitions:\n{inner}"
+        "build sides of several radix partitions of {per_partition} rows:\n{inner}"
     );
     // Date keys join as the days' integers.
     let dates = explain(EVERY_JOIN_TYPE[8]).await;

@@ -85,6 +85,11 @@ impl RadixConfig {
             probe_mode: ProbeMode::Auto,
         }
     }
+
+    /// Build rows one partition holds: its tuples and directory fill half the cache.
+    pub fn build_rows_per_partition(&self) -> usize {
+        (self.cache_bytes / 2 / BUILD_BYTES_PER_TUPLE).max(1)
+    }
 }
 
 impl Default for RadixConfig {
@@ -139,8 +144,7 @@ impl RadixLayout {
                 config.max_bits_per_pass
             )));
         }
-        let per_partition = (config.cache_bytes / 2 / BUILD_BYTES_PER_TUPLE).max(1);
-        let partitions = build_rows.div_ceil(per_partition);
+        let partitions = build_rows.div_ceil(config.build_rows_per_partition());
         let total = ceil_log2(partitions);
         let passes = total.div_ceil(config.max_bits_per_pass);
         let pass_bits = (0..passes)
