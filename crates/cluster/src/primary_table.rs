@@ -111,10 +111,15 @@ impl PrimarySnapshot {
     }
 }
 
-/// The primary's state as of its last commit ([`Database::snapshot`]).
+/// The primary's state as of its last commit ([`Database::snapshot`]), once it
+/// confirmed that it still leads.
 async fn last_commit(db: &Arc<Database>) -> Result<Arc<Store>> {
     let db = Arc::clone(db);
-    blocking(move || Ok(db.snapshot())).await
+    blocking(move || {
+        db.confirm_lead().map_err(replica_err)?;
+        Ok(db.snapshot())
+    })
+    .await
 }
 
 /// Runs `f`, which may wait for the primary's lock or its log, off the async threads.

@@ -149,6 +149,18 @@ impl Voter {
         }
     }
 
+    /// Confirms that this voter still leads: a majority answered its heartbeat after
+    /// the call began, and its state machine applied every entry committed before
+    /// (Raft's read index, section 8 of the Raft paper). A leader cut off from the
+    /// others fails here instead of serving a stale read.
+    pub async fn confirm_lead(&self) -> Result<(), String> {
+        self.raft
+            .ensure_linearizable()
+            .await
+            .map(|_| ())
+            .map_err(|e| format!("voter {}: {e}", self.id))
+    }
+
     /// The leader this voter knows of, by id and address.
     pub fn leader(&self) -> Option<(NodeId, String)> {
         let metrics = self.raft.metrics();

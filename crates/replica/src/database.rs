@@ -99,7 +99,15 @@ pub struct Database {
     /// Procedures called as transactions that committed a change, and the time their
     /// bodies ran: the original execution a secondary's replay is compared with.
     executed: Mutex<(u64, std::time::Duration)>,
+    /// Run before a read is given its snapshot ([`Database::confirm_reads`]).
+    lead_check: std::sync::OnceLock<LeadCheck>,
 }
+
+/// Confirms that this primary still leads the voters: a majority answered it after the
+/// call began (Raft's read index), so a read served now sees every acknowledged commit.
+/// A primary cut off from the others would otherwise serve its last state as current
+/// while another, elected without it, commits.
+pub type LeadCheck = Box<dyn Fn() -> std::result::Result<(), String> + Send + Sync>;
 
 impl Database {
     /// Opens (and recovers) the database. `procedures` must hold every procedure the
@@ -119,6 +127,7 @@ impl Database {
                 checkpointed_at: Default::default(),
                 last_mark: Default::default(),
                 executed: Default::default(),
+                lead_check: Default::default(),
             });
         };
         let log_dir = dir.join("log");
@@ -219,6 +228,7 @@ impl Database {
             checkpointed_at: Default::default(),
             last_mark: Default::default(),
             executed: Default::default(),
+            lead_check: Default::default(),
         })
     }
 
@@ -430,6 +440,7 @@ impl Database {
     /// for longer than [`READER_LOCK_WAIT`] (an interactive one may hold it for
     /// seconds): `None` then, for a reader must not wait for a writer.
     pub fn try_mark_snapshot_if_changed(&self) -> Result<Option<u64>> {
+        self.confirm_lead()?;
         let last = self.last_mark.load(std::sync::atomic::Ordering::Relaxed);
         if self.lsn() <= last {
             return Ok(Some(last));
@@ -721,6 +732,21 @@ impl Database {
                 Ok(())
             }
             None => Err(Error::Unsupported("this database keeps no log".into())),
+        }
+    }
+
+    /// Runs `check` before each read takes its snapshot (a voting primary's read index).
+    /// Set once; later calls change nothing.
+    pub fn confirm_reads(&self, check: LeadCheck) {
+        let _ = self.lead_check.set(check);
+    }
+
+    /// Confirms that this primary still leads, if it votes with others
+    /// ([`Database::confirm_reads`]); a primary alone always does.
+    pub fn confirm_lead(&self) -> Result<()> {
+        match self.lead_check.get() {
+            Some(check) => check().map_err(Error::NotLeading),
+            None => Ok(()),
         }
     }
 

@@ -35,6 +35,9 @@ pub enum Error {
     /// whether the failed group reached the disk is unknown.
     LogFailed(String),
     Parquet(String),
+    /// The primary could not confirm that it still leads the voters before a read:
+    /// another may have been elected, and what this one holds may be stale.
+    NotLeading(String),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -73,6 +76,7 @@ impl fmt::Display for Error {
             Error::Busy(m) => write!(f, "the primary is busy: {m}"),
             Error::LogFailed(m) => write!(f, "the redo log failed, nothing commits: {m}"),
             Error::Parquet(m) => write!(f, "checkpoint file: {m}"),
+            Error::NotLeading(m) => write!(f, "no longer sure to be the primary: {m}"),
         }
     }
 }

@@ -533,6 +533,46 @@ fn a_waiting_transaction_gives_up_as_busy() {
         .unwrap();
 }
 
+/// A primary that votes with others confirms its lead before each read's snapshot: when
+/// it cannot, the read fails naming why, and nothing is marked.
+#[test]
+fn reads_wait_for_the_lead_to_be_confirmed() {
+    let db = open_bank(Options::default());
+    db.call("transfer", &[1.into(), 0.into(), 1.into(), 5.into()])
+        .unwrap();
+    let marked = db.try_mark_snapshot_if_changed().unwrap().unwrap();
+    let leading = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let checks = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (l, c) = (leading.clone(), checks.clone());
+    db.confirm_reads(Box::new(move || {
+        c.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if l.load(std::sync::atomic::Ordering::Relaxed) {
+            Ok(())
+        } else {
+            Err("a higher term".into())
+        }
+    }));
+    // Nothing changed: the last mark, once confirmed.
+    assert_eq!(db.try_mark_snapshot_if_changed().unwrap(), Some(marked));
+    assert_eq!(checks.load(std::sync::atomic::Ordering::Relaxed), 1);
+    leading.store(false, std::sync::atomic::Ordering::Relaxed);
+    let err = db.try_mark_snapshot_if_changed().unwrap_err();
+    assert!(matches!(err, Error::NotLeading(_)), "{err}");
+    assert!(err.to_string().contains("a higher term"), "{err}");
+    assert!(db.confirm_lead().is_err());
+    db.call("transfer", &[2.into(), 0.into(), 1.into(), 5.into()])
+        .unwrap();
+    let lsn = db.lsn();
+    assert!(db.try_mark_snapshot_if_changed().is_err());
+    assert_eq!(
+        db.lsn(),
+        lsn,
+        "a read that could not confirm marked a snapshot"
+    );
+    leading.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(db.try_mark_snapshot_if_changed().unwrap(), Some(lsn + 1));
+}
+
 #[test]
 fn a_table_created_with_rows_is_one_entry() {
     let dir = tempfile::tempdir().unwrap();

@@ -16,8 +16,13 @@
 //!   the others where the primary is, register with it and receive the transactional
 //!   tables through the log feed.
 //!
+//! Before a read takes its snapshot, the primary confirms that a majority still
+//! follows it (Raft's read index, [`gyre_replica::Database::confirm_reads`]): a
+//! primary cut off from the other voters serves no stale state while another one,
+//! elected without it, commits.
+//!
 //! A primary that loses the lead (a higher term, or no majority within
-//! [`REPLICATION_WAIT`]) stops its coordinator and starts over as a standby with a
+//! [`REPLICATION_WAIT`] for a commit or a read's confirmation) stops its coordinator and starts over as a standby with a
 //! fresh committed store, rebuilt from its Raft snapshot and log: what it executed but
 //! never got committed is gone with the old store.
 //!
@@ -168,6 +173,29 @@ fn internal(what: &str, e: impl std::fmt::Display) -> DataFusionError {
     DataFusionError::Execution(format!("{what}: {e}"))
 }
 
+/// Runs `work` (a Raft call) on `runtime` and waits for it on this thread's own clock:
+/// the log thread and the readers' blocking threads call this, and a runtime whose
+/// threads are all busy (waiting for this very commit, say) then fails the call after
+/// [`REPLICATION_WAIT`] instead of hanging it.
+fn wait_on(
+    runtime: &tokio::runtime::Handle,
+    work: impl std::future::Future<Output = std::result::Result<(), String>> + Send + 'static,
+) -> std::result::Result<(), String> {
+    let (done, finished) = std::sync::mpsc::sync_channel(1);
+    runtime.spawn(async move {
+        let _ = done.send(work.await);
+    });
+    match finished.recv_timeout(REPLICATION_WAIT) {
+        Ok(result) => result,
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Err(format!(
+            "no majority of the voters answered within {REPLICATION_WAIT:?}"
+        )),
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+            Err("the coordinator stopped while the call ran".to_string())
+        }
+    }
+}
+
 /// Runs a voting coordinator for as long as the process lives: standby or primary, as
 /// the voters decide. `changed` sees each role taken.
 pub async fn run(
@@ -255,33 +283,33 @@ async fn lead(
         .restore(state.into())
         .map_err(|e| internal("copying the committed store", e))?;
     let (lost, mut lost_rx) = tokio::sync::watch::channel(None::<String>);
-    let replicating = voter.clone();
+    let lost = Arc::new(lost);
     let runtime = tokio::runtime::Handle::current();
+    let (replicating, losing) = (voter.clone(), lost.clone());
+    let on_runtime = runtime.clone();
     primary
         .replicate(Box::new(move |frames| {
-            // The proposal runs on the runtime; the log thread waits on a clock of its
-            // own, so that a runtime whose threads are all busy (waiting for this very
-            // commit, say) stops the log after REPLICATION_WAIT instead of hanging it.
-            let (done, proposed) = std::sync::mpsc::sync_channel(1);
-            let voter = replicating.clone();
-            let frames = frames.to_vec();
-            runtime.spawn(async move {
-                let _ = done.send(voter.propose(frames).await.map_err(|e| e.to_string()));
+            let (voter, frames) = (replicating.clone(), frames.to_vec());
+            let proposed = wait_on(&on_runtime, async move {
+                voter
+                    .propose(frames)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
             });
-            let why = match proposed.recv_timeout(REPLICATION_WAIT) {
-                Ok(Ok(_)) => return Ok(()),
-                Ok(Err(e)) => e,
-                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
-                    format!("no majority of the voters had it within {REPLICATION_WAIT:?}")
-                }
-                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
-                    "the coordinator stopped while the proposal ran".to_string()
-                }
-            };
-            lost.send_replace(Some(why.clone()));
-            Err(why)
+            proposed.inspect_err(|why| {
+                losing.send_replace(Some(why.clone()));
+            })
         }))
         .map_err(|e| internal("replication", e))?;
+    let checking = voter.clone();
+    primary.confirm_reads(Box::new(move || {
+        let voter = checking.clone();
+        let confirmed = wait_on(&runtime, async move { voter.confirm_lead().await });
+        confirmed.inspect_err(|why| {
+            lost.send_replace(Some(why.clone()));
+        })
+    }));
     let coordinator = Coordinator::start_with(config.clone(), primary).await?;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     crate::flight_sql::serve_until(
