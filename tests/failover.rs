@@ -7,6 +7,7 @@
 
 use arrow_flight::sql::client::FlightSqlServiceClient;
 use futures::TryStreamExt;
+use gyre_testbed::sys;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use tonic::transport::Channel;
@@ -218,14 +219,7 @@ struct Hosts {
 
 impl Hosts {
     fn up() -> Result<Self, String> {
-        let uid = std::fs::read_to_string("/proc/self/status")
-            .ok()
-            .and_then(|s| {
-                s.lines()
-                    .find(|l| l.starts_with("Uid:"))
-                    .and_then(|l| l.split_whitespace().nth(1).map(str::to_string))
-            });
-        if uid.as_deref() != Some("0") {
+        if !sys::is_root() {
             return Err("not running as root".into());
         }
         let pid = std::process::id();
@@ -233,41 +227,32 @@ impl Hosts {
             tag: format!("gyj{pid}"),
             subnet: format!("10.232.{}", pid % 250),
         };
+        // On a failed step `hosts` is dropped, and what was made goes.
+        let ip = |args: &[&str]| sys::ip(args).map(|_| ()).map_err(|e| e.to_string());
         let bridge = hosts.bridge();
-        let mut steps: Vec<Vec<String>> = vec![
-            args(&["netns", "add", &bridge]),
-            args(&["-n", &bridge, "link", "add", "br0", "type", "bridge"]),
-            args(&["-n", &bridge, "link", "set", "br0", "up"]),
-        ];
+        ip(&["netns", "add", &bridge])?;
+        ip(&["-n", &bridge, "link", "add", "br0", "type", "bridge"])?;
+        ip(&["-n", &bridge, "link", "set", "br0", "up"])?;
         for i in 0..3 {
             let (ns, port) = (hosts.netns(i), format!("v{i}"));
             let addr = format!("{}/24", hosts.voter(i));
-            steps.extend([
-                args(&["netns", "add", &ns]),
-                args(&[
-                    "-n", &bridge, "link", "add", &port, "type", "veth", "peer", "name", "eth0",
-                    "netns", &ns,
-                ]),
-                args(&["-n", &bridge, "link", "set", &port, "master", "br0", "up"]),
-                args(&["-n", &ns, "addr", "add", &addr, "dev", "eth0"]),
-                args(&["-n", &ns, "link", "set", "eth0", "up"]),
-                args(&["-n", &ns, "link", "set", "lo", "up"]),
-            ]);
+            ip(&["netns", "add", &ns])?;
+            ip(&[
+                "-n", &bridge, "link", "add", &port, "type", "veth", "peer", "name", "eth0",
+                "netns", &ns,
+            ])?;
+            ip(&["-n", &bridge, "link", "set", &port, "master", "br0", "up"])?;
+            ip(&["-n", &ns, "addr", "add", &addr, "dev", "eth0"])?;
+            ip(&["-n", &ns, "link", "set", "eth0", "up"])?;
+            ip(&["-n", &ns, "link", "set", "lo", "up"])?;
         }
         let local = format!("{}/24", hosts.local());
-        steps.extend([
-            args(&[
-                "link", "add", &hosts.tag, "type", "veth", "peer", "name", "local", "netns",
-                &bridge,
-            ]),
-            args(&["-n", &bridge, "link", "set", "local", "master", "br0", "up"]),
-            args(&["addr", "add", &local, "dev", &hosts.tag]),
-            args(&["link", "set", &hosts.tag, "up"]),
-        ]);
-        // Dropped on a failed step: what was made goes.
-        for step in steps {
-            ip(&step)?;
-        }
+        ip(&[
+            "link", "add", &hosts.tag, "type", "veth", "peer", "name", "local", "netns", &bridge,
+        ])?;
+        ip(&["-n", &bridge, "link", "set", "local", "master", "br0", "up"])?;
+        ip(&["addr", "add", &local, "dev", &hosts.tag])?;
+        ip(&["link", "set", &hosts.tag, "up"])?;
         Ok(hosts)
     }
 
@@ -293,15 +278,7 @@ impl Hosts {
         for (from, to) in [(a, b), (b, a)] {
             let to = format!("{}/32", self.voter(to));
             let verb = if heal { "del" } else { "add" };
-            ip(&args(&[
-                "-n",
-                &self.netns(from),
-                "route",
-                verb,
-                "blackhole",
-                &to,
-            ]))
-            .unwrap();
+            sys::ip(["-n", &self.netns(from), "route", verb, "blackhole", &to]).unwrap();
         }
     }
 }
@@ -310,29 +287,8 @@ impl Drop for Hosts {
     fn drop(&mut self) {
         // Deleting a namespace deletes its veth pairs, this process's end too.
         for ns in (0..3).map(|i| self.netns(i)).chain([self.bridge()]) {
-            let _ = ip(&args(&["netns", "del", &ns]));
+            let _ = sys::ip(["netns", "del", &ns]);
         }
-    }
-}
-
-fn args(a: &[&str]) -> Vec<String> {
-    a.iter().map(|s| s.to_string()).collect()
-}
-
-/// `ip ARGS`; the error names the command and what it printed.
-fn ip(args: &[String]) -> Result<(), String> {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .map_err(|e| format!("ip: {e}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "ip {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
     }
 }
 

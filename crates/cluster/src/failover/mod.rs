@@ -22,9 +22,10 @@
 //! elected without it, commits.
 //!
 //! A primary that loses the lead (a higher term, or no majority within
-//! [`REPLICATION_WAIT`] for a commit or a read's confirmation) stops its coordinator and starts over as a standby with a
-//! fresh committed store, rebuilt from its Raft snapshot and log: what it executed but
-//! never got committed is gone with the old store.
+//! [`REPLICATION_WAIT`] for a commit or a read's confirmation) stops its coordinator
+//! and starts over as a standby with a fresh committed store, rebuilt from its Raft
+//! snapshot and log: what it executed but never got committed is gone with the old
+//! store.
 //!
 //! Raft snapshots are taken of the committed store, never of the primary's own, which
 //! holds transactions not yet committed.
@@ -173,19 +174,22 @@ fn internal(what: &str, e: impl std::fmt::Display) -> DataFusionError {
     DataFusionError::Execution(format!("{what}: {e}"))
 }
 
-/// Runs `work` (a Raft call) on `runtime` and waits for it on this thread's own clock:
-/// the log thread and the readers' blocking threads call this, and a runtime whose
-/// threads are all busy (waiting for this very commit, say) then fails the call after
-/// [`REPLICATION_WAIT`] instead of hanging it.
-fn wait_on(
+/// Runs `work`, a Raft call the primary needs to stay primary (a commit, a read's lead
+/// check), on `runtime` and waits for it on this thread's own clock: the log thread
+/// and the readers' blocking threads call this, and a runtime whose threads are all
+/// busy (waiting for this very commit, say) then fails the call after
+/// [`REPLICATION_WAIT`] instead of hanging it. A failure tells `lost` why the lead is
+/// lost.
+fn lead_call(
     runtime: &tokio::runtime::Handle,
+    lost: &tokio::sync::watch::Sender<Option<String>>,
     work: impl std::future::Future<Output = std::result::Result<(), String>> + Send + 'static,
 ) -> std::result::Result<(), String> {
     let (done, finished) = std::sync::mpsc::sync_channel(1);
     runtime.spawn(async move {
         let _ = done.send(work.await);
     });
-    match finished.recv_timeout(REPLICATION_WAIT) {
+    let result = match finished.recv_timeout(REPLICATION_WAIT) {
         Ok(result) => result,
         Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Err(format!(
             "no majority of the voters answered within {REPLICATION_WAIT:?}"
@@ -193,7 +197,10 @@ fn wait_on(
         Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
             Err("the coordinator stopped while the call ran".to_string())
         }
-    }
+    };
+    result.inspect_err(|why| {
+        lost.send_replace(Some(why.clone()));
+    })
 }
 
 /// Runs a voting coordinator for as long as the process lives: standby or primary, as
@@ -285,30 +292,23 @@ async fn lead(
     let (lost, mut lost_rx) = tokio::sync::watch::channel(None::<String>);
     let lost = Arc::new(lost);
     let runtime = tokio::runtime::Handle::current();
-    let (replicating, losing) = (voter.clone(), lost.clone());
-    let on_runtime = runtime.clone();
+    let (replicating, on_runtime, losing) = (voter.clone(), runtime.clone(), lost.clone());
     primary
         .replicate(Box::new(move |frames| {
             let (voter, frames) = (replicating.clone(), frames.to_vec());
-            let proposed = wait_on(&on_runtime, async move {
+            lead_call(&on_runtime, &losing, async move {
                 voter
                     .propose(frames)
                     .await
                     .map(|_| ())
                     .map_err(|e| e.to_string())
-            });
-            proposed.inspect_err(|why| {
-                losing.send_replace(Some(why.clone()));
             })
         }))
         .map_err(|e| internal("replication", e))?;
     let checking = voter.clone();
     primary.confirm_reads(Box::new(move || {
         let voter = checking.clone();
-        let confirmed = wait_on(&runtime, async move { voter.confirm_lead().await });
-        confirmed.inspect_err(|why| {
-            lost.send_replace(Some(why.clone()));
-        })
+        lead_call(&runtime, &lost, async move { voter.confirm_lead().await })
     }));
     let coordinator = Coordinator::start_with(config.clone(), primary).await?;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
