@@ -30,7 +30,7 @@
 //! peer fails every endpoint that involves it, naming it.
 
 use crate::frame::{MAX_PAYLOAD, StreamKey};
-use crate::hub::{Carrier, Event, Hub, OutStream, RecvQueue};
+use crate::hub::{Event, Hub, OutStream, RecvQueue, Wire};
 use crate::pool::{Held, PoolBuffer};
 use crate::stats::{PeerCounters, ReceiveEndpointStats, SendEndpointStats};
 use crate::{NodeId, TransportError};
@@ -146,7 +146,7 @@ impl Drop for SendBuffer {
 /// The producing side of an exchange (see the module doc).
 pub struct SendEndpoint {
     hub: Arc<Hub>,
-    carrier: Arc<dyn Carrier>,
+    wire: Arc<dyn Wire>,
     connect_timeout: Duration,
     dests: Vec<NodeId>,
     streams: Vec<Arc<OutStream>>,
@@ -176,7 +176,7 @@ fn misuse(msg: impl Into<String>) -> TransportError {
 impl SendEndpoint {
     pub(crate) fn open(
         hub: Arc<Hub>,
-        carrier: Arc<dyn Carrier>,
+        wire: Arc<dyn Wire>,
         connect_timeout: Duration,
         spec: SendSpec,
     ) -> Result<Self, TransportError> {
@@ -218,7 +218,7 @@ impl SendEndpoint {
         let peer_counters = dests.iter().map(|d| hub.counters(*d)).collect();
         Ok(Self {
             hub,
-            carrier,
+            wire,
             connect_timeout,
             finished: Mutex::new(vec![false; dests.len()]),
             dests,
@@ -384,7 +384,7 @@ impl SendEndpoint {
                 PeerCounters::add(&c.bytes_sent, len as u64);
                 self.hub.deliver_local(key, Event::Data { msg: held, last });
             } else {
-                self.carrier.data(dest, key, Some(held), last);
+                self.wire.data(dest, key, Some(held), last);
             }
             if last {
                 finished[t] = true;
@@ -433,7 +433,7 @@ impl SendEndpoint {
                 self.hub.deliver_local(key, Event::Last);
             } else {
                 // An empty message with the last flag is the marker on the wire.
-                self.carrier
+                self.wire
                     .data(dest, key, Some(token.message().hold()), true);
             }
         }
@@ -456,7 +456,7 @@ impl SendEndpoint {
                 });
                 self.hub.deliver_local(key, ev);
             } else {
-                self.carrier
+                self.wire
                     .error(dest, key, message.to_string(), Some(token.message().hold()));
             }
         }
@@ -499,7 +499,7 @@ impl Drop for SendEndpoint {
 /// Gives a received message's credit back when it is released (or dropped).
 struct CreditReturn {
     hub: Arc<Hub>,
-    carrier: Arc<dyn Carrier>,
+    wire: Arc<dyn Wire>,
     key: StreamKey,
 }
 
@@ -550,7 +550,7 @@ impl Drop for Received {
             if src == c.hub.node {
                 c.hub.credit_local(c.key, 1);
             } else {
-                c.carrier.credit(src, c.key, 1);
+                c.wire.credit(src, c.key, 1);
             }
         }
         self.msg.take();
@@ -560,7 +560,7 @@ impl Drop for Received {
 /// The consuming side of an exchange (see the module doc).
 pub struct ReceiveEndpoint {
     hub: Arc<Hub>,
-    carrier: Arc<dyn Carrier>,
+    wire: Arc<dyn Wire>,
     keys: Vec<StreamKey>,
     nodes: Vec<NodeId>,
     queue: Arc<RecvQueue>,
@@ -585,7 +585,7 @@ impl ReceiveEndpoint {
     /// the right to (the backend disconnects them).
     pub(crate) fn open(
         hub: Arc<Hub>,
-        carrier: Arc<dyn Carrier>,
+        wire: Arc<dyn Wire>,
         spec: ReceiveSpec,
     ) -> Result<(Self, Vec<(NodeId, String)>), TransportError> {
         let sources: Vec<(StreamKey, NodeId)> = spec
@@ -614,7 +614,7 @@ impl ReceiveEndpoint {
         Ok((
             Self {
                 hub,
-                carrier,
+                wire,
                 keys: sources.iter().map(|(k, _)| *k).collect(),
                 nodes: sources.iter().map(|(_, n)| *n).collect(),
                 queue,
@@ -676,7 +676,7 @@ impl ReceiveEndpoint {
                         msg: Some(msg),
                         credit: Some(CreditReturn {
                             hub: Arc::clone(&self.hub),
-                            carrier: Arc::clone(&self.carrier),
+                            wire: Arc::clone(&self.wire),
                             key: self.keys[i],
                         }),
                     }));
@@ -732,7 +732,7 @@ impl Drop for ReceiveEndpoint {
             if src == self.hub.node {
                 self.hub.credit_local(key, n);
             } else {
-                self.carrier.credit(src, key, n);
+                self.wire.credit(src, key, n);
             }
         }
     }
@@ -743,7 +743,7 @@ mod tests {
     use super::*;
     use crate::pool::BufferPool;
 
-    /// A carrier that writes the first frame it gets at once (drops its hold) and keeps
+    /// A wire that writes the first frame it gets at once (drops its hold) and keeps
     /// the others queued until told to write them.
     #[derive(Default)]
     struct FirstWrittenAtOnce {
@@ -759,7 +759,7 @@ mod tests {
         }
     }
 
-    impl Carrier for FirstWrittenAtOnce {
+    impl Wire for FirstWrittenAtOnce {
         fn data(&self, _: NodeId, _: StreamKey, msg: Option<Held>, _: bool) {
             self.take(msg);
         }
@@ -787,7 +787,7 @@ mod tests {
                 BufferPool::new(64, 4),
                 BufferPool::new(64, 4),
             ));
-            let carrier = Arc::new(FirstWrittenAtOnce::default());
+            let wire = Arc::new(FirstWrittenAtOnce::default());
             let spec = SendSpec {
                 query: 1,
                 exchange: 1,
@@ -797,7 +797,7 @@ mod tests {
             };
             let ep = SendEndpoint::open(
                 Arc::clone(&hub),
-                Arc::clone(&carrier) as Arc<dyn Carrier>,
+                Arc::clone(&wire) as Arc<dyn Wire>,
                 Duration::from_secs(1),
                 spec,
             )
@@ -807,17 +807,17 @@ mod tests {
             } else {
                 ep.finish();
             }
-            assert_eq!(carrier.queued.lock().len(), 2);
+            assert_eq!(wire.queued.lock().len(), 2);
             assert!(
                 !flushes(&ep).await,
                 "fail={fail}: flushed with 2 peers to go"
             );
-            carrier.queued.lock().pop();
+            wire.queued.lock().pop();
             assert!(
                 !flushes(&ep).await,
                 "fail={fail}: flushed with 1 peer to go"
             );
-            carrier.queued.lock().pop();
+            wire.queued.lock().pop();
             assert!(flushes(&ep).await, "fail={fail}: everything was written");
         }
     }

@@ -2,7 +2,7 @@
 //! many messages each may still have buffered here, and where arriving
 //! messages go. It knows nothing about sockets; a backend feeds it the frames
 //! it receives ([`Hub::deliver`], [`Hub::credit`]) and carries what endpoints
-//! send through the [`Carrier`] trait.
+//! send through the [`Wire`] trait.
 //!
 //! Rights: a peer may only send on a stream addressed to this node, only as
 //! the node the stream was first seen from (or that its receive endpoint
@@ -26,7 +26,7 @@ use tokio::sync::{Notify, Semaphore};
 pub const MAX_PENDING_STREAMS: usize = 4096;
 
 /// Carries frames to other nodes; implemented by each backend (the TCP multiplexer).
-pub(crate) trait Carrier: Send + Sync {
+pub(crate) trait Wire: Send + Sync {
     /// Queues a message of stream `key` for `peer`, after the stream's earlier frames.
     /// `msg` is `None` for a bare end-of-stream marker.
     fn data(&self, peer: NodeId, key: StreamKey, msg: Option<Held>, last: bool);

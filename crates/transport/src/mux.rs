@@ -32,7 +32,7 @@ use crate::frame::{
     Control, FLAG_LAST, FrameError, FrameHeader, FrameKind, HEADER_LEN, StreamKey, data_crc,
     encode_header,
 };
-use crate::hub::{Carrier, Delivered, Event, Hub};
+use crate::hub::{Delivered, Event, Hub, Wire};
 use crate::pool::{Held, PoolBuffer};
 use crate::schedule::{Action, Schedule, Scheduler};
 use crate::seal::{DATA_OVERHEAD, KeyShare, Opener, Sealer, TAG_LEN};
@@ -909,7 +909,7 @@ fn apply(st: &mut MuxState, actions: Vec<Action>) {
     }
 }
 
-impl Carrier for Mux {
+impl Wire for Mux {
     fn data(&self, peer: NodeId, key: StreamKey, msg: Option<Held>, last: bool) {
         self.enqueue(peer, OutFrame::Data { key, msg, last });
     }

@@ -2,7 +2,7 @@
 //! [`Mux`] (the multiplexer thread that owns the connections).
 
 use crate::endpoint::{ReceiveEndpoint, ReceiveSpec, SendEndpoint, SendSpec};
-use crate::hub::{Carrier, Hub};
+use crate::hub::{Hub, Wire};
 use crate::mux::Mux;
 use crate::schedule::Schedule;
 use crate::stats::{PeerStats, TransportStats};
@@ -155,8 +155,8 @@ impl TcpTransport {
         self.mux.debug_state() + &self.hub.debug_state()
     }
 
-    fn carrier(&self) -> Arc<dyn Carrier> {
-        Arc::clone(&self.mux) as Arc<dyn Carrier>
+    fn wire(&self) -> Arc<dyn Wire> {
+        Arc::clone(&self.mux) as Arc<dyn Wire>
     }
 }
 
@@ -168,14 +168,14 @@ impl Transport for TcpTransport {
     fn open_send(&self, spec: SendSpec) -> Result<SendEndpoint, TransportError> {
         SendEndpoint::open(
             Arc::clone(&self.hub),
-            self.carrier(),
+            self.wire(),
             self.config.connect_timeout,
             spec,
         )
     }
 
     fn open_receive(&self, spec: ReceiveSpec) -> Result<ReceiveEndpoint, TransportError> {
-        let (ep, violators) = ReceiveEndpoint::open(Arc::clone(&self.hub), self.carrier(), spec)?;
+        let (ep, violators) = ReceiveEndpoint::open(Arc::clone(&self.hub), self.wire(), spec)?;
         for (peer, reason) in violators {
             self.mux.lose(peer, reason, true);
         }
