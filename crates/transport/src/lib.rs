@@ -32,10 +32,12 @@ pub mod pool;
 pub mod rounds;
 pub mod schedule;
 pub mod seal;
+pub mod shm;
 pub mod stats;
 pub mod tcp;
 #[cfg(test)]
 mod tcp_tests;
+pub mod verbs;
 
 pub use endpoint::{
     ReceiveEndpoint, ReceiveSpec, Received, SendBuffer, SendEndpoint, SendSpec, To,
