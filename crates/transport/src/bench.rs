@@ -258,7 +258,6 @@ pub async fn run_shuffle(
         )));
     }
     let query = BENCH_QUERY_BASE | spec.run_id;
-    let me = spec.nodes[spec.index];
     let others: Vec<usize> = (1..n).map(|k| (spec.index + k) % n).collect();
     t.set_schedule(spec.schedule);
     let data = payload(spec.message_size, 0x9e37_79b9_7f4a_7c15);
@@ -279,7 +278,267 @@ pub async fn run_shuffle(
     let stats0 = t.stats();
     let cpu0 = cpu::process_cpu();
     let start = Instant::now();
+    let moved = exchange(spec, &data, &send, &recv, start).await?;
+    let elapsed = start.elapsed();
+    let cpu1 = cpu::process_cpu();
+    let stats1 = t.stats();
+    drop((send, recv));
+    barrier(t, spec, 2).await?;
+    t.release_query(query);
+    Ok(moved.report(
+        spec,
+        elapsed,
+        stats1.bytes_sent - stats0.bytes_sent,
+        stats1.bytes_received - stats0.bytes_received,
+        cpu0.zip(cpu1).map(|(a, b)| b.saturating_sub(a)),
+        stats0
+            .mux_cpu
+            .zip(stats1.mux_cpu)
+            .map(|(a, b)| b.saturating_sub(a)),
+    ))
+}
 
+/// Runs one shuffle between `spec.nodes` over send/receive on reliable
+/// connections of `carrier` (the RDMA-aware designs MEMQ/SR and SEMQ/SR: with
+/// one sending task per node they coincide); every node must call it. The
+/// same plan and checks as [`run_shuffle`]; there is no multiplexer, so
+/// `mux_cpu` is `None`, and the wire bytes count each message's design header.
+pub async fn run_design_shuffle(
+    carrier: std::sync::Arc<dyn crate::verbs::Carrier>,
+    connector: std::sync::Arc<dyn crate::design::Connector>,
+    config: crate::design::sr::SrConfig,
+    spec: &ShuffleSpec,
+) -> Result<ShuffleReport, BenchError> {
+    use crate::design::sr::{HEADER, SrReceive, SrSend};
+    let n = spec.nodes.len();
+    if n < 2 {
+        return Err(BenchError::Spec(
+            "a shuffle needs at least two nodes".into(),
+        ));
+    }
+    if spec.index >= n || spec.nodes[spec.index] != carrier.node() {
+        return Err(BenchError::Spec(format!(
+            "position {} does not name this node ({})",
+            spec.index,
+            node_name(carrier.node())
+        )));
+    }
+    if spec.message_size < MESSAGE_HEADER || spec.message_size > config.payload() {
+        return Err(BenchError::Spec(format!(
+            "message size {} must be between {MESSAGE_HEADER} and the design's payload size {}",
+            spec.message_size,
+            config.payload()
+        )));
+    }
+    let query = BENCH_QUERY_BASE | spec.run_id;
+    let others: Vec<usize> = (1..n).map(|k| (spec.index + k) % n).collect();
+    let data = payload(spec.message_size, 0x9e37_79b9_7f4a_7c15);
+    let open = |exchange: u32| {
+        let recv = SrReceive::open(
+            std::sync::Arc::clone(&carrier),
+            std::sync::Arc::clone(&connector),
+            config.clone(),
+            ReceiveSpec {
+                query,
+                exchange,
+                sources: others.iter().map(|&i| (i as u32, spec.nodes[i])).collect(),
+            },
+        )?;
+        let send = SrSend::open(
+            std::sync::Arc::clone(&carrier),
+            std::sync::Arc::clone(&connector),
+            config.clone(),
+            SendSpec {
+                query,
+                exchange,
+                from: spec.index as u32,
+                destinations: others.iter().map(|&i| spec.nodes[i]).collect(),
+                groups: vec![],
+            },
+        )?;
+        Ok::<_, TransportError>((send, recv))
+    };
+    // Connecting is the start barrier: every stream's handshake needs both sides.
+    let (send, recv) = open(1)?;
+    send.connect().await?;
+    let cpu0 = cpu::process_cpu();
+    let start = Instant::now();
+    let moved = exchange(spec, &data, &send, &recv, start).await?;
+    let elapsed = start.elapsed();
+    let cpu1 = cpu::process_cpu();
+    drop((send, recv));
+    // The end barrier: no node's endpoints go before every node is done.
+    let (send, recv) = open(2)?;
+    send.finish().await?;
+    while recv.get().await?.is_some() {}
+    send.flushed().await?;
+    let copies = match spec.pattern {
+        Pattern::Repartition => 1,
+        Pattern::Broadcast => n as u64 - 1,
+    };
+    let wire_sent = moved.sent.iter().sum::<u64>() + moved.messages_sent * copies * HEADER as u64;
+    let wire_received =
+        moved.received.iter().sum::<u64>() + moved.messages_received * HEADER as u64;
+    Ok(moved.report(
+        spec,
+        elapsed,
+        wire_sent,
+        wire_received,
+        cpu0.zip(cpu1).map(|(a, b)| b.saturating_sub(a)),
+        None,
+    ))
+}
+
+impl BenchSend for crate::design::sr::SrSend {
+    type Buffer = crate::design::sr::SrBuffer;
+    async fn acquire(&self, to: To) -> Result<Self::Buffer, TransportError> {
+        self.acquire(to).await
+    }
+    fn append(buf: &mut Self::Buffer, bytes: &[u8]) {
+        assert!(
+            buf.extend_from_slice(bytes),
+            "a benchmark message overfills its buffer"
+        );
+    }
+    fn put(&self, buf: Self::Buffer, last: bool) -> Result<(), TransportError> {
+        self.put(buf, last)
+    }
+    async fn finish(&self) -> Result<(), TransportError> {
+        self.finish().await?;
+        self.flushed().await
+    }
+}
+
+impl BenchReceive for crate::design::sr::SrReceive {
+    async fn next<T>(
+        &self,
+        f: impl FnOnce(u32, NodeId, bool, &[u8]) -> T,
+    ) -> Result<Option<T>, TransportError> {
+        let Some(r) = self.get().await? else {
+            return Ok(None);
+        };
+        let out = f(r.slot, r.node, r.last, self.data(&r));
+        self.release(r)?;
+        Ok(Some(out))
+    }
+}
+
+/// What a run's endpoints need to offer: Gyre's TCP endpoints and the
+/// RDMA-aware designs ([`crate::design`]) are driven and checked by the same
+/// code, so their figures compare.
+pub trait BenchSend {
+    type Buffer;
+    fn acquire(&self, to: To) -> impl Future<Output = Result<Self::Buffer, TransportError>>;
+    /// Appends to a buffer (the run never overfills one).
+    fn append(buf: &mut Self::Buffer, bytes: &[u8]);
+    fn put(&self, buf: Self::Buffer, last: bool) -> Result<(), TransportError>;
+    /// Ends every stream and waits until everything put is carried.
+    fn finish(&self) -> impl Future<Output = Result<(), TransportError>>;
+}
+
+/// The receiving half of [`BenchSend`].
+pub trait BenchReceive {
+    /// Hands the next message (source slot, node, last, payload) to `f` and
+    /// gives its buffer back; `None` once every stream ended.
+    fn next<T>(
+        &self,
+        f: impl FnOnce(u32, NodeId, bool, &[u8]) -> T,
+    ) -> impl Future<Output = Result<Option<T>, TransportError>>;
+}
+
+impl BenchSend for crate::endpoint::SendEndpoint {
+    type Buffer = crate::endpoint::SendBuffer;
+    async fn acquire(&self, to: To) -> Result<Self::Buffer, TransportError> {
+        self.acquire(to).await
+    }
+    fn append(buf: &mut Self::Buffer, bytes: &[u8]) {
+        buf.vec_mut().extend_from_slice(bytes);
+    }
+    fn put(&self, buf: Self::Buffer, last: bool) -> Result<(), TransportError> {
+        self.put(buf, last)
+    }
+    async fn finish(&self) -> Result<(), TransportError> {
+        self.finish();
+        self.flushed().await;
+        Ok(())
+    }
+}
+
+impl BenchReceive for crate::endpoint::ReceiveEndpoint {
+    async fn next<T>(
+        &self,
+        f: impl FnOnce(u32, NodeId, bool, &[u8]) -> T,
+    ) -> Result<Option<T>, TransportError> {
+        let Some(r) = self.get().await? else {
+            return Ok(None);
+        };
+        let out = f(r.slot, r.node, r.last, r.data());
+        self.release(r);
+        Ok(Some(out))
+    }
+}
+
+/// What one node's half of a run moved.
+struct Moved {
+    sent: Vec<u64>,
+    received: Vec<u64>,
+    done: Vec<Duration>,
+    messages_sent: u64,
+    messages_received: u64,
+    send_elapsed: Duration,
+    recv_elapsed: Duration,
+}
+
+impl Moved {
+    fn report(
+        self,
+        spec: &ShuffleSpec,
+        elapsed: Duration,
+        wire_bytes_sent: u64,
+        wire_bytes_received: u64,
+        process_cpu: Option<Duration>,
+        mux_cpu: Option<Duration>,
+    ) -> ShuffleReport {
+        let n = spec.nodes.len();
+        let peers = (1..n)
+            .map(|k| (spec.index + k) % n)
+            .map(|o| PeerFigures {
+                peer: spec.nodes[o],
+                bytes_sent: self.sent[o],
+                bytes_received: self.received[o],
+                recv_done: self.done[o],
+            })
+            .collect();
+        ShuffleReport {
+            node: spec.nodes[spec.index],
+            pattern: spec.pattern,
+            schedule: spec.schedule,
+            bytes_sent: self.sent.iter().sum(),
+            bytes_received: self.received.iter().sum(),
+            messages_sent: self.messages_sent,
+            messages_received: self.messages_received,
+            wire_bytes_sent,
+            wire_bytes_received,
+            elapsed,
+            send_elapsed: self.send_elapsed,
+            recv_elapsed: self.recv_elapsed,
+            peers,
+            process_cpu,
+            mux_cpu,
+        }
+    }
+}
+
+/// Sends this node's share and receives and checks everything sent to it.
+async fn exchange<S: BenchSend, R: BenchReceive>(
+    spec: &ShuffleSpec,
+    data: &[u8],
+    send: &S,
+    recv: &R,
+    start: Instant,
+) -> Result<Moved, BenchError> {
+    let n = spec.nodes.len();
+    let others: Vec<usize> = (1..n).map(|k| (spec.index + k) % n).collect();
     let sending = async {
         let mut sent = vec![0u64; n];
         let mut messages = 0u64;
@@ -288,9 +547,8 @@ pub async fn run_shuffle(
                 let lens = plan(spec, spec.index, others[0]);
                 for (seq, &len) in lens.iter().enumerate() {
                     let mut buf = send.acquire(To::All).await?;
-                    let v = buf.vec_mut();
-                    v.extend_from_slice(&header(spec.index, ANY, seq as u64));
-                    v.extend_from_slice(&data[MESSAGE_HEADER..len]);
+                    S::append(&mut buf, &header(spec.index, ANY, seq as u64));
+                    S::append(&mut buf, &data[MESSAGE_HEADER..len]);
                     send.put(buf, seq + 1 == lens.len())?;
                     messages += 1;
                     for &o in &others {
@@ -309,9 +567,8 @@ pub async fn run_shuffle(
                             continue;
                         };
                         let mut buf = send.acquire(To::Node(spec.nodes[d])).await?;
-                        let v = buf.vec_mut();
-                        v.extend_from_slice(&header(spec.index, d, seq as u64));
-                        v.extend_from_slice(&data[MESSAGE_HEADER..len]);
+                        S::append(&mut buf, &header(spec.index, d, seq as u64));
+                        S::append(&mut buf, &data[MESSAGE_HEADER..len]);
                         send.put(buf, seq + 1 == plans[k].len())?;
                         messages += 1;
                         sent[d] += len as u64;
@@ -319,8 +576,7 @@ pub async fn run_shuffle(
                 }
             }
         }
-        send.finish();
-        send.flushed().await;
+        send.finish().await?;
         Ok::<_, BenchError>((sent, messages, start.elapsed()))
     };
 
@@ -330,50 +586,68 @@ pub async fn run_shuffle(
         let mut done = vec![Duration::ZERO; n];
         let mut messages = 0u64;
         let expected: Vec<Vec<usize>> = (0..n).map(|s| plan(spec, s, spec.index)).collect();
-        while let Some(r) = recv.get().await? {
-            let src = r.slot as usize;
-            let m = r.data();
+        let want_dst = match spec.pattern {
+            Pattern::Broadcast => ANY,
+            Pattern::Repartition => spec.index,
+        };
+        let mut check = |slot: u32, node: NodeId, last: bool, m: &[u8]| {
+            let src = slot as usize;
+            if src >= n {
+                return Err(BenchError::Verify(format!(
+                    "a message from unknown slot {slot}"
+                )));
+            }
             if !m.is_empty() {
-                let want_dst = match spec.pattern {
-                    Pattern::Broadcast => ANY,
-                    Pattern::Repartition => spec.index,
-                };
                 let seq = next_seq[src];
                 let Some(&want_len) = expected[src].get(seq as usize) else {
                     return Err(BenchError::Verify(format!(
                         "{} sent more than the {} messages planned",
-                        node_name(r.node),
+                        node_name(node),
                         expected[src].len()
                     )));
                 };
                 if m.len() != want_len || m[..MESSAGE_HEADER] != header(src, want_dst, seq) {
                     return Err(BenchError::Verify(format!(
                         "message {seq} from {} has the wrong length or header",
-                        node_name(r.node)
+                        node_name(node)
                     )));
                 }
                 if m[MESSAGE_HEADER..] != data[MESSAGE_HEADER..want_len] {
                     return Err(BenchError::Verify(format!(
                         "message {seq} from {} has corrupt bytes",
-                        node_name(r.node)
+                        node_name(node)
                     )));
                 }
                 next_seq[src] += 1;
                 received[src] += m.len() as u64;
                 messages += 1;
             }
-            if r.last {
+            if last {
                 done[src] = start.elapsed();
                 if next_seq[src] as usize != expected[src].len() {
                     return Err(BenchError::Verify(format!(
                         "{} ended after {} of {} messages",
-                        node_name(r.node),
+                        node_name(node),
                         next_seq[src],
                         expected[src].len()
                     )));
                 }
             }
-            recv.release(r);
+            Ok(())
+        };
+        while let Some(checked) = recv.next(&mut check).await? {
+            checked?;
+        }
+        // Every source must have ended with all its messages.
+        for &o in &others {
+            if next_seq[o] as usize != expected[o].len() {
+                return Err(BenchError::Verify(format!(
+                    "{} delivered {} of {} messages",
+                    node_name(spec.nodes[o]),
+                    next_seq[o],
+                    expected[o].len()
+                )));
+            }
         }
         Ok::<_, BenchError>((received, messages, done, start.elapsed()))
     };
@@ -381,41 +655,14 @@ pub async fn run_shuffle(
     let (sent, got) = tokio::join!(sending, receiving);
     let ((sent, messages_sent, send_elapsed), (received, messages_received, done, recv_elapsed)) =
         (sent?, got?);
-    let elapsed = start.elapsed();
-    let cpu1 = cpu::process_cpu();
-    let stats1 = t.stats();
-    drop((send, recv));
-    barrier(t, spec, 2).await?;
-    t.release_query(query);
-
-    let peers = others
-        .iter()
-        .map(|&o| PeerFigures {
-            peer: spec.nodes[o],
-            bytes_sent: sent[o],
-            bytes_received: received[o],
-            recv_done: done[o],
-        })
-        .collect();
-    Ok(ShuffleReport {
-        node: me,
-        pattern: spec.pattern,
-        schedule: spec.schedule,
-        bytes_sent: sent.iter().sum(),
-        bytes_received: received.iter().sum(),
+    Ok(Moved {
+        sent,
+        received,
+        done,
         messages_sent,
         messages_received,
-        wire_bytes_sent: stats1.bytes_sent - stats0.bytes_sent,
-        wire_bytes_received: stats1.bytes_received - stats0.bytes_received,
-        elapsed,
         send_elapsed,
         recv_elapsed,
-        peers,
-        process_cpu: cpu0.zip(cpu1).map(|(a, b)| b.saturating_sub(a)),
-        mux_cpu: stats0
-            .mux_cpu
-            .zip(stats1.mux_cpu)
-            .map(|(a, b)| b.saturating_sub(a)),
     })
 }
 
@@ -447,5 +694,101 @@ mod tests {
         assert_eq!(plan(&s, 0, 1), vec![1000; 5]);
         let b = spec(Pattern::Broadcast, 3_500);
         assert_eq!(plan(&b, 0, 2), vec![1000, 166]);
+    }
+
+    /// Every node of an in-process shared-memory cluster runs the same spec.
+    async fn design_run(
+        nodes: u32,
+        pattern: Pattern,
+        total: u64,
+        message: usize,
+    ) -> Vec<ShuffleReport> {
+        use crate::design::{LocalConnector, sr::SrConfig};
+        use crate::shm::{ShmCarrier, ShmConfig, ShmParams};
+        use std::sync::Arc;
+        let dir = tempfile::tempdir().unwrap();
+        let config = ShmConfig {
+            dir: dir.path().to_path_buf(),
+            params: ShmParams {
+                arena: 64 << 20,
+                ..Default::default()
+            },
+        };
+        let connector = LocalConnector::new();
+        let ids: Vec<NodeId> = (1..=nodes).collect();
+        let runs = ids.iter().enumerate().map(|(index, &id)| {
+            let carrier = Arc::new(ShmCarrier::open(id, &config).unwrap());
+            let connector = connector.clone();
+            let spec = ShuffleSpec {
+                nodes: ids.clone(),
+                index,
+                pattern,
+                total_bytes: total,
+                message_size: message,
+                schedule: Schedule::Free,
+                run_id: 7,
+            };
+            tokio::spawn(async move {
+                let sr = SrConfig {
+                    message_size: 8192,
+                    ..Default::default()
+                };
+                run_design_shuffle(carrier, connector, sr, &spec).await
+            })
+        });
+        futures::future::join_all(runs)
+            .await
+            .into_iter()
+            .map(|r| r.unwrap().unwrap())
+            .collect()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_design_shuffle_moves_and_checks_every_byte() {
+        // 100 messages per pair and a short last one.
+        let reports = design_run(
+            4,
+            Pattern::Repartition,
+            4 * 3 * 8000 * 100 + 4 * 3 * 123,
+            8000,
+        )
+        .await;
+        for r in &reports {
+            assert_eq!(r.bytes_sent, 3 * (8000 * 100 + 123));
+            assert_eq!(r.bytes_received, r.bytes_sent);
+            assert_eq!(r.messages_received, 3 * 101);
+            assert_eq!(r.wire_bytes_sent, r.bytes_sent + 3 * 101 * 16);
+            assert!(r.mux_cpu.is_none());
+        }
+        let reports = design_run(3, Pattern::Broadcast, 3 * 50_000, 4000).await;
+        for r in &reports {
+            assert_eq!(r.bytes_sent, 2 * 50_000);
+            assert_eq!(r.bytes_received, 2 * 50_000);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_design_shuffle_refuses_messages_larger_than_its_buffers() {
+        use crate::design::{LocalConnector, sr::SrConfig};
+        use crate::shm::{ShmCarrier, ShmConfig, ShmParams};
+        use std::sync::Arc;
+        let dir = tempfile::tempdir().unwrap();
+        let config = ShmConfig {
+            dir: dir.path().to_path_buf(),
+            params: ShmParams {
+                arena: 16 << 20,
+                ..Default::default()
+            },
+        };
+        let carrier = Arc::new(ShmCarrier::open(1, &config).unwrap());
+        let mut s = spec(Pattern::Repartition, 1 << 20);
+        s.message_size = 64 * 1024;
+        let err = run_design_shuffle(carrier, LocalConnector::new(), SrConfig::default(), &s)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, BenchError::Spec(m) if m.contains("payload size")),
+            "{err}"
+        );
     }
 }

@@ -22,6 +22,7 @@
 pub mod auth;
 pub mod bench;
 pub mod cpu;
+pub mod design;
 pub mod endpoint;
 pub mod frame;
 #[doc(hidden)]

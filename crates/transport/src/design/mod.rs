@@ -1,0 +1,230 @@
+//! The RDMA-aware shuffle paper's endpoint designs over the [`crate::verbs`]
+//! carrier seam (its section 5, Table 1). A design is named
+//! `{SE|ME}{SQ|MQ}/{SR|RD|WR}`: one endpoint shared by a node's threads or one
+//! per thread; one datagram queue pair per endpoint or one reliable queue pair
+//! per peer; two-sided send/receive, one-sided read or one-sided write.
+//!
+//! - [`sr`]: send/receive over reliable connections (MEMQ/SR, SEMQ/SR) with
+//!   the paper's stateless credit protocol (Algorithm 3).
+//!
+//! Endpoints find each other through a [`Connector`]: each side of a stream
+//! offers what its peer needs (its queue pair, where to write credits) under
+//! the stream's key and receives the other side's offer, as RDMA's connection
+//! managers exchange queue-pair numbers out of band. [`handshake`] adds their
+//! third step (ready to use): neither side sends before both have connected,
+//! since a reliable queue pair refuses requests from one it is not connected to.
+
+pub mod sr;
+
+use crate::frame::StreamKey;
+use crate::verbs::{QpAddr, RemoteRegion};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::oneshot;
+
+/// The paper's eight designs and Gyre's TCP transport.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Design {
+    Tcp,
+    MemqSr,
+    SemqSr,
+    MesqSr,
+    SesqSr,
+    MemqRd,
+    SemqRd,
+    MemqWr,
+    SemqWr,
+}
+
+impl Design {
+    pub const ALL: [Design; 9] = [
+        Design::Tcp,
+        Design::MemqSr,
+        Design::SemqSr,
+        Design::MesqSr,
+        Design::SesqSr,
+        Design::MemqRd,
+        Design::SemqRd,
+        Design::MemqWr,
+        Design::SemqWr,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Design::Tcp => "tcp",
+            Design::MemqSr => "memq-sr",
+            Design::SemqSr => "semq-sr",
+            Design::MesqSr => "mesq-sr",
+            Design::SesqSr => "sesq-sr",
+            Design::MemqRd => "memq-rd",
+            Design::SemqRd => "semq-rd",
+            Design::MemqWr => "memq-wr",
+            Design::SemqWr => "semq-wr",
+        }
+    }
+
+    /// One endpoint per thread (ME) rather than one per node (SE).
+    pub fn per_thread(self) -> bool {
+        matches!(
+            self,
+            Design::MemqSr | Design::MesqSr | Design::MemqRd | Design::MemqWr
+        )
+    }
+
+    /// Whether this build carries the design out (the others are still to come).
+    pub fn implemented(self) -> bool {
+        matches!(self, Design::Tcp | Design::MemqSr | Design::SemqSr)
+    }
+}
+
+impl std::fmt::Display for Design {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Design {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let s = s.trim().to_ascii_lowercase().replace('/', "-");
+        Design::ALL
+            .into_iter()
+            .find(|d| d.name() == s)
+            .ok_or_else(|| {
+                let names: Vec<&str> = Design::ALL.iter().map(|d| d.name()).collect();
+                format!(
+                    "unknown shuffle design '{s}' (expected one of {})",
+                    names.join(", ")
+                )
+            })
+    }
+}
+
+/// What one side of a stream offers the other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Offer {
+    /// The side's queue pair for this stream.
+    pub qp: QpAddr,
+    /// Where the peer writes for this side: the sender's credit slot, or the
+    /// receiver's buffers (one-sided designs).
+    pub region: Option<RemoteRegion>,
+    /// Offset of the slot in `region`.
+    pub offset: u64,
+}
+
+/// Which side of a stream offers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Side {
+    Sender,
+    Receiver,
+}
+
+/// The steps of a stream's handshake.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Phase {
+    /// Queue pairs and regions are exchanged.
+    Offer,
+    /// The side has connected its queue pair to the peer's.
+    Ready,
+}
+
+/// Brings the two sides of a stream together.
+#[async_trait::async_trait]
+pub trait Connector: Send + Sync {
+    /// Offers `offer` as `side` of stream `key` in `phase` and waits (at most
+    /// `timeout`) for the other side's offer in the same phase.
+    async fn meet(
+        &self,
+        key: StreamKey,
+        side: Side,
+        phase: Phase,
+        offer: Offer,
+        timeout: Duration,
+    ) -> Result<Offer, String>;
+}
+
+/// Connects one side of stream `key`: exchanges offers, lets `connect` bring
+/// this side's queue pair up against the peer's offer, then waits until the
+/// peer has done the same. Returns the peer's offer.
+pub async fn handshake(
+    connector: &dyn Connector,
+    key: StreamKey,
+    side: Side,
+    peer: crate::NodeId,
+    offer: Offer,
+    timeout: Duration,
+    connect: impl FnOnce(&Offer) -> Result<(), crate::TransportError>,
+) -> Result<Offer, crate::TransportError> {
+    let unreachable = |reason| crate::TransportError::Unreachable { peer, reason };
+    let theirs = connector
+        .meet(key, side, Phase::Offer, offer, timeout)
+        .await
+        .map_err(unreachable)?;
+    if theirs.qp.node != peer {
+        return Err(crate::TransportError::PeerLost {
+            peer,
+            reason: format!("stream {key} answered by {}", theirs.qp),
+        });
+    }
+    connect(&theirs)?;
+    connector
+        .meet(key, side, Phase::Ready, offer, timeout)
+        .await
+        .map_err(unreachable)?;
+    Ok(theirs)
+}
+
+/// An offer waiting for its peer, and where to hand the peer's offer.
+type Waiting = (Offer, oneshot::Sender<Offer>);
+
+/// A connector for endpoints of one process (tests, embedded clusters, benchmarks).
+#[derive(Default)]
+pub struct LocalConnector {
+    waiting: Mutex<HashMap<(StreamKey, Side, Phase), Waiting>>,
+}
+
+impl LocalConnector {
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self::default())
+    }
+}
+
+#[async_trait::async_trait]
+impl Connector for LocalConnector {
+    async fn meet(
+        &self,
+        key: StreamKey,
+        side: Side,
+        phase: Phase,
+        offer: Offer,
+        timeout: Duration,
+    ) -> Result<Offer, String> {
+        let other = match side {
+            Side::Sender => Side::Receiver,
+            Side::Receiver => Side::Sender,
+        };
+        let rx = {
+            let mut w = self.waiting.lock();
+            if let Some((theirs, tx)) = w.remove(&(key, other, phase)) {
+                let _ = tx.send(offer);
+                return Ok(theirs);
+            }
+            let (tx, rx) = oneshot::channel();
+            if w.insert((key, side, phase), (offer, tx)).is_some() {
+                return Err(format!("stream {key} was offered twice by its {side:?}"));
+            }
+            rx
+        };
+        match tokio::time::timeout(timeout, rx).await {
+            Ok(Ok(theirs)) => Ok(theirs),
+            _ => {
+                self.waiting.lock().remove(&(key, side, phase));
+                Err(format!(
+                    "the other side of stream {key} did not reach {phase:?} within {timeout:?}"
+                ))
+            }
+        }
+    }
+}

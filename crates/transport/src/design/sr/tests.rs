@@ -1,0 +1,275 @@
+use super::*;
+use crate::design::LocalConnector;
+use crate::shm::{ShmCarrier, ShmConfig, ShmParams};
+use crate::{ReceiveSpec, SendSpec};
+
+struct Cluster {
+    _dir: tempfile::TempDir,
+    carriers: Vec<Arc<dyn Carrier>>,
+    connector: Arc<LocalConnector>,
+}
+
+fn cluster(n: u32) -> Cluster {
+    let dir = tempfile::tempdir().unwrap();
+    let config = ShmConfig {
+        dir: dir.path().to_path_buf(),
+        params: ShmParams {
+            arena: 64 << 20,
+            ..Default::default()
+        },
+    };
+    let carriers = (1..=n)
+        .map(|id| Arc::new(ShmCarrier::open(id, &config).unwrap()) as Arc<dyn Carrier>)
+        .collect();
+    Cluster {
+        _dir: dir,
+        carriers,
+        connector: LocalConnector::new(),
+    }
+}
+
+fn small() -> SrConfig {
+    SrConfig {
+        message_size: 4096,
+        window: 4,
+        credit_every: 2,
+        send_buffers: 4,
+        timeout: Duration::from_secs(5),
+    }
+}
+
+fn body(src: u32, dst: u32, seq: usize) -> Vec<u8> {
+    let len = 1 + (seq * 977 + src as usize * 31) % (small().payload() - 1);
+    (0..len)
+        .map(|i| (i as u32 ^ src << 3 ^ dst << 5 ^ seq as u32) as u8)
+        .collect()
+}
+
+impl Cluster {
+    fn send(&self, node: u32, dests: Vec<NodeId>, groups: Vec<Vec<NodeId>>, c: SrConfig) -> SrSend {
+        SrSend::open(
+            Arc::clone(&self.carriers[node as usize - 1]),
+            self.connector.clone(),
+            c,
+            SendSpec {
+                query: 1,
+                exchange: 1,
+                from: node,
+                destinations: dests,
+                groups,
+            },
+        )
+        .unwrap()
+    }
+
+    fn recv(&self, node: u32, sources: Vec<NodeId>, c: SrConfig) -> SrReceive {
+        SrReceive::open(
+            Arc::clone(&self.carriers[node as usize - 1]),
+            self.connector.clone(),
+            c,
+            ReceiveSpec {
+                query: 1,
+                exchange: 1,
+                sources: sources.into_iter().map(|s| (s, s)).collect(),
+            },
+        )
+        .unwrap()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_node_repartitions_to_every_other_in_order() {
+    const N: u32 = 3;
+    const MESSAGES: usize = 300;
+    let c = Arc::new(cluster(N));
+    let mut tasks = vec![];
+    for me in 1..=N {
+        let others: Vec<NodeId> = (1..=N).filter(|o| *o != me).collect();
+        let send = c.send(me, others.clone(), vec![], small());
+        let recv = c.recv(me, others.clone(), small());
+        tasks.push(tokio::spawn(async move {
+            let sending = async {
+                for seq in 0..MESSAGES {
+                    for &d in &others {
+                        let mut b = send.acquire(To::Node(d)).await?;
+                        assert!(b.extend_from_slice(&body(me, d, seq)));
+                        send.put(b, seq + 1 == MESSAGES && d % 2 == 0)?;
+                    }
+                }
+                send.finish().await?;
+                send.flushed().await
+            };
+            let receiving = async {
+                let mut next = [0usize; N as usize + 1];
+                while let Some(r) = recv.get().await? {
+                    let s = r.node;
+                    assert_eq!(recv.data(&r), &body(s, me, next[s as usize])[..]);
+                    next[s as usize] += 1;
+                    recv.release(r)?;
+                }
+                Ok::<_, TransportError>(next)
+            };
+            let (s, r) = tokio::join!(sending, receiving);
+            s?;
+            let next = r?;
+            for &o in &others {
+                assert_eq!(next[o as usize], MESSAGES, "from node {o}");
+            }
+            Ok::<_, TransportError>(())
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap().unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broadcast_and_groups_reach_their_members_once() {
+    let c = cluster(4);
+    let send = c.send(1, vec![2, 3, 4], vec![vec![2, 4]], small());
+    let recvs: Vec<SrReceive> = (2..=4).map(|n| c.recv(n, vec![1], small())).collect();
+    let sending = async {
+        for i in 0..50u8 {
+            let mut b = send
+                .acquire(if i % 2 == 0 { To::All } else { To::Group(0) })
+                .await?;
+            b.extend_from_slice(&[i; 100]);
+            send.put(b, false)?;
+        }
+        send.finish().await
+    };
+    let receiving = futures::future::join_all(recvs.iter().map(|r| async move {
+        let mut got = vec![];
+        while let Some(m) = r.get().await? {
+            got.push(r.data(&m)[0]);
+            r.release(m)?;
+        }
+        Ok::<_, TransportError>(got)
+    }));
+    let (s, got) = tokio::join!(sending, receiving);
+    s.unwrap();
+    let got: Vec<Vec<u8>> = got.into_iter().map(Result::unwrap).collect();
+    let all: Vec<u8> = (0..50).collect();
+    let even: Vec<u8> = (0..50).step_by(2).collect();
+    assert_eq!(got[0], all, "node 2 is in the group");
+    assert_eq!(got[1], even, "node 3 gets the broadcasts only");
+    assert_eq!(got[2], all, "node 4 is in the group");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_consumer_holds_the_sender_to_its_window() {
+    let c = cluster(2);
+    let send = c.send(1, vec![2], vec![], small());
+    let recv = c.recv(2, vec![1], small());
+    // A reservation dropped unsent gives its credit and buffer back (the
+    // receiver sees nothing of it)...
+    drop(send.acquire(To::Node(2)).await.unwrap());
+    // ...so the window's worth still goes at once...
+    for i in 0..small().window {
+        let mut b = tokio::time::timeout(Duration::from_secs(2), send.acquire(To::Node(2)))
+            .await
+            .expect("a credit within the window")
+            .unwrap();
+        assert!(b.extend_from_slice(&[i as u8]));
+        send.put(b, false).unwrap();
+    }
+    // ...then the sender waits for credit.
+    let blocked = tokio::time::timeout(Duration::from_millis(200), send.acquire(To::Node(2))).await;
+    assert!(blocked.is_err(), "acquired beyond the window");
+    // Consuming two returns credit (every second release writes it back).
+    for _ in 0..2 {
+        let m = recv.get().await.unwrap().unwrap();
+        recv.release(m).unwrap();
+    }
+    let b = tokio::time::timeout(Duration::from_secs(2), send.acquire(To::Node(2)))
+        .await
+        .expect("credit came back")
+        .unwrap();
+    let mut b = b;
+    assert!(b.extend_from_slice(b"last"));
+    send.put(b, true).unwrap();
+    let mut n = 0;
+    while let Some(m) = recv.get().await.unwrap() {
+        n += 1;
+        recv.release(m).unwrap();
+    }
+    assert_eq!(n, small().window as usize + 1 - 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_receiver_is_waited_for_and_a_failure_reaches_it() {
+    let c = Arc::new(cluster(2));
+    let send = c.send(1, vec![2], vec![], small());
+    let c2 = Arc::clone(&c);
+    let receiver = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let recv = c2.recv(2, vec![1], small());
+        let m = recv.get().await.unwrap().unwrap();
+        assert_eq!(recv.data(&m), b"before");
+        recv.release(m).unwrap();
+        recv.get().await.unwrap_err()
+    });
+    let mut b = send.acquire(To::Node(2)).await.unwrap();
+    b.extend_from_slice(b"before");
+    send.put(b, false).unwrap();
+    send.fail("the producer broke").await.unwrap();
+    let err = receiver.await.unwrap();
+    assert!(
+        matches!(&err, TransportError::Remote { peer: 1, message } if message == "the producer broke"),
+        "{err}"
+    );
+    // The stream is over: nothing more may be sent on it.
+    assert!(send.acquire(To::Node(2)).await.is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receiver_that_never_comes_fails_the_sender_in_time() {
+    let c = cluster(2);
+    let send = c.send(
+        1,
+        vec![2],
+        vec![],
+        SrConfig {
+            timeout: Duration::from_millis(300),
+            ..small()
+        },
+    );
+    let err = send.acquire(To::Node(2)).await.unwrap_err();
+    assert!(
+        matches!(err, TransportError::Unreachable { peer: 2, .. }),
+        "{err}"
+    );
+}
+
+#[test]
+fn bad_settings_are_refused() {
+    let c = cluster(2);
+    for bad in [
+        SrConfig {
+            message_size: HEADER,
+            ..small()
+        },
+        SrConfig {
+            credit_every: 5,
+            ..small()
+        },
+        SrConfig {
+            send_buffers: 0,
+            ..small()
+        },
+    ] {
+        let r = SrSend::open(
+            Arc::clone(&c.carriers[0]),
+            c.connector.clone(),
+            bad,
+            SendSpec {
+                query: 1,
+                exchange: 1,
+                from: 1,
+                destinations: vec![2],
+                groups: vec![],
+            },
+        );
+        assert!(matches!(r, Err(TransportError::Misuse(_))));
+    }
+}
