@@ -9,7 +9,10 @@
 //!   in the same run, runs the shuffles from inside the coordinator's host,
 //!   and tears the cluster down;
 //! - `--link loopback`: an embedded cluster in this process over loopback TCP,
-//!   next to a plain memcpy of the same bytes;
+//!   next to a plain memcpy of the same bytes; `--carrier tcp,shm` adds the
+//!   RDMA-aware shuffle's `--design`s (`gyre_transport::design`) over the
+//!   shared-memory carrier, as many nodes in this process, each run
+//!   alternating between all;
 //! - `--connect ADDR`: an existing cluster (`--capacity RATE` for utilisation).
 //!
 //! Utilisation is payload bytes per second over the measured capacity (TCP
@@ -27,6 +30,7 @@ use clap::Args;
 use gyre_cluster::protocol::{ControlClient, Request, Response, ShuffleFigures, ShuffleRun};
 use gyre_cluster::{Coordinator, LocalCluster};
 use gyre_testbed::{ClusterName, CpuQuota, LinkRate};
+use gyre_transport::design::Design;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -58,6 +62,13 @@ pub struct ShuffleArgs {
     /// Data links clear (off), sealed (on), or both separated by a comma.
     #[arg(long, default_value = "off")]
     encrypt_links: String,
+    /// Carriers, separated by commas: tcp (the multiplexed TCP transport) and,
+    /// with `--link loopback`, shm (the shared-memory carrier, with `--design`).
+    #[arg(long, default_value = "tcp")]
+    carrier: String,
+    /// Endpoint designs of the shm carrier, separated by commas (memq-sr so far).
+    #[arg(long, default_value = "memq-sr")]
+    design: String,
     /// Runs of each configuration.
     #[arg(long, default_value_t = 1)]
     repeat: usize,
@@ -81,6 +92,10 @@ pub struct ShuffleArgs {
 /// One configuration's figures.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ShuffleResult {
+    /// The carrier and endpoint design: `tcp` (the TCP carrier), or `shm/`
+    /// and one of the RDMA-aware shuffle's designs.
+    #[serde(default = "tcp")]
+    pub design: String,
     pub pattern: String,
     pub schedule: String,
     /// Whether the data links were sealed.
@@ -98,6 +113,10 @@ pub struct ShuffleResult {
     pub cpu_s_per_gb: Option<f64>,
     /// Smallest per-worker send or receive rate over the capacity.
     pub min_utilisation: Option<f64>,
+}
+
+fn tcp() -> String {
+    Design::Tcp.to_string()
 }
 
 /// What `gyre bench shuffle` reports.
@@ -164,6 +183,46 @@ impl ShuffleArgs {
         Ok(settings)
     }
 
+    /// What to run, in order: `tcp` for the TCP carrier, then the `--design`s of
+    /// the shm carrier.
+    fn designs(&self) -> Result<Vec<Design>, BoxError> {
+        let mut designs = vec![];
+        for carrier in list(&self.carrier) {
+            match carrier.as_str() {
+                "tcp" => designs.push(Design::Tcp),
+                "shm" => {
+                    for d in list(&self.design) {
+                        let d = d.parse::<Design>().map_err(|e| format!("--design: {e}"))?;
+                        if d != Design::MemqSr {
+                            return Err(format!(
+                                "--design: {d} is not available on the shm carrier yet \
+                                 (memq-sr is; semq-sr differs from it only with several \
+                                 sending threads per node)"
+                            )
+                            .into());
+                        }
+                        designs.push(d);
+                    }
+                }
+                other => {
+                    return Err(format!(
+                        "--carrier: unknown carrier '{other}' (expected tcp or shm; verbs \
+                         is not built yet)"
+                    )
+                    .into());
+                }
+            }
+        }
+        if designs.is_empty() {
+            return Err("--carrier: give tcp, shm, or both".into());
+        }
+        let loopback = self.link.eq_ignore_ascii_case("loopback");
+        if designs.iter().any(|d| *d != Design::Tcp) && (!loopback || self.connect.is_some()) {
+            return Err("--carrier shm: its nodes run in this process; use --link loopback".into());
+        }
+        Ok(designs)
+    }
+
     fn runs(&self) -> Result<Vec<ShuffleRun>, BoxError> {
         let total_bytes = parse_size(&self.bytes)?;
         let message_size = parse_size(&self.message_size)?;
@@ -201,6 +260,7 @@ pub async fn run(args: ShuffleArgs) -> Result<(), BoxError> {
     }
     let runs = args.runs()?;
     let sealing = args.sealing()?;
+    let designs = args.designs()?;
     let report = if let Some(addr) = &args.connect {
         let [encrypted] = sealing[..] else {
             return Err(
@@ -220,7 +280,7 @@ pub async fn run(args: ShuffleArgs) -> Result<(), BoxError> {
         let capacity = args.capacity.map(|c| c.bits_per_sec() as f64 / 8.0);
         report(&args, capacity, None, results)
     } else if args.link.eq_ignore_ascii_case("loopback") {
-        loopback(&args, runs, &sealing).await?
+        loopback(&args, runs, &sealing, &designs).await?
     } else {
         emulated(&args, &sealing).await?
     };
@@ -257,6 +317,7 @@ fn result(run: &ShuffleRun, workers: Vec<ShuffleFigures>, shared_process: bool) 
         workers.iter().map(|w| w.process_cpu_s).sum()
     };
     ShuffleResult {
+        design: tcp(),
         pattern: run.pattern.clone(),
         schedule: run.schedule.clone(),
         encrypted: false,
@@ -296,31 +357,40 @@ fn report(
     }
 }
 
-/// An embedded cluster over loopback per sealing setting, each run alternating between
-/// them, next to a memcpy of the same bytes.
+/// An embedded cluster over loopback per sealing setting (with the tcp design) and
+/// shared-memory nodes in this process per other design, each run alternating
+/// between them, next to a memcpy of the same bytes.
 async fn loopback(
     args: &ShuffleArgs,
     runs: Vec<ShuffleRun>,
     sealing: &[bool],
+    designs: &[Design],
 ) -> Result<ShuffleBenchReport, BoxError> {
     let mut clusters = vec![];
-    for &encrypt_links in sealing {
-        let limits = gyre_cluster::Limits {
-            encrypt_links,
-            ..Default::default()
-        };
-        let cluster = LocalCluster::start_limited(
-            args.nodes,
-            1,
-            "127.0.0.1:0".parse()?,
-            &Default::default(),
-            &limits,
-        )
-        .await?;
-        clusters.push((encrypt_links, cluster));
+    if designs.contains(&Design::Tcp) {
+        for &encrypt_links in sealing {
+            let limits = gyre_cluster::Limits {
+                encrypt_links,
+                ..Default::default()
+            };
+            let cluster = LocalCluster::start_limited(
+                args.nodes,
+                1,
+                "127.0.0.1:0".parse()?,
+                &Default::default(),
+                &limits,
+            )
+            .await?;
+            clusters.push((encrypt_links, cluster));
+        }
     }
+    let shm = if designs.iter().any(|d| *d != Design::Tcp) {
+        Some(ShmNodes::start(args.nodes)?)
+    } else {
+        None
+    };
     let mut results = vec![];
-    for run in &runs {
+    for (i, run) in runs.iter().enumerate() {
         for (encrypted, cluster) in &clusters {
             let coordinator: &Arc<Coordinator> = &cluster.coordinator;
             let label = format!(
@@ -344,9 +414,93 @@ async fn loopback(
                 other => return Err(format!("unexpected reply {other:?}").into()),
             }
         }
+        if let Some(shm) = &shm {
+            for &design in designs.iter().filter(|d| **d != Design::Tcp) {
+                let label = format!(
+                    "shuffling: {} of {} over {} shared-memory nodes ({design})",
+                    run.pattern,
+                    human_bytes(run.total_bytes as f64),
+                    args.nodes,
+                );
+                let workers = with_progress(&label, shm.run(run, i as u64 + 1)).await?;
+                results.push(ShuffleResult {
+                    design: format!("shm/{design}"),
+                    ..result(run, workers, true)
+                });
+            }
+        }
     }
     let memcpy = measure_memcpy(runs[0].total_bytes, runs[0].message_size as usize);
     Ok(report(args, None, Some(memcpy), results))
+}
+
+/// Nodes of the shared-memory carrier in this process, their segments in a
+/// directory of their own (on /dev/shm where there is one).
+struct ShmNodes {
+    _dir: tempfile::TempDir,
+    carriers: Vec<Arc<dyn gyre_transport::verbs::Carrier>>,
+}
+
+impl ShmNodes {
+    fn start(nodes: usize) -> Result<Self, BoxError> {
+        let base = std::path::Path::new("/dev/shm");
+        let dir = if base.is_dir() {
+            tempfile::Builder::new()
+                .prefix("gyre-bench-")
+                .tempdir_in(base)?
+        } else {
+            tempfile::Builder::new().prefix("gyre-bench-").tempdir()?
+        };
+        let config = gyre_transport::shm::ShmConfig {
+            dir: dir.path().to_path_buf(),
+            params: Default::default(),
+        };
+        let carriers = (1..=nodes as u32)
+            .map(|id| {
+                gyre_transport::shm::ShmCarrier::open(id, &config)
+                    .map(|c| Arc::new(c) as Arc<dyn gyre_transport::verbs::Carrier>)
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Self {
+            _dir: dir,
+            carriers,
+        })
+    }
+
+    /// Runs `run` on every node at once (send/receive designs: with one sending
+    /// task per node, the ME and SE variants are the same).
+    async fn run(&self, run: &ShuffleRun, run_id: u64) -> Result<Vec<ShuffleFigures>, BoxError> {
+        use gyre_transport::bench::{ShuffleSpec, run_design_shuffle};
+        use gyre_transport::design::{LocalConnector, sr};
+        let connector = LocalConnector::new();
+        let nodes: Vec<u32> = self.carriers.iter().map(|c| c.node()).collect();
+        let config = sr::SrConfig {
+            message_size: run.message_size as usize + sr::HEADER,
+            ..Default::default()
+        };
+        let mut tasks = vec![];
+        for (index, carrier) in self.carriers.iter().enumerate() {
+            let spec = ShuffleSpec {
+                nodes: nodes.clone(),
+                index,
+                pattern: run.pattern.parse()?,
+                total_bytes: run.total_bytes,
+                message_size: run.message_size as usize,
+                schedule: run.schedule.parse()?,
+                run_id,
+            };
+            let (carrier, connector, config) =
+                (Arc::clone(carrier), connector.clone(), config.clone());
+            tasks.push(tokio::spawn(async move {
+                run_design_shuffle(carrier, connector, config, &spec).await
+            }));
+        }
+        let mut workers = vec![];
+        for t in tasks {
+            workers.push(t.await??.into());
+        }
+        Ok(workers)
+    }
 }
 
 /// Copies `total` bytes in `chunk`-sized pieces between two buffers far larger than
@@ -449,8 +603,9 @@ fn emit(args: &ShuffleArgs, r: &ShuffleBenchReport) -> Result<(), BoxError> {
     }
     for run in &r.runs {
         println!(
-            "\n{} of {} over {} workers, {} schedule, {} links, {} messages: {:.2} s, {:.1} MB/s \
-             in all{}{}",
+            "\n{}: {} of {} over {} workers, {} schedule, {} links, {} messages: {:.2} s, \
+             {:.1} MB/s in all{}{}",
+            run.design,
             run.pattern,
             human_bytes(run.total_bytes as f64),
             run.workers.len(),
@@ -507,8 +662,8 @@ fn plot_svg(r: &ShuffleBenchReport) -> String {
         for wk in &run.workers {
             let sealed = if run.encrypted { "/sealed" } else { "" };
             labels.push(format!(
-                "{}/{}{sealed} w{}",
-                run.pattern, run.schedule, wk.node
+                "{} {}/{}{sealed} w{}",
+                run.design, run.pattern, run.schedule, wk.node
             ));
             values.push(vec![wk.send_rate() / 1e6, wk.recv_rate() / 1e6]);
         }

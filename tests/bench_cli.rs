@@ -138,6 +138,8 @@ fn bench_join_refuses_an_unknown_strategy() {
     }
 }
 
+/// Both carriers, TCP and shared memory, move and check every byte (the
+/// command verifies each message against the plan).
 #[test]
 fn bench_shuffle_on_loopback_moves_every_byte() {
     let report = json_of(&[
@@ -151,17 +153,65 @@ fn bench_shuffle_on_loopback_moves_every_byte() {
         "30MB",
         "--schedule",
         "free,phased",
+        "--carrier",
+        "tcp,shm",
+        "--pattern",
+        "repartition,broadcast",
+        "--message-size",
+        "64KiB",
         "--json",
         "-",
     ]);
-    for run in report["runs"].as_array().unwrap() {
+    let runs = report["runs"].as_array().unwrap();
+    let designs: Vec<&str> = runs.iter().map(|r| r["design"].as_str().unwrap()).collect();
+    assert_eq!(
+        designs.iter().filter(|d| **d == "tcp").count(),
+        4,
+        "{designs:?}"
+    );
+    assert_eq!(
+        designs.iter().filter(|d| **d == "shm/memq-sr").count(),
+        4,
+        "{designs:?}"
+    );
+    for run in runs {
         let workers = run["workers"].as_array().unwrap();
         assert_eq!(workers.len(), 3);
+        // A repartition sends each worker's 10 MB once; a broadcast to both others.
+        let each = match run["pattern"].as_str().unwrap() {
+            "broadcast" => 20_000_000,
+            _ => 10_000_000,
+        };
         for w in workers {
-            assert_eq!(w["bytes_sent"].as_u64().unwrap(), 10_000_000, "{w}");
-            assert_eq!(w["bytes_received"].as_u64().unwrap(), 10_000_000, "{w}");
+            assert_eq!(w["bytes_sent"].as_u64().unwrap(), each, "{w}");
+            assert_eq!(w["bytes_received"].as_u64().unwrap(), each, "{w}");
         }
     }
+}
+
+#[test]
+fn bench_shuffle_refuses_what_it_cannot_run() {
+    for (args, named) in [
+        (&["--carrier", "verbs"][..], "verbs"),
+        (&["--carrier", "shm", "--design", "memq-wr"][..], "memq-wr"),
+        (&["--carrier", "shm", "--design", "nosuch"][..], "nosuch"),
+    ] {
+        let out = gyre()
+            .args(["bench", "shuffle", "--link", "loopback", "--bytes", "1MB"])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(named), "{args:?}: {err}");
+    }
+    // The shared-memory nodes live in this process: not on emulated hosts.
+    let out = gyre()
+        .args(["bench", "shuffle", "--link", "1gbit", "--carrier", "shm"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--link loopback"));
 }
 
 /// A short CH-benCHmark run: terminals commit, analytical streams complete, the

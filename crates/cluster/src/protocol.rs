@@ -470,6 +470,25 @@ pub struct ShuffleFigures {
     pub mux_cpu_s: Option<f64>,
 }
 
+impl From<gyre_transport::bench::ShuffleReport> for ShuffleFigures {
+    fn from(r: gyre_transport::bench::ShuffleReport) -> Self {
+        Self {
+            node: r.node,
+            bytes_sent: r.bytes_sent,
+            bytes_received: r.bytes_received,
+            messages_sent: r.messages_sent,
+            messages_received: r.messages_received,
+            wire_bytes_sent: r.wire_bytes_sent,
+            wire_bytes_received: r.wire_bytes_received,
+            elapsed_s: r.elapsed.as_secs_f64(),
+            send_elapsed_s: r.send_elapsed.as_secs_f64(),
+            recv_elapsed_s: r.recv_elapsed.as_secs_f64(),
+            process_cpu_s: r.process_cpu.map(|d| d.as_secs_f64()),
+            mux_cpu_s: r.mux_cpu.map(|d| d.as_secs_f64()),
+        }
+    }
+}
+
 impl ShuffleFigures {
     /// Payload bytes per second sent.
     pub fn send_rate(&self) -> f64 {

@@ -96,20 +96,7 @@ mod runs {
             let r = run_shuffle(&self.transport, &spec)
                 .await
                 .map_err(|e| bad(format!("{} failed: {e}", node_name(self.node))))?;
-            Ok(ShuffleFigures {
-                node: r.node,
-                bytes_sent: r.bytes_sent,
-                bytes_received: r.bytes_received,
-                messages_sent: r.messages_sent,
-                messages_received: r.messages_received,
-                wire_bytes_sent: r.wire_bytes_sent,
-                wire_bytes_received: r.wire_bytes_received,
-                elapsed_s: r.elapsed.as_secs_f64(),
-                send_elapsed_s: r.send_elapsed.as_secs_f64(),
-                recv_elapsed_s: r.recv_elapsed.as_secs_f64(),
-                process_cpu_s: r.process_cpu.map(|d| d.as_secs_f64()),
-                mux_cpu_s: r.mux_cpu.map(|d| d.as_secs_f64()),
-            })
+            Ok(r.into())
         }
 
         /// Takes part in a synthetic cyclo-join between the workers of `run`.
