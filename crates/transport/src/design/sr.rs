@@ -290,7 +290,8 @@ impl SrSend {
             .map(|g| g.iter().map(index).collect::<Result<Vec<_>, _>>())
             .collect::<Result<Vec<_>, _>>()?;
         let buffers = carrier
-            .register(config.send_buffers * config.message_size)
+            // One more than the pool: the reserve a dropped endpoint's error marker uses.
+            .register((config.send_buffers + 1) * config.message_size)
             .map_err(carrier_err)?;
         let credits = carrier.register(n * SLOT).map_err(carrier_err)?;
         // SAFETY: nothing writes the fresh slots yet.
@@ -604,6 +605,39 @@ impl SrSend {
         Ok(())
     }
 
+    /// Posts `flags | FLAG_LAST` with `text` from buffer `index` to each stream of
+    /// `streams`, as their next message.
+    fn post_marker(
+        &self,
+        index: usize,
+        flags: u32,
+        text: &str,
+        streams: &[usize],
+    ) -> Result<(), TransportError> {
+        let body = &text.as_bytes()[..text.len().min(self.config.payload())];
+        let off = index * self.config.message_size;
+        // SAFETY: a buffer no request reads: taken from the free list, or the reserve.
+        unsafe { self.buffers.slice_mut(off + HEADER, body.len()) }.copy_from_slice(body);
+        // SAFETY: as above.
+        unsafe { self.buffers.slice_mut(off, HEADER) }
+            .copy_from_slice(&header(flags | FLAG_LAST, body.len()));
+        for &t in streams {
+            let l = &self.links[t];
+            let seq = l.seq.fetch_add(1, Ordering::AcqRel);
+            l.qp.post_send(SendWr {
+                id: index as u64,
+                op: SendOp::Send {
+                    imm: Some(seq as u32),
+                },
+                local: self.buffers.sge(off, HEADER + body.len()),
+                dest: None,
+                signaled: true,
+            })
+            .map_err(carrier_err)?;
+        }
+        Ok(())
+    }
+
     /// Sends a marker (end of stream or error) to every unfinished stream; markers
     /// need no credit (each stream's receiver keeps one receive in reserve).
     async fn mark(&self, flags: u32, text: &str) -> Result<(), TransportError> {
@@ -623,29 +657,8 @@ impl SrSend {
                 return Err(self.error().expect("checked"));
             }
         };
-        let body = &text.as_bytes()[..text.len().min(self.config.payload())];
-        let off = index * self.config.message_size;
-        // SAFETY: the buffer just taken from the free list.
-        unsafe { self.buffers.slice_mut(off + HEADER, body.len()) }.copy_from_slice(body);
         self.state.lock().pending[index] = unfinished.len() as u32;
-        // SAFETY: as above.
-        unsafe { self.buffers.slice_mut(off, HEADER) }
-            .copy_from_slice(&header(flags | FLAG_LAST, body.len()));
-        for t in unfinished {
-            let l = &self.links[t];
-            let seq = l.seq.fetch_add(1, Ordering::AcqRel);
-            l.qp.post_send(SendWr {
-                id: index as u64,
-                op: SendOp::Send {
-                    imm: Some(seq as u32),
-                },
-                local: self.buffers.sge(off, HEADER + body.len()),
-                dest: None,
-                signaled: true,
-            })
-            .map_err(carrier_err)?;
-        }
-        Ok(())
+        self.post_marker(index, flags, text, &unfinished)
     }
 
     /// Ends every stream that has not sent its last message yet.
@@ -669,6 +682,29 @@ impl SrSend {
                 return Ok(());
             }
             self.wait().await;
+        }
+    }
+}
+
+impl Drop for SrSend {
+    /// Streams not finished fail at their receivers (as a dropped TCP endpoint's
+    /// do) instead of leaving them waiting: an error marker from the reserve
+    /// buffer. The shared-memory carrier copies at post; a NIC's carrier must
+    /// keep the region registered until the sends complete.
+    fn drop(&mut self) {
+        if self.connected.get().is_none() {
+            return; // the receivers' handshakes time out
+        }
+        let unfinished: Vec<usize> = (0..self.links.len())
+            .filter(|&t| !self.links[t].finished.swap(true, Ordering::AcqRel))
+            .collect();
+        if !unfinished.is_empty() {
+            let _ = self.post_marker(
+                self.config.send_buffers,
+                FLAG_ERROR,
+                "the sending endpoint was dropped before it finished",
+                &unfinished,
+            );
         }
     }
 }

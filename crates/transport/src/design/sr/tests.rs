@@ -273,3 +273,35 @@ fn bad_settings_are_refused() {
         assert!(matches!(r, Err(TransportError::Misuse(_))));
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sender_dropped_before_finishing_fails_its_receivers() {
+    let c = cluster(3);
+    let recv2 = c.recv(2, vec![1], small());
+    let recv3 = c.recv(3, vec![1], small());
+    let send = c.send(1, vec![2, 3], vec![], small());
+    let mut b = send.acquire(To::Node(2)).await.unwrap();
+    assert!(b.extend_from_slice(b"data"));
+    send.put(b, false).unwrap();
+    // Node 3's stream ends properly; node 2's is cut off by the drop.
+    let mut b = send.acquire(To::Node(3)).await.unwrap();
+    assert!(b.extend_from_slice(b"all"));
+    send.put(b, true).unwrap();
+    drop(send);
+    let m = recv2.get().await.unwrap().unwrap();
+    assert_eq!(recv2.data(&m), b"data");
+    recv2.release(m).unwrap();
+    let err = tokio::time::timeout(Duration::from_secs(2), recv2.get())
+        .await
+        .expect("the drop is seen at once")
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("dropped before it finished"),
+        "{err}"
+    );
+    let m = recv3.get().await.unwrap().unwrap();
+    assert!(m.last);
+    assert_eq!(recv3.data(&m), b"all");
+    recv3.release(m).unwrap();
+    assert!(recv3.get().await.unwrap().is_none());
+}
