@@ -73,6 +73,34 @@ pub struct ShuffleSpec {
     pub run_id: u64,
 }
 
+impl ShuffleSpec {
+    /// Whether this node (`me`, sending messages of at most `max_message` bytes)
+    /// can run the spec.
+    fn check(&self, me: NodeId, max_message: usize) -> Result<(), BenchError> {
+        let n = self.nodes.len();
+        if n < 2 {
+            return Err(BenchError::Spec(
+                "a shuffle needs at least two nodes".into(),
+            ));
+        }
+        if self.index >= n || self.nodes[self.index] != me {
+            return Err(BenchError::Spec(format!(
+                "position {} does not name this node ({})",
+                self.index,
+                node_name(me)
+            )));
+        }
+        if self.message_size < MESSAGE_HEADER || self.message_size > max_message {
+            return Err(BenchError::Spec(format!(
+                "message size {} must be between {MESSAGE_HEADER} and the endpoints' payload \
+                 size {max_message}",
+                self.message_size
+            )));
+        }
+        Ok(())
+    }
+}
+
 /// Traffic with one peer in a run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PeerFigures {
@@ -237,26 +265,8 @@ pub async fn run_shuffle(
     t: &dyn Transport,
     spec: &ShuffleSpec,
 ) -> Result<ShuffleReport, BenchError> {
+    spec.check(t.node_id(), t.message_size())?;
     let n = spec.nodes.len();
-    if n < 2 {
-        return Err(BenchError::Spec(
-            "a shuffle needs at least two nodes".into(),
-        ));
-    }
-    if spec.index >= n || spec.nodes[spec.index] != t.node_id() {
-        return Err(BenchError::Spec(format!(
-            "position {} does not name this node ({})",
-            spec.index,
-            node_name(t.node_id())
-        )));
-    }
-    if spec.message_size < MESSAGE_HEADER || spec.message_size > t.message_size() {
-        return Err(BenchError::Spec(format!(
-            "message size {} must be between {MESSAGE_HEADER} and the transport's buffer size {}",
-            spec.message_size,
-            t.message_size()
-        )));
-    }
     let query = BENCH_QUERY_BASE | spec.run_id;
     let others: Vec<usize> = (1..n).map(|k| (spec.index + k) % n).collect();
     t.set_schedule(spec.schedule);
@@ -310,26 +320,8 @@ pub async fn run_design_shuffle(
     spec: &ShuffleSpec,
 ) -> Result<ShuffleReport, BenchError> {
     use crate::design::sr::{HEADER, SrReceive, SrSend};
+    spec.check(carrier.node(), config.payload())?;
     let n = spec.nodes.len();
-    if n < 2 {
-        return Err(BenchError::Spec(
-            "a shuffle needs at least two nodes".into(),
-        ));
-    }
-    if spec.index >= n || spec.nodes[spec.index] != carrier.node() {
-        return Err(BenchError::Spec(format!(
-            "position {} does not name this node ({})",
-            spec.index,
-            node_name(carrier.node())
-        )));
-    }
-    if spec.message_size < MESSAGE_HEADER || spec.message_size > config.payload() {
-        return Err(BenchError::Spec(format!(
-            "message size {} must be between {MESSAGE_HEADER} and the design's payload size {}",
-            spec.message_size,
-            config.payload()
-        )));
-    }
     let query = BENCH_QUERY_BASE | spec.run_id;
     let others: Vec<usize> = (1..n).map(|k| (spec.index + k) % n).collect();
     let data = payload(spec.message_size, 0x9e37_79b9_7f4a_7c15);
@@ -704,20 +696,10 @@ mod tests {
         message: usize,
     ) -> Vec<ShuffleReport> {
         use crate::design::{LocalConnector, sr::SrConfig};
-        use crate::shm::{ShmCarrier, ShmConfig, ShmParams};
-        use std::sync::Arc;
-        let dir = tempfile::tempdir().unwrap();
-        let config = ShmConfig {
-            dir: dir.path().to_path_buf(),
-            params: ShmParams {
-                arena: 64 << 20,
-                ..Default::default()
-            },
-        };
+        let (_dir, carriers) = crate::shm::test_nodes(nodes, 64 << 20);
         let connector = LocalConnector::new();
         let ids: Vec<NodeId> = (1..=nodes).collect();
-        let runs = ids.iter().enumerate().map(|(index, &id)| {
-            let carrier = Arc::new(ShmCarrier::open(id, &config).unwrap());
+        let runs = carriers.into_iter().enumerate().map(|(index, carrier)| {
             let connector = connector.clone();
             let spec = ShuffleSpec {
                 nodes: ids.clone(),
@@ -770,17 +752,8 @@ mod tests {
     #[tokio::test]
     async fn a_design_shuffle_refuses_messages_larger_than_its_buffers() {
         use crate::design::{LocalConnector, sr::SrConfig};
-        use crate::shm::{ShmCarrier, ShmConfig, ShmParams};
-        use std::sync::Arc;
-        let dir = tempfile::tempdir().unwrap();
-        let config = ShmConfig {
-            dir: dir.path().to_path_buf(),
-            params: ShmParams {
-                arena: 16 << 20,
-                ..Default::default()
-            },
-        };
-        let carrier = Arc::new(ShmCarrier::open(1, &config).unwrap());
+        let (_dir, mut carriers) = crate::shm::test_nodes(1, 16 << 20);
+        let carrier = carriers.pop().unwrap();
         let mut s = spec(Pattern::Repartition, 1 << 20);
         s.message_size = 64 * 1024;
         let err = run_design_shuffle(carrier, LocalConnector::new(), SrConfig::default(), &s)

@@ -904,5 +904,22 @@ impl Carrier for ShmCarrier {
     }
 }
 
+/// Nodes 1..=n of one host in a fresh directory, each with `arena` bytes to register.
+#[cfg(test)]
+pub(crate) fn test_nodes(n: u32, arena: u64) -> (tempfile::TempDir, Vec<Arc<ShmCarrier>>) {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let config = ShmConfig {
+        dir: dir.path().to_path_buf(),
+        params: ShmParams {
+            arena,
+            ..Default::default()
+        },
+    };
+    let nodes = (1..=n)
+        .map(|id| Arc::new(ShmCarrier::open(id, &config).expect("a carrier")))
+        .collect();
+    (dir, nodes)
+}
+
 #[cfg(test)]
 mod tests;

@@ -1,6 +1,5 @@
 use super::*;
 use crate::design::LocalConnector;
-use crate::shm::{ShmCarrier, ShmConfig, ShmParams};
 use crate::{ReceiveSpec, SendSpec};
 
 struct Cluster {
@@ -10,16 +9,10 @@ struct Cluster {
 }
 
 fn cluster(n: u32) -> Cluster {
-    let dir = tempfile::tempdir().unwrap();
-    let config = ShmConfig {
-        dir: dir.path().to_path_buf(),
-        params: ShmParams {
-            arena: 64 << 20,
-            ..Default::default()
-        },
-    };
-    let carriers = (1..=n)
-        .map(|id| Arc::new(ShmCarrier::open(id, &config).unwrap()) as Arc<dyn Carrier>)
+    let (dir, carriers) = crate::shm::test_nodes(n, 64 << 20);
+    let carriers = carriers
+        .into_iter()
+        .map(|c| c as Arc<dyn Carrier>)
         .collect();
     Cluster {
         _dir: dir,
