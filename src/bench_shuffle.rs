@@ -66,7 +66,9 @@ pub struct ShuffleArgs {
     /// with `--link loopback`, shm (the shared-memory carrier, with `--design`).
     #[arg(long, default_value = "tcp")]
     carrier: String,
-    /// Endpoint designs of the shm carrier, separated by commas (memq-sr so far).
+    /// Endpoint designs of the shm carrier, separated by commas: memq-sr (reliable
+    /// connections) and mesq-sr (datagrams: messages of at most 4 KiB, so
+    /// `--message-size` is capped for it).
     #[arg(long, default_value = "memq-sr")]
     design: String,
     /// Runs of each configuration.
@@ -193,11 +195,11 @@ impl ShuffleArgs {
                 "shm" => {
                     for d in list(&self.design) {
                         let d = d.parse::<Design>().map_err(|e| format!("--design: {e}"))?;
-                        if d != Design::MemqSr {
+                        if !matches!(d, Design::MemqSr | Design::MesqSr) {
                             return Err(format!(
                                 "--design: {d} is not available on the shm carrier yet \
-                                 (memq-sr is; semq-sr differs from it only with several \
-                                 sending threads per node)"
+                                 (memq-sr and mesq-sr are; semq-sr and sesq-sr differ from \
+                                 them only with several sending threads per node)"
                             )
                             .into());
                         }
@@ -422,10 +424,11 @@ async fn loopback(
                     human_bytes(run.total_bytes as f64),
                     args.nodes,
                 );
-                let workers = with_progress(&label, shm.run(run, i as u64 + 1)).await?;
+                let run = shm.fit(design, run);
+                let workers = with_progress(&label, shm.run(design, &run, i as u64 + 1)).await?;
                 results.push(ShuffleResult {
                     design: format!("shm/{design}"),
-                    ..result(run, workers, true)
+                    ..result(&run, workers, true)
                 });
             }
         }
@@ -467,16 +470,49 @@ impl ShmNodes {
         })
     }
 
+    /// `run` with its messages cut to what `design` carries (datagrams: 4 KiB).
+    fn fit(&self, design: Design, run: &ShuffleRun) -> ShuffleRun {
+        use gyre_transport::design::sr::HEADER;
+        use gyre_transport::verbs::QpKind;
+        let mut run = run.clone();
+        if design == Design::MesqSr {
+            let most = self.carriers[0].max_message(QpKind::Ud) - HEADER;
+            run.message_size = run.message_size.min(most as u64);
+        }
+        run
+    }
+
     /// Runs `run` on every node at once (send/receive designs: with one sending
     /// task per node, the ME and SE variants are the same).
-    async fn run(&self, run: &ShuffleRun, run_id: u64) -> Result<Vec<ShuffleFigures>, BoxError> {
+    async fn run(
+        &self,
+        design: Design,
+        run: &ShuffleRun,
+        run_id: u64,
+    ) -> Result<Vec<ShuffleFigures>, BoxError> {
         use gyre_transport::bench::{ShuffleSpec, run_design_shuffle};
         use gyre_transport::design::{LocalConnector, sr};
         let connector = LocalConnector::new();
         let nodes: Vec<u32> = self.carriers.iter().map(|c| c.node()).collect();
-        let config = sr::SrConfig {
-            message_size: run.message_size as usize + sr::HEADER,
-            ..Default::default()
+        let config = if design == Design::MesqSr {
+            // Small messages need a deeper window to keep the pipe full, as the
+            // paper's datagram receivers post many more buffers; every stream's
+            // receives share the one queue pair's depth.
+            let window = (self.carriers[0].recv_depth() / (nodes.len() - 1)).saturating_sub(1);
+            let window = window.clamp(1, 32) as u32;
+            sr::SrConfig {
+                message_size: run.message_size as usize + sr::HEADER,
+                datagrams: true,
+                window,
+                credit_every: (window / 4).max(1),
+                send_buffers: 64,
+                ..Default::default()
+            }
+        } else {
+            sr::SrConfig {
+                message_size: run.message_size as usize + sr::HEADER,
+                ..Default::default()
+            }
         };
         let mut tasks = vec![];
         for (index, carrier) in self.carriers.iter().enumerate() {

@@ -138,8 +138,9 @@ fn bench_join_refuses_an_unknown_strategy() {
     }
 }
 
-/// Both carriers, TCP and shared memory, move and check every byte (the
-/// command verifies each message against the plan).
+/// Both carriers, TCP and shared memory (reliable connections and datagrams),
+/// move and check every byte (the command verifies each message against the
+/// plan).
 #[test]
 fn bench_shuffle_on_loopback_moves_every_byte() {
     let report = json_of(&[
@@ -155,6 +156,8 @@ fn bench_shuffle_on_loopback_moves_every_byte() {
         "free,phased",
         "--carrier",
         "tcp,shm",
+        "--design",
+        "memq-sr,mesq-sr",
         "--pattern",
         "repartition,broadcast",
         "--message-size",
@@ -164,16 +167,10 @@ fn bench_shuffle_on_loopback_moves_every_byte() {
     ]);
     let runs = report["runs"].as_array().unwrap();
     let designs: Vec<&str> = runs.iter().map(|r| r["design"].as_str().unwrap()).collect();
-    assert_eq!(
-        designs.iter().filter(|d| **d == "tcp").count(),
-        4,
-        "{designs:?}"
-    );
-    assert_eq!(
-        designs.iter().filter(|d| **d == "shm/memq-sr").count(),
-        4,
-        "{designs:?}"
-    );
+    for design in ["tcp", "shm/memq-sr", "shm/mesq-sr"] {
+        let runs = designs.iter().filter(|d| **d == design).count();
+        assert_eq!(runs, 4, "{designs:?}");
+    }
     for run in runs {
         let workers = run["workers"].as_array().unwrap();
         assert_eq!(workers.len(), 3);

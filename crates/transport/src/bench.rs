@@ -308,9 +308,10 @@ pub async fn run_shuffle(
     ))
 }
 
-/// Runs one shuffle between `spec.nodes` over send/receive on reliable
-/// connections of `carrier` (the RDMA-aware designs MEMQ/SR and SEMQ/SR: with
-/// one sending task per node they coincide); every node must call it. The
+/// Runs one shuffle between `spec.nodes` over send/receive on `carrier`: on
+/// reliable connections (MEMQ/SR, SEMQ/SR) or, with `config.datagrams`, over
+/// datagrams (MESQ/SR, SESQ/SR); with one sending task per node the ME and SE
+/// variants coincide. Every node must call it. The
 /// same plan and checks as [`run_shuffle`]; there is no multiplexer, so
 /// `mux_cpu` is `None`, and the wire bytes count each message's design header.
 pub async fn run_design_shuffle(
@@ -688,7 +689,8 @@ mod tests {
         assert_eq!(plan(&b, 0, 2), vec![1000, 166]);
     }
 
-    /// Every node of an in-process shared-memory cluster runs the same spec.
+    /// Every node of an in-process shared-memory cluster runs the same spec, over
+    /// datagrams when messages fit them, else over reliable connections.
     async fn design_run(
         nodes: u32,
         pattern: Pattern,
@@ -711,8 +713,11 @@ mod tests {
                 run_id: 7,
             };
             tokio::spawn(async move {
+                // Over datagrams, messages of at most 4 KiB.
+                let datagrams = message + 16 <= 4096;
                 let sr = SrConfig {
-                    message_size: 8192,
+                    message_size: if datagrams { 4096 } else { 8192 },
+                    datagrams,
                     ..Default::default()
                 };
                 run_design_shuffle(carrier, connector, sr, &spec).await
@@ -741,6 +746,12 @@ mod tests {
             assert_eq!(r.messages_received, 3 * 101);
             assert_eq!(r.wire_bytes_sent, r.bytes_sent + 3 * 101 * 16);
             assert!(r.mux_cpu.is_none());
+        }
+        // Over datagrams.
+        let reports = design_run(4, Pattern::Repartition, 4 * 3 * 4000 * 300, 4000).await;
+        for r in &reports {
+            assert_eq!(r.bytes_received, 3 * 4000 * 300);
+            assert_eq!(r.messages_received, 3 * 300);
         }
         let reports = design_run(3, Pattern::Broadcast, 3 * 50_000, 4000).await;
         for r in &reports {

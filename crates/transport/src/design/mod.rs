@@ -4,8 +4,9 @@
 //! per thread; one datagram queue pair per endpoint or one reliable queue pair
 //! per peer; two-sided send/receive, one-sided read or one-sided write.
 //!
-//! - [`sr`]: send/receive over reliable connections (MEMQ/SR, SEMQ/SR) with
-//!   the paper's stateless credit protocol (Algorithm 3).
+//! - [`sr`]: send/receive over reliable connections (MEMQ/SR, SEMQ/SR) or
+//!   datagrams (MESQ/SR, SESQ/SR) with the paper's stateless credit protocol
+//!   (Algorithm 3) and, over datagrams, message counting.
 //!
 //! Endpoints find each other through a [`Connector`]: each side of a stream
 //! offers what its peer needs (its queue pair, where to write credits) under
@@ -75,7 +76,10 @@ impl Design {
 
     /// Whether this build carries the design out (the others are still to come).
     pub fn implemented(self) -> bool {
-        matches!(self, Design::Tcp | Design::MemqSr | Design::SemqSr)
+        matches!(
+            self,
+            Design::Tcp | Design::MemqSr | Design::SemqSr | Design::MesqSr | Design::SesqSr
+        )
     }
 }
 
@@ -112,6 +116,9 @@ pub struct Offer {
     pub region: Option<RemoteRegion>,
     /// Offset of the slot in `region`.
     pub offset: u64,
+    /// The side's datagram queue pair, where the stream's data goes over one
+    /// (designs with a single queue pair per endpoint).
+    pub datagrams: Option<QpAddr>,
 }
 
 /// Which side of a stream offers.

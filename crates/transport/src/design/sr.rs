@@ -1,8 +1,19 @@
-//! Send/receive over reliable connections: the paper's MEMQ/SR and SEMQ/SR
-//! (section 5.2, Algorithm 3). One reliable queue pair per stream; the
-//! receiver posts `window` receive buffers per stream (plus one kept in
-//! reserve for the stream's end-of-stream or error marker), and the sender may
-//! send only into posted receives.
+//! Send/receive: the paper's MEMQ/SR and SEMQ/SR over reliable connections
+//! (section 5.2, Algorithm 3) and, with [`SrConfig::datagrams`], MESQ/SR and
+//! SESQ/SR over datagrams (section 5.3). The receiver posts `window` receive
+//! buffers per stream (plus one kept in reserve for the stream's end-of-stream
+//! or error marker), and the sender may send only into posted receives.
+//!
+//! On reliable connections each stream has a queue pair of its own, which
+//! delivers in order. With datagrams, an endpoint's streams share one
+//! datagram queue pair (its receives are one pool, sized per stream as
+//! above), messages are at most the carrier's datagram size (4 KiB) and may
+//! arrive out of order: a stream ends when its last message (whose sequence
+//! number gives the stream's count) and all the others have arrived (the
+//! paper's message counting); a stream whose messages do not all
+//! arrive within the timeout fails. Credits travel the same way for both: a
+//! reliable queue pair per stream carries only the receiver's credit writes
+//! (the paper's code uses unreliable connections for them).
 //!
 //! Credits are the paper's stateless ones: the receiver writes into the
 //! sender's credit slot the *absolute* number of receives it posted for the
@@ -19,11 +30,13 @@
 //! the buffer and [`SrSend::put`] never waits: a registered buffer is never
 //! held while waiting for a slow consumer.
 //!
-//! Every message starts with a 16-byte header: flags (last, error) and the
-//! payload length, the same for every destination of a buffer (a NIC may read
-//! it while it goes to several); the stream's sequence number travels as the
-//! send's immediate. The receiver checks all three; a reliable connection
-//! delivers in order, so the last flag ends a stream exactly.
+//! Every message starts with a 16-byte header: flags (last, error), the
+//! payload length and the sender's slot, the same for every destination of a
+//! buffer (a NIC may read it while it goes to several). The stream's sequence
+//! number travels as the send's immediate, so a last message also tells how
+//! many the stream sent. The receiver checks them all; on a reliable
+//! connection the sequence must come in order, so the last flag ends a stream
+//! exactly.
 //!
 //! States of a stream at the sender: connecting (offer made, waiting for the
 //! receiver's), open (credits flow), finished (last message or marker sent),
@@ -70,6 +83,9 @@ pub struct SrConfig {
     pub send_buffers: usize,
     /// How long a side waits for its peer to appear or to make progress.
     pub timeout: Duration,
+    /// Data over one datagram queue pair per endpoint (MESQ/SR, SESQ/SR)
+    /// rather than a reliable one per stream (MEMQ/SR, SEMQ/SR).
+    pub datagrams: bool,
 }
 
 impl Default for SrConfig {
@@ -80,6 +96,7 @@ impl Default for SrConfig {
             credit_every: 2,
             send_buffers: 16,
             timeout: Duration::from_secs(10),
+            datagrams: false,
         }
     }
 }
@@ -105,6 +122,18 @@ impl SrConfig {
     }
 }
 
+/// Datagram designs' messages must fit the carrier's datagrams.
+fn check_datagram_size(carrier: &dyn Carrier, config: &SrConfig) -> Result<(), TransportError> {
+    let max = carrier.max_message(QpKind::Ud);
+    if config.message_size > max {
+        return Err(TransportError::Misuse(format!(
+            "messages of {} bytes over datagrams of at most {max}",
+            config.message_size
+        )));
+    }
+    Ok(())
+}
+
 fn carrier_err(e: CarrierError) -> TransportError {
     match e {
         CarrierError::Peer { node, reason } => TransportError::Unreachable { peer: node, reason },
@@ -119,11 +148,17 @@ fn lost(peer: NodeId, why: impl Into<String>) -> TransportError {
     }
 }
 
-fn header(flags: u32, len: usize) -> [u8; HEADER] {
+/// A message's header: flags, payload length, sender slot (4 bytes reserved).
+fn header(flags: u32, len: usize, from: u32) -> [u8; HEADER] {
     let mut h = [0u8; HEADER];
     h[..4].copy_from_slice(&flags.to_le_bytes());
     h[4..8].copy_from_slice(&(len as u32).to_le_bytes());
+    h[8..12].copy_from_slice(&from.to_le_bytes());
     h
+}
+
+fn word(h: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes([h[at], h[at + 1], h[at + 2], h[at + 3]])
 }
 
 /// The part of a sender's state one stream needs.
@@ -131,6 +166,8 @@ struct OutLink {
     dest: NodeId,
     key: StreamKey,
     qp: Arc<dyn QueuePair>,
+    /// The receiver's datagram queue pair (datagram designs).
+    to_datagrams: std::sync::OnceLock<crate::verbs::QpAddr>,
     /// Data messages sent (credits taken).
     sent: AtomicU64,
     /// Sequence number of the next message put.
@@ -224,6 +261,10 @@ pub struct SrSend {
     groups: Vec<Vec<usize>>,
     scq: Arc<dyn CompletionQueue>,
     rcq: Arc<dyn CompletionQueue>,
+    /// The endpoint's one datagram queue pair (datagram designs).
+    datagrams: Option<Arc<dyn QueuePair>>,
+    /// This endpoint's sender slot.
+    from: u32,
     buffers: Region,
     /// Credit slots, one per destination, written by the receivers.
     credits: Region,
@@ -253,6 +294,16 @@ impl SrSend {
         let rcq = carrier
             .create_cq((notify_recvs(&config) as usize * n * 2).next_power_of_two())
             .map_err(carrier_err)?;
+        let datagrams = if config.datagrams {
+            check_datagram_size(&*carrier, &config)?;
+            Some(
+                carrier
+                    .create_qp(QpKind::Ud, &scq, &rcq)
+                    .map_err(carrier_err)?,
+            )
+        } else {
+            None
+        };
         let mut links = Vec::with_capacity(n);
         for &dest in &spec.destinations {
             let qp = carrier
@@ -271,6 +322,7 @@ impl SrSend {
                     to: dest,
                 },
                 qp,
+                to_datagrams: std::sync::OnceLock::new(),
                 sent: AtomicU64::new(0),
                 seq: AtomicU64::new(0),
                 finished: AtomicBool::new(false),
@@ -309,6 +361,8 @@ impl SrSend {
             groups,
             scq,
             rcq,
+            datagrams,
+            from: spec.from,
             buffers,
             credits,
             returns: Returns::default(),
@@ -347,9 +401,11 @@ impl SrSend {
                 qp: l.qp.addr(),
                 region: Some(self.credits.remote(node)),
                 offset: (i * SLOT) as u64,
+                datagrams: self.datagrams.as_ref().map(|q| q.addr()),
             };
             let connector = Arc::clone(&self.connector);
             let timeout = self.config.timeout;
+            let datagrams = self.datagrams.is_some();
             async move {
                 handshake(
                     &*connector,
@@ -358,7 +414,15 @@ impl SrSend {
                     l.dest,
                     offer,
                     timeout,
-                    |theirs| l.qp.connect(theirs.qp).map_err(carrier_err),
+                    |theirs| {
+                        if datagrams {
+                            let Some(to) = theirs.datagrams.filter(|q| q.node == l.dest) else {
+                                return Err(lost(l.dest, "its offer names no datagram queue pair"));
+                            };
+                            let _ = l.to_datagrams.set(to);
+                        }
+                        l.qp.connect(theirs.qp).map_err(carrier_err)
+                    },
                 )
                 .await
                 .map(|_| ())
@@ -581,7 +645,7 @@ impl SrSend {
         // SAFETY: the header bytes of this reservation's buffer.
         unsafe {
             buf.ptr
-                .copy_from_nonoverlapping(header(flags, buf.len).as_ptr(), HEADER)
+                .copy_from_nonoverlapping(header(flags, buf.len, self.from).as_ptr(), HEADER)
         };
         for &t in &buf.targets {
             let l = &self.links[t];
@@ -589,20 +653,41 @@ impl SrSend {
             if last {
                 l.finished.store(true, Ordering::Release);
             }
-            l.qp.post_send(SendWr {
-                id: buf.index as u64,
-                op: SendOp::Send {
-                    imm: Some(seq as u32),
-                },
-                local: self
-                    .buffers
-                    .sge(buf.index * self.config.message_size, HEADER + buf.len),
-                dest: None,
-                signaled: true,
-            })
-            .map_err(carrier_err)?;
+            self.post_data(l, buf.index, HEADER + buf.len, seq)?;
         }
         Ok(())
+    }
+
+    /// Sends bytes `..len` of buffer `index` on stream `l` as its message `seq`.
+    fn post_data(
+        &self,
+        l: &OutLink,
+        index: usize,
+        len: usize,
+        seq: u64,
+    ) -> Result<(), TransportError> {
+        let wr = SendWr {
+            id: index as u64,
+            op: SendOp::Send {
+                imm: Some(seq as u32),
+            },
+            local: self.buffers.sge(index * self.config.message_size, len),
+            dest: None,
+            signaled: true,
+        };
+        match &self.datagrams {
+            None => l.qp.post_send(wr),
+            Some(qp) => {
+                let Some(&to) = l.to_datagrams.get() else {
+                    return Err(lost(l.dest, "not connected"));
+                };
+                qp.post_send(SendWr {
+                    dest: Some(to),
+                    ..wr
+                })
+            }
+        }
+        .map_err(carrier_err)
     }
 
     /// Posts `flags | FLAG_LAST` with `text` from buffer `index` to each stream of
@@ -619,21 +704,15 @@ impl SrSend {
         // SAFETY: a buffer no request reads: taken from the free list, or the reserve.
         unsafe { self.buffers.slice_mut(off + HEADER, body.len()) }.copy_from_slice(body);
         // SAFETY: as above.
-        unsafe { self.buffers.slice_mut(off, HEADER) }
-            .copy_from_slice(&header(flags | FLAG_LAST, body.len()));
+        unsafe { self.buffers.slice_mut(off, HEADER) }.copy_from_slice(&header(
+            flags | FLAG_LAST,
+            body.len(),
+            self.from,
+        ));
         for &t in streams {
             let l = &self.links[t];
             let seq = l.seq.fetch_add(1, Ordering::AcqRel);
-            l.qp.post_send(SendWr {
-                id: index as u64,
-                op: SendOp::Send {
-                    imm: Some(seq as u32),
-                },
-                local: self.buffers.sge(off, HEADER + body.len()),
-                dest: None,
-                signaled: true,
-            })
-            .map_err(carrier_err)?;
+            self.post_data(l, index, HEADER + body.len(), seq)?;
         }
         Ok(())
     }
@@ -739,6 +818,9 @@ pub struct SrReceived {
 
 struct RecvState {
     ended: Vec<bool>,
+    /// Messages arrived per stream, and how many its last message says it sent.
+    arrived: Vec<u64>,
+    total: Vec<Option<u64>>,
     remaining: usize,
     ready: VecDeque<Completion>,
     error: Option<TransportError>,
@@ -751,6 +833,9 @@ pub struct SrReceive {
     links: Arc<Vec<InLink>>,
     rcq: Arc<dyn CompletionQueue>,
     _scq: Arc<dyn CompletionQueue>,
+    /// The endpoint's one datagram queue pair, whose receives are one pool
+    /// (datagram designs).
+    datagrams: Option<Arc<dyn QueuePair>>,
     buffers: Arc<Region>,
     /// Staging for credit counts written to the senders.
     credit_src: Arc<Region>,
@@ -811,12 +896,21 @@ impl SrReceive {
         let me = carrier.node();
         let n = spec.sources.len();
         let per = per_stream(&config);
-        if per > carrier.recv_depth() {
+        let on_one_qp = if config.datagrams {
+            n.max(1) * per
+        } else {
+            per
+        };
+        if on_one_qp > carrier.recv_depth() {
             return Err(TransportError::Misuse(format!(
-                "a window of {} exceeds the carrier's receive depth of {}",
+                "{on_one_qp} receives on one queue pair (a window of {} per stream) exceed \
+                 the carrier's receive depth of {}",
                 config.window,
                 carrier.recv_depth()
             )));
+        }
+        if config.datagrams {
+            check_datagram_size(&*carrier, &config)?;
         }
         let rcq = carrier
             .create_cq((n * per + 64).next_power_of_two())
@@ -828,20 +922,37 @@ impl SrReceive {
                 .map_err(carrier_err)?,
         );
         let credit_src = Arc::new(carrier.register(n.max(1) * SLOT).map_err(carrier_err)?);
+        let datagrams = if config.datagrams {
+            Some(
+                carrier
+                    .create_qp(QpKind::Ud, &scq, &rcq)
+                    .map_err(carrier_err)?,
+            )
+        } else {
+            None
+        };
         let mut links = Vec::with_capacity(n);
         for (i, &(slot, node)) in spec.sources.iter().enumerate() {
+            // With datagrams this queue pair only writes credits.
             let qp = carrier
-                .create_qp(QpKind::Rc, &scq, &rcq)
+                .create_qp(
+                    QpKind::Rc,
+                    &scq,
+                    if datagrams.is_some() { &scq } else { &rcq },
+                )
                 .map_err(carrier_err)?;
             for b in 0..per {
                 let id = (i * per + b) as u64;
-                qp.post_recv(RecvWr {
-                    id,
-                    local: Some(
-                        buffers.sge(id as usize * config.message_size, config.message_size),
-                    ),
-                })
-                .map_err(carrier_err)?;
+                datagrams
+                    .as_ref()
+                    .unwrap_or(&qp)
+                    .post_recv(RecvWr {
+                        id,
+                        local: Some(
+                            buffers.sge(id as usize * config.message_size, config.message_size),
+                        ),
+                    })
+                    .map_err(carrier_err)?;
             }
             links.push(InLink {
                 slot,
@@ -867,6 +978,7 @@ impl SrReceive {
             let timeout = config.timeout;
             let connect_error = Arc::clone(&connect_error);
             let rcq = Arc::clone(&rcq);
+            let datagram_addr = datagrams.as_ref().map(|q| q.addr());
             tokio::spawn(async move {
                 let meets = links.iter().enumerate().map(|(i, l)| {
                     let connector = Arc::clone(&connector);
@@ -876,6 +988,7 @@ impl SrReceive {
                             qp: l.qp.addr(),
                             region: None,
                             offset: 0,
+                            datagrams: datagram_addr,
                         };
                         let theirs = handshake(
                             &*connector,
@@ -914,6 +1027,8 @@ impl SrReceive {
             carrier,
             state: Mutex::new(RecvState {
                 ended: vec![false; n],
+                arrived: vec![0; n],
+                total: vec![None; n],
                 remaining: n,
                 ready: VecDeque::new(),
                 error: None,
@@ -922,6 +1037,7 @@ impl SrReceive {
             links,
             rcq,
             _scq: scq,
+            datagrams,
             buffers,
             credit_src,
             connect_error,
@@ -936,14 +1052,17 @@ impl SrReceive {
 
     fn repost(&self, source: usize, buffer: usize, counts: bool) -> Result<(), TransportError> {
         let l = &self.links[source];
-        l.qp.post_recv(RecvWr {
-            id: buffer as u64,
-            local: Some(
-                self.buffers
-                    .sge(buffer * self.config.message_size, self.config.message_size),
-            ),
-        })
-        .map_err(carrier_err)?;
+        self.datagrams
+            .as_ref()
+            .unwrap_or(&l.qp)
+            .post_recv(RecvWr {
+                id: buffer as u64,
+                local: Some(
+                    self.buffers
+                        .sge(buffer * self.config.message_size, self.config.message_size),
+                ),
+            })
+            .map_err(carrier_err)?;
         if !counts {
             return Ok(());
         }
@@ -1001,6 +1120,21 @@ impl SrReceive {
                     drop(st);
                     return Err(self.fail_with(lost(self.links[i].node, "its process is gone")));
                 }
+                if let Some(i) = (0..self.links.len()).find(|&i| {
+                    !st.ended[i]
+                        && st.total[i].is_some()
+                        && last_progress.elapsed() > self.config.timeout
+                }) {
+                    let (arrived, total) = (st.arrived[i], st.total[i].unwrap_or(0));
+                    drop(st);
+                    return Err(self.fail_with(lost(
+                        self.links[i].node,
+                        format!(
+                            "stream {}: {arrived} of its {total} messages arrived within {:?}",
+                            self.links[i].key, self.config.timeout
+                        ),
+                    )));
+                }
                 if last_progress.elapsed() > self.config.timeout * 6 {
                     drop(st);
                     return Err(self.fail_with(TransportError::Misuse(
@@ -1010,23 +1144,48 @@ impl SrReceive {
                 continue;
             };
             let buffer = c.id as usize;
-            let source = buffer / per;
-            let Some(l) = self.links.get(source) else {
+            if buffer >= self.links.len() * per {
                 return Err(self.fail_with(TransportError::Misuse(format!(
                     "a completion for unknown buffer {buffer}"
                 ))));
-            };
+            }
             if c.status != WcStatus::Success || c.op != WcOp::Recv {
-                return Err(self.fail_with(lost(
-                    l.node,
-                    format!("stream {} received {:?}", l.key, c.status),
-                )));
+                let peer = match &self.datagrams {
+                    None => self.links[buffer / per].node,
+                    Some(_) => c.src.map_or(0, |a| a.node),
+                };
+                return Err(
+                    self.fail_with(lost(peer, format!("a receive ended with {:?}", c.status)))
+                );
             }
             let off = buffer * self.config.message_size;
-            let bytes = c.bytes as usize;
+            let bytes = (c.bytes as usize).min(self.config.message_size);
             // SAFETY: the sender wrote this buffer before its completion; nothing
             // writes it again until it is re-posted.
             let h = unsafe { self.buffers.slice(off, HEADER.min(bytes)) };
+            // A stream's own buffers, or (datagrams) the stream the header and the
+            // sending node name.
+            let source = match &self.datagrams {
+                None => Some(buffer / per),
+                Some(_) if h.len() < HEADER => None,
+                Some(_) => {
+                    let slot = word(h, 8);
+                    let node = c.src.map(|a| a.node);
+                    self.links
+                        .iter()
+                        .position(|l| l.slot == slot && Some(l.node) == node)
+                }
+            };
+            let Some(source) = source else {
+                // Nobody's stream: give the buffer back to the pool.
+                let from = c
+                    .src
+                    .map_or("an unknown node".into(), |a| crate::node_name(a.node));
+                tracing::warn!("a datagram from {from} names no stream of this endpoint");
+                self.repost(0, buffer, false)?;
+                continue;
+            };
+            let l = &self.links[source];
             let bad = |why: &str| {
                 lost(
                     l.node,
@@ -1036,26 +1195,47 @@ impl SrReceive {
             if h.len() < HEADER {
                 return Err(self.fail_with(bad("shorter than its header")));
             }
-            let flags = u32::from_le_bytes(h[..4].try_into().expect("4 bytes"));
-            let len = u32::from_le_bytes(h[4..8].try_into().expect("4 bytes")) as usize;
-            if len != bytes - HEADER {
-                return Err(self.fail_with(bad("its length disagrees with what arrived")));
+            let flags = word(h, 0);
+            let len = word(h, 4) as usize;
+            if len != bytes - HEADER || word(h, 8) != l.slot {
+                return Err(self.fail_with(bad("its length or slot disagrees with what arrived")));
             }
-            let want = l.next_seq.fetch_add(1, Ordering::AcqRel) as u32;
-            if c.imm != Some(want) {
-                return Err(self.fail_with(bad("out of sequence")));
+            let Some(seq) = c.imm else {
+                return Err(self.fail_with(bad("no sequence number")));
+            };
+            if self.datagrams.is_none() {
+                let want = l.next_seq.fetch_add(1, Ordering::AcqRel) as u32;
+                if seq != want {
+                    return Err(self.fail_with(bad("out of sequence")));
+                }
             }
-            {
+            let ended_now = {
                 let mut st = self.state.lock();
                 if st.ended[source] {
                     drop(st);
                     return Err(self.fail_with(bad("after the stream's end")));
                 }
+                st.arrived[source] += 1;
                 if flags & FLAG_LAST != 0 {
-                    st.ended[source] = true;
-                    st.remaining -= 1;
+                    if st.total[source].is_some() {
+                        drop(st);
+                        return Err(self.fail_with(bad("a second last message")));
+                    }
+                    st.total[source] = Some(seq as u64 + 1);
                 }
-            }
+                match st.total[source] {
+                    Some(t) if st.arrived[source] > t => {
+                        drop(st);
+                        return Err(self.fail_with(bad("more messages than the stream sent")));
+                    }
+                    Some(t) if st.arrived[source] == t => {
+                        st.ended[source] = true;
+                        st.remaining -= 1;
+                        true
+                    }
+                    _ => false,
+                }
+            };
             if flags & FLAG_ERROR != 0 {
                 // SAFETY: as above.
                 let text = unsafe { self.buffers.slice(off + HEADER, len) };
@@ -1065,13 +1245,20 @@ impl SrReceive {
                 }));
             }
             if len == 0 && flags & FLAG_LAST != 0 {
-                continue; // a bare end-of-stream marker
+                // A bare end-of-stream marker (in the stream's reserve receive).
+                if self.datagrams.is_some() {
+                    self.repost(source, buffer, false)?;
+                }
+                continue;
+            }
+            if len == 0 && flags & FLAG_LAST == 0 {
+                return Err(self.fail_with(bad("empty")));
             }
             return Ok(Some(SrReceived {
                 source,
                 slot: l.slot,
                 node: l.node,
-                last: flags & FLAG_LAST != 0,
+                last: ended_now,
                 buffer,
                 len,
             }));
@@ -1094,10 +1281,13 @@ impl SrReceive {
     /// Gives the buffer back (re-posts it) and, every `credit_every` buffers,
     /// writes the stream's credit back to its sender.
     pub fn release(&self, r: SrReceived) -> Result<(), TransportError> {
-        if r.last {
-            return Ok(()); // the stream is over: nothing more will arrive for it
+        match (r.last, self.datagrams.is_some()) {
+            // The stream is over: nothing more will arrive for it.
+            (true, false) => Ok(()),
+            // The pool's buffer goes back, without credit for an ended stream.
+            (last, true) => self.repost(r.source, r.buffer, !last),
+            (false, false) => self.repost(r.source, r.buffer, true),
         }
-        self.repost(r.source, r.buffer, true)
     }
 }
 

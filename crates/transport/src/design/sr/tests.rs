@@ -1,5 +1,6 @@
 use super::*;
 use crate::design::LocalConnector;
+use crate::verbs::UD_MTU;
 use crate::{ReceiveSpec, SendSpec};
 
 struct Cluster {
@@ -28,7 +29,29 @@ fn small() -> SrConfig {
         credit_every: 2,
         send_buffers: 4,
         timeout: Duration::from_secs(5),
+        datagrams: false,
     }
+}
+
+/// Runs a test over reliable connections and over datagrams.
+macro_rules! both {
+    ($name:ident) => {
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn reliable() {
+                super::$name(super::small()).await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn datagrams() {
+                super::$name(super::SrConfig {
+                    datagrams: true,
+                    ..super::small()
+                })
+                .await
+            }
+        }
+    };
 }
 
 fn body(src: u32, dst: u32, seq: usize) -> Vec<u8> {
@@ -70,16 +93,15 @@ impl Cluster {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_node_repartitions_to_every_other_in_order() {
+async fn every_node_repartitions_to_every_other_in_order(cfg: SrConfig) {
     const N: u32 = 3;
     const MESSAGES: usize = 300;
     let c = Arc::new(cluster(N));
     let mut tasks = vec![];
     for me in 1..=N {
         let others: Vec<NodeId> = (1..=N).filter(|o| *o != me).collect();
-        let send = c.send(me, others.clone(), vec![], small());
-        let recv = c.recv(me, others.clone(), small());
+        let send = c.send(me, others.clone(), vec![], cfg.clone());
+        let recv = c.recv(me, others.clone(), cfg.clone());
         tasks.push(tokio::spawn(async move {
             let sending = async {
                 for seq in 0..MESSAGES {
@@ -115,12 +137,12 @@ async fn every_node_repartitions_to_every_other_in_order() {
         t.await.unwrap().unwrap();
     }
 }
+both!(every_node_repartitions_to_every_other_in_order);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn broadcast_and_groups_reach_their_members_once() {
+async fn broadcast_and_groups_reach_their_members_once(cfg: SrConfig) {
     let c = cluster(4);
-    let send = c.send(1, vec![2, 3, 4], vec![vec![2, 4]], small());
-    let recvs: Vec<SrReceive> = (2..=4).map(|n| c.recv(n, vec![1], small())).collect();
+    let send = c.send(1, vec![2, 3, 4], vec![vec![2, 4]], cfg.clone());
+    let recvs: Vec<SrReceive> = (2..=4).map(|n| c.recv(n, vec![1], cfg.clone())).collect();
     let sending = async {
         for i in 0..50u8 {
             let mut b = send
@@ -148,17 +170,17 @@ async fn broadcast_and_groups_reach_their_members_once() {
     assert_eq!(got[1], even, "node 3 gets the broadcasts only");
     assert_eq!(got[2], all, "node 4 is in the group");
 }
+both!(broadcast_and_groups_reach_their_members_once);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_slow_consumer_holds_the_sender_to_its_window() {
+async fn a_slow_consumer_holds_the_sender_to_its_window(cfg: SrConfig) {
     let c = cluster(2);
-    let send = c.send(1, vec![2], vec![], small());
-    let recv = c.recv(2, vec![1], small());
+    let send = c.send(1, vec![2], vec![], cfg.clone());
+    let recv = c.recv(2, vec![1], cfg.clone());
     // A reservation dropped unsent gives its credit and buffer back (the
     // receiver sees nothing of it)...
     drop(send.acquire(To::Node(2)).await.unwrap());
     // ...so the window's worth still goes at once...
-    for i in 0..small().window {
+    for i in 0..cfg.window {
         let mut b = tokio::time::timeout(Duration::from_secs(2), send.acquire(To::Node(2)))
             .await
             .expect("a credit within the window")
@@ -186,17 +208,17 @@ async fn a_slow_consumer_holds_the_sender_to_its_window() {
         n += 1;
         recv.release(m).unwrap();
     }
-    assert_eq!(n, small().window as usize + 1 - 2);
+    assert_eq!(n, cfg.window as usize + 1 - 2);
 }
+both!(a_slow_consumer_holds_the_sender_to_its_window);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_late_receiver_is_waited_for_and_a_failure_reaches_it() {
+async fn a_late_receiver_is_waited_for_and_a_failure_reaches_it(cfg: SrConfig) {
     let c = Arc::new(cluster(2));
-    let send = c.send(1, vec![2], vec![], small());
+    let send = c.send(1, vec![2], vec![], cfg.clone());
     let c2 = Arc::clone(&c);
     let receiver = tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(100)).await;
-        let recv = c2.recv(2, vec![1], small());
+        let recv = c2.recv(2, vec![1], cfg.clone());
         let m = recv.get().await.unwrap().unwrap();
         assert_eq!(recv.data(&m), b"before");
         recv.release(m).unwrap();
@@ -214,6 +236,7 @@ async fn a_late_receiver_is_waited_for_and_a_failure_reaches_it() {
     // The stream is over: nothing more may be sent on it.
     assert!(send.acquire(To::Node(2)).await.is_err());
 }
+both!(a_late_receiver_is_waited_for_and_a_failure_reaches_it);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_receiver_that_never_comes_fails_the_sender_in_time() {
@@ -267,12 +290,11 @@ fn bad_settings_are_refused() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_sender_dropped_before_finishing_fails_its_receivers() {
+async fn a_sender_dropped_before_finishing_fails_its_receivers(cfg: SrConfig) {
     let c = cluster(3);
-    let recv2 = c.recv(2, vec![1], small());
-    let recv3 = c.recv(3, vec![1], small());
-    let send = c.send(1, vec![2, 3], vec![], small());
+    let recv2 = c.recv(2, vec![1], cfg.clone());
+    let recv3 = c.recv(3, vec![1], cfg.clone());
+    let send = c.send(1, vec![2, 3], vec![], cfg.clone());
     let mut b = send.acquire(To::Node(2)).await.unwrap();
     assert!(b.extend_from_slice(b"data"));
     send.put(b, false).unwrap();
@@ -297,4 +319,82 @@ async fn a_sender_dropped_before_finishing_fails_its_receivers() {
     assert_eq!(recv3.data(&m), b"all");
     recv3.release(m).unwrap();
     assert!(recv3.get().await.unwrap().is_none());
+}
+both!(a_sender_dropped_before_finishing_fails_its_receivers);
+
+/// Datagrams are counted: a stream whose last message says it sent more than
+/// arrive fails once the timeout passes, and a datagram naming no stream is
+/// dropped without harm.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn datagrams_that_never_arrive_fail_the_stream_in_time() {
+    let c = cluster(2);
+    let cfg = SrConfig {
+        datagrams: true,
+        timeout: Duration::from_secs(1),
+        ..small()
+    };
+    let recv = c.recv(2, vec![1], cfg.clone());
+    let send = c.send(1, vec![2], vec![], cfg);
+    send.connect().await.unwrap();
+    let mut b = send.acquire(To::Node(2)).await.unwrap();
+    assert!(b.extend_from_slice(b"one"));
+    send.put(b, false).unwrap();
+    // Node 1 forges two bare datagrams to the receiver's queue pair: one for a
+    // slot that is not a source, then a last message claiming the stream sent 5.
+    let forger = &c.carriers[0];
+    let cq = forger.create_cq(16).unwrap();
+    let qp = forger.create_qp(QpKind::Ud, &cq, &cq).unwrap();
+    let region = forger.register(64).unwrap();
+    let to = recv.datagrams.as_ref().unwrap().addr();
+    for (at, slot, seq) in [(0, 99, 0), (32, 1, 4)] {
+        // SAFETY: a fresh region nothing else uses.
+        unsafe { region.slice_mut(at, HEADER) }.copy_from_slice(&header(FLAG_LAST, 0, slot));
+        qp.post_send(SendWr {
+            id: 0,
+            op: SendOp::Send { imm: Some(seq) },
+            local: region.sge(at, HEADER),
+            dest: Some(to),
+            signaled: false,
+        })
+        .unwrap();
+    }
+    let m = recv.get().await.unwrap().unwrap();
+    assert_eq!(recv.data(&m), b"one");
+    assert!(!m.last);
+    recv.release(m).unwrap();
+    let start = std::time::Instant::now();
+    let err = recv.get().await.unwrap_err();
+    assert!(
+        err.to_string().contains("2 of its 5 messages arrived"),
+        "{err}"
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        start.elapsed()
+    );
+}
+
+#[test]
+fn datagram_designs_refuse_messages_larger_than_a_datagram() {
+    let c = cluster(2);
+    let cfg = SrConfig {
+        datagrams: true,
+        message_size: UD_MTU + 1,
+        ..small()
+    };
+    let spec = crate::SendSpec {
+        query: 1,
+        exchange: 1,
+        from: 1,
+        destinations: vec![2],
+        groups: vec![],
+    };
+    let err = SrSend::open(Arc::clone(&c.carriers[0]), c.connector.clone(), cfg, spec)
+        .err()
+        .expect("refused");
+    assert!(
+        err.to_string().contains("datagrams of at most 4096"),
+        "{err}"
+    );
 }
