@@ -148,10 +148,9 @@ pub struct SendEndpoint {
     hub: Arc<Hub>,
     wire: Arc<dyn Wire>,
     connect_timeout: Duration,
-    dests: Vec<NodeId>,
+    dests: Destinations,
     streams: Vec<Arc<OutStream>>,
     peer_counters: Vec<Arc<PeerCounters>>,
-    groups: Vec<Vec<usize>>,
     finished: Mutex<Vec<bool>>,
     outstanding: Arc<Outstanding>,
     messages: AtomicU64,
@@ -173,23 +172,26 @@ fn misuse(msg: impl Into<String>) -> TransportError {
     TransportError::Misuse(msg.into())
 }
 
-impl SendEndpoint {
-    pub(crate) fn open(
-        hub: Arc<Hub>,
-        wire: Arc<dyn Wire>,
-        connect_timeout: Duration,
-        spec: SendSpec,
-    ) -> Result<Self, TransportError> {
+/// A send spec's destinations, and its transmission groups as positions among
+/// them: resolved alike by every kind of send endpoint.
+#[derive(Debug, Clone)]
+pub(crate) struct Destinations {
+    nodes: Vec<NodeId>,
+    groups: Vec<Vec<usize>>,
+}
+
+impl Destinations {
+    pub(crate) fn new(spec: &SendSpec) -> Result<Self, TransportError> {
         if spec.destinations.is_empty() {
             return Err(misuse("a send endpoint needs at least one destination"));
         }
-        let mut dests = spec.destinations.clone();
-        dests.dedup();
-        if dests.len() != spec.destinations.len() {
+        let mut nodes = spec.destinations.clone();
+        nodes.dedup();
+        if nodes.len() != spec.destinations.len() {
             return Err(misuse("a send endpoint lists a destination twice"));
         }
         let index = |n: &NodeId| {
-            dests.iter().position(|d| d == n).ok_or_else(|| {
+            nodes.iter().position(|d| d == n).ok_or_else(|| {
                 misuse(format!(
                     "transmission group member {n} is not a destination"
                 ))
@@ -200,7 +202,42 @@ impl SendEndpoint {
             .iter()
             .map(|g| g.iter().map(index).collect::<Result<Vec<_>, _>>())
             .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self { nodes, groups })
+    }
+
+    pub(crate) fn nodes(&self) -> &[NodeId] {
+        &self.nodes
+    }
+
+    /// Positions of the destinations `to` names.
+    pub(crate) fn targets(&self, to: To) -> Result<Vec<usize>, TransportError> {
+        match to {
+            To::Node(n) => self
+                .nodes
+                .iter()
+                .position(|d| *d == n)
+                .map(|i| vec![i])
+                .ok_or_else(|| misuse(format!("node {n} is not a destination of this endpoint"))),
+            To::Group(g) => self
+                .groups
+                .get(g)
+                .cloned()
+                .ok_or_else(|| misuse(format!("no transmission group {g}"))),
+            To::All => Ok((0..self.nodes.len()).collect()),
+        }
+    }
+}
+
+impl SendEndpoint {
+    pub(crate) fn open(
+        hub: Arc<Hub>,
+        wire: Arc<dyn Wire>,
+        connect_timeout: Duration,
+        spec: SendSpec,
+    ) -> Result<Self, TransportError> {
+        let dests = Destinations::new(&spec)?;
         let keys: Vec<(StreamKey, NodeId)> = dests
+            .nodes()
             .iter()
             .map(|&d| {
                 (
@@ -215,16 +252,15 @@ impl SendEndpoint {
             })
             .collect();
         let streams = hub.open_send(&keys)?;
-        let peer_counters = dests.iter().map(|d| hub.counters(*d)).collect();
+        let peer_counters = dests.nodes().iter().map(|d| hub.counters(*d)).collect();
         Ok(Self {
             hub,
             wire,
             connect_timeout,
-            finished: Mutex::new(vec![false; dests.len()]),
+            finished: Mutex::new(vec![false; dests.nodes().len()]),
             dests,
             streams,
             peer_counters,
-            groups,
             outstanding: Arc::new(Outstanding {
                 n: AtomicUsize::new(0),
                 notify: Notify::new(),
@@ -238,29 +274,12 @@ impl SendEndpoint {
     }
 
     pub fn destinations(&self) -> &[NodeId] {
-        &self.dests
+        self.dests.nodes()
     }
 
     /// Size of a pool buffer: what a message should stay within.
     pub fn message_size(&self) -> usize {
         self.hub.send_pool.message_size()
-    }
-
-    fn targets(&self, to: To) -> Result<Vec<usize>, TransportError> {
-        match to {
-            To::Node(n) => self
-                .dests
-                .iter()
-                .position(|d| *d == n)
-                .map(|i| vec![i])
-                .ok_or_else(|| misuse(format!("node {n} is not a destination of this endpoint"))),
-            To::Group(g) => self
-                .groups
-                .get(g)
-                .cloned()
-                .ok_or_else(|| misuse(format!("no transmission group {g}"))),
-            To::All => Ok((0..self.dests.len()).collect()),
-        }
     }
 
     async fn take_credit(&self, t: usize) -> Result<(), TransportError> {
@@ -308,7 +327,7 @@ impl SendEndpoint {
     /// Reserves a credit on every stream `to` names (waiting for their receivers to have
     /// room) and then a free pool buffer (waiting while every buffer is in use).
     pub async fn acquire(&self, to: To) -> Result<SendBuffer, TransportError> {
-        let targets = self.targets(to)?;
+        let targets = self.dests.targets(to)?;
         if targets.is_empty() {
             return Err(misuse("no destination to send to"));
         }
@@ -369,7 +388,7 @@ impl SendEndpoint {
         // does not keep the send buffer leased (see `Message::local_hold`).
         let holds: Vec<Held> = targets
             .iter()
-            .map(|&t| match self.dests[t] == self.hub.node {
+            .map(|&t| match self.dests.nodes()[t] == self.hub.node {
                 true => msg.local_hold(),
                 false => msg.hold(),
             })
@@ -377,7 +396,7 @@ impl SendEndpoint {
         msg.end_lease();
         drop(msg);
         for (&t, held) in targets.iter().zip(holds) {
-            let (key, dest) = (self.streams[t].key, self.dests[t]);
+            let (key, dest) = (self.streams[t].key, self.dests.nodes()[t]);
             if dest == self.hub.node {
                 let c = &self.peer_counters[t];
                 PeerCounters::add(&c.messages_sent, 1);
@@ -428,7 +447,7 @@ impl SendEndpoint {
                 continue;
             }
             *done = true;
-            let (key, dest) = (self.streams[t].key, self.dests[t]);
+            let (key, dest) = (self.streams[t].key, self.dests.nodes()[t]);
             if dest == self.hub.node {
                 self.hub.deliver_local(key, Event::Last);
             } else {
@@ -448,7 +467,7 @@ impl SendEndpoint {
                 continue;
             }
             *done = true;
-            let (key, dest) = (self.streams[t].key, self.dests[t]);
+            let (key, dest) = (self.streams[t].key, self.dests.nodes()[t]);
             if dest == self.hub.node {
                 let ev = Event::Failed(TransportError::Remote {
                     peer: dest,

@@ -44,7 +44,7 @@
 //! receiver: connecting, open, ended (last arrived), failed.
 
 use super::{Connector, Offer, Side, handshake};
-use crate::endpoint::To;
+use crate::endpoint::{Destinations, To};
 use crate::frame::StreamKey;
 use crate::verbs::{
     Carrier, CarrierError, Completion, CompletionQueue, QpKind, QueuePair, RecvWr, Region,
@@ -258,7 +258,7 @@ pub struct SrSend {
     connector: Arc<dyn Connector>,
     config: SrConfig,
     links: Vec<OutLink>,
-    groups: Vec<Vec<usize>>,
+    dests: Destinations,
     scq: Arc<dyn CompletionQueue>,
     rcq: Arc<dyn CompletionQueue>,
     /// The endpoint's one datagram queue pair (datagram designs).
@@ -283,12 +283,8 @@ impl SrSend {
         spec: crate::SendSpec,
     ) -> Result<Self, TransportError> {
         config.check()?;
-        if spec.destinations.is_empty() {
-            return Err(TransportError::Misuse(
-                "a send endpoint needs at least one destination".into(),
-            ));
-        }
-        let n = spec.destinations.len();
+        let dests = Destinations::new(&spec)?;
+        let n = dests.nodes().len();
         let depth = (config.send_buffers * n + 64).next_power_of_two();
         let scq = carrier.create_cq(depth).map_err(carrier_err)?;
         let rcq = carrier
@@ -305,7 +301,7 @@ impl SrSend {
             None
         };
         let mut links = Vec::with_capacity(n);
-        for &dest in &spec.destinations {
+        for &dest in dests.nodes() {
             let qp = carrier
                 .create_qp(QpKind::Rc, &scq, &rcq)
                 .map_err(carrier_err)?;
@@ -328,19 +324,6 @@ impl SrSend {
                 finished: AtomicBool::new(false),
             });
         }
-        let index = |m: &NodeId| {
-            spec.destinations
-                .iter()
-                .position(|d| d == m)
-                .ok_or_else(|| {
-                    TransportError::Misuse(format!("group member {m} is not a destination"))
-                })
-        };
-        let groups = spec
-            .groups
-            .iter()
-            .map(|g| g.iter().map(index).collect::<Result<Vec<_>, _>>())
-            .collect::<Result<Vec<_>, _>>()?;
         let buffers = carrier
             // One more than the pool: the reserve a dropped endpoint's error marker uses.
             .register((config.send_buffers + 1) * config.message_size)
@@ -358,7 +341,7 @@ impl SrSend {
             connector,
             config,
             links,
-            groups,
+            dests,
             scq,
             rcq,
             datagrams,
@@ -371,8 +354,8 @@ impl SrSend {
         })
     }
 
-    pub fn destinations(&self) -> Vec<NodeId> {
-        self.links.iter().map(|l| l.dest).collect()
+    pub fn destinations(&self) -> &[NodeId] {
+        self.dests.nodes()
     }
 
     /// Payload bytes a message holds at most.
@@ -432,23 +415,6 @@ impl SrSend {
             r?;
         }
         Ok(())
-    }
-
-    fn targets(&self, to: To) -> Result<Vec<usize>, TransportError> {
-        match to {
-            To::Node(n) => self
-                .links
-                .iter()
-                .position(|l| l.dest == n)
-                .map(|i| vec![i])
-                .ok_or_else(|| TransportError::Misuse(format!("node {n} is not a destination"))),
-            To::Group(g) => self
-                .groups
-                .get(g)
-                .cloned()
-                .ok_or_else(|| TransportError::Misuse(format!("no transmission group {g}"))),
-            To::All => Ok((0..self.links.len()).collect()),
-        }
     }
 
     fn credit_of(&self, t: usize) -> u64 {
@@ -593,7 +559,7 @@ impl SrSend {
     /// Reserves a credit on every stream `to` names, then a registered buffer.
     pub async fn acquire(&self, to: To) -> Result<SrBuffer, TransportError> {
         self.connect().await?;
-        let targets = self.targets(to)?;
+        let targets = self.dests.targets(to)?;
         if let Some(&t) = targets
             .iter()
             .find(|&&t| self.links[t].finished.load(Ordering::Acquire))
@@ -799,7 +765,6 @@ struct InLink {
     /// Receives posted that count as credit (the reserve not counted).
     posted: AtomicU64,
     since_credit: AtomicU64,
-    next_seq: AtomicU64,
 }
 
 /// A message taken from a receive endpoint; give it back with [`SrReceive::release`].
@@ -967,7 +932,6 @@ impl SrReceive {
                 credit_to: Mutex::new(None),
                 posted: AtomicU64::new(config.window as u64),
                 since_credit: AtomicU64::new(0),
-                next_seq: AtomicU64::new(0),
             });
         }
         let links = Arc::new(links);
@@ -1203,17 +1167,16 @@ impl SrReceive {
             let Some(seq) = c.imm else {
                 return Err(self.fail_with(bad("no sequence number")));
             };
-            if self.datagrams.is_none() {
-                let want = l.next_seq.fetch_add(1, Ordering::AcqRel) as u32;
-                if seq != want {
-                    return Err(self.fail_with(bad("out of sequence")));
-                }
-            }
             let ended_now = {
                 let mut st = self.state.lock();
                 if st.ended[source] {
                     drop(st);
                     return Err(self.fail_with(bad("after the stream's end")));
+                }
+                // A connection delivers in order: the next is the one counted next.
+                if self.datagrams.is_none() && seq as u64 != st.arrived[source] {
+                    drop(st);
+                    return Err(self.fail_with(bad("out of sequence")));
                 }
                 st.arrived[source] += 1;
                 if flags & FLAG_LAST != 0 {

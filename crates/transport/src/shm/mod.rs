@@ -410,45 +410,10 @@ impl ShmQp {
                     return WcStatus::ReceiverNotReady;
                 };
                 let cq = Self::recv_cq_of(&seg, peer.qpn);
-                let dst = buf.and_then(|(key, off, blen)| {
-                    (blen >= len as u64)
-                        .then(|| seg.resolve(key, off, len as u64))
-                        .flatten()
-                });
-                let Some(dst) = dst else {
-                    if let Some(cq) = cq {
-                        self.inner.complete(
-                            &seg,
-                            cq,
-                            &Completion {
-                                id,
-                                status: WcStatus::LocalLength,
-                                op: WcOp::Recv,
-                                bytes: len as u32,
-                                imm,
-                                src: Some(self.me()),
-                            },
-                        );
-                    }
-                    return WcStatus::RemoteAccess;
-                };
-                // SAFETY: both ranges resolved inside their mappings.
-                unsafe { self.copy(local, dst, len) };
-                if let Some(cq) = cq {
-                    self.inner.complete(
-                        &seg,
-                        cq,
-                        &Completion {
-                            id,
-                            status: WcStatus::Success,
-                            op: WcOp::Recv,
-                            bytes: len as u32,
-                            imm,
-                            src: Some(self.me()),
-                        },
-                    );
+                match self.deliver(&seg, cq, (id, buf), local, len, imm) {
+                    true => WcStatus::Success,
+                    false => WcStatus::RemoteAccess,
                 }
-                WcStatus::Success
             }
             SendOp::Write {
                 remote,
@@ -532,33 +497,52 @@ impl ShmQp {
         let Some(cq) = Self::recv_cq_of(&seg, dest.qpn) else {
             return drop();
         };
-        let len = wr.local.len;
+        self.deliver(&seg, Some(cq), (id, buf), local, wr.local.len, imm);
+        WcStatus::Success
+    }
+
+    /// Lands a send of `len` bytes from `local` in the posted receive `recv`
+    /// of a peer's queue pair and completes it on the pair's queue `cq`
+    /// (`LocalLength` if the receive has no buffer or too short a one).
+    /// Returns whether the bytes landed.
+    fn deliver(
+        &self,
+        seg: &Segment,
+        cq: Option<u32>,
+        recv: (u64, Option<PostedBuffer>),
+        local: *mut u8,
+        len: usize,
+        imm: Option<u32>,
+    ) -> bool {
+        let (id, buf) = recv;
         let dst = buf.and_then(|(key, off, blen)| {
             (blen >= len as u64)
                 .then(|| seg.resolve(key, off, len as u64))
                 .flatten()
         });
-        let status = match dst {
-            Some(dst) => {
-                // SAFETY: both ranges resolved inside their mappings.
-                unsafe { self.copy(local, dst, len) };
-                WcStatus::Success
-            }
-            None => WcStatus::LocalLength,
-        };
-        self.inner.complete(
-            &seg,
-            cq,
-            &Completion {
-                id,
-                status,
-                op: WcOp::Recv,
-                bytes: len as u32,
-                imm,
-                src: Some(self.me()),
-            },
-        );
-        WcStatus::Success
+        if let Some(dst) = dst {
+            // SAFETY: both ranges resolved inside their mappings.
+            unsafe { self.copy(local, dst, len) };
+        }
+        if let Some(cq) = cq {
+            let status = match dst {
+                Some(_) => WcStatus::Success,
+                None => WcStatus::LocalLength,
+            };
+            self.inner.complete(
+                seg,
+                cq,
+                &Completion {
+                    id,
+                    status,
+                    op: WcOp::Recv,
+                    bytes: len as u32,
+                    imm,
+                    src: Some(self.me()),
+                },
+            );
+        }
+        dst.is_some()
     }
 }
 

@@ -398,3 +398,27 @@ fn datagram_designs_refuse_messages_larger_than_a_datagram() {
         "{err}"
     );
 }
+
+#[test]
+fn destinations_resolve_as_for_tcp_endpoints() {
+    let c = cluster(3);
+    let open = |destinations: Vec<NodeId>, groups: Vec<Vec<NodeId>>| {
+        let spec = crate::SendSpec {
+            query: 1,
+            exchange: 1,
+            from: 1,
+            destinations,
+            groups,
+        };
+        SrSend::open(
+            Arc::clone(&c.carriers[0]),
+            c.connector.clone(),
+            small(),
+            spec,
+        )
+    };
+    let err = |r: Result<SrSend, TransportError>| r.err().expect("refused").to_string();
+    assert!(err(open(vec![2, 2], vec![])).contains("twice"));
+    assert!(err(open(vec![2], vec![vec![3]])).contains("member 3 is not a destination"));
+    assert_eq!(open(vec![2, 3], vec![]).unwrap().destinations(), &[2, 3]);
+}
