@@ -66,9 +66,10 @@ pub struct ShuffleArgs {
     /// with `--link loopback`, shm (the shared-memory carrier, with `--design`).
     #[arg(long, default_value = "tcp")]
     carrier: String,
-    /// Endpoint designs of the shm carrier, separated by commas: memq-sr (reliable
-    /// connections) and mesq-sr (datagrams: messages of at most 4 KiB, so
-    /// `--message-size` is capped for it).
+    /// Endpoint designs of the shm carrier, separated by commas: memq-sr
+    /// (send/receive on reliable connections), mesq-sr (datagrams: messages of
+    /// at most 4 KiB, so `--message-size` is capped for it), memq-rd (RDMA Read)
+    /// and memq-wr (RDMA Write with immediate).
     #[arg(long, default_value = "memq-sr")]
     design: String,
     /// Runs of each configuration.
@@ -195,11 +196,12 @@ impl ShuffleArgs {
                 "shm" => {
                     for d in list(&self.design) {
                         let d = d.parse::<Design>().map_err(|e| format!("--design: {e}"))?;
-                        if !matches!(d, Design::MemqSr | Design::MesqSr) {
+                        if d == Design::Tcp || !d.per_thread() {
                             return Err(format!(
-                                "--design: {d} is not available on the shm carrier yet \
-                                 (memq-sr and mesq-sr are; semq-sr and sesq-sr differ from \
-                                 them only with several sending threads per node)"
+                                "--design: {d} is not available on the shm carrier \
+                                 (memq-sr, mesq-sr, memq-rd and memq-wr are; the single-endpoint \
+                                 designs differ from them only with several sending threads \
+                                 per node, which this benchmark does not run yet)"
                             )
                             .into());
                         }
@@ -472,18 +474,18 @@ impl ShmNodes {
 
     /// `run` with its messages cut to what `design` carries (datagrams: 4 KiB).
     fn fit(&self, design: Design, run: &ShuffleRun) -> ShuffleRun {
-        use gyre_transport::design::sr::HEADER;
+        use gyre_transport::design::{HEADER, Primitive};
         use gyre_transport::verbs::QpKind;
         let mut run = run.clone();
-        if design == Design::MesqSr {
+        if design.primitive() == Some(Primitive::Datagram) {
             let most = self.carriers[0].max_message(QpKind::Ud) - HEADER;
             run.message_size = run.message_size.min(most as u64);
         }
         run
     }
 
-    /// Runs `run` on every node at once (send/receive designs: with one sending
-    /// task per node, the ME and SE variants are the same).
+    /// Runs `run` on every node at once (with one sending task per node, the
+    /// ME and SE variants of a design are the same).
     async fn run(
         &self,
         design: Design,
@@ -491,26 +493,30 @@ impl ShmNodes {
         run_id: u64,
     ) -> Result<Vec<ShuffleFigures>, BoxError> {
         use gyre_transport::bench::{ShuffleSpec, run_design_shuffle};
-        use gyre_transport::design::{LocalConnector, sr};
+        use gyre_transport::design::{DesignConfig, HEADER, LocalConnector, Primitive};
         let connector = LocalConnector::new();
         let nodes: Vec<u32> = self.carriers.iter().map(|c| c.node()).collect();
-        let config = if design == Design::MesqSr {
+        let primitive = design
+            .primitive()
+            .ok_or_else(|| format!("{design} is not a design of the shm carrier"))?;
+        let config = if primitive == Primitive::Datagram {
             // Small messages need a deeper window to keep the pipe full, as the
             // paper's datagram receivers post many more buffers; every stream's
             // receives share the one queue pair's depth.
             let window = (self.carriers[0].recv_depth() / (nodes.len() - 1)).saturating_sub(1);
             let window = window.clamp(1, 32) as u32;
-            sr::SrConfig {
-                message_size: run.message_size as usize + sr::HEADER,
-                datagrams: true,
+            DesignConfig {
+                message_size: run.message_size as usize + HEADER,
+                primitive,
                 window,
                 credit_every: (window / 4).max(1),
                 send_buffers: 64,
                 ..Default::default()
             }
         } else {
-            sr::SrConfig {
-                message_size: run.message_size as usize + sr::HEADER,
+            DesignConfig {
+                message_size: run.message_size as usize + HEADER,
+                primitive,
                 ..Default::default()
             }
         };

@@ -138,7 +138,8 @@ fn bench_join_refuses_an_unknown_strategy() {
     }
 }
 
-/// Both carriers, TCP and shared memory (reliable connections and datagrams),
+/// Both carriers, TCP and shared memory (send/receive on connections and over
+/// datagrams, RDMA Read, RDMA Write),
 /// move and check every byte (the command verifies each message against the
 /// plan).
 #[test]
@@ -157,7 +158,7 @@ fn bench_shuffle_on_loopback_moves_every_byte() {
         "--carrier",
         "tcp,shm",
         "--design",
-        "memq-sr,mesq-sr",
+        "memq-sr,mesq-sr,memq-rd,memq-wr",
         "--pattern",
         "repartition,broadcast",
         "--message-size",
@@ -167,7 +168,13 @@ fn bench_shuffle_on_loopback_moves_every_byte() {
     ]);
     let runs = report["runs"].as_array().unwrap();
     let designs: Vec<&str> = runs.iter().map(|r| r["design"].as_str().unwrap()).collect();
-    for design in ["tcp", "shm/memq-sr", "shm/mesq-sr"] {
+    for design in [
+        "tcp",
+        "shm/memq-sr",
+        "shm/mesq-sr",
+        "shm/memq-rd",
+        "shm/memq-wr",
+    ] {
         let runs = designs.iter().filter(|d| **d == design).count();
         assert_eq!(runs, 4, "{designs:?}");
     }
@@ -190,7 +197,7 @@ fn bench_shuffle_on_loopback_moves_every_byte() {
 fn bench_shuffle_refuses_what_it_cannot_run() {
     for (args, named) in [
         (&["--carrier", "verbs"][..], "verbs"),
-        (&["--carrier", "shm", "--design", "memq-wr"][..], "memq-wr"),
+        (&["--carrier", "shm", "--design", "semq-wr"][..], "semq-wr"),
         (&["--carrier", "shm", "--design", "nosuch"][..], "nosuch"),
     ] {
         let out = gyre()

@@ -308,26 +308,25 @@ pub async fn run_shuffle(
     ))
 }
 
-/// Runs one shuffle between `spec.nodes` over send/receive on `carrier`: on
-/// reliable connections (MEMQ/SR, SEMQ/SR) or, with `config.datagrams`, over
-/// datagrams (MESQ/SR, SESQ/SR); with one sending task per node the ME and SE
-/// variants coincide. Every node must call it. The
+/// Runs one shuffle between `spec.nodes` over a verbs design on `carrier`
+/// (`config.primitive` chooses which); with one sending task per node the ME
+/// and SE variants coincide. Every node must call it. The
 /// same plan and checks as [`run_shuffle`]; there is no multiplexer, so
 /// `mux_cpu` is `None`, and the wire bytes count each message's design header.
 pub async fn run_design_shuffle(
     carrier: std::sync::Arc<dyn crate::verbs::Carrier>,
     connector: std::sync::Arc<dyn crate::design::Connector>,
-    config: crate::design::sr::SrConfig,
+    config: crate::design::DesignConfig,
     spec: &ShuffleSpec,
 ) -> Result<ShuffleReport, BenchError> {
-    use crate::design::sr::{HEADER, SrReceive, SrSend};
+    use crate::design::{DesignReceive, DesignSend, HEADER};
     spec.check(carrier.node(), config.payload())?;
     let n = spec.nodes.len();
     let query = BENCH_QUERY_BASE | spec.run_id;
     let others: Vec<usize> = (1..n).map(|k| (spec.index + k) % n).collect();
     let data = payload(spec.message_size, 0x9e37_79b9_7f4a_7c15);
     let open = |exchange: u32| {
-        let recv = SrReceive::open(
+        let recv = DesignReceive::open(
             std::sync::Arc::clone(&carrier),
             std::sync::Arc::clone(&connector),
             config.clone(),
@@ -337,7 +336,7 @@ pub async fn run_design_shuffle(
                 sources: others.iter().map(|&i| (i as u32, spec.nodes[i])).collect(),
             },
         )?;
-        let send = SrSend::open(
+        let send = DesignSend::open(
             std::sync::Arc::clone(&carrier),
             std::sync::Arc::clone(&connector),
             config.clone(),
@@ -382,8 +381,8 @@ pub async fn run_design_shuffle(
     ))
 }
 
-impl BenchSend for crate::design::sr::SrSend {
-    type Buffer = crate::design::sr::SrBuffer;
+impl BenchSend for crate::design::DesignSend {
+    type Buffer = crate::design::DesignBuffer;
     async fn acquire(&self, to: To) -> Result<Self::Buffer, TransportError> {
         self.acquire(to).await
     }
@@ -402,7 +401,7 @@ impl BenchSend for crate::design::sr::SrSend {
     }
 }
 
-impl BenchReceive for crate::design::sr::SrReceive {
+impl BenchReceive for crate::design::DesignReceive {
     async fn next<T>(
         &self,
         f: impl FnOnce(u32, NodeId, bool, &[u8]) -> T,
@@ -689,15 +688,16 @@ mod tests {
         assert_eq!(plan(&b, 0, 2), vec![1000, 166]);
     }
 
-    /// Every node of an in-process shared-memory cluster runs the same spec, over
-    /// datagrams when messages fit them, else over reliable connections.
+    /// Every node of an in-process shared-memory cluster runs the same spec over
+    /// `primitive` (datagrams: messages of at most 4 KiB).
     async fn design_run(
+        primitive: crate::design::Primitive,
         nodes: u32,
         pattern: Pattern,
         total: u64,
         message: usize,
     ) -> Vec<ShuffleReport> {
-        use crate::design::{LocalConnector, sr::SrConfig};
+        use crate::design::{DesignConfig, LocalConnector, Primitive};
         let (_dir, carriers) = crate::shm::test_nodes(nodes, 64 << 20);
         let connector = LocalConnector::new();
         let ids: Vec<NodeId> = (1..=nodes).collect();
@@ -713,14 +713,16 @@ mod tests {
                 run_id: 7,
             };
             tokio::spawn(async move {
-                // Over datagrams, messages of at most 4 KiB.
-                let datagrams = message + 16 <= 4096;
-                let sr = SrConfig {
-                    message_size: if datagrams { 4096 } else { 8192 },
-                    datagrams,
+                let config = DesignConfig {
+                    message_size: if primitive == Primitive::Datagram {
+                        4096
+                    } else {
+                        8192
+                    },
+                    primitive,
                     ..Default::default()
                 };
-                run_design_shuffle(carrier, connector, sr, &spec).await
+                run_design_shuffle(carrier, connector, config, &spec).await
             })
         });
         futures::future::join_all(runs)
@@ -732,42 +734,59 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_design_shuffle_moves_and_checks_every_byte() {
-        // 100 messages per pair and a short last one.
+        use crate::design::Primitive;
+        for primitive in [Primitive::Send, Primitive::Read, Primitive::Write] {
+            // 100 messages per pair and a short last one.
+            let reports = design_run(
+                primitive,
+                4,
+                Pattern::Repartition,
+                4 * 3 * 8000 * 100 + 4 * 3 * 123,
+                8000,
+            )
+            .await;
+            for r in &reports {
+                assert_eq!(r.bytes_sent, 3 * (8000 * 100 + 123), "{primitive:?}");
+                assert_eq!(r.bytes_received, r.bytes_sent);
+                assert_eq!(r.messages_received, 3 * 101);
+                assert_eq!(r.wire_bytes_sent, r.bytes_sent + 3 * 101 * 16);
+                assert!(r.mux_cpu.is_none());
+            }
+        }
         let reports = design_run(
+            Primitive::Datagram,
             4,
             Pattern::Repartition,
-            4 * 3 * 8000 * 100 + 4 * 3 * 123,
-            8000,
+            4 * 3 * 4000 * 300,
+            4000,
         )
         .await;
-        for r in &reports {
-            assert_eq!(r.bytes_sent, 3 * (8000 * 100 + 123));
-            assert_eq!(r.bytes_received, r.bytes_sent);
-            assert_eq!(r.messages_received, 3 * 101);
-            assert_eq!(r.wire_bytes_sent, r.bytes_sent + 3 * 101 * 16);
-            assert!(r.mux_cpu.is_none());
-        }
-        // Over datagrams.
-        let reports = design_run(4, Pattern::Repartition, 4 * 3 * 4000 * 300, 4000).await;
         for r in &reports {
             assert_eq!(r.bytes_received, 3 * 4000 * 300);
             assert_eq!(r.messages_received, 3 * 300);
         }
-        let reports = design_run(3, Pattern::Broadcast, 3 * 50_000, 4000).await;
-        for r in &reports {
-            assert_eq!(r.bytes_sent, 2 * 50_000);
-            assert_eq!(r.bytes_received, 2 * 50_000);
+        for primitive in [
+            Primitive::Send,
+            Primitive::Datagram,
+            Primitive::Read,
+            Primitive::Write,
+        ] {
+            let reports = design_run(primitive, 3, Pattern::Broadcast, 3 * 50_000, 4000).await;
+            for r in &reports {
+                assert_eq!(r.bytes_sent, 2 * 50_000, "{primitive:?}");
+                assert_eq!(r.bytes_received, 2 * 50_000);
+            }
         }
     }
 
     #[tokio::test]
     async fn a_design_shuffle_refuses_messages_larger_than_its_buffers() {
-        use crate::design::{LocalConnector, sr::SrConfig};
+        use crate::design::{DesignConfig, LocalConnector};
         let (_dir, mut carriers) = crate::shm::test_nodes(1, 16 << 20);
         let carrier = carriers.pop().unwrap();
         let mut s = spec(Pattern::Repartition, 1 << 20);
         s.message_size = 64 * 1024;
-        let err = run_design_shuffle(carrier, LocalConnector::new(), SrConfig::default(), &s)
+        let err = run_design_shuffle(carrier, LocalConnector::new(), DesignConfig::default(), &s)
             .await
             .unwrap_err();
         assert!(

@@ -4,9 +4,48 @@
 //! per thread; one datagram queue pair per endpoint or one reliable queue pair
 //! per peer; two-sided send/receive, one-sided read or one-sided write.
 //!
-//! - [`sr`]: send/receive over reliable connections (MEMQ/SR, SEMQ/SR) or
-//!   datagrams (MESQ/SR, SESQ/SR) with the paper's stateless credit protocol
-//!   (Algorithm 3) and, over datagrams, message counting.
+//! The four primitives ([`Primitive`]) share one sending and one receiving
+//! endpoint ([`send`], [`receive`]) and everything but how a message moves:
+//!
+//! - Credits are the paper's stateless ones (Algorithm 3): the receiver writes
+//!   into the sender's slot the *absolute* number of buffers it handed out so
+//!   far, after every `credit_every` released buffers, so a lost or repeated
+//!   update does no harm. The write carries the count as its immediate too,
+//!   which wakes a waiting sender through its completion queue instead of
+//!   having it spin on the slot (the paper busy-polls; two cores cannot spare
+//!   one per endpoint). A sender takes a credit with a compare-and-swap of its
+//!   `sent` counter against the slot (the paper's `attemptToGetCredit`), so one
+//!   endpoint may be shared by several threads (SE) or used by one (ME): the
+//!   designs differ in how many endpoints an operator opens, not here.
+//! - Send/receive (SR) over reliable connections: a queue pair per stream,
+//!   delivering in order into the receiver's posted buffers.
+//! - Send/receive over datagrams (SQ/SR): one datagram queue pair per endpoint,
+//!   whose receives are one pool; messages of at most 4 KiB that may arrive out
+//!   of order, so a stream ends when its last message (whose sequence number
+//!   gives the count) and all before it arrived (the paper's message counting),
+//!   and fails when they do not within the timeout. Credits still travel over a
+//!   reliable queue pair per stream (the paper's code uses unreliable ones).
+//! - RDMA Write (WR, "poll completion queue"): the receiver's credit write also
+//!   carries its free queue, the buffers it released in order, in the same
+//!   write just before the count (a write lands its last bytes last), so a
+//!   credit names the buffer to write into: one notification per
+//!   `credit_every` messages where the paper sends a free-queue entry per
+//!   message besides. The data goes as a write with immediate (buffer, 16 bits
+//!   of sequence) into a buffer-less receive.
+//! - RDMA Read (RD, Algorithm 4): no credits; the sender announces a filled
+//!   buffer in the receiver's valid queue (a write with the sequence as
+//!   immediate), the receiver reads it into a buffer of its own and returns it
+//!   at once with a zero-length write whose immediate names it (the free queue
+//!   is the sender's completion queue). A broadcast buffer is reusable when
+//!   every destination has read it, the paper's weakness of RD for broadcast.
+//!
+//! As in Gyre's TCP endpoints, [`DesignSend::acquire`] takes the credits before
+//! the buffer and [`DesignSend::put`] never waits: a registered buffer is never
+//! held while waiting for a slow consumer. Every message starts with a 16-byte
+//! header (flags, payload length, sender slot); each stream's receiver keeps a
+//! buffer in reserve for its end-of-stream or error marker, which needs no
+//! credit. On connections a stream's messages must come in sequence, so the
+//! last flag ends it exactly.
 //!
 //! Endpoints find each other through a [`Connector`]: each side of a stream
 //! offers what its peer needs (its queue pair, where to write credits) under
@@ -15,7 +54,13 @@
 //! third step (ready to use): neither side sends before both have connected,
 //! since a reliable queue pair refuses requests from one it is not connected to.
 
-pub mod sr;
+mod message;
+pub mod receive;
+pub mod send;
+
+pub use message::{DesignConfig, HEADER, Primitive};
+pub use receive::{DesignReceive, Received};
+pub use send::{DesignBuffer, DesignSend};
 
 use crate::frame::StreamKey;
 use crate::verbs::{QpAddr, RemoteRegion};
@@ -74,12 +119,15 @@ impl Design {
         )
     }
 
-    /// Whether this build carries the design out (the others are still to come).
-    pub fn implemented(self) -> bool {
-        matches!(
-            self,
-            Design::Tcp | Design::MemqSr | Design::SemqSr | Design::MesqSr | Design::SesqSr
-        )
+    /// How the design moves messages over a verbs carrier (`None`: TCP).
+    pub fn primitive(self) -> Option<Primitive> {
+        match self {
+            Design::Tcp => None,
+            Design::MemqSr | Design::SemqSr => Some(Primitive::Send),
+            Design::MesqSr | Design::SesqSr => Some(Primitive::Datagram),
+            Design::MemqRd | Design::SemqRd => Some(Primitive::Read),
+            Design::MemqWr | Design::SemqWr => Some(Primitive::Write),
+        }
     }
 }
 
@@ -235,3 +283,6 @@ impl Connector for LocalConnector {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,7 +1,12 @@
+use super::message::{FLAG_LAST, HEADER, header};
 use super::*;
-use crate::design::LocalConnector;
+use crate::TransportError;
+use crate::endpoint::To;
 use crate::verbs::UD_MTU;
-use crate::{ReceiveSpec, SendSpec};
+use crate::verbs::{Carrier, QpKind, SendOp, SendWr};
+use crate::{NodeId, ReceiveSpec, SendSpec};
+use std::sync::Arc;
+use std::time::Duration;
 
 struct Cluster {
     _dir: tempfile::TempDir,
@@ -22,33 +27,49 @@ fn cluster(n: u32) -> Cluster {
     }
 }
 
-fn small() -> SrConfig {
-    SrConfig {
+fn small() -> DesignConfig {
+    DesignConfig {
         message_size: 4096,
         window: 4,
         credit_every: 2,
         send_buffers: 4,
         timeout: Duration::from_secs(5),
-        datagrams: false,
+        primitive: Primitive::Send,
     }
 }
 
-/// Runs a test over reliable connections and over datagrams.
-macro_rules! both {
+/// Runs a test over each primitive.
+macro_rules! every_primitive {
     ($name:ident) => {
         mod $name {
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn reliable() {
-                super::$name(super::small()).await
-            }
+            use super::Primitive;
 
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn datagrams() {
-                super::$name(super::SrConfig {
-                    datagrams: true,
+            async fn over(primitive: Primitive) {
+                super::$name(super::DesignConfig {
+                    primitive,
                     ..super::small()
                 })
                 .await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn send() {
+                over(Primitive::Send).await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn datagram() {
+                over(Primitive::Datagram).await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn read() {
+                over(Primitive::Read).await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn write() {
+                over(Primitive::Write).await
             }
         }
     };
@@ -62,8 +83,14 @@ fn body(src: u32, dst: u32, seq: usize) -> Vec<u8> {
 }
 
 impl Cluster {
-    fn send(&self, node: u32, dests: Vec<NodeId>, groups: Vec<Vec<NodeId>>, c: SrConfig) -> SrSend {
-        SrSend::open(
+    fn send(
+        &self,
+        node: u32,
+        dests: Vec<NodeId>,
+        groups: Vec<Vec<NodeId>>,
+        c: DesignConfig,
+    ) -> DesignSend {
+        DesignSend::open(
             Arc::clone(&self.carriers[node as usize - 1]),
             self.connector.clone(),
             c,
@@ -78,8 +105,8 @@ impl Cluster {
         .unwrap()
     }
 
-    fn recv(&self, node: u32, sources: Vec<NodeId>, c: SrConfig) -> SrReceive {
-        SrReceive::open(
+    fn recv(&self, node: u32, sources: Vec<NodeId>, c: DesignConfig) -> DesignReceive {
+        DesignReceive::open(
             Arc::clone(&self.carriers[node as usize - 1]),
             self.connector.clone(),
             c,
@@ -93,7 +120,7 @@ impl Cluster {
     }
 }
 
-async fn every_node_repartitions_to_every_other_in_order(cfg: SrConfig) {
+async fn every_node_repartitions_to_every_other_in_order(cfg: DesignConfig) {
     const N: u32 = 3;
     const MESSAGES: usize = 300;
     let c = Arc::new(cluster(N));
@@ -137,12 +164,12 @@ async fn every_node_repartitions_to_every_other_in_order(cfg: SrConfig) {
         t.await.unwrap().unwrap();
     }
 }
-both!(every_node_repartitions_to_every_other_in_order);
+every_primitive!(every_node_repartitions_to_every_other_in_order);
 
-async fn broadcast_and_groups_reach_their_members_once(cfg: SrConfig) {
+async fn broadcast_and_groups_reach_their_members_once(cfg: DesignConfig) {
     let c = cluster(4);
     let send = c.send(1, vec![2, 3, 4], vec![vec![2, 4]], cfg.clone());
-    let recvs: Vec<SrReceive> = (2..=4).map(|n| c.recv(n, vec![1], cfg.clone())).collect();
+    let recvs: Vec<DesignReceive> = (2..=4).map(|n| c.recv(n, vec![1], cfg.clone())).collect();
     let sending = async {
         for i in 0..50u8 {
             let mut b = send
@@ -170,9 +197,9 @@ async fn broadcast_and_groups_reach_their_members_once(cfg: SrConfig) {
     assert_eq!(got[1], even, "node 3 gets the broadcasts only");
     assert_eq!(got[2], all, "node 4 is in the group");
 }
-both!(broadcast_and_groups_reach_their_members_once);
+every_primitive!(broadcast_and_groups_reach_their_members_once);
 
-async fn a_slow_consumer_holds_the_sender_to_its_window(cfg: SrConfig) {
+async fn a_slow_consumer_holds_the_sender_to_its_window(cfg: DesignConfig) {
     let c = cluster(2);
     let send = c.send(1, vec![2], vec![], cfg.clone());
     let recv = c.recv(2, vec![1], cfg.clone());
@@ -210,9 +237,59 @@ async fn a_slow_consumer_holds_the_sender_to_its_window(cfg: SrConfig) {
     }
     assert_eq!(n, cfg.window as usize + 1 - 2);
 }
-both!(a_slow_consumer_holds_the_sender_to_its_window);
+every_primitive!(a_slow_consumer_holds_the_sender_to_its_window);
 
-async fn a_late_receiver_is_waited_for_and_a_failure_reaches_it(cfg: SrConfig) {
+/// A consumer may hold several messages and give them back in any order: no
+/// buffer it holds is written again before it is given back (Write's free
+/// queue names buffers in the order they were released, Read's own buffers
+/// return to a free list).
+async fn buffers_given_back_out_of_order_are_not_overwritten(cfg: DesignConfig) {
+    const MESSAGES: usize = 200;
+    let c = cluster(2);
+    let send = c.send(1, vec![2], vec![], cfg.clone());
+    let recv = c.recv(2, vec![1], cfg.clone());
+    let sending = async {
+        for seq in 0..MESSAGES {
+            let mut b = send.acquire(To::Node(2)).await?;
+            assert!(b.extend_from_slice(&body(1, 2, seq)));
+            send.put(b, false)?;
+        }
+        send.finish().await?;
+        send.flushed().await
+    };
+    let receiving = async {
+        // Hold one message while the next ten come and go, then re-check and
+        // give it back; then hold the next.
+        let mut next = 0;
+        let mut held = None;
+        while let Some(m) = recv.get().await? {
+            assert_eq!(recv.data(&m), &body(1, 2, next)[..], "message {next}");
+            match held.take() {
+                None => held = Some((next, m)),
+                Some((seq, h)) if next - seq < 10 => {
+                    recv.release(m)?;
+                    held = Some((seq, h));
+                }
+                Some((seq, h)) => {
+                    assert_eq!(recv.data(&h), &body(1, 2, seq)[..], "held message {seq}");
+                    recv.release(h)?;
+                    recv.release(m)?;
+                }
+            }
+            next += 1;
+        }
+        if let Some((_, h)) = held {
+            recv.release(h)?;
+        }
+        Ok::<_, TransportError>(next)
+    };
+    let (s, r) = tokio::join!(sending, receiving);
+    s.unwrap();
+    assert_eq!(r.unwrap(), MESSAGES);
+}
+every_primitive!(buffers_given_back_out_of_order_are_not_overwritten);
+
+async fn a_late_receiver_is_waited_for_and_a_failure_reaches_it(cfg: DesignConfig) {
     let c = Arc::new(cluster(2));
     let send = c.send(1, vec![2], vec![], cfg.clone());
     let c2 = Arc::clone(&c);
@@ -236,7 +313,7 @@ async fn a_late_receiver_is_waited_for_and_a_failure_reaches_it(cfg: SrConfig) {
     // The stream is over: nothing more may be sent on it.
     assert!(send.acquire(To::Node(2)).await.is_err());
 }
-both!(a_late_receiver_is_waited_for_and_a_failure_reaches_it);
+every_primitive!(a_late_receiver_is_waited_for_and_a_failure_reaches_it);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_receiver_that_never_comes_fails_the_sender_in_time() {
@@ -245,7 +322,7 @@ async fn a_receiver_that_never_comes_fails_the_sender_in_time() {
         1,
         vec![2],
         vec![],
-        SrConfig {
+        DesignConfig {
             timeout: Duration::from_millis(300),
             ..small()
         },
@@ -261,20 +338,20 @@ async fn a_receiver_that_never_comes_fails_the_sender_in_time() {
 fn bad_settings_are_refused() {
     let c = cluster(2);
     for bad in [
-        SrConfig {
+        DesignConfig {
             message_size: HEADER,
             ..small()
         },
-        SrConfig {
+        DesignConfig {
             credit_every: 5,
             ..small()
         },
-        SrConfig {
+        DesignConfig {
             send_buffers: 0,
             ..small()
         },
     ] {
-        let r = SrSend::open(
+        let r = DesignSend::open(
             Arc::clone(&c.carriers[0]),
             c.connector.clone(),
             bad,
@@ -290,7 +367,7 @@ fn bad_settings_are_refused() {
     }
 }
 
-async fn a_sender_dropped_before_finishing_fails_its_receivers(cfg: SrConfig) {
+async fn a_sender_dropped_before_finishing_fails_its_receivers(cfg: DesignConfig) {
     let c = cluster(3);
     let recv2 = c.recv(2, vec![1], cfg.clone());
     let recv3 = c.recv(3, vec![1], cfg.clone());
@@ -303,6 +380,18 @@ async fn a_sender_dropped_before_finishing_fails_its_receivers(cfg: SrConfig) {
     assert!(b.extend_from_slice(b"all"));
     send.put(b, true).unwrap();
     drop(send);
+    if cfg.primitive == Primitive::Read {
+        // Nothing was read yet, and a sender's buffers go with it: both streams
+        // fail (a Read sender must be flushed before it goes).
+        for recv in [recv2, recv3] {
+            let err = tokio::time::timeout(Duration::from_secs(2), recv.get())
+                .await
+                .expect("the drop is seen at once")
+                .unwrap_err();
+            assert!(err.to_string().contains("dropped"), "{err}");
+        }
+        return;
+    }
     let m = recv2.get().await.unwrap().unwrap();
     assert_eq!(recv2.data(&m), b"data");
     recv2.release(m).unwrap();
@@ -320,7 +409,7 @@ async fn a_sender_dropped_before_finishing_fails_its_receivers(cfg: SrConfig) {
     recv3.release(m).unwrap();
     assert!(recv3.get().await.unwrap().is_none());
 }
-both!(a_sender_dropped_before_finishing_fails_its_receivers);
+every_primitive!(a_sender_dropped_before_finishing_fails_its_receivers);
 
 /// Datagrams are counted: a stream whose last message says it sent more than
 /// arrive fails once the timeout passes, and a datagram naming no stream is
@@ -328,8 +417,8 @@ both!(a_sender_dropped_before_finishing_fails_its_receivers);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn datagrams_that_never_arrive_fail_the_stream_in_time() {
     let c = cluster(2);
-    let cfg = SrConfig {
-        datagrams: true,
+    let cfg = DesignConfig {
+        primitive: Primitive::Datagram,
         timeout: Duration::from_secs(1),
         ..small()
     };
@@ -378,8 +467,8 @@ async fn datagrams_that_never_arrive_fail_the_stream_in_time() {
 #[test]
 fn datagram_designs_refuse_messages_larger_than_a_datagram() {
     let c = cluster(2);
-    let cfg = SrConfig {
-        datagrams: true,
+    let cfg = DesignConfig {
+        primitive: Primitive::Datagram,
         message_size: UD_MTU + 1,
         ..small()
     };
@@ -390,7 +479,7 @@ fn datagram_designs_refuse_messages_larger_than_a_datagram() {
         destinations: vec![2],
         groups: vec![],
     };
-    let err = SrSend::open(Arc::clone(&c.carriers[0]), c.connector.clone(), cfg, spec)
+    let err = DesignSend::open(Arc::clone(&c.carriers[0]), c.connector.clone(), cfg, spec)
         .err()
         .expect("refused");
     assert!(
@@ -410,14 +499,14 @@ fn destinations_resolve_as_for_tcp_endpoints() {
             destinations,
             groups,
         };
-        SrSend::open(
+        DesignSend::open(
             Arc::clone(&c.carriers[0]),
             c.connector.clone(),
             small(),
             spec,
         )
     };
-    let err = |r: Result<SrSend, TransportError>| r.err().expect("refused").to_string();
+    let err = |r: Result<DesignSend, TransportError>| r.err().expect("refused").to_string();
     assert!(err(open(vec![2, 2], vec![])).contains("twice"));
     assert!(err(open(vec![2], vec![vec![3]])).contains("member 3 is not a destination"));
     assert_eq!(open(vec![2, 3], vec![]).unwrap().destinations(), &[2, 3]);

@@ -1,0 +1,867 @@
+//! The receiving endpoint of the verbs designs: how messages arrive per
+//! [`Primitive`], the checks every message passes, and credits back.
+//!
+//! States of a stream: connecting, open, ended (its last message or marker
+//! arrived, and with datagrams every message before it), failed.
+//!
+//! How a message arrives:
+//! - Send: in one of the stream's posted receive buffers, its sequence number
+//!   as the immediate.
+//! - Datagram: in a buffer of the endpoint's pool; the header's slot and the
+//!   completion's source node name the stream.
+//! - Write: the sender wrote it into a buffer the receiver freed; a buffer-less
+//!   receive completes with an immediate naming the buffer and the sequence.
+//! - Read: the sender wrote an entry (buffer, length) into the stream's valid
+//!   queue with its sequence as the immediate; the receiver reads the buffer
+//!   into one of its own when it has one free, and tells the sender at once
+//!   (a zero-length write whose immediate names the buffer), so the sender's
+//!   buffer is held only until every destination has read it.
+
+use super::message::{
+    DROPPED, DesignConfig, ENTRY, FLAG_ERROR, FLAG_LAST, HEADER, Primitive, carrier_err, lost, word,
+};
+use super::{Connector, Offer, Side, handshake};
+use crate::frame::StreamKey;
+use crate::verbs::{
+    Carrier, Completion, CompletionQueue, QpKind, QueuePair, RecvWr, Region, RemoteRegion, SendOp,
+    SendWr, WcOp, WcStatus,
+};
+use crate::{NodeId, TransportError};
+use parking_lot::Mutex;
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A stream's credit: receives (or, Write, buffers) handed to the sender so
+/// far, and releases since the last write-back. Under one lock so that counts
+/// go out in order and Write's free queue is whole before the count covers it.
+struct Credit {
+    posted: u64,
+    since: u64,
+}
+
+/// The part of a receiver's state one stream needs.
+struct InLink {
+    slot: u32,
+    node: NodeId,
+    key: StreamKey,
+    qp: Arc<dyn QueuePair>,
+    /// Where this side writes at the sender, once connected: its credit slot,
+    /// or (Read) its buffers, which are also read from.
+    peer: Mutex<Option<(RemoteRegion, u64)>>,
+    credit: Mutex<Credit>,
+}
+
+/// A message taken from a receive endpoint; give it back with [`DesignReceive::release`].
+#[derive(Debug)]
+pub struct Received {
+    /// Position of the source in the endpoint's spec.
+    pub source: usize,
+    /// The sender's slot and node.
+    pub slot: u32,
+    pub node: NodeId,
+    /// Whether this is the source's last message.
+    pub last: bool,
+    buffer: usize,
+    len: usize,
+}
+
+/// A Read stream's announced buffers and its own buffers free to read into.
+#[derive(Default)]
+struct Reads {
+    /// Announcements arrived (the next one's sequence number).
+    announced: u64,
+    /// Announced sender buffers not read yet: (buffer, bytes).
+    waiting: VecDeque<(u32, u32)>,
+    free: Vec<usize>,
+}
+
+struct RecvState {
+    ended: Vec<bool>,
+    /// Messages arrived per stream, and how many its last message says it sent.
+    arrived: Vec<u64>,
+    total: Vec<Option<u64>>,
+    remaining: usize,
+    ready: VecDeque<Completion>,
+    error: Option<TransportError>,
+    /// Per stream (Read).
+    reads: Vec<Reads>,
+    /// Per buffer being read into (Read): the sender buffer it reads.
+    reading: Vec<Option<u32>>,
+}
+
+/// What arrived, once the primitive's part is done.
+struct Arrival {
+    source: usize,
+    buffer: usize,
+    bytes: usize,
+    /// The immediate's sequence number, if it carries one (in-order streams
+    /// check it against their own count).
+    seq: Option<u64>,
+}
+
+/// The consuming side of an exchange over a verbs design.
+pub struct DesignReceive {
+    carrier: Arc<dyn Carrier>,
+    config: DesignConfig,
+    links: Arc<Vec<InLink>>,
+    rcq: Arc<dyn CompletionQueue>,
+    _scq: Arc<dyn CompletionQueue>,
+    /// The endpoint's one datagram queue pair, whose receives are one pool
+    /// (datagram designs).
+    pub(super) datagrams: Option<Arc<dyn QueuePair>>,
+    buffers: Arc<Region>,
+    /// One slot per stream: staging for the credit (and Write's free queue)
+    /// written to the sender, or (Read) the valid queue the sender writes.
+    slots: Arc<Region>,
+    state: Mutex<RecvState>,
+    /// Why connecting failed, set by the connecting task.
+    connect_error: Arc<Mutex<Option<TransportError>>>,
+    connecting: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for DesignReceive {
+    fn drop(&mut self) {
+        self.connecting.abort();
+    }
+}
+
+/// Writes stream `i`'s credit count `posted` (after Write's free queue) into
+/// the sender's slot, with the count as immediate to wake a waiting sender.
+fn write_credit(
+    config: &DesignConfig,
+    slots: &Region,
+    l: &InLink,
+    i: usize,
+    posted: u64,
+) -> Result<(), TransportError> {
+    let Some((remote, offset)) = *l.peer.lock() else {
+        return Ok(());
+    };
+    let at = i * config.slot();
+    let len = config.count_at() + 8;
+    // SAFETY: this stream's staging slot; the carrier copies it at post (a NIC
+    // would send it inline, as the paper does).
+    unsafe { slots.slice_mut(at + config.count_at(), 8) }.copy_from_slice(&posted.to_le_bytes());
+    l.qp.post_send(SendWr {
+        id: u64::MAX,
+        op: SendOp::Write {
+            remote,
+            offset,
+            imm: Some(posted as u32),
+        },
+        local: slots.sge(at, len),
+        dest: None,
+        signaled: false,
+    })
+    .map_err(carrier_err)
+}
+
+impl DesignReceive {
+    /// Opens the streams `(query, exchange, slot, this node)` from every source and
+    /// starts connecting them (senders may send once connected, whether or not
+    /// anyone reads yet: the window is posted).
+    pub fn open(
+        carrier: Arc<dyn Carrier>,
+        connector: Arc<dyn Connector>,
+        config: DesignConfig,
+        spec: crate::ReceiveSpec,
+    ) -> Result<Self, TransportError> {
+        config.check()?;
+        config.check_carrier(&*carrier)?;
+        let me = carrier.node();
+        let n = spec.sources.len();
+        let per = config.per_stream();
+        let primitive = config.primitive;
+        let (recvs, on_one_qp) = match primitive {
+            Primitive::Datagram => (per, n.max(1) * per),
+            Primitive::Read => (config.valid_entries(), config.valid_entries()),
+            Primitive::Send | Primitive::Write => (per, per),
+        };
+        if on_one_qp > carrier.recv_depth() {
+            return Err(TransportError::Misuse(format!(
+                "{on_one_qp} receives on one queue pair (a window of {} per stream) exceed \
+                 the carrier's receive depth of {}",
+                config.window,
+                carrier.recv_depth()
+            )));
+        }
+        let rcq = carrier
+            .create_cq((n * (recvs + per) + 64).next_power_of_two())
+            .map_err(carrier_err)?;
+        let scq = carrier.create_cq(64).map_err(carrier_err)?;
+        let buffers = Arc::new(
+            carrier
+                .register(n.max(1) * per * config.message_size)
+                .map_err(carrier_err)?,
+        );
+        let slots = Arc::new(
+            carrier
+                .register(n.max(1) * config.slot())
+                .map_err(carrier_err)?,
+        );
+        // SAFETY: nothing writes the fresh slots yet.
+        unsafe { slots.slice_mut(0, n.max(1) * config.slot()) }.fill(0);
+        let datagrams = match primitive {
+            Primitive::Datagram => Some(
+                carrier
+                    .create_qp(QpKind::Ud, &scq, &rcq)
+                    .map_err(carrier_err)?,
+            ),
+            _ => None,
+        };
+        let mut links = Vec::with_capacity(n);
+        for (i, &(slot, node)) in spec.sources.iter().enumerate() {
+            // Datagrams: this queue pair only writes credits. Read: its reads
+            // complete where the announcements do.
+            let (send_cq, recv_cq) = match primitive {
+                Primitive::Datagram => (&scq, &scq),
+                Primitive::Read => (&rcq, &rcq),
+                _ => (&scq, &rcq),
+            };
+            let qp = carrier
+                .create_qp(QpKind::Rc, send_cq, recv_cq)
+                .map_err(carrier_err)?;
+            for b in 0..recvs {
+                let (on, wr) = match primitive {
+                    Primitive::Send | Primitive::Datagram => {
+                        let id = i * per + b;
+                        let local = buffers.sge(id * config.message_size, config.message_size);
+                        (
+                            datagrams.as_ref().unwrap_or(&qp),
+                            RecvWr {
+                                id: id as u64,
+                                local: Some(local),
+                            },
+                        )
+                    }
+                    // Buffer-less: the immediate says where the data is.
+                    Primitive::Read | Primitive::Write => (
+                        &qp,
+                        RecvWr {
+                            id: i as u64,
+                            local: None,
+                        },
+                    ),
+                };
+                on.post_recv(wr).map_err(carrier_err)?;
+            }
+            if primitive == Primitive::Write {
+                // The free queue starts with every buffer but the reserve.
+                for b in 0..config.window {
+                    let at = i * config.slot() + 4 * b as usize;
+                    // SAFETY: this stream's staging slot, not posted yet.
+                    unsafe { slots.slice_mut(at, 4) }.copy_from_slice(&b.to_le_bytes());
+                }
+            }
+            links.push(InLink {
+                slot,
+                node,
+                key: StreamKey {
+                    query: spec.query,
+                    exchange: spec.exchange,
+                    from: slot,
+                    to: me,
+                },
+                qp,
+                peer: Mutex::new(None),
+                credit: Mutex::new(Credit {
+                    posted: config.window as u64,
+                    since: 0,
+                }),
+            });
+        }
+        let links = Arc::new(links);
+        let connect_error = Arc::new(Mutex::new(None));
+        let connecting = {
+            let links = Arc::clone(&links);
+            let slots = Arc::clone(&slots);
+            let buffers = Arc::clone(&buffers);
+            let config = config.clone();
+            let connect_error = Arc::clone(&connect_error);
+            let rcq = Arc::clone(&rcq);
+            let datagram_addr = datagrams.as_ref().map(|q| q.addr());
+            tokio::spawn(async move {
+                let meets = links.iter().enumerate().map(|(i, l)| {
+                    let connector = Arc::clone(&connector);
+                    let (slots, buffers, config) = (&slots, &buffers, &config);
+                    async move {
+                        // The sender writes into our buffers (Write) or valid queue (Read).
+                        let (region, offset) = match config.primitive {
+                            Primitive::Write => (
+                                Some(buffers.remote(me)),
+                                (i * config.per_stream() * config.message_size) as u64,
+                            ),
+                            Primitive::Read => (Some(slots.remote(me)), (i * config.slot()) as u64),
+                            _ => (None, 0),
+                        };
+                        let offer = Offer {
+                            qp: l.qp.addr(),
+                            region,
+                            offset,
+                            datagrams: datagram_addr,
+                        };
+                        let theirs = handshake(
+                            &*connector,
+                            l.key,
+                            Side::Receiver,
+                            l.node,
+                            offer,
+                            config.timeout,
+                            |theirs| {
+                                let Some(region) = theirs.region.filter(|r| r.node == l.node)
+                                else {
+                                    return Err(lost(l.node, "its offer names no region"));
+                                };
+                                *l.peer.lock() = Some((region, theirs.offset));
+                                l.qp.connect(theirs.qp).map_err(carrier_err)
+                            },
+                        )
+                        .await;
+                        if let Err(e) = theirs {
+                            *l.peer.lock() = None;
+                            return Err(e);
+                        }
+                        if !config.credited() {
+                            return Ok(());
+                        }
+                        // The first credit: the whole window.
+                        let posted = l.credit.lock().posted;
+                        write_credit(config, slots, l, i, posted)
+                    }
+                });
+                let failed = futures::future::join_all(meets)
+                    .await
+                    .into_iter()
+                    .find_map(Result::err);
+                if let Some(e) = failed {
+                    *connect_error.lock() = Some(e);
+                    rcq.events().notify_waiters();
+                }
+            })
+        };
+        let reads = (0..n)
+            .map(|i| Reads {
+                free: match primitive {
+                    Primitive::Read => (i * per..(i + 1) * per).rev().collect(),
+                    _ => Vec::new(),
+                },
+                ..Reads::default()
+            })
+            .collect();
+        Ok(Self {
+            carrier,
+            state: Mutex::new(RecvState {
+                ended: vec![false; n],
+                arrived: vec![0; n],
+                total: vec![None; n],
+                remaining: n,
+                ready: VecDeque::new(),
+                error: None,
+                reads,
+                reading: vec![None; n * per],
+            }),
+            config,
+            links,
+            rcq,
+            _scq: scq,
+            datagrams,
+            buffers,
+            slots,
+            connect_error,
+            connecting,
+        })
+    }
+
+    /// Streams that have not ended yet.
+    pub fn remaining(&self) -> usize {
+        self.state.lock().remaining
+    }
+
+    /// Hands a freed buffer of stream `source` back: re-posts its receive
+    /// (Send, Datagram: with the buffer; Write: buffer-less, the buffer joining
+    /// the free queue) and, if `counts`, every `credit_every` buffers writes the
+    /// credit back. Read's buffers go back to the stream's free list instead.
+    fn give_back(&self, source: usize, buffer: usize, counts: bool) -> Result<(), TransportError> {
+        let Some(l) = self.links.get(source) else {
+            return Ok(()); // no streams: nothing was posted
+        };
+        let c = &self.config;
+        let wr = match c.primitive {
+            Primitive::Read => {
+                self.state.lock().reads[source].free.push(buffer);
+                return self.pump_reads(source);
+            }
+            Primitive::Write => RecvWr {
+                id: source as u64,
+                local: None,
+            },
+            _ => RecvWr {
+                id: buffer as u64,
+                local: Some(self.buffers.sge(buffer * c.message_size, c.message_size)),
+            },
+        };
+        let mut credit = l.credit.lock();
+        self.datagrams
+            .as_ref()
+            .unwrap_or(&l.qp)
+            .post_recv(wr)
+            .map_err(carrier_err)?;
+        if !counts {
+            return Ok(());
+        }
+        if c.primitive == Primitive::Write {
+            let entry = (credit.posted % c.window as u64) as usize;
+            let own = (buffer - source * c.per_stream()) as u32;
+            // SAFETY: the stream's staging free queue, under its credit lock.
+            unsafe { self.slots.slice_mut(source * c.slot() + 4 * entry, 4) }
+                .copy_from_slice(&own.to_le_bytes());
+        }
+        credit.posted += 1;
+        credit.since += 1;
+        if credit.since >= c.credit_every as u64 {
+            credit.since = 0;
+            write_credit(c, &self.slots, l, source, credit.posted)?;
+        }
+        Ok(())
+    }
+
+    /// Reads announced buffers of stream `source` while it has buffers free.
+    fn pump_reads(&self, source: usize) -> Result<(), TransportError> {
+        let l = &self.links[source];
+        let Some((remote, _)) = *l.peer.lock() else {
+            return Ok(());
+        };
+        let mut st = self.state.lock();
+        loop {
+            let r = &mut st.reads[source];
+            if r.waiting.is_empty() || r.free.is_empty() {
+                return Ok(());
+            }
+            let (from, bytes) = r.waiting.pop_front().expect("checked");
+            let into = r.free.pop().expect("checked");
+            st.reading[into] = Some(from);
+            l.qp.post_send(SendWr {
+                id: into as u64,
+                op: SendOp::Read {
+                    remote,
+                    offset: from as u64 * self.config.message_size as u64,
+                },
+                local: self
+                    .buffers
+                    .sge(into * self.config.message_size, bytes as usize),
+                dest: None,
+                signaled: true,
+            })
+            .map_err(carrier_err)?;
+        }
+    }
+
+    /// A completion of a Read stream: an announcement (queue a read, or fail for
+    /// a dropped sender) or a finished read (tell the sender its buffer is free).
+    fn on_read_stream(&self, c: &Completion) -> Result<Option<Arrival>, TransportError> {
+        let per = self.config.per_stream();
+        if c.op == WcOp::Read {
+            let buffer = c.id as usize;
+            let source = buffer / per;
+            let from = self
+                .state
+                .lock()
+                .reading
+                .get_mut(buffer)
+                .and_then(Option::take);
+            let Some(from) = from else {
+                return Err(TransportError::Misuse(format!(
+                    "a read completed into buffer {buffer}, which was not being read into"
+                )));
+            };
+            let l = &self.links[source];
+            if let Some((remote, offset)) = *l.peer.lock() {
+                l.qp.post_send(SendWr {
+                    id: u64::MAX,
+                    op: SendOp::Write {
+                        remote,
+                        offset,
+                        imm: Some(from),
+                    },
+                    local: self.slots.sge(source * self.config.slot(), 0),
+                    dest: None,
+                    signaled: false,
+                })
+                .map_err(carrier_err)?;
+            }
+            return Ok(Some(Arrival {
+                source,
+                buffer,
+                bytes: c.bytes as usize,
+                seq: None,
+            }));
+        }
+        let source = c.id as usize;
+        let l = &self.links[source];
+        let Some(seq) = c.imm else {
+            return Err(lost(l.node, "an announcement without a sequence number"));
+        };
+        let entries = self.config.valid_entries() as u64;
+        {
+            let mut st = self.state.lock();
+            let r = &mut st.reads[source];
+            if seq != r.announced as u32 {
+                return Err(lost(
+                    l.node,
+                    format!("stream {}: an announcement out of sequence", l.key),
+                ));
+            }
+            let at = source * self.config.slot() + (r.announced % entries) as usize * ENTRY;
+            r.announced += 1;
+            // SAFETY: the entry the sender wrote before this announcement's
+            // immediate; it is not rewritten before the next lap of the queue.
+            let e = unsafe { self.slots.slice(at, ENTRY) };
+            let (from, bytes) = (word(e, 0), word(e, 4));
+            if from == DROPPED {
+                return Err(TransportError::Remote {
+                    peer: l.node,
+                    message: "the sending endpoint was dropped before it finished".into(),
+                });
+            }
+            if from as usize > self.config.send_buffers
+                || (bytes as usize) < HEADER
+                || bytes as usize > self.config.message_size
+            {
+                return Err(lost(
+                    l.node,
+                    format!("stream {}: announced {bytes} bytes in buffer {from}", l.key),
+                ));
+            }
+            r.waiting.push_back((from, bytes));
+        }
+        l.qp.post_recv(RecvWr {
+            id: source as u64,
+            local: None,
+        })
+        .map_err(carrier_err)?;
+        self.pump_reads(source)?;
+        Ok(None)
+    }
+
+    /// Finds what arrived from a completion: its stream, buffer and bytes.
+    /// `None` for a completion that brings no message yet.
+    fn arrival(&self, c: &Completion) -> Result<Option<Arrival>, TransportError> {
+        let per = self.config.per_stream();
+        let failed = |peer| lost(peer, format!("a request ended with {:?}", c.status));
+        if c.status != WcStatus::Success {
+            let peer = match self.config.primitive {
+                Primitive::Datagram => c.src.map_or(0, |a| a.node),
+                Primitive::Send => self.links.get(c.id as usize / per).map_or(0, |l| l.node),
+                Primitive::Read | Primitive::Write => {
+                    let i = match c.op {
+                        WcOp::Read => c.id as usize / per,
+                        _ => c.id as usize,
+                    };
+                    self.links.get(i).map_or(0, |l| l.node)
+                }
+            };
+            if self.config.primitive == Primitive::Read && c.op == WcOp::Read {
+                // The announced buffer is gone: its sender went before it was read.
+                return Err(lost(
+                    peer,
+                    format!(
+                        "reading a buffer it announced ended with {:?} (was its sending \
+                         endpoint dropped before it was flushed?)",
+                        c.status
+                    ),
+                ));
+            }
+            return Err(failed(peer));
+        }
+        match self.config.primitive {
+            Primitive::Send | Primitive::Datagram => {
+                let buffer = c.id as usize;
+                if buffer >= self.links.len() * per || c.op != WcOp::Recv {
+                    return Err(TransportError::Misuse(format!(
+                        "a completion for unknown buffer {buffer}"
+                    )));
+                }
+                let bytes = (c.bytes as usize).min(self.config.message_size);
+                let source = match &self.datagrams {
+                    None => Some(buffer / per),
+                    Some(_) if bytes < HEADER => None,
+                    Some(_) => {
+                        // SAFETY: the sender wrote the buffer before its completion.
+                        let h = unsafe {
+                            self.buffers
+                                .slice(buffer * self.config.message_size, HEADER)
+                        };
+                        let (slot, node) = (word(h, 8), c.src.map(|a| a.node));
+                        self.links
+                            .iter()
+                            .position(|l| l.slot == slot && Some(l.node) == node)
+                    }
+                };
+                let Some(source) = source else {
+                    // Nobody's stream: give the buffer back to the pool.
+                    let from = c
+                        .src
+                        .map_or("an unknown node".into(), |a| crate::node_name(a.node));
+                    tracing::warn!("a datagram from {from} names no stream of this endpoint");
+                    self.give_back(0, buffer, false)?;
+                    return Ok(None);
+                };
+                let Some(seq) = c.imm else {
+                    return Err(lost(
+                        self.links[source].node,
+                        format!("stream {}: no sequence number", self.links[source].key),
+                    ));
+                };
+                Ok(Some(Arrival {
+                    source,
+                    buffer,
+                    bytes,
+                    seq: Some(seq as u64),
+                }))
+            }
+            Primitive::Write => {
+                let source = c.id as usize;
+                let (Some(l), Some(imm), WcOp::RecvWriteImm) =
+                    (self.links.get(source), c.imm, c.op)
+                else {
+                    return Err(TransportError::Misuse(
+                        "a completion for no stream of this endpoint".into(),
+                    ));
+                };
+                let own = (imm & 0xffff) as usize;
+                if own >= per {
+                    return Err(lost(
+                        l.node,
+                        format!("stream {}: a write into buffer {own}", l.key),
+                    ));
+                }
+                Ok(Some(Arrival {
+                    source,
+                    buffer: source * per + own,
+                    bytes: (c.bytes as usize).min(self.config.message_size),
+                    seq: Some((imm >> 16) as u64),
+                }))
+            }
+            Primitive::Read => {
+                if c.op != WcOp::Read
+                    && (c.op != WcOp::RecvWriteImm || c.id as usize >= self.links.len())
+                {
+                    return Err(TransportError::Misuse(
+                        "a completion for no stream of this endpoint".into(),
+                    ));
+                }
+                self.on_read_stream(c)
+            }
+        }
+    }
+
+    /// The next message from any source; `None` once every source sent its last.
+    pub async fn get(&self) -> Result<Option<Received>, TransportError> {
+        let mut last_progress = std::time::Instant::now();
+        loop {
+            let c = {
+                let mut st = self.state.lock();
+                if let Some(e) = &st.error {
+                    return Err(e.clone());
+                }
+                if st.remaining == 0 {
+                    return Ok(None);
+                }
+                if st.ready.is_empty() {
+                    let mut out = Vec::new();
+                    self.rcq.poll(&mut out, 64);
+                    st.ready.extend(out);
+                }
+                st.ready.pop_front()
+            };
+            let Some(c) = c else {
+                if let Some(e) = self.connect_error.lock().clone() {
+                    return Err(self.fail_with(e));
+                }
+                let notified = self.rcq.events().notified();
+                tokio::pin!(notified);
+                notified.as_mut().enable();
+                let mut probe = Vec::new();
+                if self.rcq.poll(&mut probe, 64) > 0 {
+                    self.state.lock().ready.extend(probe);
+                    continue;
+                }
+                if tokio::time::timeout(Duration::from_millis(100), notified)
+                    .await
+                    .is_ok()
+                {
+                    last_progress = std::time::Instant::now();
+                    continue;
+                }
+                if let Some(e) = self.stalled(last_progress) {
+                    return Err(self.fail_with(e));
+                }
+                continue;
+            };
+            let arrival = match self.arrival(&c) {
+                Ok(Some(a)) => a,
+                Ok(None) => continue,
+                Err(e) => return Err(self.fail_with(e)),
+            };
+            match self.accept(arrival) {
+                Ok(Some(r)) => return Ok(Some(r)),
+                Ok(None) => continue,
+                Err(e) => return Err(self.fail_with(e)),
+            }
+        }
+    }
+
+    /// Why a receiver that has seen nothing for a while should give up, if it should.
+    fn stalled(&self, last_progress: std::time::Instant) -> Option<TransportError> {
+        let st = self.state.lock();
+        if let Some(i) = (0..self.links.len())
+            .find(|&i| !st.ended[i] && !self.carrier.is_alive(self.links[i].node))
+        {
+            return Some(lost(self.links[i].node, "its process is gone"));
+        }
+        if let Some(i) = (0..self.links.len()).find(|&i| {
+            !st.ended[i] && st.total[i].is_some() && last_progress.elapsed() > self.config.timeout
+        }) {
+            let (arrived, total) = (st.arrived[i], st.total[i].unwrap_or(0));
+            return Some(lost(
+                self.links[i].node,
+                format!(
+                    "stream {}: {arrived} of its {total} messages arrived within {:?}",
+                    self.links[i].key, self.config.timeout
+                ),
+            ));
+        }
+        if last_progress.elapsed() > self.config.timeout * 6 {
+            return Some(TransportError::Misuse(
+                "no message from any source for a minute".into(),
+            ));
+        }
+        None
+    }
+
+    /// Checks an arrived message against its stream: header, sequence, end.
+    /// Returns it for the consumer, or `None` for a bare end-of-stream marker.
+    fn accept(&self, a: Arrival) -> Result<Option<Received>, TransportError> {
+        let Arrival {
+            source,
+            buffer,
+            bytes,
+            seq,
+        } = a;
+        let l = &self.links[source];
+        let off = buffer * self.config.message_size;
+        let bad = |why: &str| {
+            lost(
+                l.node,
+                format!("stream {}: a malformed message ({why})", l.key),
+            )
+        };
+        if bytes < HEADER {
+            return Err(bad("shorter than its header"));
+        }
+        // SAFETY: the message landed before its completion; nothing writes the
+        // buffer again until it is given back.
+        let h = unsafe { self.buffers.slice(off, HEADER) };
+        let flags = word(h, 0);
+        let len = word(h, 4) as usize;
+        if len != bytes - HEADER || word(h, 8) != l.slot {
+            return Err(bad("its length or slot disagrees with what arrived"));
+        }
+        let ended_now = {
+            let mut st = self.state.lock();
+            if st.ended[source] {
+                return Err(bad("after the stream's end"));
+            }
+            let this = st.arrived[source];
+            // A connection delivers in order: the next is the one counted next
+            // (as far as the immediate carries it: Write's holds 16 bits).
+            let bits = match self.config.primitive {
+                Primitive::Write => 0xffff,
+                _ => 0xffff_ffff,
+            };
+            let seq = match seq {
+                Some(s) if self.config.in_order() => {
+                    if (s ^ this) & bits != 0 {
+                        return Err(bad("out of sequence"));
+                    }
+                    this
+                }
+                Some(s) => s,
+                None => this,
+            };
+            st.arrived[source] += 1;
+            if flags & FLAG_LAST != 0 {
+                if st.total[source].is_some() {
+                    return Err(bad("a second last message"));
+                }
+                st.total[source] = Some(seq + 1);
+            }
+            match st.total[source] {
+                Some(t) if st.arrived[source] > t => {
+                    return Err(bad("more messages than the stream sent"));
+                }
+                Some(t) if st.arrived[source] == t => {
+                    st.ended[source] = true;
+                    st.remaining -= 1;
+                    true
+                }
+                _ => false,
+            }
+        };
+        if flags & FLAG_ERROR != 0 {
+            // SAFETY: as above.
+            let text = unsafe { self.buffers.slice(off + HEADER, len) };
+            return Err(TransportError::Remote {
+                peer: l.node,
+                message: String::from_utf8_lossy(text).into_owned(),
+            });
+        }
+        if len == 0 && flags & FLAG_LAST != 0 {
+            // A bare end-of-stream marker (in the stream's reserve): pooled
+            // buffers go back.
+            if matches!(self.config.primitive, Primitive::Datagram | Primitive::Read) {
+                self.give_back(source, buffer, false)?;
+            }
+            return Ok(None);
+        }
+        if len == 0 {
+            return Err(bad("empty"));
+        }
+        Ok(Some(Received {
+            source,
+            slot: l.slot,
+            node: l.node,
+            last: ended_now,
+            buffer,
+            len,
+        }))
+    }
+
+    fn fail_with(&self, e: TransportError) -> TransportError {
+        self.state.lock().error.get_or_insert(e).clone()
+    }
+
+    /// The payload of a received message.
+    pub fn data(&self, r: &Received) -> &[u8] {
+        // SAFETY: the buffer is not given back while `r` lives.
+        unsafe {
+            self.buffers
+                .slice(r.buffer * self.config.message_size + HEADER, r.len)
+        }
+    }
+
+    /// Gives the buffer back and, every `credit_every` buffers, writes the
+    /// stream's credit back to its sender.
+    pub fn release(&self, r: Received) -> Result<(), TransportError> {
+        match (r.last, self.config.primitive) {
+            // The pool's buffer goes back, without credit for an ended stream.
+            (last, Primitive::Datagram | Primitive::Read) => {
+                self.give_back(r.source, r.buffer, !last)
+            }
+            // The stream is over: nothing more will arrive for it.
+            (true, _) => Ok(()),
+            (false, _) => self.give_back(r.source, r.buffer, true),
+        }
+    }
+}

@@ -1,0 +1,732 @@
+//! The sending endpoint of the verbs designs: credits, registered buffers and,
+//! per [`Primitive`], how a filled buffer reaches its destinations.
+//!
+//! States of a stream: connecting (offer made, waiting for the receiver's),
+//! open (credits or buffers flow), finished (last message or marker sent),
+//! failed (a completion error or a lost peer; every later call errs).
+
+use super::message::{
+    DROPPED, DesignConfig, ENTRY, FLAG_ERROR, FLAG_LAST, HEADER, Primitive, carrier_err, header,
+    lost, write_imm,
+};
+use super::{Connector, Offer, Side, handshake};
+use crate::endpoint::{Destinations, To};
+use crate::frame::StreamKey;
+use crate::verbs::{
+    Carrier, Completion, CompletionQueue, QpAddr, QpKind, QueuePair, RecvWr, Region, RemoteRegion,
+    SendOp, SendWr, WcOp, WcStatus,
+};
+use crate::{NodeId, TransportError};
+use parking_lot::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+use tokio::sync::OnceCell;
+
+/// The part of a sender's state one stream needs.
+struct OutLink {
+    dest: NodeId,
+    key: StreamKey,
+    qp: Arc<dyn QueuePair>,
+    /// The receiver's datagram queue pair (datagram designs).
+    to_datagrams: OnceLock<QpAddr>,
+    /// Where this stream's data (Write: the receiver's buffers) or notices
+    /// (Read: its valid queue) land at the receiver, once connected.
+    remote: OnceLock<(RemoteRegion, u64)>,
+    /// Credits taken.
+    sent: AtomicU64,
+    /// Credits taken by reservations dropped unsent, with the receiver buffer
+    /// each named (Write): taken again before new ones.
+    spare: Mutex<Vec<u32>>,
+    /// Sequence number of the next message, held while it is posted so that
+    /// threads sharing the endpoint (SE) post a stream's messages in order.
+    seq: Mutex<u64>,
+    finished: AtomicBool,
+}
+
+struct SendState {
+    free: Vec<usize>,
+    /// Destinations each buffer still waits for (completions, or Read's release notices).
+    pending: Vec<u32>,
+    error: Option<TransportError>,
+}
+
+/// Reservations dropped without being put: their buffers and credits go back.
+type Returns = Arc<Mutex<Vec<(usize, Vec<(usize, u32)>)>>>;
+
+/// A registered buffer reserved for some destinations (their credits are taken).
+/// Dropping it unsent gives both back.
+pub struct DesignBuffer {
+    index: usize,
+    len: usize,
+    /// Streams and, for Write, the receiver buffer each credit named.
+    targets: Vec<(usize, u32)>,
+    cap: usize,
+    ptr: *mut u8,
+    returns: Returns,
+    put: bool,
+}
+
+impl Drop for DesignBuffer {
+    fn drop(&mut self) {
+        if !self.put {
+            let targets = std::mem::take(&mut self.targets);
+            self.returns.lock().push((self.index, targets));
+        }
+    }
+}
+
+// SAFETY: the buffer's bytes belong to this reservation until it is put or dropped.
+unsafe impl Send for DesignBuffer {}
+
+impl std::fmt::Debug for DesignBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DesignBuffer")
+            .field("index", &self.index)
+            .field("len", &self.len)
+            .field("targets", &self.targets)
+            .finish()
+    }
+}
+
+impl DesignBuffer {
+    /// Payload bytes written so far.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Payload bytes the buffer holds at most.
+    pub fn capacity(&self) -> usize {
+        self.cap
+    }
+
+    /// Appends `bytes`; false (and nothing written) if they do not fit.
+    pub fn extend_from_slice(&mut self, bytes: &[u8]) -> bool {
+        if bytes.len() > self.cap - self.len {
+            return false;
+        }
+        // SAFETY: inside this reservation's buffer, after its header.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                bytes.as_ptr(),
+                self.ptr.add(HEADER + self.len),
+                bytes.len(),
+            )
+        };
+        self.len += bytes.len();
+        true
+    }
+}
+
+/// The producing side of an exchange over a verbs design.
+pub struct DesignSend {
+    carrier: Arc<dyn Carrier>,
+    connector: Arc<dyn Connector>,
+    config: DesignConfig,
+    links: Vec<OutLink>,
+    dests: Destinations,
+    scq: Arc<dyn CompletionQueue>,
+    rcq: Arc<dyn CompletionQueue>,
+    /// The endpoint's one datagram queue pair (datagram designs).
+    datagrams: Option<Arc<dyn QueuePair>>,
+    /// This endpoint's sender slot.
+    from: u32,
+    buffers: Region,
+    /// One slot per destination: its credit count (and Write's free queue),
+    /// written by the receiver; or Read's staged valid-queue entries.
+    slots: Region,
+    state: Mutex<SendState>,
+    returns: Returns,
+    connected: OnceCell<()>,
+    credit_wait_ns: AtomicU64,
+}
+
+impl DesignSend {
+    /// Opens streams `(query, exchange, from, d)` to every destination `d`.
+    pub fn open(
+        carrier: Arc<dyn Carrier>,
+        connector: Arc<dyn Connector>,
+        config: DesignConfig,
+        spec: crate::SendSpec,
+    ) -> Result<Self, TransportError> {
+        config.check()?;
+        config.check_carrier(&*carrier)?;
+        let dests = Destinations::new(&spec)?;
+        let n = dests.nodes().len();
+        let depth = (config.send_buffers * n + 64).next_power_of_two();
+        let scq = carrier.create_cq(depth).map_err(carrier_err)?;
+        let rcq = carrier
+            .create_cq((config.notify_recvs() as usize * n * 2).next_power_of_two())
+            .map_err(carrier_err)?;
+        let datagrams = match config.primitive {
+            Primitive::Datagram => Some(
+                carrier
+                    .create_qp(QpKind::Ud, &scq, &rcq)
+                    .map_err(carrier_err)?,
+            ),
+            _ => None,
+        };
+        let mut links = Vec::with_capacity(n);
+        for &dest in dests.nodes() {
+            let qp = carrier
+                .create_qp(QpKind::Rc, &scq, &rcq)
+                .map_err(carrier_err)?;
+            for i in 0..config.notify_recvs() {
+                qp.post_recv(RecvWr { id: i, local: None })
+                    .map_err(carrier_err)?;
+            }
+            links.push(OutLink {
+                dest,
+                key: StreamKey {
+                    query: spec.query,
+                    exchange: spec.exchange,
+                    from: spec.from,
+                    to: dest,
+                },
+                qp,
+                to_datagrams: OnceLock::new(),
+                remote: OnceLock::new(),
+                sent: AtomicU64::new(0),
+                spare: Mutex::new(Vec::new()),
+                seq: Mutex::new(0),
+                finished: AtomicBool::new(false),
+            });
+        }
+        let buffers = carrier
+            // One more than the pool: the reserve a dropped endpoint's error marker uses.
+            .register((config.send_buffers + 1) * config.message_size)
+            .map_err(carrier_err)?;
+        let slots = carrier.register(n * config.slot()).map_err(carrier_err)?;
+        // SAFETY: nothing writes the fresh slots yet.
+        unsafe { slots.slice_mut(0, n * config.slot()) }.fill(0);
+        Ok(Self {
+            state: Mutex::new(SendState {
+                free: (0..config.send_buffers).rev().collect(),
+                pending: vec![0; config.send_buffers],
+                error: None,
+            }),
+            carrier,
+            connector,
+            config,
+            links,
+            dests,
+            scq,
+            rcq,
+            datagrams,
+            from: spec.from,
+            buffers,
+            slots,
+            returns: Returns::default(),
+            connected: OnceCell::new(),
+            credit_wait_ns: AtomicU64::new(0),
+        })
+    }
+
+    pub fn destinations(&self) -> &[NodeId] {
+        self.dests.nodes()
+    }
+
+    /// Payload bytes a message holds at most.
+    pub fn message_size(&self) -> usize {
+        self.config.payload()
+    }
+
+    /// Time spent waiting for credits.
+    pub fn credit_wait(&self) -> Duration {
+        Duration::from_nanos(self.credit_wait_ns.load(Ordering::Relaxed))
+    }
+
+    /// Connects every stream now rather than at the first acquire (waits for
+    /// every receiver to open).
+    pub async fn connect(&self) -> Result<(), TransportError> {
+        self.connected
+            .get_or_try_init(|| self.connect_all())
+            .await
+            .map(|_| ())
+    }
+
+    async fn connect_all(&self) -> Result<(), TransportError> {
+        let node = self.carrier.node();
+        let primitive = self.config.primitive;
+        let meets = self.links.iter().enumerate().map(|(i, l)| {
+            // The receiver writes credits into our slot, or (Read) reads our buffers.
+            let (region, offset) = match primitive {
+                Primitive::Read => (self.buffers.remote(node), 0),
+                _ => (self.slots.remote(node), (i * self.config.slot()) as u64),
+            };
+            let offer = Offer {
+                qp: l.qp.addr(),
+                region: Some(region),
+                offset,
+                datagrams: self.datagrams.as_ref().map(|q| q.addr()),
+            };
+            let connector = Arc::clone(&self.connector);
+            let timeout = self.config.timeout;
+            async move {
+                handshake(
+                    &*connector,
+                    l.key,
+                    Side::Sender,
+                    l.dest,
+                    offer,
+                    timeout,
+                    |theirs| {
+                        match primitive {
+                            Primitive::Datagram => {
+                                let Some(to) = theirs.datagrams.filter(|q| q.node == l.dest) else {
+                                    return Err(lost(
+                                        l.dest,
+                                        "its offer names no datagram queue pair",
+                                    ));
+                                };
+                                let _ = l.to_datagrams.set(to);
+                            }
+                            Primitive::Read | Primitive::Write => {
+                                let Some(region) = theirs.region.filter(|r| r.node == l.dest)
+                                else {
+                                    return Err(lost(l.dest, "its offer names no region"));
+                                };
+                                let _ = l.remote.set((region, theirs.offset));
+                            }
+                            Primitive::Send => {}
+                        }
+                        l.qp.connect(theirs.qp).map_err(carrier_err)
+                    },
+                )
+                .await
+                .map(|_| ())
+            }
+        });
+        for r in futures::future::join_all(meets).await {
+            r?;
+        }
+        Ok(())
+    }
+
+    /// The credit count of stream `t`, as its receiver last wrote it.
+    fn credit_of(&self, t: usize) -> u64 {
+        let at = t * self.config.slot() + self.config.count_at();
+        // SAFETY: the count is 8-aligned inside the slot region; receivers write
+        // it whole, and an atomic load reads either the old or the new count.
+        let p = unsafe { self.slots.slice(at, 8) }.as_ptr() as *const AtomicU64;
+        unsafe { &*p }.load(Ordering::Acquire)
+    }
+
+    /// The receiver buffer Write credit number `credit` of stream `t` names: entry
+    /// `credit` of the free queue the receiver writes with its counts.
+    fn freed_buffer(&self, t: usize, credit: u64) -> Result<u32, TransportError> {
+        let window = self.config.window as u64;
+        let at = t * self.config.slot() + 4 * (credit % window) as usize;
+        // SAFETY: inside the stream's slot; the entry was written before the count
+        // that covers it, and is not rewritten before this credit is used.
+        let e = unsafe { self.slots.slice(at, 4) };
+        let buffer = u32::from_le_bytes([e[0], e[1], e[2], e[3]]);
+        if buffer as u64 >= window {
+            return Err(lost(
+                self.links[t].dest,
+                format!("it credited buffer {buffer} of a window of {window}"),
+            ));
+        }
+        Ok(buffer)
+    }
+
+    /// Moves completions: frees carried buffers, re-posts notification
+    /// receives, notes errors. Returns whether there were any.
+    fn reap(&self) -> bool {
+        let returned = std::mem::take(&mut *self.returns.lock());
+        for (index, targets) in &returned {
+            for &(t, buffer) in targets {
+                self.links[t].spare.lock().push(buffer);
+            }
+            self.state.lock().free.push(*index);
+        }
+        let mut out: Vec<Completion> = Vec::new();
+        self.scq.poll(&mut out, 256);
+        self.rcq.poll(&mut out, 256);
+        if out.is_empty() {
+            return !returned.is_empty();
+        }
+        let mut st = self.state.lock();
+        let carried = |st: &mut SendState, i: usize| {
+            if i < st.pending.len() && st.pending[i] > 0 {
+                st.pending[i] -= 1;
+                if st.pending[i] == 0 {
+                    st.free.push(i);
+                }
+            }
+        };
+        for c in out {
+            let link = c
+                .src
+                .and_then(|s| self.links.iter().find(|l| l.dest == s.node));
+            if c.status != WcStatus::Success {
+                let peer = link.map_or(0, |l| l.dest);
+                st.error
+                    .get_or_insert(lost(peer, format!("a request ended with {:?}", c.status)));
+                if matches!(c.op, WcOp::Send | WcOp::Write) {
+                    carried(&mut st, c.id as usize);
+                }
+                continue;
+            }
+            match (c.op, self.config.primitive) {
+                (WcOp::Send | WcOp::Write, _) => carried(&mut st, c.id as usize),
+                (WcOp::RecvWriteImm, Primitive::Read) => {
+                    // A receiver read a buffer: its immediate names which.
+                    if let Some(l) = link {
+                        let _ = l.qp.post_recv(RecvWr {
+                            id: c.id,
+                            local: None,
+                        });
+                        carried(&mut st, c.imm.unwrap_or(u32::MAX) as usize);
+                    }
+                }
+                (WcOp::RecvWriteImm, _) => {
+                    // A credit update (its count is in the slot already).
+                    if let Some(l) = link.filter(|l| !l.finished.load(Ordering::Relaxed)) {
+                        let _ = l.qp.post_recv(RecvWr {
+                            id: c.id,
+                            local: None,
+                        });
+                    }
+                }
+                _ => {}
+            }
+        }
+        true
+    }
+
+    fn error(&self) -> Option<TransportError> {
+        self.state.lock().error.clone()
+    }
+
+    /// Waits for completions on either queue, at most the configured timeout;
+    /// false after a timeout.
+    async fn wait(&self) -> bool {
+        let a = self.scq.events().notified();
+        let b = self.rcq.events().notified();
+        tokio::pin!(a, b);
+        a.as_mut().enable();
+        b.as_mut().enable();
+        // Anything that arrived before the futures were enabled.
+        if self.reap() {
+            return true;
+        }
+        let wait = async {
+            tokio::select! {
+                _ = &mut a => {},
+                _ = &mut b => {},
+            }
+        };
+        // Credits are plain slot writes plus a notification, so look at the slots
+        // now and then too.
+        tokio::time::timeout(Duration::from_millis(20), wait)
+            .await
+            .is_ok()
+    }
+
+    /// Takes a credit of stream `t`; returns the receiver buffer it names (Write).
+    async fn take_credit(&self, t: usize) -> Result<u32, TransportError> {
+        if !self.config.credited() {
+            return Ok(0);
+        }
+        let l = &self.links[t];
+        if let Some(buffer) = l.spare.lock().pop() {
+            return Ok(buffer);
+        }
+        let start = std::time::Instant::now();
+        let mut last_progress = start;
+        loop {
+            let sent = l.sent.load(Ordering::Acquire);
+            if self.credit_of(t) > sent {
+                if l.sent
+                    .compare_exchange(sent, sent + 1, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+                {
+                    self.credit_wait_ns
+                        .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                    return match self.config.primitive {
+                        Primitive::Write => self.freed_buffer(t, sent),
+                        _ => Ok(0),
+                    };
+                }
+                continue;
+            }
+            self.reap();
+            if let Some(e) = self.error() {
+                return Err(e);
+            }
+            if self.wait().await {
+                last_progress = std::time::Instant::now();
+            } else if !self.carrier.is_alive(l.dest) {
+                return Err(lost(l.dest, "its process is gone"));
+            } else if last_progress.elapsed() > self.config.timeout {
+                return Err(lost(
+                    l.dest,
+                    format!(
+                        "no credit for stream {} in {:?}",
+                        l.key, self.config.timeout
+                    ),
+                ));
+            }
+        }
+    }
+
+    /// Reserves a credit on every stream `to` names, then a registered buffer.
+    pub async fn acquire(&self, to: To) -> Result<DesignBuffer, TransportError> {
+        self.connect().await?;
+        let streams = self.dests.targets(to)?;
+        if let Some(&t) = streams
+            .iter()
+            .find(|&&t| self.links[t].finished.load(Ordering::Acquire))
+        {
+            return Err(TransportError::Misuse(format!(
+                "stream {} already sent its last message",
+                self.links[t].key
+            )));
+        }
+        let mut targets = Vec::with_capacity(streams.len());
+        for &t in &streams {
+            match self.take_credit(t).await {
+                Ok(buffer) => targets.push((t, buffer)),
+                Err(e) => {
+                    for (t, buffer) in targets {
+                        self.links[t].spare.lock().push(buffer);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        loop {
+            self.reap();
+            if let Some(e) = self.error() {
+                return Err(e);
+            }
+            if let Some(index) = self.state.lock().free.pop() {
+                let cap = self.config.payload();
+                // SAFETY: the buffer is this reservation's until put or dropped.
+                let ptr = unsafe {
+                    self.buffers
+                        .slice_mut(index * self.config.message_size, self.config.message_size)
+                }
+                .as_mut_ptr();
+                return Ok(DesignBuffer {
+                    index,
+                    len: 0,
+                    targets,
+                    cap,
+                    ptr,
+                    returns: Arc::clone(&self.returns),
+                    put: false,
+                });
+            }
+            self.wait().await;
+        }
+    }
+
+    /// Sends a filled buffer to the destinations it was acquired for; never waits.
+    pub fn put(&self, mut buf: DesignBuffer, last: bool) -> Result<(), TransportError> {
+        buf.put = true;
+        if let Some(e) = self.error() {
+            self.state.lock().free.push(buf.index);
+            return Err(e);
+        }
+        self.state.lock().pending[buf.index] = buf.targets.len() as u32;
+        let flags = if last { FLAG_LAST } else { 0 };
+        // SAFETY: the header bytes of this reservation's buffer.
+        unsafe {
+            buf.ptr
+                .copy_from_nonoverlapping(header(flags, buf.len, self.from).as_ptr(), HEADER)
+        };
+        for &(t, buffer) in &buf.targets {
+            let l = &self.links[t];
+            if last {
+                l.finished.store(true, Ordering::Release);
+            }
+            self.post_data(t, buf.index as u32, HEADER + buf.len, buffer)?;
+        }
+        Ok(())
+    }
+
+    /// Carries bytes `..len` of buffer `index` on stream `t` as its next message:
+    /// a send, a write into receiver buffer `into`, or (Read) an entry in the
+    /// receiver's valid queue naming the buffer (`DROPPED`: none).
+    fn post_data(&self, t: usize, index: u32, len: usize, into: u32) -> Result<(), TransportError> {
+        let l = &self.links[t];
+        let mut seq = l.seq.lock();
+        let local = self
+            .buffers
+            .sge(index as usize * self.config.message_size, len);
+        let send = |op| SendWr {
+            id: index as u64,
+            op,
+            local,
+            dest: None,
+            signaled: true,
+        };
+        let remote = || {
+            l.remote
+                .get()
+                .copied()
+                .ok_or_else(|| lost(l.dest, "not connected"))
+        };
+        let posted = match self.config.primitive {
+            Primitive::Send => l.qp.post_send(send(SendOp::Send {
+                imm: Some(*seq as u32),
+            })),
+            Primitive::Datagram => {
+                let Some(&to) = l.to_datagrams.get() else {
+                    return Err(lost(l.dest, "not connected"));
+                };
+                let qp = self.datagrams.as_ref().expect("datagram designs have one");
+                qp.post_send(SendWr {
+                    dest: Some(to),
+                    ..send(SendOp::Send {
+                        imm: Some(*seq as u32),
+                    })
+                })
+            }
+            Primitive::Write => {
+                let (region, base) = remote()?;
+                l.qp.post_send(send(SendOp::Write {
+                    remote: region,
+                    offset: base + into as u64 * self.config.message_size as u64,
+                    imm: Some(write_imm(*seq, into)),
+                }))
+            }
+            Primitive::Read => {
+                let (region, base) = remote()?;
+                let entry = (*seq % self.config.valid_entries() as u64) as usize * ENTRY;
+                let at = t * self.config.slot() + entry;
+                // SAFETY: the stream's staging entry for this sequence number; the
+                // carrier copies it at post (a NIC would send it inline).
+                let e = unsafe { self.slots.slice_mut(at, ENTRY) };
+                e[..4].copy_from_slice(&index.to_le_bytes());
+                e[4..].copy_from_slice(&(len as u32).to_le_bytes());
+                l.qp.post_send(SendWr {
+                    id: index as u64,
+                    op: SendOp::Write {
+                        remote: region,
+                        offset: base + entry as u64,
+                        imm: Some(*seq as u32),
+                    },
+                    local: self.slots.sge(at, ENTRY),
+                    dest: None,
+                    // The buffer is free once the receiver says it read it.
+                    signaled: false,
+                })
+            }
+        };
+        *seq += 1;
+        posted.map_err(carrier_err)
+    }
+
+    /// Posts `flags | FLAG_LAST` with `text` from buffer `index` to each stream of
+    /// `streams`, as their next message (into the receiver's reserve buffer).
+    fn post_marker(
+        &self,
+        index: usize,
+        flags: u32,
+        text: &str,
+        streams: &[usize],
+    ) -> Result<(), TransportError> {
+        let body = &text.as_bytes()[..text.len().min(self.config.payload())];
+        let off = index * self.config.message_size;
+        // SAFETY: a buffer no request reads: taken from the free list, or the reserve.
+        unsafe { self.buffers.slice_mut(off + HEADER, body.len()) }.copy_from_slice(body);
+        // SAFETY: as above.
+        unsafe { self.buffers.slice_mut(off, HEADER) }.copy_from_slice(&header(
+            flags | FLAG_LAST,
+            body.len(),
+            self.from,
+        ));
+        for &t in streams {
+            self.post_data(t, index as u32, HEADER + body.len(), self.config.window)?;
+        }
+        Ok(())
+    }
+
+    /// Sends a marker (end of stream or error) to every unfinished stream; markers
+    /// need no credit (each stream's receiver keeps one buffer in reserve).
+    async fn mark(&self, flags: u32, text: &str) -> Result<(), TransportError> {
+        self.connect().await?;
+        let unfinished: Vec<usize> = (0..self.links.len())
+            .filter(|&t| !self.links[t].finished.swap(true, Ordering::AcqRel))
+            .collect();
+        if unfinished.is_empty() {
+            return Ok(());
+        }
+        let index = loop {
+            self.reap();
+            if let Some(i) = self.state.lock().free.pop() {
+                break i;
+            }
+            if !self.wait().await && self.error().is_some() {
+                return Err(self.error().expect("checked"));
+            }
+        };
+        self.state.lock().pending[index] = unfinished.len() as u32;
+        self.post_marker(index, flags, text, &unfinished)
+    }
+
+    /// Ends every stream that has not sent its last message yet.
+    pub async fn finish(&self) -> Result<(), TransportError> {
+        self.mark(0, "").await
+    }
+
+    /// Fails every unfinished stream: its receiver gets `message` as an error.
+    pub async fn fail(&self, message: &str) -> Result<(), TransportError> {
+        self.mark(FLAG_ERROR, message).await
+    }
+
+    /// Waits until every buffer put so far has been carried (its completions
+    /// seen; for Read, every receiver has read it).
+    pub async fn flushed(&self) -> Result<(), TransportError> {
+        loop {
+            self.reap();
+            if let Some(e) = self.error() {
+                return Err(e);
+            }
+            if self.state.lock().pending.iter().all(|p| *p == 0) {
+                return Ok(());
+            }
+            self.wait().await;
+        }
+    }
+}
+
+impl Drop for DesignSend {
+    /// Streams not finished fail at their receivers (as a dropped TCP endpoint's
+    /// do) instead of leaving them waiting: an error marker from the reserve
+    /// buffer, or for Read (whose receivers could no longer read it) a
+    /// valid-queue entry naming no buffer; a Read sender's messages not read
+    /// yet go with it, so it is flushed first. The shared-memory carrier copies
+    /// at post; a NIC's carrier must keep the region registered until the
+    /// requests complete.
+    fn drop(&mut self) {
+        if self.connected.get().is_none() {
+            return; // the receivers' handshakes time out
+        }
+        let unfinished: Vec<usize> = (0..self.links.len())
+            .filter(|&t| !self.links[t].finished.swap(true, Ordering::AcqRel))
+            .collect();
+        if unfinished.is_empty() {
+            return;
+        }
+        if self.config.primitive == Primitive::Read {
+            for t in unfinished {
+                let _ = self.post_data(t, DROPPED, 0, 0);
+            }
+        } else {
+            let _ = self.post_marker(
+                self.config.send_buffers,
+                FLAG_ERROR,
+                "the sending endpoint was dropped before it finished",
+                &unfinished,
+            );
+        }
+    }
+}
