@@ -30,6 +30,7 @@ use clap::Args;
 use gyre_cluster::protocol::{ControlClient, Request, Response, ShuffleFigures, ShuffleRun};
 use gyre_cluster::{Coordinator, LocalCluster};
 use gyre_testbed::{ClusterName, CpuQuota, LinkRate};
+use gyre_transport::bench::Senders;
 use gyre_transport::design::Design;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -66,12 +67,17 @@ pub struct ShuffleArgs {
     /// with `--link loopback`, shm (the shared-memory carrier, with `--design`).
     #[arg(long, default_value = "tcp")]
     carrier: String,
-    /// Endpoint designs of the shm carrier, separated by commas: memq-sr
-    /// (send/receive on reliable connections), mesq-sr (datagrams: messages of
-    /// at most 4 KiB, so `--message-size` is capped for it), memq-rd (RDMA Read)
-    /// and memq-wr (RDMA Write with immediate).
+    /// Endpoint designs of the shm carrier, separated by commas: the RDMA-aware
+    /// shuffle's eight, {me,se}{mq,sq}-{sr,rd,wr}: one endpoint per sending
+    /// thread (me) or one per node (se); send/receive on connections (mq-sr) or
+    /// over datagrams (sq-sr: messages of at most 4 KiB, so `--message-size` is
+    /// capped for it), RDMA Read (mq-rd) or RDMA Write (mq-wr).
     #[arg(long, default_value = "memq-sr")]
     design: String,
+    /// Sending threads per shared-memory node, separated by commas (each run
+    /// with each).
+    #[arg(long, default_value = "1")]
+    threads: String,
     /// Runs of each configuration.
     #[arg(long, default_value_t = 1)]
     repeat: usize,
@@ -106,6 +112,9 @@ pub struct ShuffleResult {
     pub encrypted: bool,
     pub total_bytes: u64,
     pub message_size: u64,
+    /// Sending threads per node.
+    #[serde(default = "one")]
+    pub threads: usize,
     pub workers: Vec<ShuffleFigures>,
     /// Slowest worker, from start to its last byte sent and received.
     pub elapsed_s: f64,
@@ -120,6 +129,10 @@ pub struct ShuffleResult {
 
 fn tcp() -> String {
     Design::Tcp.to_string()
+}
+
+fn one() -> usize {
+    1
 }
 
 /// What `gyre bench shuffle` reports.
@@ -196,14 +209,8 @@ impl ShuffleArgs {
                 "shm" => {
                     for d in list(&self.design) {
                         let d = d.parse::<Design>().map_err(|e| format!("--design: {e}"))?;
-                        if d == Design::Tcp || !d.per_thread() {
-                            return Err(format!(
-                                "--design: {d} is not available on the shm carrier \
-                                 (memq-sr, mesq-sr, memq-rd and memq-wr are; the single-endpoint \
-                                 designs differ from them only with several sending threads \
-                                 per node, which this benchmark does not run yet)"
-                            )
-                            .into());
+                        if d == Design::Tcp {
+                            return Err("--design: tcp is the tcp carrier's (--carrier tcp)".into());
                         }
                         designs.push(d);
                     }
@@ -225,6 +232,23 @@ impl ShuffleArgs {
             return Err("--carrier shm: its nodes run in this process; use --link loopback".into());
         }
         Ok(designs)
+    }
+
+    /// The `--threads` to run the shared-memory designs with.
+    fn threads(&self) -> Result<Vec<usize>, BoxError> {
+        let threads = list(&self.threads)
+            .iter()
+            .map(|t| match t.parse::<usize>() {
+                Ok(n) if (1..=64).contains(&n) => Ok(n),
+                _ => Err(format!(
+                    "--threads: '{t}' is not a count of threads from 1 to 64"
+                )),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        if threads.is_empty() {
+            return Err("--threads: give at least one count".into());
+        }
+        Ok(threads)
     }
 
     fn runs(&self) -> Result<Vec<ShuffleRun>, BoxError> {
@@ -265,6 +289,7 @@ pub async fn run(args: ShuffleArgs) -> Result<(), BoxError> {
     let runs = args.runs()?;
     let sealing = args.sealing()?;
     let designs = args.designs()?;
+    args.threads()?;
     let report = if let Some(addr) = &args.connect {
         let [encrypted] = sealing[..] else {
             return Err(
@@ -327,6 +352,7 @@ fn result(run: &ShuffleRun, workers: Vec<ShuffleFigures>, shared_process: bool) 
         encrypted: false,
         total_bytes: run.total_bytes,
         message_size: run.message_size,
+        threads: 1,
         elapsed_s,
         aggregate_bytes_per_sec: sent as f64 / elapsed_s.max(1e-9),
         cpu_s_per_gb: cpu.map(|c| c / (sent as f64 / 1e9).max(1e-9)),
@@ -393,6 +419,7 @@ async fn loopback(
     } else {
         None
     };
+    let threads = args.threads()?;
     let mut results = vec![];
     for (i, run) in runs.iter().enumerate() {
         for (encrypted, cluster) in &clusters {
@@ -420,18 +447,28 @@ async fn loopback(
         }
         if let Some(shm) = &shm {
             for &design in designs.iter().filter(|d| **d != Design::Tcp) {
-                let label = format!(
-                    "shuffling: {} of {} over {} shared-memory nodes ({design})",
-                    run.pattern,
-                    human_bytes(run.total_bytes as f64),
-                    args.nodes,
-                );
-                let run = shm.fit(design, run);
-                let workers = with_progress(&label, shm.run(design, &run, i as u64 + 1)).await?;
-                results.push(ShuffleResult {
-                    design: format!("shm/{design}"),
-                    ..result(&run, workers, true)
-                });
+                for &threads in &threads {
+                    let label = format!(
+                        "shuffling: {} of {} over {} shared-memory nodes ({design}, {threads} \
+                         sending thread{})",
+                        run.pattern,
+                        human_bytes(run.total_bytes as f64),
+                        args.nodes,
+                        if threads == 1 { "" } else { "s" }
+                    );
+                    let run = shm.fit(design, run);
+                    let senders = Senders {
+                        threads,
+                        shared: !design.per_thread(),
+                    };
+                    let workers =
+                        with_progress(&label, shm.run(design, senders, &run, i as u64 + 1)).await?;
+                    results.push(ShuffleResult {
+                        design: format!("shm/{design}"),
+                        threads,
+                        ..result(&run, workers, true)
+                    });
+                }
             }
         }
     }
@@ -484,11 +521,11 @@ impl ShmNodes {
         run
     }
 
-    /// Runs `run` on every node at once (with one sending task per node, the
-    /// ME and SE variants of a design are the same).
+    /// Runs `run` on every node at once, sent by `senders` per node.
     async fn run(
         &self,
         design: Design,
+        senders: Senders,
         run: &ShuffleRun,
         run_id: u64,
     ) -> Result<Vec<ShuffleFigures>, BoxError> {
@@ -534,7 +571,7 @@ impl ShmNodes {
             let (carrier, connector, config) =
                 (Arc::clone(carrier), connector.clone(), config.clone());
             tasks.push(tokio::spawn(async move {
-                run_design_shuffle(carrier, connector, config, &spec).await
+                run_design_shuffle(carrier, connector, config, &spec, senders).await
             }));
         }
         let mut workers = vec![];
@@ -645,9 +682,14 @@ fn emit(args: &ShuffleArgs, r: &ShuffleBenchReport) -> Result<(), BoxError> {
     }
     for run in &r.runs {
         println!(
-            "\n{}: {} of {} over {} workers, {} schedule, {} links, {} messages: {:.2} s, \
+            "\n{}{}: {} of {} over {} workers, {} schedule, {} links, {} messages: {:.2} s, \
              {:.1} MB/s in all{}{}",
             run.design,
+            if run.threads > 1 {
+                format!(" ({} sending threads per worker)", run.threads)
+            } else {
+                String::new()
+            },
             run.pattern,
             human_bytes(run.total_bytes as f64),
             run.workers.len(),
@@ -685,6 +727,19 @@ fn emit(args: &ShuffleArgs, r: &ShuffleBenchReport) -> Result<(), BoxError> {
                     .unwrap_or_else(|| "-".into())
             );
         }
+        for w in &run.workers {
+            let Some(d) = &w.design else { continue };
+            println!(
+                "{:>10} setup {:.1} ms, {} queue pairs, {} registered, credit wait {:.3} s, \
+                 {} credit updates",
+                w.node,
+                d.setup_s * 1e3,
+                d.queue_pairs,
+                human_bytes(d.registered_bytes as f64),
+                d.credit_wait_s,
+                d.credit_updates
+            );
+        }
     }
     if let Some(m) = &r.memcpy {
         println!(
@@ -703,8 +758,12 @@ fn plot_svg(r: &ShuffleBenchReport) -> String {
     for run in &r.runs {
         for wk in &run.workers {
             let sealed = if run.encrypted { "/sealed" } else { "" };
+            let threads = match run.threads {
+                1 => String::new(),
+                t => format!(" x{t}"),
+            };
             labels.push(format!(
-                "{} {}/{}{sealed} w{}",
+                "{}{threads} {}/{}{sealed} w{}",
                 run.design, run.pattern, run.schedule, wk.node
             ));
             values.push(vec![wk.send_rate() / 1e6, wk.recv_rate() / 1e6]);

@@ -193,11 +193,61 @@ fn bench_shuffle_on_loopback_moves_every_byte() {
     }
 }
 
+/// Several sending threads per node, through one endpoint per node (SE) or
+/// one per thread (ME): every byte arrives, and each worker reports its
+/// endpoints' queue pairs and registered bytes (ME's grow with the threads).
+#[test]
+fn bench_shuffle_runs_single_and_multiple_endpoint_designs_with_threads() {
+    let report = json_of(&[
+        "bench",
+        "shuffle",
+        "--link",
+        "loopback",
+        "--nodes",
+        "3",
+        "--bytes",
+        "6MB",
+        "--carrier",
+        "shm",
+        "--design",
+        "semq-sr,memq-sr,sesq-sr,semq-rd,semq-wr",
+        "--threads",
+        "1,3",
+        "--message-size",
+        "16KiB",
+        "--json",
+        "-",
+    ]);
+    let runs = report["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 10);
+    let qps = |design: &str, threads: u64| {
+        let run = runs
+            .iter()
+            .find(|r| r["design"] == design && r["threads"] == threads)
+            .unwrap_or_else(|| panic!("no {design} run with {threads} threads"));
+        for w in run["workers"].as_array().unwrap() {
+            assert_eq!(w["bytes_received"].as_u64().unwrap(), 2_000_000, "{w}");
+            assert!(w["design"]["registered_bytes"].as_u64().unwrap() > 0, "{w}");
+        }
+        run["workers"][0]["design"]["queue_pairs"].as_u64().unwrap()
+    };
+    // Per worker, a queue pair per sending endpoint and destination plus one
+    // per receiving stream: SE holds 2 + 2 whatever the threads, ME 3 x (2 + 2).
+    assert_eq!(qps("shm/semq-sr", 1), 4);
+    assert_eq!(qps("shm/semq-sr", 3), 4);
+    assert_eq!(qps("shm/memq-sr", 1), 4);
+    assert_eq!(qps("shm/memq-sr", 3), 12);
+    qps("shm/sesq-sr", 3);
+    qps("shm/semq-rd", 3);
+    qps("shm/semq-wr", 3);
+}
+
 #[test]
 fn bench_shuffle_refuses_what_it_cannot_run() {
     for (args, named) in [
         (&["--carrier", "verbs"][..], "verbs"),
-        (&["--carrier", "shm", "--design", "semq-wr"][..], "semq-wr"),
+        (&["--carrier", "shm", "--design", "tcp"][..], "tcp"),
+        (&["--carrier", "shm", "--threads", "0"][..], "--threads"),
         (&["--carrier", "shm", "--design", "nosuch"][..], "nosuch"),
     ] {
         let out = gyre()

@@ -21,6 +21,7 @@
 use crate::endpoint::{ReceiveSpec, SendSpec, To};
 use crate::schedule::Schedule;
 use crate::{NodeId, Transport, TransportError, cpu, node_name};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Query ids of benchmark runs (the engine counts its queries from 1).
@@ -139,6 +140,21 @@ pub struct ShuffleReport {
     pub process_cpu: Option<Duration>,
     /// CPU time of this node's multiplexer thread during the run.
     pub mux_cpu: Option<Duration>,
+    /// What a verbs design's run used (none for the TCP transport's).
+    pub design: Option<DesignFigures>,
+}
+
+/// A node's cost of a run over a verbs design beyond time and bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DesignFigures {
+    /// Opening and connecting the run's endpoints (waiting for every peer's).
+    pub setup: Duration,
+    /// Queue pairs and registered bytes of the node's endpoints.
+    pub queue_pairs: u64,
+    pub registered_bytes: u64,
+    /// Time senders waited for credit, and credit updates receivers wrote.
+    pub credit_wait: Duration,
+    pub credit_updates: u64,
 }
 
 impl ShuffleReport {
@@ -270,16 +286,16 @@ pub async fn run_shuffle(
     let query = BENCH_QUERY_BASE | spec.run_id;
     let others: Vec<usize> = (1..n).map(|k| (spec.index + k) % n).collect();
     t.set_schedule(spec.schedule);
-    let data = payload(spec.message_size, 0x9e37_79b9_7f4a_7c15);
+    let data = std::sync::Arc::new(payload(spec.message_size, 0x9e37_79b9_7f4a_7c15));
     barrier(t, spec, 0).await?;
 
-    let send = t.open_send(SendSpec {
+    let send = std::sync::Arc::new(t.open_send(SendSpec {
         query,
         exchange: 1,
         from: spec.index as u32,
         destinations: others.iter().map(|&i| spec.nodes[i]).collect(),
         groups: vec![],
-    })?;
+    })?);
     let recv = t.open_receive(ReceiveSpec {
         query,
         exchange: 1,
@@ -288,7 +304,15 @@ pub async fn run_shuffle(
     let stats0 = t.stats();
     let cpu0 = cpu::process_cpu();
     let start = Instant::now();
-    let moved = exchange(spec, &data, &send, &recv, start).await?;
+    let moved = exchange(
+        spec,
+        &data,
+        &[Arc::clone(&send)],
+        Senders::ONE,
+        &recv,
+        start,
+    )
+    .await?;
     let elapsed = start.elapsed();
     let cpu1 = cpu::process_cpu();
     let stats1 = t.stats();
@@ -309,61 +333,86 @@ pub async fn run_shuffle(
 }
 
 /// Runs one shuffle between `spec.nodes` over a verbs design on `carrier`
-/// (`config.primitive` chooses which); with one sending task per node the ME
-/// and SE variants coincide. Every node must call it. The
-/// same plan and checks as [`run_shuffle`]; there is no multiplexer, so
-/// `mux_cpu` is `None`, and the wire bytes count each message's design header.
+/// (`config.primitive` chooses which), sent by `senders`. Every node must
+/// call it. The same plan and checks as [`run_shuffle`]; there is no
+/// multiplexer, so `mux_cpu` is `None`, and the wire bytes count each
+/// message's design header.
 pub async fn run_design_shuffle(
-    carrier: std::sync::Arc<dyn crate::verbs::Carrier>,
-    connector: std::sync::Arc<dyn crate::design::Connector>,
+    carrier: Arc<dyn crate::verbs::Carrier>,
+    connector: Arc<dyn crate::design::Connector>,
     config: crate::design::DesignConfig,
     spec: &ShuffleSpec,
+    senders: Senders,
 ) -> Result<ShuffleReport, BenchError> {
     use crate::design::{DesignReceive, DesignSend, HEADER};
     spec.check(carrier.node(), config.payload())?;
+    if senders.threads == 0 {
+        return Err(BenchError::Spec("a node needs a sending thread".into()));
+    }
     let n = spec.nodes.len();
     let query = BENCH_QUERY_BASE | spec.run_id;
     let others: Vec<usize> = (1..n).map(|k| (spec.index + k) % n).collect();
-    let data = payload(spec.message_size, 0x9e37_79b9_7f4a_7c15);
-    let open = |exchange: u32| {
+    let data = Arc::new(payload(spec.message_size, 0x9e37_79b9_7f4a_7c15));
+    // Source `i`'s stream `k` is slot `i * streams + k`.
+    let open = |exchange: u32, senders: Senders| {
+        let streams = senders.streams();
         let recv = DesignReceive::open(
-            std::sync::Arc::clone(&carrier),
-            std::sync::Arc::clone(&connector),
+            Arc::clone(&carrier),
+            Arc::clone(&connector),
             config.clone(),
             ReceiveSpec {
                 query,
                 exchange,
-                sources: others.iter().map(|&i| (i as u32, spec.nodes[i])).collect(),
+                sources: others
+                    .iter()
+                    .flat_map(|&i| (0..streams).map(move |k| ((i * streams + k) as u32, i)))
+                    .map(|(slot, i)| (slot, spec.nodes[i]))
+                    .collect(),
             },
         )?;
-        let send = DesignSend::open(
-            std::sync::Arc::clone(&carrier),
-            std::sync::Arc::clone(&connector),
-            config.clone(),
-            SendSpec {
-                query,
-                exchange,
-                from: spec.index as u32,
-                destinations: others.iter().map(|&i| spec.nodes[i]).collect(),
-                groups: vec![],
-            },
-        )?;
-        Ok::<_, TransportError>((send, recv))
+        let sends = (0..streams)
+            .map(|k| {
+                DesignSend::open(
+                    Arc::clone(&carrier),
+                    Arc::clone(&connector),
+                    config.clone(),
+                    SendSpec {
+                        query,
+                        exchange,
+                        from: (spec.index * streams + k) as u32,
+                        destinations: others.iter().map(|&i| spec.nodes[i]).collect(),
+                        groups: vec![],
+                    },
+                )
+                .map(Arc::new)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok::<_, TransportError>((sends, recv))
     };
     // Connecting is the start barrier: every stream's handshake needs both sides.
-    let (send, recv) = open(1)?;
-    send.connect().await?;
+    let opening = Instant::now();
+    let (sends, recv) = open(1, senders)?;
+    for r in futures::future::join_all(sends.iter().map(|s| s.connect())).await {
+        r?;
+    }
+    let setup = opening.elapsed();
+    let footprint = sends
+        .iter()
+        .map(|s| s.footprint())
+        .fold(recv.footprint(), |a, b| a + b);
     let cpu0 = cpu::process_cpu();
     let start = Instant::now();
-    let moved = exchange(spec, &data, &send, &recv, start).await?;
+    let moved = exchange(spec, &data, &sends, senders, &recv, start).await?;
     let elapsed = start.elapsed();
     let cpu1 = cpu::process_cpu();
-    drop((send, recv));
+    let credit_wait = sends.iter().map(|s| s.credit_wait()).sum();
+    let credit_updates = recv.credit_updates();
+    drop((sends, recv));
     // The end barrier: no node's endpoints go before every node is done.
-    let (send, recv) = open(2)?;
-    send.finish().await?;
+    let (sends, recv) = open(2, Senders::ONE)?;
+    sends[0].finish().await?;
     while recv.get().await?.is_some() {}
-    send.flushed().await?;
+    sends[0].flushed().await?;
     let copies = match spec.pattern {
         Pattern::Repartition => 1,
         Pattern::Broadcast => n as u64 - 1,
@@ -371,14 +420,22 @@ pub async fn run_design_shuffle(
     let wire_sent = moved.sent.iter().sum::<u64>() + moved.messages_sent * copies * HEADER as u64;
     let wire_received =
         moved.received.iter().sum::<u64>() + moved.messages_received * HEADER as u64;
-    Ok(moved.report(
+    let mut report = moved.report(
         spec,
         elapsed,
         wire_sent,
         wire_received,
         cpu0.zip(cpu1).map(|(a, b)| b.saturating_sub(a)),
         None,
-    ))
+    );
+    report.design = Some(DesignFigures {
+        setup,
+        queue_pairs: footprint.queue_pairs,
+        registered_bytes: footprint.registered_bytes,
+        credit_wait,
+        credit_updates,
+    });
+    Ok(report)
 }
 
 impl BenchSend for crate::design::DesignSend {
@@ -418,14 +475,14 @@ impl BenchReceive for crate::design::DesignReceive {
 /// What a run's endpoints need to offer: Gyre's TCP endpoints and the
 /// RDMA-aware designs ([`crate::design`]) are driven and checked by the same
 /// code, so their figures compare.
-pub trait BenchSend {
-    type Buffer;
-    fn acquire(&self, to: To) -> impl Future<Output = Result<Self::Buffer, TransportError>>;
+pub trait BenchSend: Send + Sync + 'static {
+    type Buffer: Send;
+    fn acquire(&self, to: To) -> impl Future<Output = Result<Self::Buffer, TransportError>> + Send;
     /// Appends to a buffer (the run never overfills one).
     fn append(buf: &mut Self::Buffer, bytes: &[u8]);
     fn put(&self, buf: Self::Buffer, last: bool) -> Result<(), TransportError>;
     /// Ends every stream and waits until everything put is carried.
-    fn finish(&self) -> impl Future<Output = Result<(), TransportError>>;
+    fn finish(&self) -> impl Future<Output = Result<(), TransportError>> + Send;
 }
 
 /// The receiving half of [`BenchSend`].
@@ -517,112 +574,203 @@ impl Moved {
             peers,
             process_cpu,
             mux_cpu,
+            design: None,
         }
     }
 }
 
-/// Sends this node's share and receives and checks everything sent to it.
-async fn exchange<S: BenchSend, R: BenchReceive>(
+/// How a node's share is sent: by `threads` tasks, each through an endpoint
+/// of its own (the paper's ME) or all through one (SE).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Senders {
+    pub threads: usize,
+    pub shared: bool,
+}
+
+impl Senders {
+    /// One task, one endpoint.
+    pub const ONE: Senders = Senders {
+        threads: 1,
+        shared: false,
+    };
+
+    /// Streams a node sends each destination: one per endpoint.
+    fn streams(self) -> usize {
+        if self.shared { 1 } else { self.threads }
+    }
+}
+
+/// Sends part `k` of `parts` of this node's share through `send`: the
+/// messages whose sequence number is `k` modulo `parts`; with one part the
+/// last message ends each stream, else `finish` does. Returns bytes per
+/// destination and messages.
+async fn send_part<S: BenchSend>(
     spec: &ShuffleSpec,
     data: &[u8],
     send: &S,
+    k: usize,
+    parts: usize,
+) -> Result<(Vec<u64>, u64), BenchError> {
+    let n = spec.nodes.len();
+    let others: Vec<usize> = (1..n).map(|j| (spec.index + j) % n).collect();
+    let mut sent = vec![0u64; n];
+    let mut messages = 0u64;
+    match spec.pattern {
+        Pattern::Broadcast => {
+            let lens = plan(spec, spec.index, others[0]);
+            for (seq, &len) in lens.iter().enumerate().skip(k).step_by(parts) {
+                let mut buf = send.acquire(To::All).await?;
+                S::append(&mut buf, &header(spec.index, ANY, seq as u64));
+                S::append(&mut buf, &data[MESSAGE_HEADER..len]);
+                send.put(buf, parts == 1 && seq + 1 == lens.len())?;
+                messages += 1;
+                for &o in &others {
+                    sent[o] += len as u64;
+                }
+            }
+        }
+        Pattern::Repartition => {
+            // Round-robin over the destinations, so every one is fed all along.
+            let plans: Vec<Vec<usize>> =
+                others.iter().map(|&d| plan(spec, spec.index, d)).collect();
+            let rounds = plans.iter().map(Vec::len).max().unwrap_or(0);
+            for seq in (k..rounds).step_by(parts) {
+                for (j, &d) in others.iter().enumerate() {
+                    let Some(&len) = plans[j].get(seq) else {
+                        continue;
+                    };
+                    let mut buf = send.acquire(To::Node(spec.nodes[d])).await?;
+                    S::append(&mut buf, &header(spec.index, d, seq as u64));
+                    S::append(&mut buf, &data[MESSAGE_HEADER..len]);
+                    send.put(buf, parts == 1 && seq + 1 == plans[j].len())?;
+                    messages += 1;
+                    sent[d] += len as u64;
+                }
+            }
+        }
+    }
+    Ok((sent, messages))
+}
+
+/// Sends this node's share and receives and checks everything sent to it.
+/// `sends` holds one endpoint, or (ME) one per sending task; a source's
+/// stream `k` is sender slot `source * senders.streams() + k`.
+async fn exchange<S: BenchSend, R: BenchReceive>(
+    spec: &ShuffleSpec,
+    data: &Arc<Vec<u8>>,
+    sends: &[Arc<S>],
+    senders: Senders,
     recv: &R,
     start: Instant,
 ) -> Result<Moved, BenchError> {
     let n = spec.nodes.len();
     let others: Vec<usize> = (1..n).map(|k| (spec.index + k) % n).collect();
+    let threads = senders.threads.max(1);
     let sending = async {
+        let tasks: Vec<_> = (0..threads)
+            .map(|k| {
+                let send = Arc::clone(&sends[if senders.shared { 0 } else { k }]);
+                let (spec, data) = (spec.clone(), Arc::clone(data));
+                tokio::spawn(async move {
+                    let part = send_part(&spec, &data, &*send, k, threads).await?;
+                    if !senders.shared {
+                        send.finish().await?;
+                    }
+                    Ok::<_, BenchError>(part)
+                })
+            })
+            .collect();
         let mut sent = vec![0u64; n];
         let mut messages = 0u64;
-        match spec.pattern {
-            Pattern::Broadcast => {
-                let lens = plan(spec, spec.index, others[0]);
-                for (seq, &len) in lens.iter().enumerate() {
-                    let mut buf = send.acquire(To::All).await?;
-                    S::append(&mut buf, &header(spec.index, ANY, seq as u64));
-                    S::append(&mut buf, &data[MESSAGE_HEADER..len]);
-                    send.put(buf, seq + 1 == lens.len())?;
-                    messages += 1;
-                    for &o in &others {
-                        sent[o] += len as u64;
-                    }
-                }
-            }
-            Pattern::Repartition => {
-                // Round-robin over the destinations, so every one is fed all along.
-                let plans: Vec<Vec<usize>> =
-                    others.iter().map(|&d| plan(spec, spec.index, d)).collect();
-                let rounds = plans.iter().map(Vec::len).max().unwrap_or(0);
-                for seq in 0..rounds {
-                    for (k, &d) in others.iter().enumerate() {
-                        let Some(&len) = plans[k].get(seq) else {
-                            continue;
-                        };
-                        let mut buf = send.acquire(To::Node(spec.nodes[d])).await?;
-                        S::append(&mut buf, &header(spec.index, d, seq as u64));
-                        S::append(&mut buf, &data[MESSAGE_HEADER..len]);
-                        send.put(buf, seq + 1 == plans[k].len())?;
-                        messages += 1;
-                        sent[d] += len as u64;
-                    }
-                }
-            }
+        for t in futures::future::join_all(tasks).await {
+            let (s, m) =
+                t.map_err(|e| BenchError::Spec(format!("a sending task failed: {e}")))??;
+            sent.iter_mut().zip(s).for_each(|(a, b)| *a += b);
+            messages += m;
         }
-        send.finish().await?;
+        if senders.shared {
+            sends[0].finish().await?;
+        }
         Ok::<_, BenchError>((sent, messages, start.elapsed()))
     };
 
     let receiving = async {
+        let streams = senders.streams();
         let mut received = vec![0u64; n];
-        let mut next_seq = vec![0u64; n];
+        // Per stream, the sequence number it carries next: its messages come in
+        // order, every `streams`-th of its source's from its own; one endpoint
+        // shared by several tasks (SE) carries them in any order.
+        let ordered = !senders.shared || threads == 1;
+        let mut next_seq: Vec<u64> = (0..n * streams).map(|s| (s % streams) as u64).collect();
+        let mut seen: Vec<Vec<bool>> = vec![vec![]; n];
+        let mut got = vec![0u64; n];
+        let mut ended = vec![0usize; n];
         let mut done = vec![Duration::ZERO; n];
         let mut messages = 0u64;
         let expected: Vec<Vec<usize>> = (0..n).map(|s| plan(spec, s, spec.index)).collect();
+        for (s, e) in expected.iter().enumerate() {
+            seen[s] = vec![false; e.len()];
+        }
         let want_dst = match spec.pattern {
             Pattern::Broadcast => ANY,
             Pattern::Repartition => spec.index,
         };
         let mut check = |slot: u32, node: NodeId, last: bool, m: &[u8]| {
-            let src = slot as usize;
+            let stream = slot as usize;
+            let src = stream / streams;
             if src >= n {
                 return Err(BenchError::Verify(format!(
                     "a message from unknown slot {slot}"
                 )));
             }
             if !m.is_empty() {
-                let seq = next_seq[src];
-                let Some(&want_len) = expected[src].get(seq as usize) else {
-                    return Err(BenchError::Verify(format!(
-                        "{} sent more than the {} messages planned",
-                        node_name(node),
-                        expected[src].len()
-                    )));
+                let seq = match m.get(8..MESSAGE_HEADER) {
+                    Some(b) => u64::from_le_bytes(b.try_into().expect("8 bytes")),
+                    None => u64::MAX,
                 };
-                if m.len() != want_len || m[..MESSAGE_HEADER] != header(src, want_dst, seq) {
-                    return Err(BenchError::Verify(format!(
-                        "message {seq} from {} has the wrong length or header",
+                let want_len = expected[src].get(seq as usize).copied();
+                let wrong = |what: &str| {
+                    Err(BenchError::Verify(format!(
+                        "message {seq} from {} {what}",
                         node_name(node)
-                    )));
+                    )))
+                };
+                let Some(want_len) = want_len else {
+                    return wrong(&format!(
+                        "is not among the {} messages planned",
+                        expected[src].len()
+                    ));
+                };
+                if ordered && seq != next_seq[stream] {
+                    return wrong(&format!("came where {} was due", next_seq[stream]));
+                }
+                if seen[src][seq as usize] {
+                    return wrong("came twice");
+                }
+                if m.len() != want_len || m[..MESSAGE_HEADER] != header(src, want_dst, seq) {
+                    return wrong("has the wrong length or header");
                 }
                 if m[MESSAGE_HEADER..] != data[MESSAGE_HEADER..want_len] {
-                    return Err(BenchError::Verify(format!(
-                        "message {seq} from {} has corrupt bytes",
-                        node_name(node)
-                    )));
+                    return wrong("has corrupt bytes");
                 }
-                next_seq[src] += 1;
+                seen[src][seq as usize] = true;
+                next_seq[stream] += streams as u64;
+                got[src] += 1;
                 received[src] += m.len() as u64;
                 messages += 1;
             }
             if last {
-                done[src] = start.elapsed();
-                if next_seq[src] as usize != expected[src].len() {
-                    return Err(BenchError::Verify(format!(
-                        "{} ended after {} of {} messages",
-                        node_name(node),
-                        next_seq[src],
-                        expected[src].len()
-                    )));
+                ended[src] += 1;
+                if ended[src] == streams {
+                    done[src] = start.elapsed();
+                    if got[src] as usize != expected[src].len() {
+                        return Err(BenchError::Verify(format!(
+                            "{} ended after {} of {} messages",
+                            node_name(node),
+                            got[src],
+                            expected[src].len()
+                        )));
+                    }
                 }
             }
             Ok(())
@@ -632,11 +780,11 @@ async fn exchange<S: BenchSend, R: BenchReceive>(
         }
         // Every source must have ended with all its messages.
         for &o in &others {
-            if next_seq[o] as usize != expected[o].len() {
+            if got[o] as usize != expected[o].len() {
                 return Err(BenchError::Verify(format!(
                     "{} delivered {} of {} messages",
                     node_name(spec.nodes[o]),
-                    next_seq[o],
+                    got[o],
                     expected[o].len()
                 )));
             }
@@ -692,6 +840,7 @@ mod tests {
     /// `primitive` (datagrams: messages of at most 4 KiB).
     async fn design_run(
         primitive: crate::design::Primitive,
+        senders: Senders,
         nodes: u32,
         pattern: Pattern,
         total: u64,
@@ -722,7 +871,7 @@ mod tests {
                     primitive,
                     ..Default::default()
                 };
-                run_design_shuffle(carrier, connector, config, &spec).await
+                run_design_shuffle(carrier, connector, config, &spec, senders).await
             })
         });
         futures::future::join_all(runs)
@@ -739,6 +888,7 @@ mod tests {
             // 100 messages per pair and a short last one.
             let reports = design_run(
                 primitive,
+                Senders::ONE,
                 4,
                 Pattern::Repartition,
                 4 * 3 * 8000 * 100 + 4 * 3 * 123,
@@ -755,6 +905,7 @@ mod tests {
         }
         let reports = design_run(
             Primitive::Datagram,
+            Senders::ONE,
             4,
             Pattern::Repartition,
             4 * 3 * 4000 * 300,
@@ -771,10 +922,68 @@ mod tests {
             Primitive::Read,
             Primitive::Write,
         ] {
-            let reports = design_run(primitive, 3, Pattern::Broadcast, 3 * 50_000, 4000).await;
+            let reports = design_run(
+                primitive,
+                Senders::ONE,
+                3,
+                Pattern::Broadcast,
+                3 * 50_000,
+                4000,
+            )
+            .await;
             for r in &reports {
                 assert_eq!(r.bytes_sent, 2 * 50_000, "{primitive:?}");
                 assert_eq!(r.bytes_received, 2 * 50_000);
+            }
+        }
+    }
+
+    /// Several sending tasks per node, through one shared endpoint (SE) or one
+    /// each (ME): every message arrives once, with ME's streams in order; ME
+    /// holds a queue pair per task and destination.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn several_senders_share_one_endpoint_or_open_their_own() {
+        use crate::design::Primitive;
+        for primitive in [
+            Primitive::Send,
+            Primitive::Datagram,
+            Primitive::Read,
+            Primitive::Write,
+        ] {
+            for shared in [true, false] {
+                let senders = Senders { threads: 3, shared };
+                let reports = design_run(
+                    primitive,
+                    senders,
+                    3,
+                    Pattern::Repartition,
+                    3 * 2 * 3000 * 101,
+                    3000,
+                )
+                .await;
+                for r in &reports {
+                    assert_eq!(
+                        r.bytes_received,
+                        2 * 3000 * 101,
+                        "{primitive:?} {senders:?}"
+                    );
+                    assert_eq!(r.messages_received, 2 * 101);
+                    let d = r.design.expect("design figures");
+                    // Per node: a queue pair per sending endpoint and source
+                    // stream (and one per datagram endpoint).
+                    let endpoints = if shared { 1 } else { 3 };
+                    let datagram = u64::from(primitive == Primitive::Datagram);
+                    assert_eq!(
+                        d.queue_pairs,
+                        endpoints * (2 + datagram) + 2 * endpoints + datagram,
+                        "{primitive:?} {senders:?}"
+                    );
+                }
+                let reports =
+                    design_run(primitive, senders, 3, Pattern::Broadcast, 3 * 100_000, 3000).await;
+                for r in &reports {
+                    assert_eq!(r.bytes_received, 2 * 100_000, "{primitive:?} {senders:?}");
+                }
             }
         }
     }
@@ -786,9 +995,15 @@ mod tests {
         let carrier = carriers.pop().unwrap();
         let mut s = spec(Pattern::Repartition, 1 << 20);
         s.message_size = 64 * 1024;
-        let err = run_design_shuffle(carrier, LocalConnector::new(), DesignConfig::default(), &s)
-            .await
-            .unwrap_err();
+        let err = run_design_shuffle(
+            carrier,
+            LocalConnector::new(),
+            DesignConfig::default(),
+            &s,
+            Senders::ONE,
+        )
+        .await
+        .unwrap_err();
         assert!(
             matches!(&err, BenchError::Spec(m) if m.contains("payload size")),
             "{err}"

@@ -78,6 +78,23 @@ impl DesignConfig {
         Ok(())
     }
 
+    /// What both sides of a stream must agree on, in one word: the primitive,
+    /// message size, window, write-back interval and send buffers (the slots'
+    /// and queues' layout follows from them).
+    pub fn terms(&self) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        (
+            self.primitive as u8,
+            self.message_size,
+            self.window,
+            self.credit_every,
+            self.send_buffers,
+        )
+            .hash(&mut h);
+        h.finish()
+    }
+
     /// Bytes a message's payload may take.
     pub fn payload(&self) -> usize {
         self.message_size - HEADER
@@ -175,6 +192,17 @@ pub(super) fn header(flags: u32, len: usize, from: u32) -> [u8; HEADER] {
 
 pub(super) fn word(h: &[u8], at: usize) -> u32 {
     u32::from_le_bytes([h[at], h[at + 1], h[at + 2], h[at + 3]])
+}
+
+/// A Write stream's free-queue entry: the low 16 bits of the credit it
+/// belongs to, and the receiver buffer it frees.
+pub(super) fn free_entry_of(credit: u64, buffer: u32) -> u32 {
+    ((credit as u32 & 0xffff) << 16) | (buffer & 0xffff)
+}
+
+/// The credit tag and buffer of a free-queue entry.
+pub(super) fn free_entry(e: u32) -> (u16, u32) {
+    ((e >> 16) as u16, e & 0xffff)
 }
 
 /// A Write message's immediate: the low 16 bits of its sequence number and the

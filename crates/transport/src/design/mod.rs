@@ -44,8 +44,10 @@
 //! held while waiting for a slow consumer. Every message starts with a 16-byte
 //! header (flags, payload length, sender slot); each stream's receiver keeps a
 //! buffer in reserve for its end-of-stream or error marker, which needs no
-//! credit. On connections a stream's messages must come in sequence, so the
-//! last flag ends it exactly.
+//! credit (Read reads markers like data). On connections a stream's messages
+//! must come in sequence, so the last flag ends it exactly; a receiving
+//! endpoint checks messages one consumer at a time, in the order they
+//! completed. Both sides' settings must agree (the offers carry them).
 //!
 //! Endpoints find each other through a [`Connector`]: each side of a stream
 //! offers what its peer needs (its queue pair, where to write credits) under
@@ -69,6 +71,24 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::oneshot;
+
+/// What an endpoint holds of its carrier: the paper's cost of more endpoints
+/// (ME) and deeper windows.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Footprint {
+    pub queue_pairs: u64,
+    pub registered_bytes: u64,
+}
+
+impl std::ops::Add for Footprint {
+    type Output = Footprint;
+    fn add(self, o: Footprint) -> Footprint {
+        Footprint {
+            queue_pairs: self.queue_pairs + o.queue_pairs,
+            registered_bytes: self.registered_bytes + o.registered_bytes,
+        }
+    }
+}
 
 /// The paper's eight designs and Gyre's TCP transport.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -167,6 +187,9 @@ pub struct Offer {
     /// The side's datagram queue pair, where the stream's data goes over one
     /// (designs with a single queue pair per endpoint).
     pub datagrams: Option<QpAddr>,
+    /// The side's settings that the other side's layout depends on
+    /// ([`DesignConfig::terms`]): both sides must agree.
+    pub terms: u64,
 }
 
 /// Which side of a stream offers.
@@ -223,6 +246,15 @@ pub async fn handshake(
             reason: format!("stream {key} answered by {}", theirs.qp),
         });
     }
+    if theirs.terms != offer.terms {
+        return Err(crate::TransportError::PeerLost {
+            peer,
+            reason: format!(
+                "stream {key}: its endpoint's settings (primitive, message size, window, \
+                 buffers) differ from this one's"
+            ),
+        });
+    }
     connect(&theirs)?;
     connector
         .meet(key, side, Phase::Ready, offer, timeout)
@@ -266,10 +298,11 @@ impl Connector for LocalConnector {
                 let _ = tx.send(offer);
                 return Ok(theirs);
             }
-            let (tx, rx) = oneshot::channel();
-            if w.insert((key, side, phase), (offer, tx)).is_some() {
+            if w.contains_key(&(key, side, phase)) {
                 return Err(format!("stream {key} was offered twice by its {side:?}"));
             }
+            let (tx, rx) = oneshot::channel();
+            w.insert((key, side, phase), (offer, tx));
             rx
         };
         match tokio::time::timeout(timeout, rx).await {

@@ -18,7 +18,8 @@
 //!   buffer is held only until every destination has read it.
 
 use super::message::{
-    DROPPED, DesignConfig, ENTRY, FLAG_ERROR, FLAG_LAST, HEADER, Primitive, carrier_err, lost, word,
+    DROPPED, DesignConfig, ENTRY, FLAG_ERROR, FLAG_LAST, HEADER, Primitive, carrier_err,
+    free_entry_of, lost, word,
 };
 use super::{Connector, Offer, Side, handshake};
 use crate::frame::StreamKey;
@@ -30,6 +31,7 @@ use crate::{NodeId, TransportError};
 use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 /// A stream's credit: receives (or, Write, buffers) handed to the sender so
@@ -118,6 +120,11 @@ pub struct DesignReceive {
     /// Why connecting failed, set by the connecting task.
     connect_error: Arc<Mutex<Option<TransportError>>>,
     connecting: tokio::task::JoinHandle<()>,
+    /// Credit counts written back to senders (after the first).
+    credit_updates: AtomicU64,
+    /// Held by the task in `get`: a stream's messages are checked in the order
+    /// they completed, whoever consumes them.
+    getting: tokio::sync::Mutex<()>,
 }
 
 impl Drop for DesignReceive {
@@ -250,8 +257,9 @@ impl DesignReceive {
                 // The free queue starts with every buffer but the reserve.
                 for b in 0..config.window {
                     let at = i * config.slot() + 4 * b as usize;
+                    let entry = free_entry_of(b as u64, b);
                     // SAFETY: this stream's staging slot, not posted yet.
-                    unsafe { slots.slice_mut(at, 4) }.copy_from_slice(&b.to_le_bytes());
+                    unsafe { slots.slice_mut(at, 4) }.copy_from_slice(&entry.to_le_bytes());
                 }
             }
             links.push(InLink {
@@ -300,6 +308,7 @@ impl DesignReceive {
                             region,
                             offset,
                             datagrams: datagram_addr,
+                            terms: config.terms(),
                         };
                         let theirs = handshake(
                             &*connector,
@@ -370,7 +379,22 @@ impl DesignReceive {
             slots,
             connect_error,
             connecting,
+            credit_updates: AtomicU64::new(0),
+            getting: tokio::sync::Mutex::new(()),
         })
+    }
+
+    /// Queue pairs and registered bytes this endpoint holds.
+    pub fn footprint(&self) -> super::Footprint {
+        super::Footprint {
+            queue_pairs: (self.links.len() + self.datagrams.iter().len()) as u64,
+            registered_bytes: (self.buffers.len() + self.slots.len()) as u64,
+        }
+    }
+
+    /// Credit counts written back to the senders since the first.
+    pub fn credit_updates(&self) -> u64 {
+        self.credit_updates.load(Ordering::Relaxed)
     }
 
     /// Streams that have not ended yet.
@@ -386,7 +410,14 @@ impl DesignReceive {
         let Some(l) = self.links.get(source) else {
             return Ok(()); // no streams: nothing was posted
         };
+        // An ended stream gets nothing more: no credit, and on its own queue
+        // pair no receive (its sender may be gone).
+        let ended = self.state.lock().ended[source];
+        let counts = counts && !ended;
         let c = &self.config;
+        if ended && matches!(c.primitive, Primitive::Send | Primitive::Write) {
+            return Ok(());
+        }
         let wr = match c.primitive {
             Primitive::Read => {
                 self.state.lock().reads[source].free.push(buffer);
@@ -413,14 +444,16 @@ impl DesignReceive {
         if c.primitive == Primitive::Write {
             let entry = (credit.posted % c.window as u64) as usize;
             let own = (buffer - source * c.per_stream()) as u32;
+            let e = free_entry_of(credit.posted, own);
             // SAFETY: the stream's staging free queue, under its credit lock.
             unsafe { self.slots.slice_mut(source * c.slot() + 4 * entry, 4) }
-                .copy_from_slice(&own.to_le_bytes());
+                .copy_from_slice(&e.to_le_bytes());
         }
         credit.posted += 1;
         credit.since += 1;
         if credit.since >= c.credit_every as u64 {
             credit.since = 0;
+            self.credit_updates.fetch_add(1, Ordering::Relaxed);
             write_credit(c, &self.slots, l, source, credit.posted)?;
         }
         Ok(())
@@ -658,6 +691,7 @@ impl DesignReceive {
 
     /// The next message from any source; `None` once every source sent its last.
     pub async fn get(&self) -> Result<Option<Received>, TransportError> {
+        let _one_at_a_time = self.getting.lock().await;
         let mut last_progress = std::time::Instant::now();
         loop {
             let c = {
@@ -732,7 +766,7 @@ impl DesignReceive {
                 ),
             ));
         }
-        if last_progress.elapsed() > self.config.timeout * 6 {
+        if last_progress.elapsed() > self.config.timeout.saturating_mul(6) {
             return Some(TransportError::Misuse(
                 "no message from any source for a minute".into(),
             ));
@@ -854,7 +888,7 @@ impl DesignReceive {
     /// Gives the buffer back and, every `credit_every` buffers, writes the
     /// stream's credit back to its sender.
     pub fn release(&self, r: Received) -> Result<(), TransportError> {
-        match (r.last, self.config.primitive) {
+        let given = match (r.last, self.config.primitive) {
             // The pool's buffer goes back, without credit for an ended stream.
             (last, Primitive::Datagram | Primitive::Read) => {
                 self.give_back(r.source, r.buffer, !last)
@@ -862,6 +896,7 @@ impl DesignReceive {
             // The stream is over: nothing more will arrive for it.
             (true, _) => Ok(()),
             (false, _) => self.give_back(r.source, r.buffer, true),
-        }
+        };
+        given.map_err(|e| self.fail_with(e))
     }
 }

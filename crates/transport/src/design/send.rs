@@ -6,8 +6,8 @@
 //! failed (a completion error or a lost peer; every later call errs).
 
 use super::message::{
-    DROPPED, DesignConfig, ENTRY, FLAG_ERROR, FLAG_LAST, HEADER, Primitive, carrier_err, header,
-    lost, write_imm,
+    DROPPED, DesignConfig, ENTRY, FLAG_ERROR, FLAG_LAST, HEADER, Primitive, carrier_err,
+    free_entry, header, lost, write_imm,
 };
 use super::{Connector, Offer, Side, handshake};
 use crate::endpoint::{Destinations, To};
@@ -18,10 +18,19 @@ use crate::verbs::{
 };
 use crate::{NodeId, TransportError};
 use parking_lot::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tokio::sync::OnceCell;
+
+/// What a post carries.
+#[derive(Clone, Copy)]
+enum Post {
+    /// A buffer of data, the stream's last if `last`.
+    Data { last: bool },
+    /// An end-of-stream or error marker (its stream already counts as ended).
+    Marker,
+}
 
 /// The part of a sender's state one stream needs.
 struct OutLink {
@@ -63,6 +72,8 @@ pub struct DesignBuffer {
     targets: Vec<(usize, u32)>,
     cap: usize,
     ptr: *mut u8,
+    /// Keeps the bytes `ptr` points into registered while the reservation lives.
+    _region: Arc<Region>,
     returns: Returns,
     put: bool,
 }
@@ -135,7 +146,7 @@ pub struct DesignSend {
     datagrams: Option<Arc<dyn QueuePair>>,
     /// This endpoint's sender slot.
     from: u32,
-    buffers: Region,
+    buffers: Arc<Region>,
     /// One slot per destination: its credit count (and Write's free queue),
     /// written by the receiver; or Read's staged valid-queue entries.
     slots: Region,
@@ -196,10 +207,12 @@ impl DesignSend {
                 finished: AtomicBool::new(false),
             });
         }
-        let buffers = carrier
-            // One more than the pool: the reserve a dropped endpoint's error marker uses.
-            .register((config.send_buffers + 1) * config.message_size)
-            .map_err(carrier_err)?;
+        let buffers = Arc::new(
+            carrier
+                // One more than the pool: the reserve a dropped endpoint's error marker uses.
+                .register((config.send_buffers + 1) * config.message_size)
+                .map_err(carrier_err)?,
+        );
         let slots = carrier.register(n * config.slot()).map_err(carrier_err)?;
         // SAFETY: nothing writes the fresh slots yet.
         unsafe { slots.slice_mut(0, n * config.slot()) }.fill(0);
@@ -235,6 +248,14 @@ impl DesignSend {
         self.config.payload()
     }
 
+    /// Queue pairs and registered bytes this endpoint holds.
+    pub fn footprint(&self) -> super::Footprint {
+        super::Footprint {
+            queue_pairs: (self.links.len() + self.datagrams.iter().len()) as u64,
+            registered_bytes: (self.buffers.len() + self.slots.len()) as u64,
+        }
+    }
+
     /// Time spent waiting for credits.
     pub fn credit_wait(&self) -> Duration {
         Duration::from_nanos(self.credit_wait_ns.load(Ordering::Relaxed))
@@ -263,6 +284,7 @@ impl DesignSend {
                 region: Some(region),
                 offset,
                 datagrams: self.datagrams.as_ref().map(|q| q.addr()),
+                terms: self.config.terms(),
             };
             let connector = Arc::clone(&self.connector);
             let timeout = self.config.timeout;
@@ -317,26 +339,30 @@ impl DesignSend {
     }
 
     /// The receiver buffer Write credit number `credit` of stream `t` names: entry
-    /// `credit` of the free queue the receiver writes with its counts.
-    fn freed_buffer(&self, t: usize, credit: u64) -> Result<u32, TransportError> {
+    /// `credit` of the free queue the receiver writes with its counts. `None`
+    /// while the entry is not there yet: it carries its credit's number, since
+    /// nothing orders the bytes of one write before the count's.
+    fn freed_buffer(&self, t: usize, credit: u64) -> Option<Result<u32, TransportError>> {
         let window = self.config.window as u64;
         let at = t * self.config.slot() + 4 * (credit % window) as usize;
-        // SAFETY: inside the stream's slot; the entry was written before the count
-        // that covers it, and is not rewritten before this credit is used.
-        let e = unsafe { self.slots.slice(at, 4) };
-        let buffer = u32::from_le_bytes([e[0], e[1], e[2], e[3]]);
+        // SAFETY: an aligned word inside the stream's slot, read whole.
+        let p = unsafe { self.slots.slice(at, 4) }.as_ptr() as *const AtomicU32;
+        let (tag, buffer) = free_entry(unsafe { &*p }.load(Ordering::Acquire));
+        if tag != credit as u16 {
+            return None;
+        }
         if buffer as u64 >= window {
-            return Err(lost(
+            return Some(Err(lost(
                 self.links[t].dest,
                 format!("it credited buffer {buffer} of a window of {window}"),
-            ));
+            )));
         }
-        Ok(buffer)
+        Some(Ok(buffer))
     }
 
-    /// Moves completions: frees carried buffers, re-posts notification
-    /// receives, notes errors. Returns whether there were any.
-    fn reap(&self) -> bool {
+    /// Moves reservations dropped unsent back: their credits to the streams'
+    /// spares, their buffers to the free list. Returns whether there were any.
+    fn take_returns(&self) -> bool {
         let returned = std::mem::take(&mut *self.returns.lock());
         for (index, targets) in &returned {
             for &(t, buffer) in targets {
@@ -344,11 +370,18 @@ impl DesignSend {
             }
             self.state.lock().free.push(*index);
         }
+        !returned.is_empty()
+    }
+
+    /// Moves completions: frees carried buffers, re-posts notification
+    /// receives, notes errors. Returns whether there were any.
+    fn reap(&self) -> bool {
+        let returned = self.take_returns();
         let mut out: Vec<Completion> = Vec::new();
         self.scq.poll(&mut out, 256);
         self.rcq.poll(&mut out, 256);
         if out.is_empty() {
-            return !returned.is_empty();
+            return returned;
         }
         let mut st = self.state.lock();
         let carried = |st: &mut SendState, i: usize| {
@@ -434,24 +467,36 @@ impl DesignSend {
             return Ok(0);
         }
         let l = &self.links[t];
-        if let Some(buffer) = l.spare.lock().pop() {
-            return Ok(buffer);
-        }
         let start = std::time::Instant::now();
         let mut last_progress = start;
         loop {
+            self.take_returns();
+            if let Some(buffer) = l.spare.lock().pop() {
+                return Ok(buffer);
+            }
             let sent = l.sent.load(Ordering::Acquire);
             if self.credit_of(t) > sent {
+                // Read the credit's free-queue entry before taking it: while `sent`
+                // stays put no message beyond it can be released, so the entry
+                // cannot be rewritten before the swap succeeds.
+                let buffer = match self.config.primitive {
+                    Primitive::Write => match self.freed_buffer(t, sent) {
+                        Some(b) => b,
+                        None => {
+                            // The count arrived before its entry: the write is landing.
+                            tokio::task::yield_now().await;
+                            continue;
+                        }
+                    },
+                    _ => Ok(0),
+                };
                 if l.sent
                     .compare_exchange(sent, sent + 1, Ordering::AcqRel, Ordering::Acquire)
                     .is_ok()
                 {
                     self.credit_wait_ns
                         .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
-                    return match self.config.primitive {
-                        Primitive::Write => self.freed_buffer(t, sent),
-                        _ => Ok(0),
-                    };
+                    return buffer;
                 }
                 continue;
             }
@@ -475,10 +520,48 @@ impl DesignSend {
         }
     }
 
+    /// Waits for a buffer of the pool to come back, at most the timeout
+    /// without any progress.
+    async fn take_buffer(&self) -> Result<usize, TransportError> {
+        let mut last_progress = std::time::Instant::now();
+        loop {
+            self.reap();
+            if let Some(e) = self.error() {
+                return Err(e);
+            }
+            if let Some(index) = self.state.lock().free.pop() {
+                return Ok(index);
+            }
+            if self.wait().await {
+                last_progress = std::time::Instant::now();
+            } else if last_progress.elapsed() > self.config.timeout {
+                return Err(self.stuck("no send buffer came back"));
+            }
+        }
+    }
+
+    /// Why waiting for buffers to come back gave up.
+    fn stuck(&self, what: &str) -> TransportError {
+        let dest = self.links.first().map_or(0, |l| l.dest);
+        lost(
+            dest,
+            format!(
+                "{what} in {:?}: every one of the {} is reserved or not yet carried \
+                 to (or, for Read, read by) its destinations",
+                self.config.timeout, self.config.send_buffers
+            ),
+        )
+    }
+
     /// Reserves a credit on every stream `to` names, then a registered buffer.
     pub async fn acquire(&self, to: To) -> Result<DesignBuffer, TransportError> {
         self.connect().await?;
         let streams = self.dests.targets(to)?;
+        if streams.is_empty() {
+            return Err(TransportError::Misuse(format!(
+                "{to:?} names no destination"
+            )));
+        }
         if let Some(&t) = streams
             .iter()
             .find(|&&t| self.links[t].finished.load(Ordering::Acquire))
@@ -500,63 +583,103 @@ impl DesignSend {
                 }
             }
         }
-        loop {
-            self.reap();
-            if let Some(e) = self.error() {
+        let index = match self.take_buffer().await {
+            Ok(index) => index,
+            Err(e) => {
+                for (t, buffer) in targets {
+                    self.links[t].spare.lock().push(buffer);
+                }
                 return Err(e);
             }
-            if let Some(index) = self.state.lock().free.pop() {
-                let cap = self.config.payload();
-                // SAFETY: the buffer is this reservation's until put or dropped.
-                let ptr = unsafe {
-                    self.buffers
-                        .slice_mut(index * self.config.message_size, self.config.message_size)
-                }
-                .as_mut_ptr();
-                return Ok(DesignBuffer {
-                    index,
-                    len: 0,
-                    targets,
-                    cap,
-                    ptr,
-                    returns: Arc::clone(&self.returns),
-                    put: false,
-                });
-            }
-            self.wait().await;
+        };
+        let cap = self.config.payload();
+        // SAFETY: the buffer is this reservation's until put or dropped.
+        let ptr = unsafe {
+            self.buffers
+                .slice_mut(index * self.config.message_size, self.config.message_size)
         }
+        .as_mut_ptr();
+        Ok(DesignBuffer {
+            index,
+            len: 0,
+            targets,
+            cap,
+            ptr,
+            _region: Arc::clone(&self.buffers),
+            returns: Arc::clone(&self.returns),
+            put: false,
+        })
     }
 
     /// Sends a filled buffer to the destinations it was acquired for; never waits.
+    /// A `last` buffer ends its streams.
     pub fn put(&self, mut buf: DesignBuffer, last: bool) -> Result<(), TransportError> {
-        buf.put = true;
         if let Some(e) = self.error() {
-            self.state.lock().free.push(buf.index);
-            return Err(e);
+            return Err(e); // the reservation goes back as it drops
         }
-        self.state.lock().pending[buf.index] = buf.targets.len() as u32;
+        if buf.len == 0 && !last {
+            return Err(TransportError::Misuse("an empty message".into()));
+        }
+        buf.put = true;
+        let n = buf.targets.len() as u32;
+        self.state.lock().pending[buf.index] = n;
         let flags = if last { FLAG_LAST } else { 0 };
         // SAFETY: the header bytes of this reservation's buffer.
         unsafe {
             buf.ptr
                 .copy_from_nonoverlapping(header(flags, buf.len, self.from).as_ptr(), HEADER)
         };
-        for &(t, buffer) in &buf.targets {
-            let l = &self.links[t];
-            if last {
-                l.finished.store(true, Ordering::Release);
+        for (k, &(t, buffer)) in buf.targets.iter().enumerate() {
+            let posted = self.post_data(
+                t,
+                buf.index as u32,
+                HEADER + buf.len,
+                buffer,
+                Post::Data { last },
+            );
+            if let Err(e) = posted {
+                // The rest are not sent: their credits and the buffer's share go back.
+                let mut st = self.state.lock();
+                st.error.get_or_insert(e.clone());
+                for &(t, buffer) in &buf.targets[k..] {
+                    self.links[t].spare.lock().push(buffer);
+                }
+                st.pending[buf.index] -= n - k as u32;
+                if st.pending[buf.index] == 0 {
+                    st.free.push(buf.index);
+                }
+                return Err(e);
             }
-            self.post_data(t, buf.index as u32, HEADER + buf.len, buffer)?;
         }
         Ok(())
     }
 
     /// Carries bytes `..len` of buffer `index` on stream `t` as its next message:
     /// a send, a write into receiver buffer `into`, or (Read) an entry in the
-    /// receiver's valid queue naming the buffer (`DROPPED`: none).
-    fn post_data(&self, t: usize, index: u32, len: usize, into: u32) -> Result<(), TransportError> {
+    /// receiver's valid queue naming the buffer (`DROPPED`: none). Data goes
+    /// only to a stream that has not ended (checked under the stream's lock,
+    /// against a marker or another task's last message).
+    fn post_data(
+        &self,
+        t: usize,
+        index: u32,
+        len: usize,
+        into: u32,
+        post: Post,
+    ) -> Result<(), TransportError> {
         let l = &self.links[t];
         let mut seq = l.seq.lock();
+        if let Post::Data { last } = post {
+            if l.finished.load(Ordering::Acquire) {
+                return Err(TransportError::Misuse(format!(
+                    "stream {} already ended",
+                    l.key
+                )));
+            }
+            if last {
+                l.finished.store(true, Ordering::Release);
+            }
+        }
         let local = self
             .buffers
             .sge(index as usize * self.config.message_size, len);
@@ -591,15 +714,22 @@ impl DesignSend {
             }
             Primitive::Write => {
                 let (region, base) = remote()?;
+                let offset = (into as u64)
+                    .checked_mul(self.config.message_size as u64)
+                    .and_then(|o| o.checked_add(base))
+                    .ok_or_else(|| lost(l.dest, "its buffers lie outside any region"))?;
                 l.qp.post_send(send(SendOp::Write {
                     remote: region,
-                    offset: base + into as u64 * self.config.message_size as u64,
+                    offset,
                     imm: Some(write_imm(*seq, into)),
                 }))
             }
             Primitive::Read => {
                 let (region, base) = remote()?;
                 let entry = (*seq % self.config.valid_entries() as u64) as usize * ENTRY;
+                let offset = base
+                    .checked_add(entry as u64)
+                    .ok_or_else(|| lost(l.dest, "its valid queue lies outside any region"))?;
                 let at = t * self.config.slot() + entry;
                 // SAFETY: the stream's staging entry for this sequence number; the
                 // carrier copies it at post (a NIC would send it inline).
@@ -610,7 +740,7 @@ impl DesignSend {
                     id: index as u64,
                     op: SendOp::Write {
                         remote: region,
-                        offset: base + entry as u64,
+                        offset,
                         imm: Some(*seq as u32),
                     },
                     local: self.slots.sge(at, ENTRY),
@@ -620,8 +750,9 @@ impl DesignSend {
                 })
             }
         };
+        posted.map_err(carrier_err)?;
         *seq += 1;
-        posted.map_err(carrier_err)
+        Ok(())
     }
 
     /// Posts `flags | FLAG_LAST` with `text` from buffer `index` to each stream of
@@ -644,7 +775,13 @@ impl DesignSend {
             self.from,
         ));
         for &t in streams {
-            self.post_data(t, index as u32, HEADER + body.len(), self.config.window)?;
+            self.post_data(
+                t,
+                index as u32,
+                HEADER + body.len(),
+                self.config.window,
+                Post::Marker,
+            )?;
         }
         Ok(())
     }
@@ -653,22 +790,28 @@ impl DesignSend {
     /// need no credit (each stream's receiver keeps one buffer in reserve).
     async fn mark(&self, flags: u32, text: &str) -> Result<(), TransportError> {
         self.connect().await?;
-        let unfinished: Vec<usize> = (0..self.links.len())
-            .filter(|&t| !self.links[t].finished.swap(true, Ordering::AcqRel))
-            .collect();
-        if unfinished.is_empty() {
+        if self
+            .links
+            .iter()
+            .all(|l| l.finished.load(Ordering::Acquire))
+        {
             return Ok(());
         }
-        let index = loop {
-            self.reap();
-            if let Some(i) = self.state.lock().free.pop() {
-                break i;
-            }
-            if !self.wait().await && self.error().is_some() {
-                return Err(self.error().expect("checked"));
-            }
-        };
-        self.state.lock().pending[index] = unfinished.len() as u32;
+        // The buffer first: streams count as ended only once their marker goes.
+        let index = self.take_buffer().await?;
+        let unfinished: Vec<usize> = (0..self.links.len())
+            .filter(|&t| {
+                let _order = self.links[t].seq.lock();
+                !self.links[t].finished.swap(true, Ordering::AcqRel)
+            })
+            .collect();
+        let mut st = self.state.lock();
+        if unfinished.is_empty() {
+            st.free.push(index);
+            return Ok(());
+        }
+        st.pending[index] = unfinished.len() as u32;
+        drop(st);
         self.post_marker(index, flags, text, &unfinished)
     }
 
@@ -685,6 +828,7 @@ impl DesignSend {
     /// Waits until every buffer put so far has been carried (its completions
     /// seen; for Read, every receiver has read it).
     pub async fn flushed(&self) -> Result<(), TransportError> {
+        let mut last_progress = std::time::Instant::now();
         loop {
             self.reap();
             if let Some(e) = self.error() {
@@ -693,7 +837,11 @@ impl DesignSend {
             if self.state.lock().pending.iter().all(|p| *p == 0) {
                 return Ok(());
             }
-            self.wait().await;
+            if self.wait().await {
+                last_progress = std::time::Instant::now();
+            } else if last_progress.elapsed() > self.config.timeout {
+                return Err(self.stuck("the buffers put did not all come back"));
+            }
         }
     }
 }
@@ -718,7 +866,7 @@ impl Drop for DesignSend {
         }
         if self.config.primitive == Primitive::Read {
             for t in unfinished {
-                let _ = self.post_data(t, DROPPED, 0, 0);
+                let _ = self.post_data(t, DROPPED, 0, 0, Post::Marker);
             }
         } else {
             let _ = self.post_marker(

@@ -511,3 +511,143 @@ fn destinations_resolve_as_for_tcp_endpoints() {
     assert!(err(open(vec![2], vec![vec![3]])).contains("member 3 is not a destination"));
     assert_eq!(open(vec![2, 3], vec![]).unwrap().destinations(), &[2, 3]);
 }
+
+/// Write-backs only once a whole window is released, and a reservation
+/// dropped unsent: its credit is taken again (it is not waited for from the
+/// receiver, who has not released enough to write one back), and a wide
+/// window's free queue (Write) names every buffer right.
+async fn write_backs_at_the_window_and_dropped_reservations(cfg: DesignConfig) {
+    let cfg = DesignConfig {
+        window: 48,
+        credit_every: 48,
+        send_buffers: 8,
+        timeout: Duration::from_secs(2),
+        ..cfg
+    };
+    let c = cluster(2);
+    let send = c.send(1, vec![2], vec![], cfg.clone());
+    let recv = c.recv(2, vec![1], cfg.clone());
+    const MESSAGES: usize = 500;
+    let sending = async {
+        for seq in 0..MESSAGES {
+            if seq % 7 == 3 {
+                drop(send.acquire(To::Node(2)).await?);
+            }
+            let mut b = send.acquire(To::Node(2)).await?;
+            assert!(b.extend_from_slice(&body(1, 2, seq)));
+            send.put(b, seq + 1 == MESSAGES)?;
+        }
+        send.flushed().await
+    };
+    let receiving = async {
+        let mut next = 0;
+        while let Some(m) = recv.get().await? {
+            assert_eq!(recv.data(&m), &body(1, 2, next)[..], "message {next}");
+            recv.release(m)?;
+            next += 1;
+        }
+        Ok::<_, TransportError>(next)
+    };
+    let (s, r) = tokio::join!(sending, receiving);
+    s.unwrap();
+    assert_eq!(r.unwrap(), MESSAGES);
+}
+every_primitive!(write_backs_at_the_window_and_dropped_reservations);
+
+/// Several tasks share one sending endpoint (SE) and two consume one
+/// receiving endpoint: every message arrives once and each stream is checked
+/// in the order its messages completed.
+async fn tasks_share_one_endpoint_on_each_side(cfg: DesignConfig) {
+    const TASKS: usize = 3;
+    const EACH: usize = 150;
+    let c = cluster(3);
+    let send = Arc::new(c.send(1, vec![2, 3], vec![], cfg.clone()));
+    let recv: Vec<Arc<DesignReceive>> = [2, 3]
+        .into_iter()
+        .map(|n| Arc::new(c.recv(n, vec![1], cfg.clone())))
+        .collect();
+    let senders: Vec<_> = (0..TASKS)
+        .map(|k| {
+            let send = Arc::clone(&send);
+            tokio::spawn(async move {
+                for i in 0..EACH {
+                    let to = if i % 2 == 0 { To::Node(2) } else { To::All };
+                    let mut b = send.acquire(to).await?;
+                    let tag = ((k * EACH + i) as u32).to_le_bytes();
+                    assert!(b.extend_from_slice(&tag));
+                    send.put(b, false)?;
+                }
+                Ok::<_, TransportError>(())
+            })
+        })
+        .collect();
+    let consumers: Vec<_> = recv
+        .iter()
+        .flat_map(|r| [Arc::clone(r), Arc::clone(r)])
+        .map(|r| {
+            tokio::spawn(async move {
+                let mut seen = vec![];
+                while let Some(m) = r.get().await? {
+                    let d = r.data(&m);
+                    seen.push(u32::from_le_bytes([d[0], d[1], d[2], d[3]]) as usize);
+                    r.release(m)?;
+                }
+                Ok::<_, TransportError>(seen)
+            })
+        })
+        .collect();
+    for s in senders {
+        s.await.unwrap().unwrap();
+    }
+    send.finish().await.unwrap();
+    send.flushed().await.unwrap();
+    let mut got: Vec<Vec<usize>> = vec![vec![], vec![]];
+    for (i, t) in consumers.into_iter().enumerate() {
+        got[i / 2].extend(t.await.unwrap().unwrap());
+    }
+    for g in &mut got {
+        g.sort_unstable();
+    }
+    let all: Vec<usize> = (0..TASKS * EACH).collect();
+    let odd: Vec<usize> = all.iter().copied().filter(|m| m % EACH % 2 == 1).collect();
+    assert_eq!(got[0], all, "node 2 gets every message once");
+    assert_eq!(got[1], odd, "node 3 gets the broadcasts once");
+}
+every_primitive!(tasks_share_one_endpoint_on_each_side);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn endpoints_that_disagree_on_their_settings_do_not_connect() {
+    let c = cluster(2);
+    let send = c.send(1, vec![2], vec![], small());
+    let _recv = c.recv(
+        2,
+        vec![1],
+        DesignConfig {
+            window: 6,
+            ..small()
+        },
+    );
+    let err = send.acquire(To::Node(2)).await.unwrap_err();
+    assert!(err.to_string().contains("settings"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn empty_groups_and_empty_messages_are_refused() {
+    let c = cluster(2);
+    let send = c.send(1, vec![2], vec![vec![]], small());
+    let _recv = c.recv(2, vec![1], small());
+    let err = send.acquire(To::Group(0)).await.unwrap_err();
+    assert!(err.to_string().contains("no destination"), "{err}");
+    let b = send.acquire(To::Node(2)).await.unwrap();
+    assert!(send.put(b, false).is_err(), "an empty message");
+    // The refused reservation gave its buffer and credit back: the window's
+    // worth still goes.
+    for _ in 0..small().window {
+        let mut b = tokio::time::timeout(Duration::from_secs(2), send.acquire(To::Node(2)))
+            .await
+            .expect("credit within the window")
+            .unwrap();
+        assert!(b.extend_from_slice(b"x"));
+        send.put(b, false).unwrap();
+    }
+}
