@@ -468,6 +468,23 @@ pub struct ShuffleFigures {
     pub process_cpu_s: Option<f64>,
     /// CPU time of the worker's communication multiplexer thread.
     pub mux_cpu_s: Option<f64>,
+    /// Over a verbs design: what the worker's endpoints held and waited for.
+    #[serde(default)]
+    pub design: Option<DesignCost>,
+}
+
+/// A worker's endpoints over a verbs design: setup, resources and credit.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct DesignCost {
+    /// Opening and connecting the endpoints (waiting for every peer's).
+    pub setup_s: f64,
+    pub queue_pairs: u64,
+    /// Registered (pinned, on a NIC) bytes.
+    pub registered_bytes: u64,
+    /// Time senders waited for credit.
+    pub credit_wait_s: f64,
+    /// Credit counts receivers wrote back.
+    pub credit_updates: u64,
 }
 
 impl From<gyre_transport::bench::ShuffleReport> for ShuffleFigures {
@@ -485,6 +502,13 @@ impl From<gyre_transport::bench::ShuffleReport> for ShuffleFigures {
             recv_elapsed_s: r.recv_elapsed.as_secs_f64(),
             process_cpu_s: r.process_cpu.map(|d| d.as_secs_f64()),
             mux_cpu_s: r.mux_cpu.map(|d| d.as_secs_f64()),
+            design: r.design.map(|d| DesignCost {
+                setup_s: d.setup.as_secs_f64(),
+                queue_pairs: d.queue_pairs,
+                registered_bytes: d.registered_bytes,
+                credit_wait_s: d.credit_wait.as_secs_f64(),
+                credit_updates: d.credit_updates,
+            }),
         }
     }
 }

@@ -185,9 +185,11 @@ impl Destinations {
         if spec.destinations.is_empty() {
             return Err(misuse("a send endpoint needs at least one destination"));
         }
-        let mut nodes = spec.destinations.clone();
-        nodes.dedup();
-        if nodes.len() != spec.destinations.len() {
+        let nodes = spec.destinations.clone();
+        let mut distinct = nodes.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        if distinct.len() != nodes.len() {
             return Err(misuse("a send endpoint lists a destination twice"));
         }
         let index = |n: &NodeId| {

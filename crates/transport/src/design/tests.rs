@@ -508,6 +508,7 @@ fn destinations_resolve_as_for_tcp_endpoints() {
     };
     let err = |r: Result<DesignSend, TransportError>| r.err().expect("refused").to_string();
     assert!(err(open(vec![2, 2], vec![])).contains("twice"));
+    assert!(err(open(vec![2, 3, 2], vec![])).contains("twice"));
     assert!(err(open(vec![2], vec![vec![3]])).contains("member 3 is not a destination"));
     assert_eq!(open(vec![2, 3], vec![]).unwrap().destinations(), &[2, 3]);
 }
