@@ -51,6 +51,9 @@ struct InLink {
     /// Where this side writes at the sender, once connected: its credit slot,
     /// or (Read) its buffers, which are also read from.
     peer: Mutex<Option<(RemoteRegion, u64)>>,
+    /// The sender's datagram queue pair, the only one its data may come from
+    /// (datagram designs).
+    datagrams_from: std::sync::OnceLock<crate::verbs::QpAddr>,
     credit: Mutex<Credit>,
 }
 
@@ -273,6 +276,7 @@ impl DesignReceive {
                 },
                 qp,
                 peer: Mutex::new(None),
+                datagrams_from: std::sync::OnceLock::new(),
                 credit: Mutex::new(Credit {
                     posted: config.window as u64,
                     since: 0,
@@ -322,6 +326,16 @@ impl DesignReceive {
                                 else {
                                     return Err(lost(l.node, "its offer names no region"));
                                 };
+                                if config.primitive == Primitive::Datagram {
+                                    let Some(from) = theirs.datagrams.filter(|q| q.node == l.node)
+                                    else {
+                                        return Err(lost(
+                                            l.node,
+                                            "its offer names no datagram queue pair",
+                                        ));
+                                    };
+                                    let _ = l.datagrams_from.set(from);
+                                }
                                 *l.peer.lock() = Some((region, theirs.offset));
                                 l.qp.connect(theirs.qp).map_err(carrier_err)
                             },
@@ -625,10 +639,12 @@ impl DesignReceive {
                             self.buffers
                                 .slice(buffer * self.config.message_size, HEADER)
                         };
-                        let (slot, node) = (word(h, 8), c.src.map(|a| a.node));
-                        self.links
-                            .iter()
-                            .position(|l| l.slot == slot && Some(l.node) == node)
+                        // The stream the header names, if it came from that
+                        // stream's sender.
+                        let slot = word(h, 8);
+                        self.links.iter().position(|l| {
+                            l.slot == slot && l.datagrams_from.get() == c.src.as_ref()
+                        })
                     }
                 };
                 let Some(source) = source else {

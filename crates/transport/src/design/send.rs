@@ -143,7 +143,7 @@ pub struct DesignSend {
     scq: Arc<dyn CompletionQueue>,
     rcq: Arc<dyn CompletionQueue>,
     /// The endpoint's one datagram queue pair (datagram designs).
-    datagrams: Option<Arc<dyn QueuePair>>,
+    pub(super) datagrams: Option<Arc<dyn QueuePair>>,
     /// This endpoint's sender slot.
     from: u32,
     buffers: Arc<Region>,

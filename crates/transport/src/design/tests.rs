@@ -428,14 +428,17 @@ async fn datagrams_that_never_arrive_fail_the_stream_in_time() {
     let mut b = send.acquire(To::Node(2)).await.unwrap();
     assert!(b.extend_from_slice(b"one"));
     send.put(b, false).unwrap();
-    // Node 1 forges two bare datagrams to the receiver's queue pair: one for a
-    // slot that is not a source, then a last message claiming the stream sent 5.
+    // Forged bare datagrams to the receiver's queue pair: from another queue
+    // pair of node 1, a last message of the stream (ignored: not from its
+    // sender's queue pair); from the sender's, one for a slot that is not a
+    // source, then a last message claiming the stream sent 5.
     let forger = &c.carriers[0];
     let cq = forger.create_cq(16).unwrap();
-    let qp = forger.create_qp(QpKind::Ud, &cq, &cq).unwrap();
-    let region = forger.register(64).unwrap();
+    let other = forger.create_qp(QpKind::Ud, &cq, &cq).unwrap();
+    let own = send.datagrams.as_ref().unwrap();
+    let region = forger.register(96).unwrap();
     let to = recv.datagrams.as_ref().unwrap().addr();
-    for (at, slot, seq) in [(0, 99, 0), (32, 1, 4)] {
+    for (qp, at, slot, seq) in [(&other, 0, 1, 1), (own, 32, 99, 0), (own, 64, 1, 4)] {
         // SAFETY: a fresh region nothing else uses.
         unsafe { region.slice_mut(at, HEADER) }.copy_from_slice(&header(FLAG_LAST, 0, slot));
         qp.post_send(SendWr {
