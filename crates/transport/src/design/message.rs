@@ -100,8 +100,8 @@ impl DesignConfig {
         self.message_size - HEADER
     }
 
-    /// Whether a sender needs the receiver's credit to send (all but Read, where
-    /// the sender's own buffers bound what is in flight).
+    /// Whether the receiver writes credits back (all but Read, whose senders
+    /// count what is in flight per stream from the receiver's read notices).
     pub(super) fn credited(&self) -> bool {
         self.primitive != Primitive::Read
     }

@@ -32,12 +32,14 @@
 //!   `credit_every` messages where the paper sends a free-queue entry per
 //!   message besides. The data goes as a write with immediate (buffer, 16 bits
 //!   of sequence) into a buffer-less receive.
-//! - RDMA Read (RD, Algorithm 4): no credits; the sender announces a filled
+//! - RDMA Read (RD, Algorithm 4): no credit writes; the sender announces a filled
 //!   buffer in the receiver's valid queue (a write with the sequence as
 //!   immediate), the receiver reads it into a buffer of its own and returns it
 //!   at once with a zero-length write whose immediate names it (the free queue
-//!   is the sender's completion queue). A broadcast buffer is reusable when
-//!   every destination has read it, the paper's weakness of RD for broadcast.
+//!   is the sender's completion queue), and a sender keeps at most a window
+//!   of buffers in flight per destination, counted back from those notices. A
+//!   broadcast buffer is reusable when every destination has read it, the
+//!   paper's weakness of RD for broadcast.
 //!
 //! As in Gyre's TCP endpoints, [`DesignSend::acquire`] takes the credits before
 //! the buffer and [`DesignSend::put`] never waits: a registered buffer is never

@@ -44,6 +44,9 @@ struct OutLink {
     remote: OnceLock<(RemoteRegion, u64)>,
     /// Credits taken.
     sent: AtomicU64,
+    /// Read: buffers the receiver said it read; with the window, the stream's
+    /// credit (so one slow destination cannot hold every send buffer).
+    released: AtomicU64,
     /// Credits taken by reservations dropped unsent, with the receiver buffer
     /// each named (Write): taken again before new ones.
     spare: Mutex<Vec<u32>>,
@@ -202,6 +205,7 @@ impl DesignSend {
                 to_datagrams: OnceLock::new(),
                 remote: OnceLock::new(),
                 sent: AtomicU64::new(0),
+                released: AtomicU64::new(0),
                 spare: Mutex::new(Vec::new()),
                 seq: Mutex::new(0),
                 finished: AtomicBool::new(false),
@@ -329,8 +333,13 @@ impl DesignSend {
         Ok(())
     }
 
-    /// The credit count of stream `t`, as its receiver last wrote it.
+    /// The credit count of stream `t`, as its receiver last wrote it (Read:
+    /// the window plus the buffers it read).
     fn credit_of(&self, t: usize) -> u64 {
+        if self.config.primitive == Primitive::Read {
+            let released = self.links[t].released.load(Ordering::Acquire);
+            return self.config.window as u64 + released;
+        }
         let at = t * self.config.slot() + self.config.count_at();
         // SAFETY: the count is 8-aligned inside the slot region; receivers write
         // it whole, and an atomic load reads either the old or the new count.
@@ -414,6 +423,7 @@ impl DesignSend {
                             id: c.id,
                             local: None,
                         });
+                        l.released.fetch_add(1, Ordering::AcqRel);
                         carried(&mut st, c.imm.unwrap_or(u32::MAX) as usize);
                     }
                 }
@@ -463,9 +473,6 @@ impl DesignSend {
 
     /// Takes a credit of stream `t`; returns the receiver buffer it names (Write).
     async fn take_credit(&self, t: usize) -> Result<u32, TransportError> {
-        if !self.config.credited() {
-            return Ok(0);
-        }
         let l = &self.links[t];
         let start = std::time::Instant::now();
         let mut last_progress = start;
