@@ -12,7 +12,8 @@
 //!   next to a plain memcpy of the same bytes; `--carrier tcp,shm` adds the
 //!   RDMA-aware shuffle's `--design`s (`gyre_transport::design`) over the
 //!   shared-memory carrier, as many nodes in this process, each run
-//!   alternating between all;
+//!   alternating between all, with `--threads` sending tasks per node
+//!   (through one endpoint per node for the SE designs, one per task for ME);
 //! - `--connect ADDR`: an existing cluster (`--capacity RATE` for utilisation).
 //!
 //! Utilisation is payload bytes per second over the measured capacity (TCP
@@ -751,8 +752,14 @@ fn emit(args: &ShuffleArgs, r: &ShuffleBenchReport) -> Result<(), BoxError> {
     Ok(())
 }
 
-/// Per run, per worker: send and receive rates as bars, the capacity as a line.
+/// Runs comparing carriers or designs: per configuration (design, sending
+/// threads) and pattern, the median aggregate rate of its runs, next to a
+/// memcpy's. Otherwise per run, per worker: send and receive rates as bars,
+/// the capacity as a line.
 fn plot_svg(r: &ShuffleBenchReport) -> String {
+    if r.runs.iter().any(|run| run.design != Design::Tcp.name()) {
+        return designs_svg(r);
+    }
     let mut labels = vec![];
     let mut values = vec![];
     for run in &r.runs {
@@ -791,6 +798,74 @@ fn plot_svg(r: &ShuffleBenchReport) -> String {
         &labels,
         &values,
         capacity.as_ref().map(|(v, l)| (*v, l.as_str())),
+    )
+}
+
+fn designs_svg(r: &ShuffleBenchReport) -> String {
+    const COLORS: [&str; 4] = ["#3b6fd4", "#3a9d5d", "#d4853b", "#8a5cc2"];
+    let mut patterns: Vec<&str> = vec![];
+    let mut labels: Vec<String> = vec![];
+    let label = |run: &ShuffleResult| {
+        let mut l = run.design.clone();
+        if run.encrypted {
+            l.push_str(" sealed");
+        }
+        if run.threads > 1 {
+            l.push_str(&format!(" x{}", run.threads));
+        }
+        l
+    };
+    for run in &r.runs {
+        if !patterns.contains(&run.pattern.as_str()) {
+            patterns.push(&run.pattern);
+        }
+        let l = label(run);
+        if !labels.contains(&l) {
+            labels.push(l);
+        }
+    }
+    let values: Vec<Vec<f64>> = labels
+        .iter()
+        .map(|l| {
+            patterns
+                .iter()
+                .map(|p| {
+                    let mut rates: Vec<f64> = r
+                        .runs
+                        .iter()
+                        .filter(|run| run.pattern == *p && label(run) == *l)
+                        .map(|run| run.aggregate_bytes_per_sec / 1e9)
+                        .collect();
+                    rates.sort_by(f64::total_cmp);
+                    rates.get(rates.len() / 2).copied().unwrap_or(0.0)
+                })
+                .collect()
+        })
+        .collect();
+    let series: Vec<crate::plot::Series> = patterns
+        .iter()
+        .enumerate()
+        .map(|(i, p)| crate::plot::Series {
+            name: p,
+            color: COLORS[i % COLORS.len()],
+        })
+        .collect();
+    let memcpy = r.memcpy.as_ref().map(|m| {
+        (
+            m.bytes_per_sec / 1e9,
+            format!("memcpy {:.2} GB/s", m.bytes_per_sec / 1e9),
+        )
+    });
+    crate::plot::grouped_bars_with_reference(
+        &format!(
+            "gyre bench shuffle: {} nodes, {} links; aggregate GB/s (median of runs)",
+            r.nodes, r.link
+        ),
+        "GB/s",
+        &series,
+        &labels,
+        &values,
+        memcpy.as_ref().map(|(v, l)| (*v, l.as_str())),
     )
 }
 
