@@ -525,7 +525,8 @@ impl DesignReceive {
             let l = &self.links[source];
             if let Some((remote, offset)) = *l.peer.lock() {
                 l.qp.post_send(SendWr {
-                    id: u64::MAX,
+                    // An error completion names the stream.
+                    id: source as u64,
                     op: SendOp::Write {
                         remote,
                         offset,

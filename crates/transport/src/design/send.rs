@@ -23,6 +23,19 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tokio::sync::OnceCell;
 
+/// A request's id: its stream and buffer, so a completion names both.
+fn request_id(stream: usize, buffer: u32) -> u64 {
+    (stream as u64) << 32 | buffer as u64
+}
+
+fn request_stream(id: u64) -> usize {
+    (id >> 32) as usize
+}
+
+fn request_buffer(id: u64) -> usize {
+    (id & 0xffff_ffff) as usize
+}
+
 /// What a post carries.
 #[derive(Clone, Copy)]
 enum Post {
@@ -402,20 +415,25 @@ impl DesignSend {
             }
         };
         for c in out {
-            let link = c
-                .src
-                .and_then(|s| self.links.iter().find(|l| l.dest == s.node));
+            let sent = matches!(c.op, WcOp::Send | WcOp::Write);
+            // Our requests name their stream and buffer; notices come from the stream.
+            let link = match sent {
+                true => self.links.get(request_stream(c.id)),
+                false => c
+                    .src
+                    .and_then(|s| self.links.iter().find(|l| l.dest == s.node)),
+            };
             if c.status != WcStatus::Success {
                 let peer = link.map_or(0, |l| l.dest);
                 st.error
                     .get_or_insert(lost(peer, format!("a request ended with {:?}", c.status)));
-                if matches!(c.op, WcOp::Send | WcOp::Write) {
-                    carried(&mut st, c.id as usize);
+                if sent {
+                    carried(&mut st, request_buffer(c.id));
                 }
                 continue;
             }
             match (c.op, self.config.primitive) {
-                (WcOp::Send | WcOp::Write, _) => carried(&mut st, c.id as usize),
+                (WcOp::Send | WcOp::Write, _) => carried(&mut st, request_buffer(c.id)),
                 (WcOp::RecvWriteImm, Primitive::Read) => {
                     // A receiver read a buffer: its immediate names which.
                     if let Some(l) = link {
@@ -691,7 +709,7 @@ impl DesignSend {
             .buffers
             .sge(index as usize * self.config.message_size, len);
         let send = |op| SendWr {
-            id: index as u64,
+            id: request_id(t, index),
             op,
             local,
             dest: None,
@@ -744,7 +762,7 @@ impl DesignSend {
                 e[..4].copy_from_slice(&index.to_le_bytes());
                 e[4..].copy_from_slice(&(len as u32).to_le_bytes());
                 l.qp.post_send(SendWr {
-                    id: index as u64,
+                    id: request_id(t, index),
                     op: SendOp::Write {
                         remote: region,
                         offset,

@@ -655,3 +655,44 @@ async fn empty_groups_and_empty_messages_are_refused() {
         send.put(b, false).unwrap();
     }
 }
+
+/// A receiving endpoint that goes mid-stream fails its sender in time, and
+/// the error names the receiver's node.
+async fn a_receiver_dropped_mid_stream_fails_its_sender_naming_it(cfg: DesignConfig) {
+    let cfg = DesignConfig {
+        timeout: Duration::from_secs(1),
+        ..cfg
+    };
+    let c = cluster(2);
+    let send = c.send(1, vec![2], vec![], cfg.clone());
+    let recv = c.recv(2, vec![1], cfg.clone());
+    let mut b = send.acquire(To::Node(2)).await.unwrap();
+    assert!(b.extend_from_slice(b"first"));
+    send.put(b, false).unwrap();
+    let m = recv.get().await.unwrap().unwrap();
+    recv.release(m).unwrap();
+    drop(recv);
+    let start = std::time::Instant::now();
+    let err = loop {
+        let step = async {
+            let mut b = send.acquire(To::Node(2)).await?;
+            assert!(b.extend_from_slice(b"more"));
+            send.put(b, false)
+        };
+        if let Err(e) = step.await {
+            break e;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "the sender never noticed"
+        );
+    };
+    assert!(
+        matches!(
+            err,
+            TransportError::PeerLost { peer: 2, .. } | TransportError::Unreachable { peer: 2, .. }
+        ),
+        "{err:?}"
+    );
+}
+every_primitive!(a_receiver_dropped_mid_stream_fails_its_sender_naming_it);
