@@ -382,14 +382,19 @@ impl DesignSend {
         Some(Ok(buffer))
     }
 
+    /// Gives credits taken but not used back to their streams.
+    fn spare(&self, targets: &[(usize, u32)]) {
+        for &(t, buffer) in targets {
+            self.links[t].spare.lock().push(buffer);
+        }
+    }
+
     /// Moves reservations dropped unsent back: their credits to the streams'
     /// spares, their buffers to the free list. Returns whether there were any.
     fn take_returns(&self) -> bool {
         let returned = std::mem::take(&mut *self.returns.lock());
         for (index, targets) in &returned {
-            for &(t, buffer) in targets {
-                self.links[t].spare.lock().push(buffer);
-            }
+            self.spare(targets);
             self.state.lock().free.push(*index);
         }
         !returned.is_empty()
@@ -601,9 +606,7 @@ impl DesignSend {
             match self.take_credit(t).await {
                 Ok(buffer) => targets.push((t, buffer)),
                 Err(e) => {
-                    for (t, buffer) in targets {
-                        self.links[t].spare.lock().push(buffer);
-                    }
+                    self.spare(&targets);
                     return Err(e);
                 }
             }
@@ -611,9 +614,7 @@ impl DesignSend {
         let index = match self.take_buffer().await {
             Ok(index) => index,
             Err(e) => {
-                for (t, buffer) in targets {
-                    self.links[t].spare.lock().push(buffer);
-                }
+                self.spare(&targets);
                 return Err(e);
             }
         };
@@ -666,9 +667,7 @@ impl DesignSend {
                 // The rest are not sent: their credits and the buffer's share go back.
                 let mut st = self.state.lock();
                 st.error.get_or_insert(e.clone());
-                for &(t, buffer) in &buf.targets[k..] {
-                    self.links[t].spare.lock().push(buffer);
-                }
+                self.spare(&buf.targets[k..]);
                 st.pending[buf.index] -= n - k as u32;
                 if st.pending[buf.index] == 0 {
                     st.free.push(buf.index);
