@@ -7,6 +7,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/gyre-target}"
 export CARGO_TERM_COLOR=never
+# Every section header says how long the run has taken so far, so a slow CI log shows where.
+start=$SECONDS
+section() { printf '== %s  [%dm%02ds]\n' "$1" $(((SECONDS - start) / 60)) $(((SECONDS - start) % 60)); }
+trap 'section "test.sh ended"' EXIT
 
 command -v cargo >/dev/null || { echo "cargo not found: install Rust (rustup)"; exit 1; }
 rustup component add rustfmt clippy >/dev/null 2>&1 || true
@@ -17,25 +21,25 @@ if ! command -v cmake >/dev/null || ! command -v g++ >/dev/null \
   apt-get update -qq && apt-get install -y -qq cmake g++ libclang-dev >/dev/null
 fi
 
-echo "== cargo fmt"
+section "cargo fmt"
 cargo fmt --all -- --check
-echo "== cargo clippy"
+section "cargo clippy"
 cargo clippy --release --workspace --all-targets -- -D warnings
 # A server built without the benchmark handlers (cargo feature `bench`) still builds.
 cargo clippy --release -p gyre-cluster --no-default-features -- -D warnings
 # Without HiGHS, Neo-Join assigns greedily.
 cargo clippy --release -p gyre-join --no-default-features -- -D warnings
-echo "== cargo test"
+section "cargo test"
 cargo test --release --workspace
 if [ "${GYRE_QUICK:-0}" != "1" ]; then
-  echo "== TPC-H SF 1 against DataFusion and the official answers"
+  section "TPC-H SF 1 against DataFusion and the official answers"
   cargo test --release --test tpch_sf1 -- --ignored --test-threads 1
-  echo "== ADBC (Python) client"
+  section "ADBC (Python) client"
   python3 -m pip install --quiet --disable-pip-version-check adbc-driver-flightsql pyarrow cryptography
   GYRE_BIN="$CARGO_TARGET_DIR/release/gyre" python3 tests/python/test_adbc.py
   # Three voting coordinators: a standby's error names the primary, also after a kill.
   GYRE_BIN="$CARGO_TARGET_DIR/release/gyre" python3 tests/python/test_adbc_failover.py
-  echo "== ADBC and JDBC clients log in over TLS"
+  section "ADBC and JDBC clients log in over TLS"
   # The Flight SQL JDBC driver (Maven fetches it) logs in as ADBC does.
   if ! command -v java >/dev/null || ! command -v mvn >/dev/null; then
     apt-get update -qq && apt-get install -y -qq default-jdk-headless maven >/dev/null
@@ -44,19 +48,19 @@ if [ "${GYRE_QUICK:-0}" != "1" ]; then
   mvn -q dependency:get -Dartifact="$jdbc"
   GYRE_JDBC_JAR="$HOME/.m2/repository/org/apache/arrow/flight-sql-jdbc-driver/18.3.0/flight-sql-jdbc-driver-18.3.0.jar" \
     GYRE_BIN="$CARGO_TARGET_DIR/release/gyre" python3 tests/python/test_adbc_auth.py
-  echo "== TPC-DS SF 0.01: the 99 queries' answers against DataFusion (DuckDB makes the data)"
+  section "TPC-DS SF 0.01: the 99 queries' answers against DataFusion (DuckDB makes the data)"
   # Three runs each: plans with several Flow-Joins (q75 has four) once hung now and then.
   # Run-time filters (off by default) are on, so that their answers are checked too.
   "$CARGO_TARGET_DIR/release/gyre" bench tpcds --sf 0.01 --iterations 3 --no-duckdb \
     --gyre-timeout 120 -c "SET gyre.runtime_filters = on"
-  echo "== small queries through Flight SQL, answers against DataFusion"
+  section "small queries through Flight SQL, answers against DataFusion"
   "$CARGO_TARGET_DIR/release/gyre" bench latency --rows 100000 --iterations 20
-  echo "== S3 tables on moto's S3 server"
+  section "S3 tables on moto's S3 server"
   python3 -m pip install --quiet --disable-pip-version-check 'moto[server]' boto3
   port=$((20000 + RANDOM % 20000))
   python3 -m moto.server -H 127.0.0.1 -p "$port" >/dev/null 2>&1 &
   moto=$!
-  trap 'kill $moto 2>/dev/null || true' EXIT
+  trap 'kill $moto 2>/dev/null || true; section "test.sh ended"' EXIT
   python3 - "$port" <<'PY'
 import sys, time, boto3
 s3 = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{sys.argv[1]}",
@@ -72,7 +76,7 @@ else:
 PY
   GYRE_TEST_S3="http://127.0.0.1:$port" cargo test --release --test object_store -- --ignored
   kill $moto
-  echo "== AFL++ smoke run: the transport and Flow-Join decoders, coverage-guided"
+  section "AFL++ smoke run: the transport and Flow-Join decoders, coverage-guided"
   # The full run (every target, 10 million inputs each) is `scripts/fuzz.sh`.
   ./scripts/fuzz.sh --smoke
 fi
