@@ -145,7 +145,7 @@ pub struct ShuffleReport {
 }
 
 /// A node's cost of a run over a verbs design beyond time and bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct DesignFigures {
     /// Opening and connecting the run's endpoints (waiting for every peer's).
     pub setup: Duration,
@@ -155,6 +155,20 @@ pub struct DesignFigures {
     /// Time senders waited for credit, and credit updates receivers wrote.
     pub credit_wait: Duration,
     pub credit_updates: u64,
+    /// The receiving endpoint's buffers over the run.
+    pub buffers: BufferFigures,
+}
+
+/// A receiving endpoint's buffers over a run (sampled every millisecond),
+/// and what adaptive buffering moved.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BufferFigures {
+    pub mean: f64,
+    pub peak: u64,
+    /// Buffers lent to streams whose senders waited for credit, and taken
+    /// out of circulation where messages piled up.
+    pub lent: u64,
+    pub retired: u64,
 }
 
 impl ShuffleReport {
@@ -310,6 +324,7 @@ pub async fn run_shuffle(
         &[Arc::clone(&send)],
         Senders::ONE,
         &recv,
+        0,
         start,
     )
     .await?;
@@ -332,6 +347,18 @@ pub async fn run_shuffle(
     ))
 }
 
+/// How a node receives in a design run: from its own buffers or a pool the
+/// node shares (adaptive buffers), and how much work each message costs.
+#[derive(Debug, Clone, Default)]
+pub struct Receiving {
+    /// The node's shared pool (its carrier's), for `DesignReceive::open_pooled`.
+    pub pool: Option<Arc<crate::design::BufferPool>>,
+    /// Busy nanoseconds per KiB received, spent while the message's buffer is
+    /// held: a query fragment's processing after its receive (the paper's
+    /// cycles per tuple).
+    pub ns_per_kib: u64,
+}
+
 /// Runs one shuffle between `spec.nodes` over a verbs design on `carrier`
 /// (`config.primitive` chooses which), sent by `senders`. Every node must
 /// call it. The same plan and checks as [`run_shuffle`]; there is no
@@ -343,6 +370,7 @@ pub async fn run_design_shuffle(
     config: crate::design::DesignConfig,
     spec: &ShuffleSpec,
     senders: Senders,
+    receiving: Receiving,
 ) -> Result<ShuffleReport, BenchError> {
     use crate::design::{DesignReceive, DesignSend, HEADER};
     spec.check(carrier.node(), config.payload())?;
@@ -356,20 +384,22 @@ pub async fn run_design_shuffle(
     // Source `i`'s stream `k` is slot `i * streams + k`.
     let open = |exchange: u32, senders: Senders| {
         let streams = senders.streams();
-        let recv = DesignReceive::open(
-            Arc::clone(&carrier),
-            Arc::clone(&connector),
-            config.clone(),
-            ReceiveSpec {
-                query,
-                exchange,
-                sources: others
-                    .iter()
-                    .flat_map(|&i| (0..streams).map(move |k| ((i * streams + k) as u32, i)))
-                    .map(|(slot, i)| (slot, spec.nodes[i]))
-                    .collect(),
-            },
-        )?;
+        let receive = ReceiveSpec {
+            query,
+            exchange,
+            sources: others
+                .iter()
+                .flat_map(|&i| (0..streams).map(move |k| ((i * streams + k) as u32, i)))
+                .map(|(slot, i)| (slot, spec.nodes[i]))
+                .collect(),
+        };
+        let (on, meet, settings) = (Arc::clone(&carrier), Arc::clone(&connector), config.clone());
+        let recv = match (&receiving.pool, exchange) {
+            (Some(pool), 1) => {
+                DesignReceive::open_pooled(on, meet, settings, receive, Arc::clone(pool))
+            }
+            _ => DesignReceive::open(on, meet, settings, receive),
+        }?;
         let sends = (0..streams)
             .map(|k| {
                 DesignSend::open(
@@ -402,11 +432,42 @@ pub async fn run_design_shuffle(
         .fold(recv.footprint(), |a, b| a + b);
     let cpu0 = cpu::process_cpu();
     let start = Instant::now();
-    let moved = exchange(spec, &data, &sends, senders, &recv, start).await?;
+    // The receiving buffers over time, sampled every millisecond.
+    let running = std::sync::atomic::AtomicBool::new(true);
+    let sampling = async {
+        let mut samples = vec![recv.buffers_held()];
+        while running.load(std::sync::atomic::Ordering::Relaxed) {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            samples.push(recv.buffers_held());
+        }
+        samples
+    };
+    let moving = async {
+        let moved = exchange(
+            spec,
+            &data,
+            &sends,
+            senders,
+            &recv,
+            receiving.ns_per_kib,
+            start,
+        )
+        .await;
+        running.store(false, std::sync::atomic::Ordering::Relaxed);
+        moved
+    };
+    let (moved, samples) = tokio::join!(moving, sampling);
+    let moved = moved?;
     let elapsed = start.elapsed();
     let cpu1 = cpu::process_cpu();
     let credit_wait = sends.iter().map(|s| s.credit_wait()).sum();
     let credit_updates = recv.credit_updates();
+    let buffers = BufferFigures {
+        mean: samples.iter().sum::<usize>() as f64 / samples.len() as f64,
+        peak: samples.iter().copied().max().unwrap_or(0) as u64,
+        lent: recv.lent(),
+        retired: recv.retired(),
+    };
     drop((sends, recv));
     // The end barrier: no node's endpoints go before every node is done.
     let (sends, recv) = open(2, Senders::ONE)?;
@@ -434,8 +495,91 @@ pub async fn run_design_shuffle(
         registered_bytes: footprint.registered_bytes,
         credit_wait,
         credit_updates,
+        buffers,
     });
     Ok(report)
+}
+
+/// The bandwidth-delay product in buffers (the paper's equation 1): how many
+/// messages of `message_size` bytes are in flight at `bytes_per_sec` during
+/// one `round_trip`, so that a window of that many keeps the link busy when
+/// the consumer adds no delay of its own.
+pub fn bdp_window(bytes_per_sec: f64, round_trip: Duration, message_size: usize) -> u32 {
+    let bytes = bytes_per_sec * round_trip.as_secs_f64();
+    ((bytes / message_size.max(1) as f64).ceil() as u32).max(1)
+}
+
+/// The median round trip of a small message and its answer between the first
+/// two of `carriers` over a verbs design: the latency of the bandwidth-delay
+/// product (the paper takes it from qperf).
+pub async fn design_round_trip(
+    carriers: [Arc<dyn crate::verbs::Carrier>; 2],
+    connector: Arc<dyn crate::design::Connector>,
+    config: crate::design::DesignConfig,
+    rounds: usize,
+    run_id: u64,
+) -> Result<Duration, BenchError> {
+    use crate::design::{DesignReceive, DesignSend};
+    let query = BENCH_QUERY_BASE | run_id;
+    let nodes = [carriers[0].node(), carriers[1].node()];
+    let mut ends = Vec::new();
+    for k in 0..2 {
+        let send = DesignSend::open(
+            Arc::clone(&carriers[k]),
+            Arc::clone(&connector),
+            config.clone(),
+            SendSpec {
+                query,
+                exchange: 3,
+                from: k as u32,
+                destinations: vec![nodes[1 - k]],
+                groups: vec![],
+            },
+        )?;
+        let recv = DesignReceive::open(
+            Arc::clone(&carriers[k]),
+            Arc::clone(&connector),
+            config.clone(),
+            ReceiveSpec {
+                query,
+                exchange: 3,
+                sources: vec![(1 - k as u32, nodes[1 - k])],
+            },
+        )?;
+        ends.push((send, recv));
+    }
+    let (a, b) = (&ends[0], &ends[1]);
+    futures::future::try_join(a.0.connect(), b.0.connect()).await?;
+    async fn hop(
+        send: &DesignSend,
+        to: NodeId,
+        recv: &DesignReceive,
+        last: bool,
+    ) -> Result<(), TransportError> {
+        let mut m = send.acquire(To::Node(to)).await?;
+        m.extend_from_slice(&[7; 64]);
+        send.put(m, last)?;
+        match recv.get().await? {
+            Some(m) => recv.release(m),
+            None => Err(TransportError::Misuse(
+                "a round trip's stream ended early".into(),
+            )),
+        }
+    }
+    let mut times = Vec::with_capacity(rounds);
+    for r in 0..rounds.max(1) {
+        let last = r + 1 == rounds.max(1);
+        let start = Instant::now();
+        hop(&a.0, nodes[1], &b.1, last).await?;
+        hop(&b.0, nodes[0], &a.1, last).await?;
+        times.push(start.elapsed());
+    }
+    for (send, recv) in &ends {
+        send.flushed().await?;
+        while recv.get().await?.is_some() {}
+    }
+    times.sort();
+    Ok(times[times.len() / 2])
 }
 
 impl BenchSend for crate::design::DesignSend {
@@ -655,12 +799,15 @@ async fn send_part<S: BenchSend>(
 /// Sends this node's share and receives and checks everything sent to it.
 /// `sends` holds one endpoint, or (ME) one per sending task; a source's
 /// stream `k` is sender slot `source * senders.streams() + k`.
+/// `ns_per_kib`: busy time per KiB received, spent holding the message.
+#[allow(clippy::too_many_arguments)]
 async fn exchange<S: BenchSend, R: BenchReceive>(
     spec: &ShuffleSpec,
     data: &Arc<Vec<u8>>,
     sends: &[Arc<S>],
     senders: Senders,
     recv: &R,
+    ns_per_kib: u64,
     start: Instant,
 ) -> Result<Moved, BenchError> {
     let n = spec.nodes.len();
@@ -752,6 +899,13 @@ async fn exchange<S: BenchSend, R: BenchReceive>(
                 }
                 if m[MESSAGE_HEADER..] != data[MESSAGE_HEADER..want_len] {
                     return wrong("has corrupt bytes");
+                }
+                if ns_per_kib > 0 {
+                    let busy = Duration::from_nanos(ns_per_kib * m.len() as u64 / 1024);
+                    let from = Instant::now();
+                    while from.elapsed() < busy {
+                        std::hint::spin_loop();
+                    }
                 }
                 seen[src][seq as usize] = true;
                 next_seq[stream] += streams as u64;
@@ -871,7 +1025,15 @@ mod tests {
                     primitive,
                     ..Default::default()
                 };
-                run_design_shuffle(carrier, connector, config, &spec, senders).await
+                run_design_shuffle(
+                    carrier,
+                    connector,
+                    config,
+                    &spec,
+                    senders,
+                    Receiving::default(),
+                )
+                .await
             })
         });
         futures::future::join_all(runs)
@@ -988,6 +1150,103 @@ mod tests {
         }
     }
 
+    /// Adaptive buffers in a run: receivers take their buffers from their
+    /// node's pool and a consumer that spends time per message; every byte is
+    /// checked as in any run, the figures say what circulated, and each pool
+    /// has its buffers back afterwards.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_adaptive_run_lends_from_the_pool_and_checks_every_byte() {
+        use crate::design::{BufferPool, DesignConfig, LocalConnector, Primitive};
+        for primitive in [Primitive::Send, Primitive::Datagram] {
+            let (_dir, carriers) = crate::shm::test_nodes(2, 64 << 20);
+            let connector = LocalConnector::new();
+            let config = DesignConfig {
+                message_size: 4096,
+                primitive,
+                window: 2,
+                credit_every: 1,
+                adaptive: Some(32),
+                ..Default::default()
+            };
+            let pools: Vec<_> = carriers
+                .iter()
+                .map(|c| BufferPool::register(&**c, 64, 4096).unwrap())
+                .collect();
+            let runs = carriers.iter().enumerate().map(|(index, carrier)| {
+                let (carrier, connector, config) =
+                    (Arc::clone(carrier), connector.clone(), config.clone());
+                let receiving = Receiving {
+                    pool: Some(Arc::clone(&pools[index])),
+                    ns_per_kib: if index == 0 { 0 } else { 2_000 },
+                };
+                tokio::spawn(async move {
+                    let spec = ShuffleSpec {
+                        nodes: vec![1, 2],
+                        index,
+                        pattern: Pattern::Repartition,
+                        total_bytes: 2 * 2_000_000,
+                        message_size: 4000,
+                        schedule: Schedule::Free,
+                        run_id: 9,
+                    };
+                    run_design_shuffle(carrier, connector, config, &spec, Senders::ONE, receiving)
+                        .await
+                })
+            });
+            let reports: Vec<ShuffleReport> = futures::future::join_all(runs)
+                .await
+                .into_iter()
+                .map(|r| r.unwrap().unwrap())
+                .collect();
+            for r in &reports {
+                assert_eq!(r.bytes_received, 2_000_000, "{primitive:?}");
+                let b = r.design.unwrap().buffers;
+                assert!(
+                    b.peak >= 1 && b.peak <= 64 && b.mean <= b.peak as f64,
+                    "{b:?}"
+                );
+            }
+            // Node 1 consumes at once, so node 2's sender waits for credit: its
+            // window grows from the pool.
+            let fast = reports[0].design.unwrap().buffers;
+            assert!(fast.lent > 0 && fast.peak > 3, "{primitive:?}: {fast:?}");
+            for p in &pools {
+                assert_eq!(p.in_use(), 0, "{primitive:?}: buffers not given back");
+            }
+        }
+    }
+
+    #[test]
+    fn the_bandwidth_delay_product_counts_buffers_in_flight() {
+        // The paper's EDR figures: 100 Gbit/s and a few microseconds.
+        let w = bdp_window(12.5e9, Duration::from_micros(3), 64 * 1024);
+        assert_eq!(w, 1 + (12.5e9 * 3e-6 / 65536.0) as u32);
+        assert_eq!(bdp_window(1e9, Duration::ZERO, 4096), 1, "at least one");
+        assert_eq!(bdp_window(1e9, Duration::from_millis(1), 4096), 245);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_round_trip_is_measured_over_a_design() {
+        use crate::design::{DesignConfig, LocalConnector};
+        let (_dir, carriers) = crate::shm::test_nodes(2, 16 << 20);
+        let rtt = design_round_trip(
+            [
+                Arc::clone(&carriers[0]) as Arc<dyn crate::verbs::Carrier>,
+                Arc::clone(&carriers[1]) as Arc<dyn crate::verbs::Carrier>,
+            ],
+            LocalConnector::new(),
+            DesignConfig::default(),
+            50,
+            11,
+        )
+        .await
+        .unwrap();
+        assert!(
+            rtt > Duration::ZERO && rtt < Duration::from_secs(1),
+            "{rtt:?}"
+        );
+    }
+
     #[tokio::test]
     async fn a_design_shuffle_refuses_messages_larger_than_its_buffers() {
         use crate::design::{DesignConfig, LocalConnector};
@@ -1001,6 +1260,7 @@ mod tests {
             DesignConfig::default(),
             &s,
             Senders::ONE,
+            Receiving::default(),
         )
         .await
         .unwrap_err();

@@ -10,6 +10,8 @@ use std::time::Duration;
 pub const HEADER: usize = 16;
 pub(super) const FLAG_LAST: u32 = 1;
 pub(super) const FLAG_ERROR: u32 = 2;
+/// The sender waited for credit before this message (adaptive buffers).
+pub(super) const FLAG_STARVED: u32 = 4;
 /// Slots are padded to cache lines, as the paper pads its credit slots.
 const LINE: usize = 64;
 /// Bytes of a Read stream's valid-queue entry: buffer index, bytes to read.
@@ -45,6 +47,12 @@ pub struct DesignConfig {
     /// How long a side waits for its peer to appear or to make progress.
     pub timeout: Duration,
     pub primitive: Primitive,
+    /// Adaptive buffers (the paper's section 6.2), up to this window per
+    /// stream: a receiver lends a stream one more buffer from its pool when
+    /// the stream's sender has used every credit, and takes buffers back out
+    /// of circulation when several messages wait at once. `None`: the window
+    /// stays fixed. Send/receive designs only.
+    pub adaptive: Option<u32>,
 }
 
 impl Default for DesignConfig {
@@ -56,6 +64,7 @@ impl Default for DesignConfig {
             send_buffers: 16,
             timeout: Duration::from_secs(10),
             primitive: Primitive::Send,
+            adaptive: None,
         }
     }
 }
@@ -75,6 +84,14 @@ impl DesignConfig {
         if self.send_buffers == 0 || self.send_buffers >= DROPPED as usize {
             return bad("a send endpoint needs buffers");
         }
+        if let Some(max) = self.adaptive {
+            if !matches!(self.primitive, Primitive::Send | Primitive::Datagram) {
+                return bad("adaptive buffers serve the send/receive designs");
+            }
+            if max < self.window || max > 1 << 16 {
+                return bad("an adaptive window's limit must be between the window and 65536");
+            }
+        }
         Ok(())
     }
 
@@ -90,6 +107,7 @@ impl DesignConfig {
             self.window,
             self.credit_every,
             self.send_buffers,
+            self.adaptive,
         )
             .hash(&mut h);
         h.finish()
@@ -144,10 +162,13 @@ impl DesignConfig {
 
     /// Buffer-less receives a sender keeps posted per stream for the receiver's
     /// notifications: more than the credit writes a receiver can make before the
-    /// sender next reaps, or (Read) one per buffer that may be read.
+    /// sender next reaps, or (Read) one per buffer that may be read. An adaptive
+    /// receiver writes at the largest window's rate, and once more per message
+    /// at most when it lends a starved stream a buffer.
     pub(super) fn notify_recvs(&self) -> u64 {
-        match self.primitive {
-            Primitive::Read => self.valid_entries() as u64 + 1,
+        match (self.primitive, self.adaptive) {
+            (Primitive::Read, _) => self.valid_entries() as u64 + 1,
+            (_, Some(max)) => (max / self.credit_every) as u64 + 8,
             _ => (self.window / self.credit_every) as u64 + 4,
         }
     }

@@ -59,10 +59,12 @@
 //! since a reliable queue pair refuses requests from one it is not connected to.
 
 mod message;
+mod pool;
 pub mod receive;
 pub mod send;
 
 pub use message::{DesignConfig, HEADER, Primitive};
+pub use pool::BufferPool;
 pub use receive::{DesignReceive, Received};
 pub use send::{DesignBuffer, DesignSend};
 

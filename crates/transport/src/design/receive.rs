@@ -16,11 +16,25 @@
 //!   into one of its own when it has one free, and tells the sender at once
 //!   (a zero-length write whose immediate names the buffer), so the sender's
 //!   buffer is held only until every destination has read it.
+//!
+//! Buffers come from a [`BufferPool`]: the endpoint's own, or (send/receive
+//! designs) one its node shares. With adaptive buffers (the paper's section
+//! 6.2) a stream's window moves: a message whose sender waited for credit
+//! before it (a header flag) gets its stream one more buffer from the pool,
+//! with a credit write saying so; when one look at the completion queue finds
+//! k > 1 messages of a stream waiting, k - 1 of its buffers leave circulation
+//! as they are released, down to one. Two refinements of the paper's rules:
+//! its receiver grows when it finds nothing to read, which cannot tell a
+//! sender short of credit from a slow one (the flag can); and messages found
+//! together right after the consumer waited are a burst (a sender answering
+//! a credit write), not a backlog, so they retire nothing. A stream that
+//! ended gives its buffers back as they are released.
 
 use super::message::{
-    DROPPED, DesignConfig, ENTRY, FLAG_ERROR, FLAG_LAST, HEADER, Primitive, carrier_err,
-    free_entry_of, lost, word,
+    DROPPED, DesignConfig, ENTRY, FLAG_ERROR, FLAG_LAST, FLAG_STARVED, HEADER, Primitive,
+    carrier_err, free_entry_of, lost, word,
 };
+use super::pool::BufferPool;
 use super::{Connector, Offer, Side, handshake};
 use crate::frame::StreamKey;
 use crate::verbs::{
@@ -29,7 +43,7 @@ use crate::verbs::{
 };
 use crate::{NodeId, TransportError};
 use parking_lot::Mutex;
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -40,6 +54,26 @@ use std::time::Duration;
 struct Credit {
     posted: u64,
     since: u64,
+    /// Buffers in circulation for the stream's credits (the reserve apart).
+    window: u32,
+    /// Of them, how many leave circulation as they are released (adaptive).
+    retire: u32,
+}
+
+/// Receives posted on a datagram endpoint's one queue pair and how many its
+/// streams need (window and reserve of each stream not ended).
+#[derive(Default)]
+struct Circulation {
+    posted: usize,
+    needed: usize,
+}
+
+/// The work-request id of a receive: Send's name their stream too.
+fn recv_id(primitive: Primitive, source: usize, buffer: u32) -> u64 {
+    match primitive {
+        Primitive::Send => ((source as u64) << 32) | buffer as u64,
+        _ => buffer as u64,
+    }
 }
 
 /// The part of a receiver's state one stream needs.
@@ -115,7 +149,20 @@ pub struct DesignReceive {
     /// The endpoint's one datagram queue pair, whose receives are one pool
     /// (datagram designs).
     pub(super) datagrams: Option<Arc<dyn QueuePair>>,
+    /// Where the buffers come from; `buffers` is its region.
+    pool: Arc<BufferPool>,
+    /// Whether the pool is shared with other endpoints (or only this one's).
+    shared: bool,
     buffers: Arc<Region>,
+    /// The pool's buffers this endpoint holds (send/receive designs).
+    held: Mutex<HashSet<u32>>,
+    circulation: Mutex<Circulation>,
+    /// Buffers lent to starved streams and taken out of circulation (adaptive).
+    lent: AtomicU64,
+    retired: AtomicU64,
+    /// The consumer found nothing to read since the last look that found
+    /// messages: those that arrive next are not a backlog.
+    idle: std::sync::atomic::AtomicBool,
     /// One slot per stream: staging for the credit (and Write's free queue)
     /// written to the sender, or (Read) the valid queue the sender writes.
     slots: Arc<Region>,
@@ -133,6 +180,24 @@ pub struct DesignReceive {
 impl Drop for DesignReceive {
     fn drop(&mut self) {
         self.connecting.abort();
+        let held: Vec<u32> = self.held.lock().drain().collect();
+        if !self.shared || held.is_empty() {
+            return; // an own pool goes with the endpoint
+        }
+        if self.state.lock().remaining == 0 {
+            self.pool.give(held);
+            return;
+        }
+        // A sender that still has credit may be landing a message in a posted
+        // receive while its queue pair goes: its buffers return to the pool
+        // once any such sender has failed.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let (pool, linger) = (Arc::clone(&self.pool), self.config.timeout);
+            runtime.spawn(async move {
+                tokio::time::sleep(linger).await;
+                pool.give(held);
+            });
+        }
     }
 }
 
@@ -170,12 +235,35 @@ fn write_credit(
 impl DesignReceive {
     /// Opens the streams `(query, exchange, slot, this node)` from every source and
     /// starts connecting them (senders may send once connected, whether or not
-    /// anyone reads yet: the window is posted).
+    /// anyone reads yet: the window is posted). The endpoint registers a pool
+    /// of its own: a window and a reserve per stream.
     pub fn open(
         carrier: Arc<dyn Carrier>,
         connector: Arc<dyn Connector>,
         config: DesignConfig,
         spec: crate::ReceiveSpec,
+    ) -> Result<Self, TransportError> {
+        Self::open_in(carrier, connector, config, spec, None)
+    }
+
+    /// Like [`Self::open`], with the buffers taken from `pool`, which the
+    /// node's endpoints share (send/receive designs).
+    pub fn open_pooled(
+        carrier: Arc<dyn Carrier>,
+        connector: Arc<dyn Connector>,
+        config: DesignConfig,
+        spec: crate::ReceiveSpec,
+        pool: Arc<BufferPool>,
+    ) -> Result<Self, TransportError> {
+        Self::open_in(carrier, connector, config, spec, Some(pool))
+    }
+
+    fn open_in(
+        carrier: Arc<dyn Carrier>,
+        connector: Arc<dyn Connector>,
+        config: DesignConfig,
+        spec: crate::ReceiveSpec,
+        pool: Option<Arc<BufferPool>>,
     ) -> Result<Self, TransportError> {
         config.check()?;
         config.check_carrier(&*carrier)?;
@@ -196,15 +284,42 @@ impl DesignReceive {
                 carrier.recv_depth()
             )));
         }
+        // Completions outstanding at most: every receive posted and (Read) a
+        // read per buffer; an adaptive stream may have its largest window posted.
+        let most = config.adaptive.map_or(per, |max| max as usize + 1);
         let rcq = carrier
-            .create_cq((n * (recvs + per) + 64).next_power_of_two())
+            .create_cq((n * (recvs.max(most) + most) + 64).next_power_of_two())
             .map_err(carrier_err)?;
         let scq = carrier.create_cq(64).map_err(carrier_err)?;
-        let buffers = Arc::new(
-            carrier
-                .register(n.max(1) * per * config.message_size)
-                .map_err(carrier_err)?,
-        );
+        let shared = pool.is_some();
+        let pool = match pool {
+            Some(pool) => {
+                if !matches!(primitive, Primitive::Send | Primitive::Datagram)
+                    || pool.message_size() != config.message_size
+                    || pool.node() != me
+                {
+                    return Err(TransportError::Misuse(format!(
+                        "a shared buffer pool serves the send/receive designs of its own node \
+                         with its message size ({} bytes)",
+                        pool.message_size()
+                    )));
+                }
+                pool
+            }
+            None => BufferPool::register(&*carrier, n.max(1) * per, config.message_size)?,
+        };
+        let buffers = Arc::clone(pool.region());
+        // A fresh own pool hands out 0, 1, 2, ...: Read and Write address
+        // stream i's buffers as i * per + b.
+        let Some(taken) = pool.take(n * per) else {
+            return Err(TransportError::Misuse(format!(
+                "the buffer pool has {} of its {} buffers free, fewer than the {} that {n} \
+                 streams need",
+                pool.capacity() - pool.in_use(),
+                pool.capacity(),
+                n * per
+            )));
+        };
         let slots = Arc::new(
             carrier
                 .register(n.max(1) * config.slot())
@@ -235,13 +350,13 @@ impl DesignReceive {
             for b in 0..recvs {
                 let (on, wr) = match primitive {
                     Primitive::Send | Primitive::Datagram => {
-                        let id = i * per + b;
-                        let local = buffers.sge(id * config.message_size, config.message_size);
+                        let buffer = taken[i * per + b];
+                        let at = buffer as usize * config.message_size;
                         (
                             datagrams.as_ref().unwrap_or(&qp),
                             RecvWr {
-                                id: id as u64,
-                                local: Some(local),
+                                id: recv_id(primitive, i, buffer),
+                                local: Some(buffers.sge(at, config.message_size)),
                             },
                         )
                     }
@@ -280,6 +395,8 @@ impl DesignReceive {
                 credit: Mutex::new(Credit {
                     posted: config.window as u64,
                     since: 0,
+                    window: config.window,
+                    retire: 0,
                 }),
             });
         }
@@ -389,7 +506,24 @@ impl DesignReceive {
             rcq,
             _scq: scq,
             datagrams,
+            pool,
+            shared,
             buffers,
+            held: Mutex::new(match primitive {
+                Primitive::Send | Primitive::Datagram => taken.into_iter().collect(),
+                _ => HashSet::new(),
+            }),
+            circulation: Mutex::new(Circulation {
+                posted: if primitive == Primitive::Datagram {
+                    n * per
+                } else {
+                    0
+                },
+                needed: n * per,
+            }),
+            lent: AtomicU64::new(0),
+            retired: AtomicU64::new(0),
+            idle: std::sync::atomic::AtomicBool::new(true),
             slots,
             connect_error,
             connecting,
@@ -398,11 +532,35 @@ impl DesignReceive {
         })
     }
 
-    /// Queue pairs and registered bytes this endpoint holds.
+    /// Queue pairs and registered bytes this endpoint holds (of a shared
+    /// pool, the buffers it holds now).
     pub fn footprint(&self) -> super::Footprint {
+        let buffers = match self.shared {
+            true => self.held.lock().len() * self.config.message_size,
+            false => self.buffers.len(),
+        };
         super::Footprint {
             queue_pairs: (self.links.len() + self.datagrams.iter().len()) as u64,
-            registered_bytes: (self.buffers.len() + self.slots.len()) as u64,
+            registered_bytes: (buffers + self.slots.len()) as u64,
+        }
+    }
+
+    /// Buffers lent to starved streams, and taken out of circulation, so far
+    /// (adaptive buffers).
+    pub fn lent(&self) -> u64 {
+        self.lent.load(Ordering::Relaxed)
+    }
+
+    pub fn retired(&self) -> u64 {
+        self.retired.load(Ordering::Relaxed)
+    }
+
+    /// Receive buffers the endpoint holds now: of its pool (send/receive
+    /// designs), or its fixed window and reserve per stream.
+    pub fn buffers_held(&self) -> usize {
+        match self.config.primitive {
+            Primitive::Send | Primitive::Datagram => self.held.lock().len(),
+            _ => self.links.len() * self.config.per_stream(),
         }
     }
 
@@ -425,11 +583,12 @@ impl DesignReceive {
             return Ok(()); // no streams: nothing was posted
         };
         // An ended stream gets nothing more: no credit, and on its own queue
-        // pair no receive (its sender may be gone).
+        // pair no receive (its sender may be gone); Send's buffer goes back to
+        // the pool.
         let ended = self.state.lock().ended[source];
         let counts = counts && !ended;
         let c = &self.config;
-        if ended && matches!(c.primitive, Primitive::Send | Primitive::Write) {
+        if ended && c.primitive == Primitive::Write {
             return Ok(());
         }
         let wr = match c.primitive {
@@ -442,16 +601,49 @@ impl DesignReceive {
                 local: None,
             },
             _ => RecvWr {
-                id: buffer as u64,
+                id: recv_id(c.primitive, source, buffer as u32),
                 local: Some(self.buffers.sge(buffer * c.message_size, c.message_size)),
             },
         };
         let mut credit = l.credit.lock();
-        self.datagrams
-            .as_ref()
-            .unwrap_or(&l.qp)
-            .post_recv(wr)
-            .map_err(carrier_err)?;
+        if matches!(c.primitive, Primitive::Send | Primitive::Datagram) {
+            let mut circ = self.circulation.lock();
+            // Out of circulation, without credit: a buffer marked for it while
+            // the stream keeps one.
+            let retire = counts && credit.retire > 0 && credit.window > 1;
+            if retire {
+                credit.retire -= 1;
+                credit.window -= 1;
+                circ.needed -= 1;
+                self.retired.fetch_add(1, Ordering::Relaxed);
+            }
+            // Back to the pool: Send's for an ended stream or retired; a
+            // datagram endpoint's beyond the receives its streams need (their
+            // credit still counts: the receives are shared).
+            let surplus = match c.primitive {
+                Primitive::Datagram => circ.posted >= circ.needed,
+                _ => ended || retire,
+            };
+            if surplus {
+                drop(circ);
+                self.held.lock().remove(&(buffer as u32));
+                self.pool.give([buffer as u32]);
+            } else if c.primitive == Primitive::Datagram {
+                circ.posted += 1;
+            }
+            if retire {
+                return self.write_back_due(source, &mut credit);
+            }
+            if !surplus {
+                self.datagrams
+                    .as_ref()
+                    .unwrap_or(&l.qp)
+                    .post_recv(wr)
+                    .map_err(carrier_err)?;
+            }
+        } else {
+            l.qp.post_recv(wr).map_err(carrier_err)?;
+        }
         if !counts {
             return Ok(());
         }
@@ -465,12 +657,114 @@ impl DesignReceive {
         }
         credit.posted += 1;
         credit.since += 1;
-        if credit.since >= c.credit_every as u64 {
-            credit.since = 0;
-            self.credit_updates.fetch_add(1, Ordering::Relaxed);
-            write_credit(c, &self.slots, l, source, credit.posted)?;
+        self.write_back_due(source, &mut credit)
+    }
+
+    /// Writes stream `source`'s credit back once `credit_every` releases are
+    /// untold, or (adaptive) its whole window is: a window shrunk below the
+    /// interval must not leave its sender waiting for a write that never comes.
+    fn write_back_due(&self, source: usize, credit: &mut Credit) -> Result<(), TransportError> {
+        let c = &self.config;
+        if credit.since == 0 || credit.since < c.credit_every.min(credit.window) as u64 {
+            return Ok(());
         }
-        Ok(())
+        credit.since = 0;
+        self.credit_updates.fetch_add(1, Ordering::Relaxed);
+        write_credit(c, &self.slots, &self.links[source], source, credit.posted)
+    }
+
+    /// Adaptive buffers: lends stream `i`, whose sender waited for credit
+    /// before its latest message, one more buffer from the pool, and tells
+    /// the sender.
+    fn lend_to(&self, i: usize) -> Result<(), TransportError> {
+        let Some(max) = self.config.adaptive else {
+            return Ok(());
+        };
+        let c = &self.config;
+        let l = &self.links[i];
+        if self.state.lock().ended[i] || l.peer.lock().is_none() {
+            return Ok(());
+        }
+        let mut credit = l.credit.lock();
+        // Messages piling up say the consumer, not the window, holds the
+        // sender back: a buffer more would only wait too.
+        if credit.window >= max || credit.retire > 0 {
+            return Ok(());
+        }
+        let mut circ = self.circulation.lock();
+        let room = match c.primitive {
+            Primitive::Datagram => circ.posted < self.carrier.recv_depth(),
+            _ => (credit.window as usize + 1) < self.carrier.recv_depth(),
+        };
+        if !room {
+            return Ok(());
+        }
+        let Some(taken) = self.pool.take(1) else {
+            return Ok(()); // the pool is empty: the window stays
+        };
+        let buffer = taken[0];
+        self.held.lock().insert(buffer);
+        let posted = self.datagrams.as_ref().unwrap_or(&l.qp).post_recv(RecvWr {
+            id: recv_id(c.primitive, i, buffer),
+            local: Some(
+                self.buffers
+                    .sge(buffer as usize * c.message_size, c.message_size),
+            ),
+        });
+        if let Err(e) = posted {
+            self.held.lock().remove(&buffer);
+            self.pool.give([buffer]);
+            return Err(carrier_err(e));
+        }
+        if c.primitive == Primitive::Datagram {
+            circ.posted += 1;
+        }
+        circ.needed += 1;
+        drop(circ);
+        credit.window += 1;
+        credit.posted += 1;
+        credit.since = 0;
+        self.lent.fetch_add(1, Ordering::Relaxed);
+        self.credit_updates.fetch_add(1, Ordering::Relaxed);
+        write_credit(c, &self.slots, l, i, credit.posted)
+    }
+
+    /// Adaptive buffers: where one look at the completion queue found k > 1
+    /// messages of a stream waiting, all but one of their buffers leave
+    /// circulation when released (per stream: several senders' messages
+    /// arriving together say nothing about any one's window).
+    fn mark_retirements(&self, found: &[Completion]) {
+        if self.config.adaptive.is_none() || found.len() < 2 {
+            return;
+        }
+        let mut waiting = vec![0u32; self.links.len()];
+        for c in found {
+            let stream = match &self.datagrams {
+                None => Some((c.id >> 32) as usize),
+                Some(_) => self
+                    .links
+                    .iter()
+                    .position(|l| l.datagrams_from.get() == c.src.as_ref()),
+            };
+            if let Some(w) = stream.and_then(|i| waiting.get_mut(i)) {
+                *w += 1;
+            }
+        }
+        for (l, k) in self.links.iter().zip(waiting) {
+            if k > 1 {
+                let mut credit = l.credit.lock();
+                credit.retire = (credit.retire + k - 1).min(credit.window - 1);
+            }
+        }
+    }
+
+    /// A stream ended: what it needed leaves the endpoint's circulation.
+    fn ended(&self, source: usize) {
+        if matches!(self.config.primitive, Primitive::Send | Primitive::Datagram) {
+            let window = self.links[source].credit.lock().window as usize;
+            let mut circ = self.circulation.lock();
+            circ.needed = circ.needed.saturating_sub(window + 1);
+        }
     }
 
     /// Reads announced buffers of stream `source` while it has buffers free.
@@ -600,7 +894,7 @@ impl DesignReceive {
         if c.status != WcStatus::Success {
             let peer = match self.config.primitive {
                 Primitive::Datagram => c.src.map_or(0, |a| a.node),
-                Primitive::Send => self.links.get(c.id as usize / per).map_or(0, |l| l.node),
+                Primitive::Send => self.links.get((c.id >> 32) as usize).map_or(0, |l| l.node),
                 Primitive::Read | Primitive::Write => {
                     let i = match c.op {
                         WcOp::Read => c.id as usize / per,
@@ -624,15 +918,23 @@ impl DesignReceive {
         }
         match self.config.primitive {
             Primitive::Send | Primitive::Datagram => {
-                let buffer = c.id as usize;
-                if buffer >= self.links.len() * per || c.op != WcOp::Recv {
+                let buffer = (c.id & 0xffff_ffff) as usize;
+                let stream = (c.id >> 32) as usize;
+                if buffer >= self.pool.capacity()
+                    || stream >= self.links.len().max(1)
+                    || c.op != WcOp::Recv
+                {
                     return Err(TransportError::Misuse(format!(
                         "a completion for unknown buffer {buffer}"
                     )));
                 }
+                if self.datagrams.is_some() {
+                    let mut circ = self.circulation.lock();
+                    circ.posted = circ.posted.saturating_sub(1);
+                }
                 let bytes = (c.bytes as usize).min(self.config.message_size);
                 let source = match &self.datagrams {
-                    None => Some(buffer / per),
+                    None => Some(stream),
                     Some(_) if bytes < HEADER => None,
                     Some(_) => {
                         // SAFETY: the sender wrote the buffer before its completion.
@@ -722,11 +1024,15 @@ impl DesignReceive {
                 if st.ready.is_empty() {
                     let mut out = Vec::new();
                     self.rcq.poll(&mut out, 64);
+                    if !out.is_empty() && !self.idle.swap(false, Ordering::Relaxed) {
+                        self.mark_retirements(&out);
+                    }
                     st.ready.extend(out);
                 }
                 st.ready.pop_front()
             };
             let Some(c) = c else {
+                self.idle.store(true, Ordering::Relaxed);
                 if let Some(e) = self.connect_error.lock().clone() {
                     return Err(self.fail_with(e));
                 }
@@ -860,6 +1166,11 @@ impl DesignReceive {
                 _ => false,
             }
         };
+        if ended_now {
+            self.ended(source);
+        } else if flags & FLAG_STARVED != 0 {
+            self.lend_to(source)?;
+        }
         if flags & FLAG_ERROR != 0 {
             // SAFETY: as above.
             let text = unsafe { self.buffers.slice(off + HEADER, len) };
@@ -871,7 +1182,7 @@ impl DesignReceive {
         if len == 0 && flags & FLAG_LAST != 0 {
             // A bare end-of-stream marker (in the stream's reserve): pooled
             // buffers go back.
-            if matches!(self.config.primitive, Primitive::Datagram | Primitive::Read) {
+            if self.config.primitive != Primitive::Write {
                 self.give_back(source, buffer, false)?;
             }
             return Ok(None);
@@ -906,8 +1217,8 @@ impl DesignReceive {
     /// stream's credit back to its sender.
     pub fn release(&self, r: Received) -> Result<(), TransportError> {
         let given = match (r.last, self.config.primitive) {
-            // The pool's buffer goes back, without credit for an ended stream.
-            (last, Primitive::Datagram | Primitive::Read) => {
+            // The buffer goes back, without credit for an ended stream.
+            (last, Primitive::Send | Primitive::Datagram | Primitive::Read) => {
                 self.give_back(r.source, r.buffer, !last)
             }
             // The stream is over: nothing more will arrive for it.

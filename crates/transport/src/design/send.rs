@@ -6,8 +6,8 @@
 //! failed (a completion error or a lost peer; every later call errs).
 
 use super::message::{
-    DROPPED, DesignConfig, ENTRY, FLAG_ERROR, FLAG_LAST, HEADER, Primitive, carrier_err,
-    free_entry, header, lost, write_imm,
+    DROPPED, DesignConfig, ENTRY, FLAG_ERROR, FLAG_LAST, FLAG_STARVED, HEADER, Primitive,
+    carrier_err, free_entry, header, lost, write_imm,
 };
 use super::{Connector, Offer, Side, handshake};
 use crate::endpoint::{Destinations, To};
@@ -84,6 +84,9 @@ type Returns = Arc<Mutex<Vec<(usize, Vec<(usize, u32)>)>>>;
 pub struct DesignBuffer {
     index: usize,
     len: usize,
+    /// Whether a credit of it had to be waited for (an adaptive receiver
+    /// lends the stream a buffer more).
+    starved: bool,
     /// Streams and, for Write, the receiver buffer each credit named.
     targets: Vec<(usize, u32)>,
     cap: usize,
@@ -494,15 +497,17 @@ impl DesignSend {
             .is_ok()
     }
 
-    /// Takes a credit of stream `t`; returns the receiver buffer it names (Write).
-    async fn take_credit(&self, t: usize) -> Result<u32, TransportError> {
+    /// Takes a credit of stream `t`; returns the receiver buffer it names
+    /// (Write) and whether the credit had to be waited for.
+    async fn take_credit(&self, t: usize) -> Result<(u32, bool), TransportError> {
         let l = &self.links[t];
         let start = std::time::Instant::now();
         let mut last_progress = start;
+        let mut waited = false;
         loop {
             self.take_returns();
             if let Some(buffer) = l.spare.lock().pop() {
-                return Ok(buffer);
+                return Ok((buffer, waited));
             }
             let sent = l.sent.load(Ordering::Acquire);
             if self.credit_of(t) > sent {
@@ -526,7 +531,7 @@ impl DesignSend {
                 {
                     self.credit_wait_ns
                         .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
-                    return buffer;
+                    return buffer.map(|b| (b, waited));
                 }
                 continue;
             }
@@ -534,6 +539,7 @@ impl DesignSend {
             if let Some(e) = self.error() {
                 return Err(e);
             }
+            waited = true;
             if self.wait().await {
                 last_progress = std::time::Instant::now();
             } else if !self.carrier.is_alive(l.dest) {
@@ -602,9 +608,13 @@ impl DesignSend {
             )));
         }
         let mut targets = Vec::with_capacity(streams.len());
+        let mut starved = false;
         for &t in &streams {
             match self.take_credit(t).await {
-                Ok(buffer) => targets.push((t, buffer)),
+                Ok((buffer, waited)) => {
+                    starved |= waited;
+                    targets.push((t, buffer));
+                }
                 Err(e) => {
                     self.spare(&targets);
                     return Err(e);
@@ -628,6 +638,7 @@ impl DesignSend {
         Ok(DesignBuffer {
             index,
             len: 0,
+            starved,
             targets,
             cap,
             ptr,
@@ -649,7 +660,10 @@ impl DesignSend {
         buf.put = true;
         let n = buf.targets.len() as u32;
         self.state.lock().pending[buf.index] = n;
-        let flags = if last { FLAG_LAST } else { 0 };
+        let mut flags = if last { FLAG_LAST } else { 0 };
+        if buf.starved {
+            flags |= FLAG_STARVED;
+        }
         // SAFETY: the header bytes of this reservation's buffer.
         unsafe {
             buf.ptr

@@ -35,6 +35,7 @@ fn small() -> DesignConfig {
         send_buffers: 4,
         timeout: Duration::from_secs(5),
         primitive: Primitive::Send,
+        adaptive: None,
     }
 }
 
@@ -696,3 +697,174 @@ async fn a_receiver_dropped_mid_stream_fails_its_sender_naming_it(cfg: DesignCon
     );
 }
 every_primitive!(a_receiver_dropped_mid_stream_fails_its_sender_naming_it);
+
+/// The repartition above with adaptive windows and each endpoint's own pool
+/// (nothing to lend beyond it: windows only shrink and regrow).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adaptive_endpoints_with_their_own_pools_repartition_in_order() {
+    for primitive in [Primitive::Send, Primitive::Datagram] {
+        every_node_repartitions_to_every_other_in_order(DesignConfig {
+            primitive,
+            adaptive: Some(8),
+            ..small()
+        })
+        .await;
+    }
+}
+
+fn pooled_recv(
+    c: &Cluster,
+    node: u32,
+    exchange: u32,
+    sources: Vec<NodeId>,
+    cfg: DesignConfig,
+    pool: &Arc<BufferPool>,
+) -> Result<DesignReceive, TransportError> {
+    DesignReceive::open_pooled(
+        Arc::clone(&c.carriers[node as usize - 1]),
+        c.connector.clone(),
+        cfg,
+        ReceiveSpec {
+            query: 1,
+            exchange,
+            sources: sources.into_iter().map(|s| (s, s)).collect(),
+        },
+        Arc::clone(pool),
+    )
+}
+
+/// Adaptive buffers (the paper's section 6.2): two senders with a window of
+/// two wait for credit, so the receiver lends their streams buffers from the
+/// node's pool; then a slow consumer finds messages piling up and takes
+/// buffers out of circulation. Every message arrives once, in order, and the
+/// pool has every buffer back once the endpoint is gone.
+async fn adaptive_windows_grow_for_starved_senders_and_shrink_for_a_slow_consumer(
+    primitive: Primitive,
+) {
+    const PHASE: usize = 150;
+    let c = cluster(3);
+    let cfg = DesignConfig {
+        primitive,
+        window: 2,
+        credit_every: 1,
+        adaptive: Some(12),
+        ..small()
+    };
+    let pool = BufferPool::register(&*c.carriers[2], 40, cfg.message_size).unwrap();
+    let recv = pooled_recv(&c, 3, 1, vec![1, 2], cfg.clone(), &pool).unwrap();
+    assert_eq!(pool.in_use(), 6, "a window and a reserve per stream");
+    let sends: Vec<DesignSend> = (1..=2)
+        .map(|n| c.send(n, vec![3], vec![], cfg.clone()))
+        .collect();
+    let sending = futures::future::join_all(sends.iter().enumerate().map(|(k, send)| {
+        let me = k as u32 + 1;
+        async move {
+            for seq in 0..2 * PHASE {
+                let mut b = send.acquire(To::Node(3)).await?;
+                assert!(b.extend_from_slice(&body(me, 3, seq)));
+                send.put(b, seq + 1 == 2 * PHASE)?;
+            }
+            send.flushed().await
+        }
+    }));
+    let receiving = async {
+        let mut next = [0usize; 3];
+        let mut after_fast = None;
+        while let Some(r) = recv.get().await? {
+            let s = r.node as usize;
+            assert_eq!(recv.data(&r), &body(r.node, 3, next[s])[..]);
+            next[s] += 1;
+            recv.release(r)?;
+            if next[1] + next[2] == 2 * PHASE && after_fast.is_none() {
+                after_fast = Some((recv.lent(), pool.peak()));
+            }
+            if next[1] + next[2] > 2 * PHASE {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+        Ok::<_, TransportError>((next, after_fast.expect("both phases ran")))
+    };
+    let (sent, received) = tokio::join!(sending, receiving);
+    for s in sent {
+        s.unwrap();
+    }
+    let (next, (lent, peak)) = received.unwrap();
+    assert_eq!(next[1..], [2 * PHASE, 2 * PHASE]);
+    assert!(lent > 0, "no buffer lent to senders waiting for credit");
+    assert!(peak > 6, "the windows never grew (peak {peak})");
+    assert!(recv.retired() > 0, "a slow consumer kept every buffer");
+    assert!(recv.lent() >= lent);
+    drop(recv);
+    assert_eq!(pool.in_use(), 0, "buffers not given back");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adaptive_windows_move_over_send() {
+    adaptive_windows_grow_for_starved_senders_and_shrink_for_a_slow_consumer(Primitive::Send).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adaptive_windows_move_over_datagrams() {
+    adaptive_windows_grow_for_starved_senders_and_shrink_for_a_slow_consumer(Primitive::Datagram)
+        .await
+}
+
+/// Endpoints of one node share its pool: one that does not fit is refused
+/// naming what is free, and fits once an endpoint whose streams ended is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn receivers_share_their_nodes_pool_and_give_it_back() {
+    let c = cluster(3);
+    let cfg = DesignConfig {
+        window: 2,
+        ..small()
+    };
+    let pool = BufferPool::register(&*c.carriers[1], 6, cfg.message_size).unwrap();
+    let first = pooled_recv(&c, 2, 1, vec![1], cfg.clone(), &pool).unwrap();
+    let _second = pooled_recv(&c, 2, 2, vec![3], cfg.clone(), &pool).unwrap();
+    assert_eq!(pool.in_use(), 6);
+    let err = pooled_recv(&c, 2, 3, vec![1], cfg.clone(), &pool)
+        .err()
+        .expect("no buffers left");
+    assert!(err.to_string().contains("0 of its 6 buffers free"), "{err}");
+    let send = c.send(1, vec![2], vec![], cfg.clone());
+    let mut b = send.acquire(To::Node(2)).await.unwrap();
+    assert!(b.extend_from_slice(b"only"));
+    send.put(b, true).unwrap();
+    let m = first.get().await.unwrap().unwrap();
+    assert!(m.last);
+    assert_eq!(first.data(&m), b"only");
+    first.release(m).unwrap();
+    assert!(first.get().await.unwrap().is_none());
+    drop(first);
+    assert_eq!(pool.in_use(), 3);
+    pooled_recv(&c, 2, 3, vec![1], cfg, &pool).expect("fits again");
+    // Pools serve the send/receive designs of their own node and size.
+    for (primitive, node) in [(Primitive::Read, 2), (Primitive::Send, 1)] {
+        let cfg = DesignConfig {
+            primitive,
+            window: 2,
+            ..small()
+        };
+        let err = pooled_recv(&c, node, 4, vec![3], cfg, &pool)
+            .err()
+            .expect("refused");
+        assert!(err.to_string().contains("shared buffer pool"), "{err}");
+    }
+    let err = DesignReceive::open(
+        Arc::clone(&c.carriers[1]),
+        c.connector.clone(),
+        DesignConfig {
+            primitive: Primitive::Write,
+            adaptive: Some(8),
+            ..small()
+        },
+        ReceiveSpec {
+            query: 1,
+            exchange: 5,
+            sources: vec![(1, 1)],
+        },
+    )
+    .err()
+    .expect("refused");
+    assert!(err.to_string().contains("send/receive designs"), "{err}");
+}
