@@ -79,6 +79,17 @@ pub struct ShuffleArgs {
     /// with each).
     #[arg(long, default_value = "1")]
     threads: String,
+    /// Receive buffers per stream of the shm designs, separated by commas (each
+    /// run with each): `default` (the design's window), a count, `bdp` (the
+    /// bandwidth-delay product of the memcpy rate and a round trip measured
+    /// over the design), or `adaptive` (send/receive designs: windows from 2
+    /// up, lent from a pool per node; the RDMA-aware shuffle's section 6).
+    #[arg(long, default_value = "default")]
+    buffers: String,
+    /// Busy nanoseconds per KiB a shm receiver spends on each message while it
+    /// holds it (a compute-intensive receiving fragment), separated by commas.
+    #[arg(long, default_value = "0")]
+    consume: String,
     /// Runs of each configuration.
     #[arg(long, default_value_t = 1)]
     repeat: usize,
@@ -116,6 +127,12 @@ pub struct ShuffleResult {
     /// Sending threads per node.
     #[serde(default = "one")]
     pub threads: usize,
+    /// Receive buffers per stream (`default`, a count, `bdp=N`, `adaptive`).
+    #[serde(default = "default_buffers")]
+    pub buffers: String,
+    /// Busy nanoseconds per KiB received that each receiver spent.
+    #[serde(default)]
+    pub consume_ns_per_kib: u64,
     pub workers: Vec<ShuffleFigures>,
     /// Slowest worker, from start to its last byte sent and received.
     pub elapsed_s: f64,
@@ -134,6 +151,37 @@ fn tcp() -> String {
 
 fn one() -> usize {
     1
+}
+
+fn default_buffers() -> String {
+    "default".into()
+}
+
+/// How many receive buffers a shm design's streams get (`--buffers`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Buffers {
+    Default,
+    Fixed(u32),
+    /// The bandwidth-delay product, computed per design before the runs.
+    Bdp,
+    Adaptive,
+}
+
+impl std::str::FromStr for Buffers {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "default" => Ok(Self::Default),
+            "bdp" => Ok(Self::Bdp),
+            "adaptive" => Ok(Self::Adaptive),
+            n => match n.parse::<u32>() {
+                Ok(n) if (1..=4096).contains(&n) => Ok(Self::Fixed(n)),
+                _ => Err(format!(
+                    "--buffers: '{s}' is not default, bdp, adaptive or a count from 1 to 4096"
+                )),
+            },
+        }
+    }
 }
 
 /// What `gyre bench shuffle` reports.
@@ -235,6 +283,46 @@ impl ShuffleArgs {
         Ok(designs)
     }
 
+    /// The `--buffers` settings of the shared-memory designs, checked against them.
+    fn buffers(&self, designs: &[Design]) -> Result<Vec<Buffers>, BoxError> {
+        use gyre_transport::design::Primitive;
+        let settings = list(&self.buffers)
+            .iter()
+            .map(|b| b.parse::<Buffers>())
+            .collect::<Result<Vec<_>, _>>()?;
+        if settings.is_empty() {
+            return Err("--buffers: give at least one setting".into());
+        }
+        let one_sided = designs
+            .iter()
+            .any(|d| matches!(d.primitive(), Some(Primitive::Read | Primitive::Write)));
+        if settings.contains(&Buffers::Adaptive) && one_sided {
+            return Err(
+                "--buffers adaptive: adaptive buffers serve the send/receive designs \
+                        (*-sr)"
+                    .into(),
+            );
+        }
+        Ok(settings)
+    }
+
+    /// The `--consume` costs, in nanoseconds per KiB.
+    fn consume(&self) -> Result<Vec<u64>, BoxError> {
+        let costs = list(&self.consume)
+            .iter()
+            .map(|c| match c.parse::<u64>() {
+                Ok(n) if n <= 10_000_000 => Ok(n),
+                _ => Err(format!(
+                    "--consume: '{c}' is not nanoseconds per KiB (0 to 10000000)"
+                )),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        if costs.is_empty() {
+            return Err("--consume: give at least one cost".into());
+        }
+        Ok(costs)
+    }
+
     /// The `--threads` to run the shared-memory designs with.
     fn threads(&self) -> Result<Vec<usize>, BoxError> {
         let threads = list(&self.threads)
@@ -291,6 +379,8 @@ pub async fn run(args: ShuffleArgs) -> Result<(), BoxError> {
     let sealing = args.sealing()?;
     let designs = args.designs()?;
     args.threads()?;
+    args.buffers(&designs)?;
+    args.consume()?;
     let report = if let Some(addr) = &args.connect {
         let [encrypted] = sealing[..] else {
             return Err(
@@ -354,6 +444,8 @@ fn result(run: &ShuffleRun, workers: Vec<ShuffleFigures>, shared_process: bool) 
         total_bytes: run.total_bytes,
         message_size: run.message_size,
         threads: 1,
+        buffers: default_buffers(),
+        consume_ns_per_kib: 0,
         elapsed_s,
         aggregate_bytes_per_sec: sent as f64 / elapsed_s.max(1e-9),
         cpu_s_per_gb: cpu.map(|c| c / (sent as f64 / 1e9).max(1e-9)),
@@ -421,6 +513,19 @@ async fn loopback(
         None
     };
     let threads = args.threads()?;
+    let buffers = args.buffers(designs)?;
+    let consume = args.consume()?;
+    let memcpy = measure_memcpy(runs[0].total_bytes, runs[0].message_size as usize);
+    // The bandwidth-delay product per design: the memcpy rate (the carrier's
+    // link) over the round trip of a small message and its answer.
+    let mut bdp = std::collections::HashMap::new();
+    if let (Some(shm), true) = (&shm, buffers.contains(&Buffers::Bdp)) {
+        for &design in designs.iter().filter(|d| **d != Design::Tcp) {
+            let run = shm.fit(design, &runs[0]);
+            let window = shm.bdp(design, &run, memcpy.bytes_per_sec).await?;
+            bdp.insert(design, window);
+        }
+    }
     let mut results = vec![];
     for (i, run) in runs.iter().enumerate() {
         for (encrypted, cluster) in &clusters {
@@ -446,35 +551,81 @@ async fn loopback(
                 other => return Err(format!("unexpected reply {other:?}").into()),
             }
         }
-        if let Some(shm) = &shm {
-            for &design in designs.iter().filter(|d| **d != Design::Tcp) {
-                for &threads in &threads {
-                    let label = format!(
-                        "shuffling: {} of {} over {} shared-memory nodes ({design}, {threads} \
-                         sending thread{})",
-                        run.pattern,
-                        human_bytes(run.total_bytes as f64),
-                        args.nodes,
-                        if threads == 1 { "" } else { "s" }
-                    );
-                    let run = shm.fit(design, run);
-                    let senders = Senders {
-                        threads,
-                        shared: !design.per_thread(),
-                    };
-                    let workers =
-                        with_progress(&label, shm.run(design, senders, &run, i as u64 + 1)).await?;
-                    results.push(ShuffleResult {
-                        design: format!("shm/{design}"),
-                        threads,
-                        ..result(&run, workers, true)
-                    });
-                }
+        let Some(shm) = &shm else { continue };
+        for &design in designs.iter().filter(|d| **d != Design::Tcp) {
+            for (&threads, &setting, &ns_per_kib) in combinations(&threads, &buffers, &consume) {
+                let window = match setting {
+                    Buffers::Default => Window::Default,
+                    Buffers::Fixed(n) => Window::Fixed(n),
+                    Buffers::Bdp => Window::Fixed(bdp[&design]),
+                    Buffers::Adaptive => Window::Adaptive,
+                };
+                let named = match setting {
+                    Buffers::Default => "default".to_string(),
+                    Buffers::Fixed(n) => n.to_string(),
+                    Buffers::Bdp => format!("bdp={}", bdp[&design]),
+                    Buffers::Adaptive => "adaptive".into(),
+                };
+                let label = format!(
+                    "shuffling: {} of {} over {} shared-memory nodes ({design}, {threads} \
+                     sending thread{}, {named} buffers, {ns_per_kib} ns/KiB)",
+                    run.pattern,
+                    human_bytes(run.total_bytes as f64),
+                    args.nodes,
+                    if threads == 1 { "" } else { "s" }
+                );
+                let run = shm.fit(design, run);
+                let senders = Senders {
+                    threads,
+                    shared: !design.per_thread(),
+                };
+                let how = ShmRun {
+                    design,
+                    senders,
+                    window,
+                    ns_per_kib,
+                };
+                let workers = with_progress(&label, shm.run(how, &run, i as u64 + 1)).await?;
+                results.push(ShuffleResult {
+                    design: format!("shm/{design}"),
+                    threads,
+                    buffers: named,
+                    consume_ns_per_kib: ns_per_kib,
+                    ..result(&run, workers, true)
+                });
             }
         }
     }
-    let memcpy = measure_memcpy(runs[0].total_bytes, runs[0].message_size as usize);
     Ok(report(args, None, Some(memcpy), results))
+}
+
+/// Every combination of threads, buffers and consumer cost, in that order.
+fn combinations<'a>(
+    threads: &'a [usize],
+    buffers: &'a [Buffers],
+    consume: &'a [u64],
+) -> impl Iterator<Item = (&'a usize, &'a Buffers, &'a u64)> {
+    threads.iter().flat_map(move |t| {
+        buffers
+            .iter()
+            .flat_map(move |b| consume.iter().map(move |c| (t, b, c)))
+    })
+}
+
+/// A stream's receive window in a shm run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Window {
+    Default,
+    Fixed(u32),
+    Adaptive,
+}
+
+/// How the shm nodes run one configuration.
+struct ShmRun {
+    design: Design,
+    senders: Senders,
+    window: Window,
+    ns_per_kib: u64,
 }
 
 /// Nodes of the shared-memory carrier in this process, their segments in a
@@ -522,27 +673,33 @@ impl ShmNodes {
         run
     }
 
-    /// Runs `run` on every node at once, sent by `senders` per node.
-    async fn run(
+    /// The settings of `design`'s endpoints for `run` with `window`, and the
+    /// largest window its streams' receives fit.
+    fn config(
         &self,
         design: Design,
-        senders: Senders,
         run: &ShuffleRun,
-        run_id: u64,
-    ) -> Result<Vec<ShuffleFigures>, BoxError> {
-        use gyre_transport::bench::{ShuffleSpec, run_design_shuffle};
-        use gyre_transport::design::{DesignConfig, HEADER, LocalConnector, Primitive};
-        let connector = LocalConnector::new();
-        let nodes: Vec<u32> = self.carriers.iter().map(|c| c.node()).collect();
+        window: Window,
+        senders: Senders,
+    ) -> Result<(gyre_transport::design::DesignConfig, u32), BoxError> {
+        use gyre_transport::design::{DesignConfig, HEADER, Primitive};
         let primitive = design
             .primitive()
             .ok_or_else(|| format!("{design} is not a design of the shm carrier"))?;
-        let config = if primitive == Primitive::Datagram {
+        let others = self.carriers.len() - 1;
+        let depth = self.carriers[0].recv_depth();
+        // Datagram endpoints post every stream's receives on one queue pair.
+        let most = match primitive {
+            Primitive::Datagram => (depth / (others * senders.streams())).saturating_sub(1),
+            Primitive::Send => depth - 1,
+            _ => 256,
+        }
+        .clamp(1, 256) as u32;
+        let mut config = if primitive == Primitive::Datagram {
             // Small messages need a deeper window to keep the pipe full, as the
             // paper's datagram receivers post many more buffers; every stream's
             // receives share the one queue pair's depth.
-            let window = (self.carriers[0].recv_depth() / (nodes.len() - 1)).saturating_sub(1);
-            let window = window.clamp(1, 32) as u32;
+            let window = (depth / others).saturating_sub(1).clamp(1, 32) as u32;
             DesignConfig {
                 message_size: run.message_size as usize + HEADER,
                 primitive,
@@ -558,6 +715,63 @@ impl ShmNodes {
                 ..Default::default()
             }
         };
+        match window {
+            Window::Default => {}
+            Window::Fixed(n) => {
+                config.window = n.min(most);
+                config.credit_every = config.credit_every.min(config.window);
+            }
+            Window::Adaptive => {
+                config.window = 2.min(most);
+                config.credit_every = 1;
+                config.adaptive = Some(most.max(config.window));
+            }
+        }
+        Ok((config, most))
+    }
+
+    /// The bandwidth-delay product of `design` in buffers: `bytes_per_sec`
+    /// over the median round trip of a small message and its answer.
+    async fn bdp(
+        &self,
+        design: Design,
+        run: &ShuffleRun,
+        bytes_per_sec: f64,
+    ) -> Result<u32, BoxError> {
+        use gyre_transport::bench::{bdp_window, design_round_trip};
+        let (config, most) = self.config(design, run, Window::Default, Senders::ONE)?;
+        let carriers = [Arc::clone(&self.carriers[0]), Arc::clone(&self.carriers[1])];
+        let connector = gyre_transport::design::LocalConnector::new();
+        let rtt = design_round_trip(carriers, connector, config.clone(), 200, 1 << 20).await?;
+        let window = bdp_window(bytes_per_sec, rtt, config.message_size);
+        eprintln!(
+            "{design}: round trip {:.1} us at {:.2} GB/s: a bandwidth-delay product of {window} \
+             buffers of {}{}",
+            rtt.as_secs_f64() * 1e6,
+            bytes_per_sec / 1e9,
+            human_bytes(config.message_size as f64),
+            if window > most {
+                format!(" (capped at {most})")
+            } else {
+                String::new()
+            }
+        );
+        Ok(window.min(most))
+    }
+
+    /// Runs `run` on every node at once as `how` says.
+    async fn run(
+        &self,
+        how: ShmRun,
+        run: &ShuffleRun,
+        run_id: u64,
+    ) -> Result<Vec<ShuffleFigures>, BoxError> {
+        use gyre_transport::bench::{Receiving, ShuffleSpec, run_design_shuffle};
+        use gyre_transport::design::{BufferPool, LocalConnector};
+        let connector = LocalConnector::new();
+        let nodes: Vec<u32> = self.carriers.iter().map(|c| c.node()).collect();
+        let (config, most) = self.config(how.design, run, how.window, how.senders)?;
+        let streams_in = (nodes.len() - 1) * how.senders.streams();
         let mut tasks = vec![];
         for (index, carrier) in self.carriers.iter().enumerate() {
             let spec = ShuffleSpec {
@@ -569,10 +783,25 @@ impl ShmNodes {
                 schedule: run.schedule.parse()?,
                 run_id,
             };
+            // Adaptive: a pool per node, as many buffers as its streams could
+            // take at their largest windows.
+            let pool = match how.window {
+                Window::Adaptive => Some(BufferPool::register(
+                    &**carrier,
+                    streams_in * (most as usize + 1),
+                    config.message_size,
+                )?),
+                _ => None,
+            };
+            let receiving = Receiving {
+                pool,
+                ns_per_kib: how.ns_per_kib,
+            };
             let (carrier, connector, config) =
                 (Arc::clone(carrier), connector.clone(), config.clone());
+            let senders = how.senders;
             tasks.push(tokio::spawn(async move {
-                run_design_shuffle(carrier, connector, config, &spec, senders).await
+                run_design_shuffle(carrier, connector, config, &spec, senders, receiving).await
             }));
         }
         let mut workers = vec![];
@@ -683,13 +912,17 @@ fn emit(args: &ShuffleArgs, r: &ShuffleBenchReport) -> Result<(), BoxError> {
     }
     for run in &r.runs {
         println!(
-            "\n{}{}: {} of {} over {} workers, {} schedule, {} links, {} messages: {:.2} s, \
+            "\n{}{}{}: {} of {} over {} workers, {} schedule, {} links, {} messages: {:.2} s, \
              {:.1} MB/s in all{}{}",
             run.design,
             if run.threads > 1 {
                 format!(" ({} sending threads per worker)", run.threads)
             } else {
                 String::new()
+            },
+            match (run.buffers.as_str(), run.consume_ns_per_kib) {
+                ("default", 0) => String::new(),
+                (b, c) => format!(" ({b} buffers, receivers busy {c} ns per KiB)"),
             },
             run.pattern,
             human_bytes(run.total_bytes as f64),
@@ -732,13 +965,20 @@ fn emit(args: &ShuffleArgs, r: &ShuffleBenchReport) -> Result<(), BoxError> {
             let Some(d) = &w.design else { continue };
             println!(
                 "{:>10} setup {:.1} ms, {} queue pairs, {} registered, credit wait {:.3} s, \
-                 {} credit updates",
+                 {} credit updates, receive buffers {:.1} on average, {} at most{}",
                 w.node,
                 d.setup_s * 1e3,
                 d.queue_pairs,
                 human_bytes(d.registered_bytes as f64),
                 d.credit_wait_s,
-                d.credit_updates
+                d.credit_updates,
+                d.buffers_mean,
+                d.buffers_peak,
+                if d.buffers_lent + d.buffers_retired > 0 {
+                    format!(" ({} lent, {} retired)", d.buffers_lent, d.buffers_retired)
+                } else {
+                    String::new()
+                }
             );
         }
     }
@@ -812,6 +1052,12 @@ fn designs_svg(r: &ShuffleBenchReport) -> String {
         }
         if run.threads > 1 {
             l.push_str(&format!(" x{}", run.threads));
+        }
+        if run.buffers != "default" {
+            l.push_str(&format!(" {}", run.buffers));
+        }
+        if run.consume_ns_per_kib > 0 {
+            l.push_str(&format!(" {}ns/KiB", run.consume_ns_per_kib));
         }
         l
     };

@@ -242,6 +242,73 @@ fn bench_shuffle_runs_single_and_multiple_endpoint_designs_with_threads() {
     qps("shm/semq-wr", 3);
 }
 
+/// Receive buffers as the RDMA-aware shuffle's section 6 compares them: a
+/// fixed window, the bandwidth-delay product and adaptive buffers, with and
+/// without busy receivers. Every byte arrives; the fixed window holds its
+/// buffers, the adaptive one reports what it lent and retired over time.
+#[test]
+fn bench_shuffle_compares_fixed_bdp_and_adaptive_buffers() {
+    let report = json_of(&[
+        "bench",
+        "shuffle",
+        "--link",
+        "loopback",
+        "--nodes",
+        "2",
+        "--bytes",
+        "8MB",
+        "--carrier",
+        "shm",
+        "--design",
+        "memq-sr,mesq-sr",
+        "--buffers",
+        "4,bdp,adaptive",
+        "--consume",
+        "0,500",
+        "--message-size",
+        "4000",
+        "--json",
+        "-",
+    ]);
+    let runs = report["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 2 * 3 * 2);
+    for run in runs {
+        let buffers = run["buffers"].as_str().unwrap();
+        for w in run["workers"].as_array().unwrap() {
+            assert_eq!(w["bytes_received"].as_u64().unwrap(), 4_000_000, "{w}");
+            let d = &w["design"];
+            let (mean, peak) = (d["buffers_mean"].as_f64().unwrap(), d["buffers_peak"]);
+            let timeline = d["buffers_over_time"].as_array().unwrap();
+            assert!(!timeline.is_empty() && timeline.len() <= 200, "{d}");
+            match buffers {
+                // A window of 4 and the reserve, for the one stream.
+                // (Fewer in the last samples: an ended stream gives its back.)
+                "4" => assert!(peak == 5 && mean > 3.0, "{d}"),
+                "adaptive" => assert!(mean >= 1.0 && mean <= peak.as_f64().unwrap(), "{d}"),
+                b => assert!(b.starts_with("bdp="), "{b}"),
+            }
+        }
+    }
+    for (args, named) in [
+        (
+            &["--design", "memq-rd", "--buffers", "adaptive"][..],
+            "send/receive",
+        ),
+        (&["--buffers", "lots"][..], "lots"),
+        (&["--consume", "-1"][..], "--consume"),
+    ] {
+        let out = gyre()
+            .args(["bench", "shuffle", "--link", "loopback", "--bytes", "1MB"])
+            .args(["--carrier", "shm"])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(named), "{args:?}: {err}");
+    }
+}
+
 #[test]
 fn bench_shuffle_refuses_what_it_cannot_run() {
     for (args, named) in [

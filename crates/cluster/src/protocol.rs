@@ -474,7 +474,7 @@ pub struct ShuffleFigures {
 }
 
 /// A worker's endpoints over a verbs design: setup, resources and credit.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DesignCost {
     /// Opening and connecting the endpoints (waiting for every peer's).
     pub setup_s: f64,
@@ -485,6 +485,19 @@ pub struct DesignCost {
     pub credit_wait_s: f64,
     /// Credit counts receivers wrote back.
     pub credit_updates: u64,
+    /// The receiving endpoint's buffers: mean and most over the run (sampled
+    /// every millisecond), over time (at most 200 points), and what adaptive
+    /// buffering lent to starved streams and took out of circulation.
+    #[serde(default)]
+    pub buffers_mean: f64,
+    #[serde(default)]
+    pub buffers_peak: u64,
+    #[serde(default)]
+    pub buffers_over_time: Vec<u32>,
+    #[serde(default)]
+    pub buffers_lent: u64,
+    #[serde(default)]
+    pub buffers_retired: u64,
 }
 
 impl From<gyre_transport::bench::ShuffleReport> for ShuffleFigures {
@@ -508,6 +521,11 @@ impl From<gyre_transport::bench::ShuffleReport> for ShuffleFigures {
                 registered_bytes: d.registered_bytes,
                 credit_wait_s: d.credit_wait.as_secs_f64(),
                 credit_updates: d.credit_updates,
+                buffers_mean: d.buffers.mean,
+                buffers_peak: d.buffers.peak,
+                buffers_over_time: d.buffers.timeline,
+                buffers_lent: d.buffers.lent,
+                buffers_retired: d.buffers.retired,
             }),
         }
     }

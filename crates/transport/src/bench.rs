@@ -145,7 +145,7 @@ pub struct ShuffleReport {
 }
 
 /// A node's cost of a run over a verbs design beyond time and bytes.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct DesignFigures {
     /// Opening and connecting the run's endpoints (waiting for every peer's).
     pub setup: Duration,
@@ -161,10 +161,13 @@ pub struct DesignFigures {
 
 /// A receiving endpoint's buffers over a run (sampled every millisecond),
 /// and what adaptive buffering moved.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct BufferFigures {
     pub mean: f64,
     pub peak: u64,
+    /// Buffers held over the run: at most 200 points, each the largest of
+    /// an equal share of the samples.
+    pub timeline: Vec<u32>,
     /// Buffers lent to streams whose senders waited for credit, and taken
     /// out of circulation where messages piled up.
     pub lent: u64,
@@ -465,6 +468,10 @@ pub async fn run_design_shuffle(
     let buffers = BufferFigures {
         mean: samples.iter().sum::<usize>() as f64 / samples.len() as f64,
         peak: samples.iter().copied().max().unwrap_or(0) as u64,
+        timeline: samples
+            .chunks(samples.len().div_ceil(200).max(1))
+            .map(|c| c.iter().copied().max().unwrap_or(0) as u32)
+            .collect(),
         lent: recv.lent(),
         retired: recv.retired(),
     };
@@ -739,7 +746,7 @@ impl Senders {
     };
 
     /// Streams a node sends each destination: one per endpoint.
-    fn streams(self) -> usize {
+    pub fn streams(self) -> usize {
         if self.shared { 1 } else { self.threads }
     }
 }
@@ -1130,7 +1137,7 @@ mod tests {
                         "{primitive:?} {senders:?}"
                     );
                     assert_eq!(r.messages_received, 2 * 101);
-                    let d = r.design.expect("design figures");
+                    let d = r.design.clone().expect("design figures");
                     // Per node: a queue pair per sending endpoint and source
                     // stream (and one per datagram endpoint).
                     let endpoints = if shared { 1 } else { 3 };
@@ -1200,7 +1207,8 @@ mod tests {
                 .collect();
             for r in &reports {
                 assert_eq!(r.bytes_received, 2_000_000, "{primitive:?}");
-                let b = r.design.unwrap().buffers;
+                let b = &r.design.as_ref().unwrap().buffers;
+                assert!(!b.timeline.is_empty() && b.timeline.len() <= 200, "{b:?}");
                 assert!(
                     b.peak >= 1 && b.peak <= 64 && b.mean <= b.peak as f64,
                     "{b:?}"
@@ -1208,7 +1216,7 @@ mod tests {
             }
             // Node 1 consumes at once, so node 2's sender waits for credit: its
             // window grows from the pool.
-            let fast = reports[0].design.unwrap().buffers;
+            let fast = &reports[0].design.as_ref().unwrap().buffers;
             assert!(fast.lent > 0 && fast.peak > 3, "{primitive:?}: {fast:?}");
             for p in &pools {
                 assert_eq!(p.in_use(), 0, "{primitive:?}: buffers not given back");
