@@ -277,7 +277,7 @@ fn bench_shuffle_compares_fixed_bdp_and_adaptive_buffers() {
         for w in run["workers"].as_array().unwrap() {
             assert_eq!(w["bytes_received"].as_u64().unwrap(), 4_000_000, "{w}");
             let d = &w["design"];
-            let (mean, peak) = (d["buffers_mean"].as_f64().unwrap(), d["buffers_peak"]);
+            let (mean, peak) = (d["buffers_mean"].as_f64().unwrap(), &d["buffers_peak"]);
             let timeline = d["buffers_over_time"].as_array().unwrap();
             assert!(!timeline.is_empty() && timeline.len() <= 200, "{d}");
             match buffers {
