@@ -689,7 +689,7 @@ impl ShmNodes {
         let others = self.carriers.len() - 1;
         let depth = self.carriers[0].recv_depth();
         // Datagram endpoints post every stream's receives on one queue pair.
-        let most = match primitive {
+        let mut most = match primitive {
             Primitive::Datagram => (depth / (others * senders.streams())).saturating_sub(1),
             Primitive::Send => depth - 1,
             _ => 256,
@@ -722,6 +722,9 @@ impl ShmNodes {
                 config.credit_every = config.credit_every.min(config.window);
             }
             Window::Adaptive => {
+                // A sender keeps two receives per buffer a stream may be lent
+                // for the receiver's credit writes, on a queue of `depth`.
+                most = most.min(((depth - 8) / 2) as u32);
                 config.window = 2.min(most);
                 config.credit_every = 1;
                 config.adaptive = Some(most.max(config.window));

@@ -163,12 +163,12 @@ impl DesignConfig {
     /// Buffer-less receives a sender keeps posted per stream for the receiver's
     /// notifications: more than the credit writes a receiver can make before the
     /// sender next reaps, or (Read) one per buffer that may be read. An adaptive
-    /// receiver writes at the largest window's rate, and once more per message
-    /// at most when it lends a starved stream a buffer.
+    /// receiver writes at the largest window's rate, and besides once per
+    /// message at most when it lends a starved stream a buffer.
     pub(super) fn notify_recvs(&self) -> u64 {
         match (self.primitive, self.adaptive) {
             (Primitive::Read, _) => self.valid_entries() as u64 + 1,
-            (_, Some(max)) => (max / self.credit_every) as u64 + 8,
+            (_, Some(max)) => 2 * (max / self.credit_every) as u64 + 8,
             _ => (self.window / self.credit_every) as u64 + 4,
         }
     }

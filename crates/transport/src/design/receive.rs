@@ -628,18 +628,18 @@ impl DesignReceive {
                 drop(circ);
                 self.held.lock().remove(&(buffer as u32));
                 self.pool.give([buffer as u32]);
-            } else if c.primitive == Primitive::Datagram {
-                circ.posted += 1;
-            }
-            if retire {
-                return self.write_back_due(source, &mut credit);
-            }
-            if !surplus {
+            } else {
+                if c.primitive == Primitive::Datagram {
+                    circ.posted += 1;
+                }
                 self.datagrams
                     .as_ref()
                     .unwrap_or(&l.qp)
                     .post_recv(wr)
                     .map_err(carrier_err)?;
+            }
+            if retire {
+                return self.write_back_due(source, &mut credit);
             }
         } else {
             l.qp.post_recv(wr).map_err(carrier_err)?;

@@ -187,6 +187,15 @@ impl DesignSend {
         config.check_carrier(&*carrier)?;
         let dests = Destinations::new(&spec)?;
         let n = dests.nodes().len();
+        if config.notify_recvs() as usize > carrier.recv_depth() {
+            return Err(TransportError::Misuse(format!(
+                "{} receives per stream for the receiver's credit writes (a window of up to \
+                 {}) exceed the carrier's receive depth of {}",
+                config.notify_recvs(),
+                config.adaptive.unwrap_or(config.window),
+                carrier.recv_depth()
+            )));
+        }
         let depth = (config.send_buffers * n + 64).next_power_of_two();
         let scq = carrier.create_cq(depth).map_err(carrier_err)?;
         let rcq = carrier

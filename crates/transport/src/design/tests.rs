@@ -868,3 +868,26 @@ async fn receivers_share_their_nodes_pool_and_give_it_back() {
     .expect("refused");
     assert!(err.to_string().contains("send/receive designs"), "{err}");
 }
+
+/// An adaptive window whose credit writes would overflow the sender's
+/// notification receives is refused when the sender opens, naming the depth.
+#[test]
+fn an_adaptive_limit_beyond_the_notification_receives_is_refused() {
+    let c = cluster(2);
+    let cfg = DesignConfig {
+        credit_every: 1,
+        adaptive: Some(255),
+        ..small()
+    };
+    let spec = crate::SendSpec {
+        query: 1,
+        exchange: 1,
+        from: 1,
+        destinations: vec![2],
+        groups: vec![],
+    };
+    let err = DesignSend::open(Arc::clone(&c.carriers[0]), c.connector.clone(), cfg, spec)
+        .err()
+        .expect("refused");
+    assert!(err.to_string().contains("receive depth of 256"), "{err}");
+}
