@@ -295,7 +295,7 @@ fn bench_shuffle_compares_fixed_bdp_and_adaptive_buffers() {
             "send/receive",
         ),
         (&["--buffers", "lots"][..], "lots"),
-        (&["--consume", "-1"][..], "--consume"),
+        (&["--consume", "slow"][..], "--consume"),
     ] {
         let out = gyre()
             .args(["bench", "shuffle", "--link", "loopback", "--bytes", "1MB"])
