@@ -76,6 +76,11 @@ fn recv_id(primitive: Primitive, source: usize, buffer: u32) -> u64 {
     }
 }
 
+/// The stream (Send's; 0 for datagrams) and buffer a receive's id names.
+fn split_recv_id(id: u64) -> (usize, usize) {
+    ((id >> 32) as usize, (id & 0xffff_ffff) as usize)
+}
+
 /// The part of a receiver's state one stream needs.
 struct InLink {
     slot: u32,
@@ -591,20 +596,10 @@ impl DesignReceive {
         if ended && c.primitive == Primitive::Write {
             return Ok(());
         }
-        let wr = match c.primitive {
-            Primitive::Read => {
-                self.state.lock().reads[source].free.push(buffer);
-                return self.pump_reads(source);
-            }
-            Primitive::Write => RecvWr {
-                id: source as u64,
-                local: None,
-            },
-            _ => RecvWr {
-                id: recv_id(c.primitive, source, buffer as u32),
-                local: Some(self.buffers.sge(buffer * c.message_size, c.message_size)),
-            },
-        };
+        if c.primitive == Primitive::Read {
+            self.state.lock().reads[source].free.push(buffer);
+            return self.pump_reads(source);
+        }
         let mut credit = l.credit.lock();
         if matches!(c.primitive, Primitive::Send | Primitive::Datagram) {
             let mut circ = self.circulation.lock();
@@ -632,17 +627,18 @@ impl DesignReceive {
                 if c.primitive == Primitive::Datagram {
                     circ.posted += 1;
                 }
-                self.datagrams
-                    .as_ref()
-                    .unwrap_or(&l.qp)
-                    .post_recv(wr)
-                    .map_err(carrier_err)?;
+                self.post_buffer(source, buffer as u32)?;
             }
             if retire {
                 return self.write_back_due(source, &mut credit);
             }
         } else {
-            l.qp.post_recv(wr).map_err(carrier_err)?;
+            // Write: a buffer-less receive, the buffer joining the free queue.
+            l.qp.post_recv(RecvWr {
+                id: source as u64,
+                local: None,
+            })
+            .map_err(carrier_err)?;
         }
         if !counts {
             return Ok(());
@@ -658,6 +654,21 @@ impl DesignReceive {
         credit.posted += 1;
         credit.since += 1;
         self.write_back_due(source, &mut credit)
+    }
+
+    /// Posts a receive into pool buffer `buffer` for stream `source` (Send: on
+    /// its queue pair; datagrams: on the endpoint's one).
+    fn post_buffer(&self, source: usize, buffer: u32) -> Result<(), TransportError> {
+        let c = &self.config;
+        let at = buffer as usize * c.message_size;
+        self.datagrams
+            .as_ref()
+            .unwrap_or(&self.links[source].qp)
+            .post_recv(RecvWr {
+                id: recv_id(c.primitive, source, buffer),
+                local: Some(self.buffers.sge(at, c.message_size)),
+            })
+            .map_err(carrier_err)
     }
 
     /// Writes stream `source`'s credit back once `credit_every` releases are
@@ -704,17 +715,10 @@ impl DesignReceive {
         };
         let buffer = taken[0];
         self.held.lock().insert(buffer);
-        let posted = self.datagrams.as_ref().unwrap_or(&l.qp).post_recv(RecvWr {
-            id: recv_id(c.primitive, i, buffer),
-            local: Some(
-                self.buffers
-                    .sge(buffer as usize * c.message_size, c.message_size),
-            ),
-        });
-        if let Err(e) = posted {
+        if let Err(e) = self.post_buffer(i, buffer) {
             self.held.lock().remove(&buffer);
             self.pool.give([buffer]);
-            return Err(carrier_err(e));
+            return Err(e);
         }
         if c.primitive == Primitive::Datagram {
             circ.posted += 1;
@@ -740,7 +744,7 @@ impl DesignReceive {
         let mut waiting = vec![0u32; self.links.len()];
         for c in found {
             let stream = match &self.datagrams {
-                None => Some((c.id >> 32) as usize),
+                None => Some(split_recv_id(c.id).0),
                 Some(_) => self
                     .links
                     .iter()
@@ -894,7 +898,7 @@ impl DesignReceive {
         if c.status != WcStatus::Success {
             let peer = match self.config.primitive {
                 Primitive::Datagram => c.src.map_or(0, |a| a.node),
-                Primitive::Send => self.links.get((c.id >> 32) as usize).map_or(0, |l| l.node),
+                Primitive::Send => self.links.get(split_recv_id(c.id).0).map_or(0, |l| l.node),
                 Primitive::Read | Primitive::Write => {
                     let i = match c.op {
                         WcOp::Read => c.id as usize / per,
@@ -918,8 +922,7 @@ impl DesignReceive {
         }
         match self.config.primitive {
             Primitive::Send | Primitive::Datagram => {
-                let buffer = (c.id & 0xffff_ffff) as usize;
-                let stream = (c.id >> 32) as usize;
+                let (stream, buffer) = split_recv_id(c.id);
                 if buffer >= self.pool.capacity()
                     || stream >= self.links.len().max(1)
                     || c.op != WcOp::Recv

@@ -91,6 +91,16 @@ impl Cluster {
         groups: Vec<Vec<NodeId>>,
         c: DesignConfig,
     ) -> DesignSend {
+        self.try_send(node, dests, groups, c).unwrap()
+    }
+
+    fn try_send(
+        &self,
+        node: u32,
+        dests: Vec<NodeId>,
+        groups: Vec<Vec<NodeId>>,
+        c: DesignConfig,
+    ) -> Result<DesignSend, TransportError> {
         DesignSend::open(
             Arc::clone(&self.carriers[node as usize - 1]),
             self.connector.clone(),
@@ -103,7 +113,6 @@ impl Cluster {
                 groups,
             },
         )
-        .unwrap()
     }
 
     fn recv(&self, node: u32, sources: Vec<NodeId>, c: DesignConfig) -> DesignReceive {
@@ -476,16 +485,7 @@ fn datagram_designs_refuse_messages_larger_than_a_datagram() {
         message_size: UD_MTU + 1,
         ..small()
     };
-    let spec = crate::SendSpec {
-        query: 1,
-        exchange: 1,
-        from: 1,
-        destinations: vec![2],
-        groups: vec![],
-    };
-    let err = DesignSend::open(Arc::clone(&c.carriers[0]), c.connector.clone(), cfg, spec)
-        .err()
-        .expect("refused");
+    let err = c.try_send(1, vec![2], vec![], cfg).err().expect("refused");
     assert!(
         err.to_string().contains("datagrams of at most 4096"),
         "{err}"
@@ -495,21 +495,7 @@ fn datagram_designs_refuse_messages_larger_than_a_datagram() {
 #[test]
 fn destinations_resolve_as_for_tcp_endpoints() {
     let c = cluster(3);
-    let open = |destinations: Vec<NodeId>, groups: Vec<Vec<NodeId>>| {
-        let spec = crate::SendSpec {
-            query: 1,
-            exchange: 1,
-            from: 1,
-            destinations,
-            groups,
-        };
-        DesignSend::open(
-            Arc::clone(&c.carriers[0]),
-            c.connector.clone(),
-            small(),
-            spec,
-        )
-    };
+    let open = |destinations, groups| c.try_send(1, destinations, groups, small());
     let err = |r: Result<DesignSend, TransportError>| r.err().expect("refused").to_string();
     assert!(err(open(vec![2, 2], vec![])).contains("twice"));
     assert!(err(open(vec![2, 3, 2], vec![])).contains("twice"));
@@ -879,15 +865,6 @@ fn an_adaptive_limit_beyond_the_notification_receives_is_refused() {
         adaptive: Some(255),
         ..small()
     };
-    let spec = crate::SendSpec {
-        query: 1,
-        exchange: 1,
-        from: 1,
-        destinations: vec![2],
-        groups: vec![],
-    };
-    let err = DesignSend::open(Arc::clone(&c.carriers[0]), c.connector.clone(), cfg, spec)
-        .err()
-        .expect("refused");
+    let err = c.try_send(1, vec![2], vec![], cfg).err().expect("refused");
     assert!(err.to_string().contains("receive depth of 256"), "{err}");
 }
