@@ -253,7 +253,7 @@ async fn encode_message(
         buf = enc.encode_into(b, buf).expect("encodable");
     }
     // Dropping the unsent buffer hands its credit back.
-    buf.as_slice().to_vec()
+    buf.to_vec()
 }
 
 /// Valid exchange messages: every stream of [`ipc_streams`] with no compression, LZ4

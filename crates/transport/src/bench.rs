@@ -652,7 +652,7 @@ impl BenchSend for crate::endpoint::SendEndpoint {
         self.acquire(to).await
     }
     fn append(buf: &mut Self::Buffer, bytes: &[u8]) {
-        buf.vec_mut().extend_from_slice(bytes);
+        buf.extend_from_slice(bytes);
     }
     fn put(&self, buf: Self::Buffer, last: bool) -> Result<(), TransportError> {
         self.put(buf, last)

@@ -111,8 +111,8 @@ impl RoundBarrier {
             return Ok(());
         };
         let mut buf = send.acquire(to).await?;
-        buf.vec_mut().extend_from_slice(&kind.to_le_bytes());
-        buf.vec_mut().extend_from_slice(&round.to_le_bytes());
+        buf.extend_from_slice(&kind.to_le_bytes());
+        buf.extend_from_slice(&round.to_le_bytes());
         send.put(buf, false)
     }
 
@@ -270,7 +270,7 @@ mod tests {
             if let Some(&(_, to)) = pairs.iter().find(|p| p.0 == me) {
                 for _ in 0..MESSAGES {
                     let mut buf = data.acquire(To::Node(ids[to])).await.unwrap();
-                    buf.vec_mut().extend_from_slice(&[r as u8; 9000]);
+                    buf.extend_from_slice(&[r as u8; 9000]);
                     data.put(buf, false).unwrap();
                 }
                 barrier.sent(to).await.unwrap();
@@ -364,7 +364,7 @@ mod tests {
         match marker {
             Some(bytes) => {
                 let mut buf = rogue.acquire(To::Node(1)).await.unwrap();
-                buf.vec_mut().extend_from_slice(bytes);
+                buf.extend_from_slice(bytes);
                 rogue.put(buf, false).unwrap();
             }
             None => rogue.finish(),

@@ -166,20 +166,22 @@ impl Transport for TcpTransport {
     }
 
     fn open_send(&self, spec: SendSpec) -> Result<SendEndpoint, TransportError> {
-        SendEndpoint::open(
+        crate::endpoint::HubSend::open(
             Arc::clone(&self.hub),
             self.wire(),
             self.config.connect_timeout,
             spec,
         )
+        .map(SendEndpoint::from)
     }
 
     fn open_receive(&self, spec: ReceiveSpec) -> Result<ReceiveEndpoint, TransportError> {
-        let (ep, violators) = ReceiveEndpoint::open(Arc::clone(&self.hub), self.wire(), spec)?;
+        let (ep, violators) =
+            crate::endpoint::HubReceive::open(Arc::clone(&self.hub), self.wire(), spec)?;
         for (peer, reason) in violators {
             self.mux.lose(peer, reason, true);
         }
-        Ok(ep)
+        Ok(ep.into())
     }
 
     fn release_query(&self, query: u64) {

@@ -164,7 +164,7 @@ async fn a_broadcast_is_one_buffer_for_every_destination() {
         .collect();
     let mut b = ep.acquire(To::All).await.unwrap();
     b.write_all(&[7u8; 40_000]).unwrap();
-    let ptr = b.as_slice().as_ptr();
+    let ptr = b.hub_bytes().unwrap().as_ptr();
     ep.put(b, true).unwrap();
     // The local destination gets the very buffer that was filled: no copy.
     let local = receivers[0].get().await.unwrap().unwrap();

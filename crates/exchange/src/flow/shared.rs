@@ -199,7 +199,7 @@ impl Hashed {
 
 pub(super) async fn send_control(ep: &SendEndpoint, to: To, msg: &Control) -> Result<()> {
     let mut buf = ep.acquire(to).await.map_err(transport_err)?;
-    buf.vec_mut().extend_from_slice(&msg.encode());
+    buf.extend_from_slice(&msg.encode());
     ep.put(buf, false).map_err(transport_err)
 }
 

@@ -39,7 +39,7 @@ pub async fn ship(
     match filter.hashes() {
         None => {
             let mut buf = ep.acquire(To::All).await.map_err(transport_err)?;
-            buf.vec_mut().push(PASS_ALL);
+            buf.extend_from_slice(&[PASS_ALL]);
             ep.put(buf, true).map_err(transport_err)?;
         }
         Some(set) => {
@@ -51,12 +51,12 @@ pub async fn ship(
             let last = chunks.len() - 1;
             for (i, chunk) in chunks.into_iter().enumerate() {
                 let mut buf = ep.acquire(To::All).await.map_err(transport_err)?;
-                let v = buf.vec_mut();
-                v.reserve(1 + 8 * chunk.len());
-                v.push(KEYS);
+                let mut bytes = Vec::with_capacity(1 + 8 * chunk.len());
+                bytes.push(KEYS);
                 for h in chunk {
-                    v.extend_from_slice(&h.to_le_bytes());
+                    bytes.extend_from_slice(&h.to_le_bytes());
                 }
+                buf.extend_from_slice(&bytes);
                 ep.put(buf, i == last).map_err(transport_err)?;
             }
         }

@@ -150,7 +150,7 @@ async fn all_to_all(
     let (_, send, recv) = open_to_others(t, ring, exchange)?;
     let mut buf = send.acquire(To::All).await?;
     for w in words {
-        buf.vec_mut().extend_from_slice(&w.to_le_bytes());
+        buf.extend_from_slice(&w.to_le_bytes());
     }
     send.put(buf, true)?;
     while let Some(m) = recv.get().await? {
@@ -205,7 +205,7 @@ pub async fn scatter(
             for chunk in mine[i].chunks(words_per_message) {
                 let mut buf = send.acquire(To::Node(ring.nodes[i])).await?;
                 for w in chunk {
-                    buf.vec_mut().extend_from_slice(&w.to_le_bytes());
+                    buf.extend_from_slice(&w.to_le_bytes());
                 }
                 send.put(buf, false)?;
             }

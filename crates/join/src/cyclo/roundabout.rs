@@ -467,7 +467,7 @@ pub async fn run_roundabout<J: JoinEntity>(
                     let waited = Instant::now();
                     let mut buf = send.acquire(To::Node(succ)).await?;
                     wait += waited.elapsed();
-                    buf.vec_mut().extend_from_slice(piece);
+                    buf.extend_from_slice(piece);
                     send.put(buf, false)?;
                 }
                 fragments += 1;

@@ -12,6 +12,9 @@ pub(super) const FLAG_LAST: u32 = 1;
 pub(super) const FLAG_ERROR: u32 = 2;
 /// The sender waited for credit before this message (adaptive buffers).
 pub(super) const FLAG_STARVED: u32 = 4;
+/// The message continues in the stream's next one (a message larger than a
+/// buffer, cut into several).
+pub(super) const FLAG_MORE: u32 = 8;
 /// Slots are padded to cache lines, as the paper pads its credit slots.
 const LINE: usize = 64;
 /// Bytes of a Read stream's valid-queue entry: buffer index, bytes to read.

@@ -62,11 +62,13 @@ mod message;
 mod pool;
 pub mod receive;
 pub mod send;
+pub mod transport;
 
 pub use message::{DesignConfig, HEADER, Primitive};
 pub use pool::BufferPool;
 pub use receive::{DesignReceive, Received};
 pub use send::{DesignBuffer, DesignSend};
+pub use transport::DesignTransport;
 
 use crate::frame::StreamKey;
 use crate::verbs::{QpAddr, RemoteRegion};
@@ -225,6 +227,10 @@ pub trait Connector: Send + Sync {
         offer: Offer,
         timeout: Duration,
     ) -> Result<Offer, String>;
+
+    /// `query` is over: its sides still waiting give up at once, and (for a
+    /// while) so do those that come later.
+    fn release(&self, _query: u64) {}
 }
 
 /// Connects one side of stream `key`: exchanges offers, lets `connect` bring
@@ -270,10 +276,15 @@ pub async fn handshake(
 /// An offer waiting for its peer, and where to hand the peer's offer.
 type Waiting = (Offer, oneshot::Sender<Offer>);
 
+/// How long a released query's late sides are turned away.
+const RELEASED_FOR: Duration = Duration::from_secs(60);
+
 /// A connector for endpoints of one process (tests, embedded clusters, benchmarks).
 #[derive(Default)]
 pub struct LocalConnector {
     waiting: Mutex<HashMap<(StreamKey, Side, Phase), Waiting>>,
+    /// Queries released lately, and when.
+    released: Mutex<HashMap<u64, std::time::Instant>>,
 }
 
 impl LocalConnector {
@@ -296,6 +307,9 @@ impl Connector for LocalConnector {
             Side::Sender => Side::Receiver,
             Side::Receiver => Side::Sender,
         };
+        if self.released.lock().contains_key(&key.query) {
+            return Err(format!("stream {key}: its query is over"));
+        }
         let rx = {
             let mut w = self.waiting.lock();
             if let Some((theirs, tx)) = w.remove(&(key, other, phase)) {
@@ -311,13 +325,26 @@ impl Connector for LocalConnector {
         };
         match tokio::time::timeout(timeout, rx).await {
             Ok(Ok(theirs)) => Ok(theirs),
-            _ => {
+            Ok(Err(_)) => Err(format!("stream {key}: its query is over")),
+            Err(_) => {
                 self.waiting.lock().remove(&(key, side, phase));
                 Err(format!(
                     "the other side of stream {key} did not reach {phase:?} within {timeout:?}"
                 ))
             }
         }
+    }
+
+    fn release(&self, query: u64) {
+        {
+            let mut released = self.released.lock();
+            released.retain(|_, at| at.elapsed() < RELEASED_FOR);
+            released.insert(query, std::time::Instant::now());
+        }
+        // Dropping a waiting side's sender tells it the query is over.
+        self.waiting
+            .lock()
+            .retain(|(key, _, _), _| key.query != query);
     }
 }
 

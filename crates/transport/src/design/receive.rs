@@ -31,8 +31,8 @@
 //! ended gives its buffers back as they are released.
 
 use super::message::{
-    DROPPED, DesignConfig, ENTRY, FLAG_ERROR, FLAG_LAST, FLAG_STARVED, HEADER, Primitive,
-    carrier_err, free_entry_of, lost, word,
+    DROPPED, DesignConfig, ENTRY, FLAG_ERROR, FLAG_LAST, FLAG_MORE, FLAG_STARVED, HEADER,
+    Primitive, carrier_err, free_entry_of, lost, word,
 };
 use super::pool::BufferPool;
 use super::{Connector, Offer, Side, handshake};
@@ -106,6 +106,14 @@ pub struct Received {
     pub node: NodeId,
     /// Whether this is the source's last message.
     pub last: bool,
+    /// Its position in its stream. Datagrams may arrive out of order: a
+    /// consumer that needs the stream's order restores it from this.
+    pub seq: u64,
+    /// The message continues in the stream's next one.
+    pub more: bool,
+    /// The sender marked it as its stream's last (with datagrams, not
+    /// necessarily the last to arrive).
+    pub closes: bool,
     buffer: usize,
     len: usize,
 }
@@ -1128,7 +1136,7 @@ impl DesignReceive {
         if len != bytes - HEADER || word(h, 8) != l.slot {
             return Err(bad("its length or slot disagrees with what arrived"));
         }
-        let ended_now = {
+        let (ended_now, seq) = {
             let mut st = self.state.lock();
             if st.ended[source] {
                 return Err(bad("after the stream's end"));
@@ -1164,9 +1172,9 @@ impl DesignReceive {
                 Some(t) if st.arrived[source] == t => {
                     st.ended[source] = true;
                     st.remaining -= 1;
-                    true
+                    (true, seq)
                 }
-                _ => false,
+                _ => (false, seq),
             }
         };
         if ended_now {
@@ -1198,6 +1206,9 @@ impl DesignReceive {
             slot: l.slot,
             node: l.node,
             last: ended_now,
+            seq,
+            more: flags & FLAG_MORE != 0,
+            closes: flags & FLAG_LAST != 0,
             buffer,
             len,
         }))

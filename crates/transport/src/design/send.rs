@@ -6,8 +6,8 @@
 //! failed (a completion error or a lost peer; every later call errs).
 
 use super::message::{
-    DROPPED, DesignConfig, ENTRY, FLAG_ERROR, FLAG_LAST, FLAG_STARVED, HEADER, Primitive,
-    carrier_err, free_entry, header, lost, write_imm,
+    DROPPED, DesignConfig, ENTRY, FLAG_ERROR, FLAG_LAST, FLAG_MORE, FLAG_STARVED, HEADER,
+    Primitive, carrier_err, free_entry, header, lost, write_imm,
 };
 use super::{Connector, Offer, Side, handshake};
 use crate::endpoint::{Destinations, To};
@@ -87,6 +87,8 @@ pub struct DesignBuffer {
     /// Whether a credit of it had to be waited for (an adaptive receiver
     /// lends the stream a buffer more).
     starved: bool,
+    /// The message continues in the streams' next one.
+    more: bool,
     /// Streams and, for Write, the receiver buffer each credit named.
     targets: Vec<(usize, u32)>,
     cap: usize,
@@ -108,6 +110,9 @@ impl Drop for DesignBuffer {
 
 // SAFETY: the buffer's bytes belong to this reservation until it is put or dropped.
 unsafe impl Send for DesignBuffer {}
+// SAFETY: a shared reference reads only the reservation's own fields; its bytes
+// are written through `&mut self` alone.
+unsafe impl Sync for DesignBuffer {}
 
 impl std::fmt::Debug for DesignBuffer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -132,6 +137,19 @@ impl DesignBuffer {
     /// Payload bytes the buffer holds at most.
     pub fn capacity(&self) -> usize {
         self.cap
+    }
+
+    /// Marks the message as continued by the streams' next one (which the
+    /// receiver sees as [`super::Received::more`]): a message larger than a
+    /// buffer goes as several. Not for a last message.
+    pub fn set_more(&mut self, more: bool) {
+        self.more = more;
+    }
+
+    /// The payload written so far.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: this reservation's bytes after the header, written up to `len`.
+        unsafe { std::slice::from_raw_parts(self.ptr.add(HEADER), self.len) }
     }
 
     /// Appends `bytes`; false (and nothing written) if they do not fit.
@@ -272,6 +290,14 @@ impl DesignSend {
         self.dests.nodes()
     }
 
+    /// How many destinations other than this node `to` names.
+    pub fn remote_targets(&self, to: To) -> usize {
+        let me = self.carrier.node();
+        self.dests.targets(to).map_or(0, |t| {
+            t.iter().filter(|&&i| self.dests.nodes()[i] != me).count()
+        })
+    }
+
     /// Payload bytes a message holds at most.
     pub fn message_size(&self) -> usize {
         self.config.payload()
@@ -283,6 +309,11 @@ impl DesignSend {
             queue_pairs: (self.links.len() + self.datagrams.iter().len()) as u64,
             registered_bytes: (self.buffers.len() + self.slots.len()) as u64,
         }
+    }
+
+    /// Whether every stream is connected (nothing can be put before).
+    pub fn is_connected(&self) -> bool {
+        self.connected.initialized()
     }
 
     /// Time spent waiting for credits.
@@ -648,6 +679,7 @@ impl DesignSend {
             index,
             len: 0,
             starved,
+            more: false,
             targets,
             cap,
             ptr,
@@ -666,12 +698,20 @@ impl DesignSend {
         if buf.len == 0 && !last {
             return Err(TransportError::Misuse("an empty message".into()));
         }
+        if buf.more && last {
+            return Err(TransportError::Misuse(
+                "a last message cannot continue in another".into(),
+            ));
+        }
         buf.put = true;
         let n = buf.targets.len() as u32;
         self.state.lock().pending[buf.index] = n;
         let mut flags = if last { FLAG_LAST } else { 0 };
         if buf.starved {
             flags |= FLAG_STARVED;
+        }
+        if buf.more {
+            flags |= FLAG_MORE;
         }
         // SAFETY: the header bytes of this reservation's buffer.
         unsafe {

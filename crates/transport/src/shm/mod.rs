@@ -50,6 +50,28 @@ pub struct ShmConfig {
     pub params: ShmParams,
 }
 
+/// Where a host's segments should go: /dev/shm (tmpfs) when it has room for
+/// a few GiB of buffers, else the temporary directory (a container's /dev/shm
+/// is often 64 MiB, and a write past a full tmpfs kills the process).
+pub fn base_dir() -> PathBuf {
+    const ROOM: u64 = 2 << 30;
+    let shm = std::path::Path::new("/dev/shm");
+    let room = || -> Option<u64> {
+        use std::os::unix::ffi::OsStrExt;
+        let path = std::ffi::CString::new(shm.as_os_str().as_bytes()).ok()?;
+        // SAFETY: a valid C string and a zeroed struct the call fills.
+        let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+        if unsafe { libc::statvfs(path.as_ptr(), &mut st) } != 0 {
+            return None;
+        }
+        Some(st.f_bavail as u64 * st.f_frsize as u64)
+    };
+    match shm.is_dir() && room().is_some_and(|r| r >= ROOM) {
+        true => shm.to_path_buf(),
+        false => std::env::temp_dir(),
+    }
+}
+
 /// What the carrier did, for benchmarks and tests.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ShmStats {

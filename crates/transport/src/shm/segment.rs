@@ -99,6 +99,22 @@ impl Default for ShmParams {
     }
 }
 
+impl ShmParams {
+    /// Room for a query's exchanges: every node opens a send and a receive
+    /// endpoint per exchange, each with its queues, and several queries run
+    /// at once. The file is sparse: unused room costs address space only.
+    pub fn for_queries() -> Self {
+        Self {
+            max_regions: 16_384,
+            max_qps: 8192,
+            max_cqs: 2048,
+            recv_depth: 2048,
+            cq_depth: 4096,
+            arena: 4 << 30,
+        }
+    }
+}
+
 fn align64(x: usize) -> usize {
     x.div_ceil(64) * 64
 }

@@ -1,34 +1,7 @@
-//! The endpoint abstraction of the RDMA-aware shuffle paper, over any backend.
-//!
-//! A [`SendEndpoint`] is one producer's side of an exchange: streams from one
-//! sender slot to a set of destination nodes. [`SendEndpoint::acquire`]
-//! returns a free pool buffer reserved for a destination, a transmission
-//! group or all destinations; the caller fills it (Arrow IPC) and
-//! [`SendEndpoint::put`]s it, possibly as its streams' last message. One
-//! buffer put to several destinations is one reference-counted message: it is
-//! encoded once and written to each peer without copies.
-//!
-//! A [`ReceiveEndpoint`] is one consumer's side: the streams from a set of
-//! expected (sender slot, node) sources to this node. [`ReceiveEndpoint::get`]
-//! returns the next message from any source, with its source and whether it
-//! is that source's last; `None` once every source's last message arrived
-//! (exact termination). [`ReceiveEndpoint::release`] gives the buffer back
-//! and returns the credit to its sender.
-//!
-//! Flow control is credit-based per stream: a sender may have at most the
-//! receiving node's window of messages (announced in the handshake) sent and
-//! not yet released, so the receiving node buffers at most `window` messages
-//! per stream whatever the consumer's speed. Unlike the paper, `acquire` takes
-//! the credits before the buffer and `put` never waits: the pool is shared by
-//! every exchange of the node, and a buffer held while waiting for a slow
-//! consumer could starve the producer that consumer is waiting for (a hash
-//! join reads its build side to the end before its probe side). So a pool
-//! buffer is never held across a wait on a consumer.
-//!
-//! Errors travel with the data: [`SendEndpoint::fail`] (or dropping an
-//! unfinished endpoint) fails the sender's streams at their receivers; a lost
-//! peer fails every endpoint that involves it, naming it.
+//! The endpoints of the hub-backed transports (TCP): credits per stream in the
+//! hub, frames through a [`Wire`].
 
+use super::{Destinations, ReceiveSpec, SendSpec, To, misuse};
 use crate::frame::{MAX_PAYLOAD, StreamKey};
 use crate::hub::{Event, Hub, OutStream, RecvQueue, Wire};
 use crate::pool::{Held, PoolBuffer};
@@ -40,61 +13,29 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 use tokio::sync::{Notify, TryAcquireError};
 
-/// What a send endpoint connects: stream keys `(query, exchange, from, d)` for each
-/// destination `d`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SendSpec {
-    pub query: u64,
-    pub exchange: u32,
-    /// The producing slot (partition).
-    pub from: u32,
-    pub destinations: Vec<NodeId>,
-    /// Transmission groups (multicast): sets of destinations, addressed by index.
-    pub groups: Vec<Vec<NodeId>>,
-}
-
-/// What a receive endpoint reads: stream keys `(query, exchange, slot, this node)`
-/// with the node expected to send each.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ReceiveSpec {
-    pub query: u64,
-    pub exchange: u32,
-    /// (sender slot, sender node) of every expected source.
-    pub sources: Vec<(u32, NodeId)>,
-}
-
-/// The destinations of a message.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum To {
-    Node(NodeId),
-    /// Transmission group `i` of the endpoint's spec.
-    Group(usize),
-    All,
-}
-
 struct Outstanding {
     n: AtomicUsize,
     notify: Notify,
 }
 
 /// A buffer reserved for a set of destinations (their credits are taken). Fill it with
-/// `std::io::Write` or [`SendBuffer::vec_mut`]; put it, or drop it to give everything back.
-pub struct SendBuffer {
+/// `std::io::Write` or [`HubBuffer::vec_mut`]; put it, or drop it to give everything back.
+pub struct HubBuffer {
     buf: Option<PoolBuffer>,
     targets: Vec<usize>,
     credits: Vec<Arc<OutStream>>,
 }
 
-impl std::fmt::Debug for SendBuffer {
+impl std::fmt::Debug for HubBuffer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SendBuffer")
+        f.debug_struct("HubBuffer")
             .field("len", &self.len())
             .field("targets", &self.targets)
             .finish()
     }
 }
 
-impl SendBuffer {
+impl HubBuffer {
     fn buf(&self) -> &PoolBuffer {
         self.buf.as_ref().expect("present until put")
     }
@@ -121,7 +62,7 @@ impl SendBuffer {
     }
 }
 
-impl std::io::Write for SendBuffer {
+impl std::io::Write for HubBuffer {
     fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
         self.vec_mut().extend_from_slice(b);
         Ok(b.len())
@@ -132,7 +73,7 @@ impl std::io::Write for SendBuffer {
     }
 }
 
-impl Drop for SendBuffer {
+impl Drop for HubBuffer {
     fn drop(&mut self) {
         // Not put: the reserved credits go back to their streams.
         for s in self.credits.drain(..) {
@@ -144,7 +85,7 @@ impl Drop for SendBuffer {
 }
 
 /// The producing side of an exchange (see the module doc).
-pub struct SendEndpoint {
+pub struct HubSend {
     hub: Arc<Hub>,
     wire: Arc<dyn Wire>,
     connect_timeout: Duration,
@@ -160,77 +101,15 @@ pub struct SendEndpoint {
     acquire_wait_ns: AtomicU64,
 }
 
-impl std::fmt::Debug for SendEndpoint {
+impl std::fmt::Debug for HubSend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SendEndpoint")
+        f.debug_struct("HubSend")
             .field("dests", &self.dests)
             .finish()
     }
 }
 
-fn misuse(msg: impl Into<String>) -> TransportError {
-    TransportError::Misuse(msg.into())
-}
-
-/// A send spec's destinations, and its transmission groups as positions among
-/// them: resolved alike by every kind of send endpoint.
-#[derive(Debug, Clone)]
-pub(crate) struct Destinations {
-    nodes: Vec<NodeId>,
-    groups: Vec<Vec<usize>>,
-}
-
-impl Destinations {
-    pub(crate) fn new(spec: &SendSpec) -> Result<Self, TransportError> {
-        if spec.destinations.is_empty() {
-            return Err(misuse("a send endpoint needs at least one destination"));
-        }
-        let nodes = spec.destinations.clone();
-        let mut distinct = nodes.clone();
-        distinct.sort_unstable();
-        distinct.dedup();
-        if distinct.len() != nodes.len() {
-            return Err(misuse("a send endpoint lists a destination twice"));
-        }
-        let index = |n: &NodeId| {
-            nodes.iter().position(|d| d == n).ok_or_else(|| {
-                misuse(format!(
-                    "transmission group member {n} is not a destination"
-                ))
-            })
-        };
-        let groups = spec
-            .groups
-            .iter()
-            .map(|g| g.iter().map(index).collect::<Result<Vec<_>, _>>())
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(Self { nodes, groups })
-    }
-
-    pub(crate) fn nodes(&self) -> &[NodeId] {
-        &self.nodes
-    }
-
-    /// Positions of the destinations `to` names.
-    pub(crate) fn targets(&self, to: To) -> Result<Vec<usize>, TransportError> {
-        match to {
-            To::Node(n) => self
-                .nodes
-                .iter()
-                .position(|d| *d == n)
-                .map(|i| vec![i])
-                .ok_or_else(|| misuse(format!("node {n} is not a destination of this endpoint"))),
-            To::Group(g) => self
-                .groups
-                .get(g)
-                .cloned()
-                .ok_or_else(|| misuse(format!("no transmission group {g}"))),
-            To::All => Ok((0..self.nodes.len()).collect()),
-        }
-    }
-}
-
-impl SendEndpoint {
+impl HubSend {
     pub(crate) fn open(
         hub: Arc<Hub>,
         wire: Arc<dyn Wire>,
@@ -328,7 +207,7 @@ impl SendEndpoint {
 
     /// Reserves a credit on every stream `to` names (waiting for their receivers to have
     /// room) and then a free pool buffer (waiting while every buffer is in use).
-    pub async fn acquire(&self, to: To) -> Result<SendBuffer, TransportError> {
+    pub async fn acquire(&self, to: To) -> Result<HubBuffer, TransportError> {
         let targets = self.dests.targets(to)?;
         if targets.is_empty() {
             return Err(misuse("no destination to send to"));
@@ -342,7 +221,7 @@ impl SendEndpoint {
                 )));
             }
         }
-        let mut out = SendBuffer {
+        let mut out = HubBuffer {
             buf: None,
             targets: vec![],
             credits: vec![],
@@ -361,8 +240,8 @@ impl SendEndpoint {
 
     /// Sends a filled buffer to the destinations it was acquired for; never waits.
     /// With `last`, it is the final message of those streams (an empty last message is
-    /// the same as [`SendEndpoint::finish`] for those streams).
-    pub fn put(&self, mut buf: SendBuffer, last: bool) -> Result<(), TransportError> {
+    /// the same as [`HubSend::finish`] for those streams).
+    pub fn put(&self, mut buf: HubBuffer, last: bool) -> Result<(), TransportError> {
         if buf.len() > MAX_PAYLOAD - StreamKey::LEN {
             return Err(TransportError::TooLarge {
                 bytes: buf.len(),
@@ -416,7 +295,7 @@ impl SendEndpoint {
         Ok(())
     }
 
-    /// An empty message whose holds [`SendEndpoint::flushed`] waits for: end-of-stream
+    /// An empty message whose holds [`HubSend::flushed`] waits for: end-of-stream
     /// markers and errors carry one, so a flushed endpoint has written them too. It is
     /// returned as a hold of its own, which the caller keeps until every destination has
     /// its hold (`token.message().hold()`): otherwise the first marker written would
@@ -427,7 +306,7 @@ impl SendEndpoint {
             .hold()
     }
 
-    /// Counts one more message [`SendEndpoint::flushed`] waits for; the returned
+    /// Counts one more message [`HubSend::flushed`] waits for; the returned
     /// callback (a message's `on_release`) counts it off.
     fn outstanding_until_released(&self) -> Arc<dyn Fn() + Send + Sync> {
         self.outstanding.n.fetch_add(1, Ordering::AcqRel);
@@ -507,7 +386,7 @@ impl SendEndpoint {
     }
 }
 
-impl Drop for SendEndpoint {
+impl Drop for HubSend {
     fn drop(&mut self) {
         if self.finished.lock().iter().any(|f| !f) {
             // Dropped before finishing (its task was cancelled or failed): tell the
@@ -525,7 +404,7 @@ struct CreditReturn {
 }
 
 /// One message taken from a receive endpoint.
-pub struct Received {
+pub struct HubReceived {
     /// Index of the source in the endpoint's spec.
     pub source: usize,
     /// The sender slot and node.
@@ -537,9 +416,9 @@ pub struct Received {
     credit: Option<CreditReturn>,
 }
 
-impl std::fmt::Debug for Received {
+impl std::fmt::Debug for HubReceived {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Received")
+        f.debug_struct("HubReceived")
             .field("slot", &self.slot)
             .field("node", &self.node)
             .field("last", &self.last)
@@ -548,7 +427,7 @@ impl std::fmt::Debug for Received {
     }
 }
 
-impl Received {
+impl HubReceived {
     /// The message; empty for a bare end-of-stream marker.
     pub fn data(&self) -> &[u8] {
         self.msg.as_ref().map_or(&[], |m| m.message().as_slice())
@@ -563,7 +442,7 @@ impl Received {
     }
 }
 
-impl Drop for Received {
+impl Drop for HubReceived {
     fn drop(&mut self) {
         if let Some(c) = self.credit.take()
             && let Some(src) = c.hub.released_one(c.key)
@@ -579,7 +458,7 @@ impl Drop for Received {
 }
 
 /// The consuming side of an exchange (see the module doc).
-pub struct ReceiveEndpoint {
+pub struct HubReceive {
     hub: Arc<Hub>,
     wire: Arc<dyn Wire>,
     keys: Vec<StreamKey>,
@@ -593,15 +472,15 @@ pub struct ReceiveEndpoint {
     wait_ns: AtomicU64,
 }
 
-impl std::fmt::Debug for ReceiveEndpoint {
+impl std::fmt::Debug for HubReceive {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ReceiveEndpoint")
+        f.debug_struct("HubReceive")
             .field("sources", &self.nodes)
             .finish()
     }
 }
 
-impl ReceiveEndpoint {
+impl HubReceive {
     /// Opens the endpoint; also returns peers found to have sent on its streams without
     /// the right to (the backend disconnects them).
     pub(crate) fn open(
@@ -671,7 +550,7 @@ impl ReceiveEndpoint {
 
     /// The next message from any source (in order per source); `None` once every source
     /// sent its last message; the error that ended a source otherwise.
-    pub async fn get(&self) -> Result<Option<Received>, TransportError> {
+    pub async fn get(&self) -> Result<Option<HubReceived>, TransportError> {
         let mut waited: Option<Instant> = None;
         let res = loop {
             if let Some(e) = self.error.lock().clone() {
@@ -689,7 +568,7 @@ impl ReceiveEndpoint {
                     self.messages.fetch_add(1, Ordering::Relaxed);
                     self.bytes
                         .fetch_add(msg.message().len() as u64, Ordering::Relaxed);
-                    break Ok(Some(Received {
+                    break Ok(Some(HubReceived {
                         source: i,
                         slot: self.keys[i].from,
                         node: self.nodes[i],
@@ -704,7 +583,7 @@ impl ReceiveEndpoint {
                 }
                 Some((i, Event::Last)) => {
                     self.source_done(i);
-                    break Ok(Some(Received {
+                    break Ok(Some(HubReceived {
                         source: i,
                         slot: self.keys[i].from,
                         node: self.nodes[i],
@@ -732,8 +611,8 @@ impl ReceiveEndpoint {
     }
 
     /// Gives a message's buffer back and its credit to its sender (dropping a
-    /// [`Received`] does the same).
-    pub fn release(&self, r: Received) {
+    /// [`HubReceived`] does the same).
+    pub fn release(&self, r: HubReceived) {
         drop(r);
     }
 
@@ -747,7 +626,7 @@ impl ReceiveEndpoint {
     }
 }
 
-impl Drop for ReceiveEndpoint {
+impl Drop for HubReceive {
     fn drop(&mut self) {
         for (src, key, n) in self.hub.close_receive(&self.keys, &self.queue) {
             if src == self.hub.node {
@@ -791,7 +670,7 @@ mod tests {
     }
 
     /// Whether `flushed` returns within a short wait.
-    async fn flushes(ep: &SendEndpoint) -> bool {
+    async fn flushes(ep: &HubSend) -> bool {
         tokio::time::timeout(Duration::from_millis(100), ep.flushed())
             .await
             .is_ok()
@@ -816,7 +695,7 @@ mod tests {
                 destinations: vec![2, 3, 4],
                 groups: vec![],
             };
-            let ep = SendEndpoint::open(
+            let ep = HubSend::open(
                 Arc::clone(&hub),
                 Arc::clone(&wire) as Arc<dyn Wire>,
                 Duration::from_secs(1),
