@@ -21,6 +21,16 @@ pub struct TpchBenchOptions {
     pub scale_factor: f64,
     /// Also time DuckDB (installs its Python package when missing).
     pub duckdb: bool,
+    /// Time Gyre with each of these `gyre.shuffle_design` values, taking turns
+    /// within each iteration (empty: the session's setting only).
+    pub designs: Vec<String>,
+}
+
+/// One shuffle design's median time for a query.
+#[derive(Serialize)]
+struct DesignTiming {
+    design: String,
+    ms: f64,
 }
 
 #[derive(Serialize)]
@@ -32,6 +42,9 @@ struct QueryTiming {
     duckdb_ms: Option<f64>,
     rows: usize,
     same_result: bool,
+    /// With several designs: each one's median (`gyre_ms` is the first's).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    designs: Vec<DesignTiming>,
 }
 
 #[derive(Serialize)]
@@ -48,6 +61,9 @@ struct Report {
     /// Over the queries DuckDB answered.
     sum_duckdb_ms: Option<f64>,
     gyre_to_duckdb: Option<f64>,
+    /// With several designs: each one's sum of medians.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    sum_by_design: Vec<DesignTiming>,
 }
 
 /// DuckDB's answer to one timing request.
@@ -101,14 +117,31 @@ pub async fn run_tpch(
             coordinator.sql(s).await?;
             reference.sql(s).await?.collect().await?;
         }
-        let mut gyre_times = vec![];
+        let designs: Vec<Option<&str>> = match opts.designs.is_empty() {
+            true => vec![None],
+            false => opts.designs.iter().map(|d| Some(d.as_str())).collect(),
+        };
+        let mut times: Vec<Vec<f64>> = vec![vec![]; designs.len()];
         let mut gyre_rows = vec![];
+        let mut designs_agree = true;
         for _ in 0..opts.iterations {
-            let start = Instant::now();
-            let r = coordinator.sql_one(main).await?;
-            gyre_times.push(start.elapsed().as_secs_f64() * 1e3);
-            gyre_rows = canonical_rows(&r.batches)?;
+            for (k, design) in designs.iter().enumerate() {
+                if let Some(d) = design {
+                    coordinator
+                        .sql(&format!("SET gyre.shuffle_design = '{d}'"))
+                        .await?;
+                }
+                let start = Instant::now();
+                let r = coordinator.sql_one(main).await?;
+                times[k].push(start.elapsed().as_secs_f64() * 1e3);
+                let rows = canonical_rows(&r.batches)?;
+                if k > 0 && rows != gyre_rows {
+                    designs_agree = false;
+                }
+                gyre_rows = rows;
+            }
         }
+        let gyre_times = times[0].clone();
         let mut df_times = vec![];
         let mut df_rows = vec![];
         for _ in 0..opts.iterations {
@@ -146,7 +179,19 @@ pub async fn run_tpch(
             ratio: g / d,
             duckdb_ms,
             rows: gyre_rows.len(),
-            same_result: gyre_rows == df_rows,
+            same_result: designs_agree && gyre_rows == df_rows,
+            designs: match opts.designs.is_empty() {
+                true => vec![],
+                false => opts
+                    .designs
+                    .iter()
+                    .zip(&times)
+                    .map(|(d, t)| DesignTiming {
+                        design: d.clone(),
+                        ms: median_of(t),
+                    })
+                    .collect(),
+            },
         };
         println!(
             "{:>5} {:>12.1} {:>15.1} {:>7.2} {:>11} {:>7} {:>8}{}{note}",
@@ -163,8 +208,29 @@ pub async fn run_tpch(
                 "  RESULT DIFFERS"
             }
         );
+        if let [first, rest @ ..] = &t.designs[..] {
+            let others: Vec<String> = rest
+                .iter()
+                .map(|o| format!("{} {:.1} ms ({:.2}x)", o.design, o.ms, o.ms / first.ms))
+                .collect();
+            println!(
+                "      {} {:.1} ms, {}",
+                first.design,
+                first.ms,
+                others.join(", ")
+            );
+        }
         timings.push(t);
     }
+    let sum_by_design: Vec<DesignTiming> = opts
+        .designs
+        .iter()
+        .enumerate()
+        .map(|(k, d)| DesignTiming {
+            design: d.clone(),
+            ms: timings.iter().map(|t| t.designs[k].ms).sum(),
+        })
+        .collect();
     let sum_g: f64 = timings.iter().map(|t| t.gyre_ms).sum();
     let sum_d: f64 = timings.iter().map(|t| t.datafusion_ms).sum();
     let with_duckdb: Vec<(f64, f64)> = timings
@@ -186,6 +252,7 @@ pub async fn run_tpch(
         duckdb_threads: opts.duckdb.then_some(partitions),
         sum_duckdb_ms: sum_duckdb,
         gyre_to_duckdb,
+        sum_by_design,
     };
     if let Some(path) = &opts.json {
         std::fs::write(path, serde_json::to_string_pretty(&report)?)?;
@@ -197,6 +264,18 @@ pub async fn run_tpch(
         "sum of medians: gyre {:.1} ms ({} workers), datafusion {:.1} ms; ratio {:.2}",
         sum_g, opts.workers, sum_d, report.ratio_of_sums
     );
+    if let [first, rest @ ..] = &report.sum_by_design[..] {
+        for o in rest {
+            println!(
+                "shuffle designs: {} {:.1} ms, {} {:.1} ms; ratio {:.2}",
+                first.design,
+                first.ms,
+                o.design,
+                o.ms,
+                o.ms / first.ms
+            );
+        }
+    }
     if let (Some(d), Some(r)) = (report.sum_duckdb_ms, report.gyre_to_duckdb) {
         println!(
             "duckdb {d:.1} ms over the {} queries it answered; gyre to duckdb {r:.2}",

@@ -503,6 +503,10 @@ struct LocalArgs {
     primary: PrimaryArgs,
     #[command(flatten)]
     links: LinkArgs,
+    /// Open no shared-memory carrier: sessions cannot choose a design for their
+    /// exchanges (`SET gyre.shuffle_design`), which go over loopback TCP.
+    #[arg(long)]
+    tcp_exchanges: bool,
     #[command(flatten)]
     input: SqlInput,
     /// Run a benchmark instead of SQL: `tpch` (after the -c/-f statements, e.g. settings).
@@ -514,6 +518,10 @@ struct LocalArgs {
     /// Benchmark: only these queries (e.g. 1,3,18).
     #[arg(long, value_delimiter = ',')]
     queries: Vec<usize>,
+    /// Benchmark: time Gyre with each of these `gyre.shuffle_design` values (e.g.
+    /// tcp,memq-sr), taking turns within each iteration; the first is `gyre ms`.
+    #[arg(long, value_delimiter = ',')]
+    shuffle_designs: Vec<String>,
     /// Benchmark: write the results as JSON.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -689,6 +697,7 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
                 local_files,
                 procedures: gyre_tpcc::procedures(),
                 log_multicast: multicast.group(),
+                host_shuffle: None,
             };
             // A worker the coordinator forgot (it restarted, or declared this one
             // dead) joins again under a new id, with nothing of what it held.
@@ -799,6 +808,7 @@ async fn run_local(args: LocalArgs) -> Result<(), Box<dyn std::error::Error>> {
         local_files: args.files.local_files(listen)?,
         encrypt_links: args.links.encrypt_links,
         primary: args.primary.config(),
+        tcp_exchanges: args.tcp_exchanges,
     };
     let cluster =
         LocalCluster::start_limited(args.workers, threads, listen, &front, &limits).await?;
@@ -840,6 +850,7 @@ async fn run_local(args: LocalArgs) -> Result<(), Box<dyn std::error::Error>> {
             workers: args.workers,
             scale_factor: args.tpch.unwrap_or(0.0),
             duckdb: !args.no_duckdb,
+            designs: args.shuffle_designs.clone(),
         };
         return bench::run_tpch(&cluster.coordinator, &options).await;
     }

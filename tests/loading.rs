@@ -14,7 +14,6 @@ use datafusion::parquet::file::properties::WriterProperties;
 use datafusion::prelude::SessionContext;
 use gyre_cluster::LocalCluster;
 use gyre_cluster::reference::canonical_rows;
-use gyre_transport::Transport;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
@@ -273,13 +272,13 @@ async fn check_loads(workers: usize) {
             ("hash(k)", vec![("gyre.partition_by", "k")]),
         ] {
             let what = format!("{} ({placement}, {workers} workers)", set.name);
-            let received = c.transport.stats().bytes_received;
+            let received = c.traffic().bytes_received;
             if let Err(e) = c.sql(&create_sql("t", set, &options)).await {
                 failures.push(format!("{what}: {e}"));
                 continue;
             }
             // Workers read the files: the coordinator only hears each worker's row count.
-            let through_coordinator = c.transport.stats().bytes_received - received;
+            let through_coordinator = c.traffic().bytes_received - received;
             if through_coordinator > 64 * 1024 {
                 failures.push(format!(
                     "{what}: {through_coordinator} bytes reached the coordinator"

@@ -313,6 +313,7 @@ async fn control_messages_need_the_cluster_secret() {
                 workers: vec![1, 2],
                 stages: vec![],
                 compression: None,
+                shuffle_design: None,
                 execution: vec![],
             },
             Request::SetPeers {

@@ -5,7 +5,6 @@
 use arrow_flight::sql::client::FlightSqlServiceClient;
 use futures::StreamExt;
 use gyre_cluster::LocalCluster;
-use gyre_transport::Transport;
 use std::time::{Duration, Instant};
 use tonic::transport::Channel;
 
@@ -31,12 +30,9 @@ async fn cluster_with_big_table() -> (LocalCluster, FlightSqlServiceClient<Chann
     (cluster, FlightSqlServiceClient::new(channel))
 }
 
-/// Bytes the workers have put on the wire so far.
+/// Bytes the workers have sent to other nodes so far.
 fn worker_bytes_sent(cluster: &LocalCluster) -> u64 {
-    cluster
-        .workers()
-        .map(|w| w.transport.stats().bytes_sent)
-        .sum()
+    cluster.workers().map(|w| w.traffic().bytes_sent).sum()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

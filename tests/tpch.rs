@@ -1,5 +1,8 @@
 //! All 22 TPC-H queries at SF 0.1 on embedded clusters of 1 to 4 workers
-//! return exactly what single-node DataFusion returns on the same data.
+//! return exactly what single-node DataFusion returns on the same data, with
+//! their exchanges over TCP and over each primitive of the RDMA-aware shuffle
+//! paper's designs on the shared-memory carrier (`gyre.shuffle_design`; a design
+//! turns Flow-Joins off).
 
 mod common;
 
@@ -17,10 +20,15 @@ async fn tpch_two_workers() {
 
 /// With Flow-Joins allowed around build-preserving joins too (outer, semi and anti
 /// joins the planner can wrap; most TPC-H joins feed operators that need their hash
-/// partitioning and stay plain).
+/// partitioning and stay plain). Exchanges go as 4 KiB datagrams (mesq-sr): every
+/// message is cut into several and joined again, in order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tpch_three_workers() {
-    common::check_cluster_with(3, SF, false, &["SET gyre.skew_build_preserving = all"]).await;
+async fn tpch_three_workers_over_datagrams() {
+    let settings = [
+        "SET gyre.skew_build_preserving = all",
+        "SET gyre.shuffle_design = 'mesq-sr'",
+    ];
+    common::check_cluster_with(3, SF, false, &settings).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -28,19 +36,32 @@ async fn tpch_four_workers() {
     common::check_cluster(4, SF, false).await;
 }
 
-/// Every partitioned join on one integer key run by the radix join kernel.
+/// Exchanges by two-sided send/receive on a connection per stream (memq-sr).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tpch_four_workers_over_shared_memory() {
+    common::check_cluster_with(4, SF, false, &["SET gyre.shuffle_design = 'memq-sr'"]).await;
+}
+
+/// Every partitioned join on one integer key run by the radix join kernel;
+/// exchanges by one-sided writes (semq-wr).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tpch_four_workers_radix_join_kernel() {
-    common::check_cluster_with(4, SF, false, &["SET gyre.join_kernel = radix"]).await;
+    let settings = [
+        "SET gyre.join_kernel = radix",
+        "SET gyre.shuffle_design = 'semq-wr'",
+    ];
+    common::check_cluster_with(4, SF, false, &settings).await;
 }
 
 /// Every eligible partitioned join run as a Neo-Join (`gyre.join_strategy = neo`),
-/// each side shuffled in the rounds of its open-shop schedule.
+/// each side shuffled in the rounds of its open-shop schedule; exchanges by
+/// one-sided reads (memq-rd).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tpch_four_workers_neo_join() {
     let settings = [
         "SET gyre.join_strategy = neo",
         "SET gyre.neo_schedule = 'open-shop'",
+        "SET gyre.shuffle_design = 'memq-rd'",
     ];
     common::check_cluster_with(4, SF, false, &settings).await;
 }
@@ -170,4 +191,48 @@ async fn neo_join_answers_like_datafusion_on_one_to_three_workers() {
             .to_string();
         assert_eq!(plan.contains("NeoAggregateExec"), workers > 1, "{plan}");
     }
+}
+
+/// A cluster whose nodes exchange over TCP only refuses a shared-memory design,
+/// naming why, and keeps answering over TCP.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_design_needs_the_nodes_in_one_process() {
+    use gyre_cluster::{Limits, LocalCluster};
+    let limits = Limits {
+        tcp_exchanges: true,
+        ..Default::default()
+    };
+    let cluster = LocalCluster::start_limited(
+        2,
+        1,
+        "127.0.0.1:0".parse().unwrap(),
+        &Default::default(),
+        &limits,
+    )
+    .await
+    .unwrap();
+    let c = &cluster.coordinator;
+    c.sql("CREATE TABLE t AS SELECT * FROM (VALUES (1, 'a'), (2, 'b'), (3, 'c')) v(k, s)")
+        .await
+        .unwrap();
+    let q = "SELECT s, count(*) FROM t GROUP BY s ORDER BY s";
+    c.sql("SET gyre.shuffle_design = 'memq-sr'").await.unwrap();
+    let err = c.sql_one(q).await.unwrap_err().to_string();
+    assert!(
+        err.contains("memq-sr") && err.contains("one process"),
+        "{err}"
+    );
+    for design in ["tcp", "auto"] {
+        c.sql(&format!("SET gyre.shuffle_design = {design}"))
+            .await
+            .unwrap();
+        let got = c.sql_one(q).await.unwrap();
+        assert_eq!(got.batches.iter().map(|b| b.num_rows()).sum::<usize>(), 3);
+    }
+    let err = c
+        .sql("SET gyre.shuffle_design = 'rdma'")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("memq-sr"), "{err}");
 }

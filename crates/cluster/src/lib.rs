@@ -10,6 +10,7 @@ pub mod execution;
 pub mod failover;
 pub mod files;
 pub mod flight_sql;
+pub mod host_shuffle;
 pub mod local;
 pub mod log_feed;
 pub mod modify;

@@ -1,6 +1,9 @@
 //! An embedded cluster: a coordinator and `n` workers in one process, each
-//! worker with its own memory and thread pool, all talking over loopback TCP
-//! exactly as separate hosts would.
+//! worker with its own memory and thread pool. Their control messages go over
+//! loopback TCP exactly as separate hosts' would, and so do their queries'
+//! exchanges unless a session sets `gyre.shuffle_design` to one of the
+//! shared-memory carrier's designs ([`crate::host_shuffle`]; not with
+//! [`Limits::tcp_exchanges`]).
 
 use crate::coordinator::{Coordinator, CoordinatorConfig};
 use crate::files::LocalFiles;
@@ -30,6 +33,7 @@ pub struct LocalCluster {
     /// The stored procedures its workers replay, and the log's multicast group.
     procedures: gyre_replica::Procedures,
     log_multicast: Option<gyre_replica::ship::Group>,
+    host_shuffle: Option<Arc<crate::host_shuffle::HostShuffle>>,
     workers: Vec<(Arc<Worker>, Option<tokio::runtime::Runtime>)>,
 }
 
@@ -47,6 +51,8 @@ pub struct Limits {
     /// The transactional tables: where they are kept (`--data-dir`), how they are
     /// logged, the stored procedures.
     pub primary: crate::coordinator::PrimaryConfig,
+    /// Exchange over loopback TCP only: no shared-memory carrier to choose.
+    pub tcp_exchanges: bool,
 }
 
 impl std::fmt::Debug for LocalCluster {
@@ -85,7 +91,12 @@ impl LocalCluster {
     ) -> Result<Self> {
         // Nothing outside this process needs the secret: a random one per cluster.
         let secret = format!("{:032x}", rand::random::<u128>());
+        let host_shuffle = match limits.tcp_exchanges {
+            true => None,
+            false => Some(crate::host_shuffle::HostShuffle::new()?),
+        };
         let config = CoordinatorConfig {
+            host_shuffle: host_shuffle.clone(),
             listen,
             transport: TransportConfig {
                 secret: secret.clone(),
@@ -114,6 +125,7 @@ impl LocalCluster {
             encrypt_links: limits.encrypt_links,
             procedures: limits.primary.procedures.clone(),
             log_multicast: limits.primary.log_multicast,
+            host_shuffle,
             workers: Vec::with_capacity(workers),
         };
         for _ in 0..workers {
@@ -149,6 +161,7 @@ impl LocalCluster {
             local_files: self.local_files.clone(),
             procedures: self.procedures.clone(),
             log_multicast: self.log_multicast,
+            host_shuffle: self.host_shuffle.clone(),
         };
         let worker = rt
             .spawn(Worker::start(cfg))

@@ -256,6 +256,9 @@ pub enum Request {
         workers: Vec<NodeId>,
         stages: Vec<(usize, Vec<u8>)>,
         compression: Option<String>,
+        /// How its exchanges move data (`gyre.shuffle_design`; none: tcp).
+        #[serde(default)]
+        shuffle_design: Option<String>,
         /// The session's changed `datafusion.execution.*` settings.
         #[serde(default)]
         execution: Vec<(String, String)>,

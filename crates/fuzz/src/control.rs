@@ -27,6 +27,7 @@ pub fn seeds() -> Vec<Vec<u8>> {
             workers: vec![1, 2, 3],
             stages: vec![(0, vec![1, 2, 3, 4]), (1, vec![0; 40])],
             compression: Some("lz4".into()),
+            shuffle_design: Some("memq-sr".into()),
             execution: vec![("datafusion.execution.batch_size".into(), "8192".into())],
         },
         Request::FinishQuery {

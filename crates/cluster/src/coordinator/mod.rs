@@ -93,6 +93,9 @@ pub struct CoordinatorConfig {
     pub local_files: LocalFiles,
     /// The transactional tables: where they are kept, how they are logged.
     pub primary: PrimaryConfig,
+    /// The shared memory of the nodes of this process (`gyre local`): queries
+    /// may exchange over it (`gyre.shuffle_design`).
+    pub host_shuffle: Option<Arc<crate::host_shuffle::HostShuffle>>,
 }
 
 impl Default for CoordinatorConfig {
@@ -105,6 +108,7 @@ impl Default for CoordinatorConfig {
             max_concurrent_queries: None,
             local_files: LocalFiles::Anywhere,
             primary: PrimaryConfig::default(),
+            host_shuffle: None,
         }
     }
 }
@@ -141,6 +145,8 @@ struct RunningQuery {
 /// The coordinator of a Gyre cluster.
 pub struct Coordinator {
     pub transport: TcpTransport,
+    /// Its side of the process's shared-memory exchanges, if any.
+    pub(crate) shuffle: Option<crate::host_shuffle::NodeShuffle>,
     /// The shared catalog, object stores and functions; every client session is a
     /// copy of it with its own settings ([`Coordinator::new_session`]).
     ctx: SessionContext,
@@ -264,8 +270,13 @@ impl Coordinator {
         let ctx = coordinator_context();
         config.local_files.confine(&ctx.runtime_env());
         let default_session = session_of(&ctx);
+        let shuffle = match &config.host_shuffle {
+            Some(h) => Some(h.node(COORDINATOR)?),
+            None => None,
+        };
         let coordinator = Arc::new(Self {
             transport,
+            shuffle,
             ctx,
             default_session,
             members: RwLock::new(BTreeMap::new()),

@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::column_stats;
+use gyre_transport::design::Design;
 
 impl Coordinator {
     /// The coordinator's task context for a query planned in `state`: the session's
@@ -23,10 +24,15 @@ impl Coordinator {
         state: &SessionState,
         workers: &[NodeId],
     ) -> Result<RegisteredQuery> {
+        let design = self.shuffle_design(state)?;
         let query = self.next_query.fetch_add(1, Ordering::SeqCst);
         let qc = QueryContext {
             query_id: query,
-            transport: Arc::new(self.transport.clone()),
+            transport: crate::host_shuffle::transport_for(
+                design,
+                Arc::new(self.transport.clone()),
+                self.shuffle.as_ref(),
+            )?,
             workers: workers.to_vec(),
             compression: GyreOptions::of(state.config_options()).compression,
             runtime_filters: Default::default(),
@@ -68,6 +74,7 @@ impl Coordinator {
             return Ok(());
         }
         let compression = GyreOptions::of(state.config_options()).compression;
+        let design = self.shuffle_design(state)?;
         self.broadcast(
             workers,
             Request::StartQuery {
@@ -75,6 +82,7 @@ impl Coordinator {
                 workers: workers.to_vec(),
                 stages,
                 compression: Some(compression.name().to_string()),
+                shuffle_design: Some(design.name().to_string()),
                 execution: changed_execution_options(state.config_options()),
             },
         )
@@ -94,7 +102,23 @@ impl Coordinator {
         self.running.lock().remove(&query);
         let reports = self.finish(query, workers, commit, metrics).await;
         self.transport.release_query(query);
+        if let Some(s) = &self.shuffle {
+            s.release_query(query);
+        }
         reports
+    }
+
+    /// Bytes its exchanges moved to and from workers, over TCP and shared memory.
+    pub fn traffic(&self) -> crate::host_shuffle::Traffic {
+        crate::host_shuffle::Traffic::of(&self.transport, self.shuffle.as_ref())
+    }
+
+    /// The design the session's queries exchange by (`gyre.shuffle_design`).
+    pub(crate) fn shuffle_design(&self, state: &SessionState) -> Result<Design> {
+        crate::host_shuffle::design_of(
+            &GyreOptions::of(state.config_options()),
+            self.shuffle.as_ref(),
+        )
     }
 
     /// Runs a distributed plan and collects the final stage's batches.

@@ -59,6 +59,9 @@ pub struct WorkerConfig {
     /// The multicast group the primary's log comes on (the coordinator's
     /// `PrimaryConfig::log_multicast`); without it, the log comes on a stream.
     pub log_multicast: Option<gyre_replica::ship::Group>,
+    /// The shared memory of the nodes of this process (`gyre local`): queries
+    /// may exchange over it (`gyre.shuffle_design`).
+    pub host_shuffle: Option<Arc<crate::host_shuffle::HostShuffle>>,
 }
 
 impl WorkerConfig {
@@ -204,6 +207,8 @@ struct RunningQuery {
 pub struct Worker {
     pub node: NodeId,
     pub transport: TcpTransport,
+    /// Its side of the process's shared-memory exchanges, if any.
+    shuffle: Option<crate::host_shuffle::NodeShuffle>,
     pub storage: Arc<WorkerStorage>,
     /// Its replica of the transactional tables.
     pub secondary: Arc<secondary::WorkerSecondary>,
@@ -296,8 +301,13 @@ impl Worker {
             )));
         };
         let transport = TcpTransport::from_listener(node, data, config.transport.clone())?;
+        let shuffle = match &config.host_shuffle {
+            Some(h) => Some(h.node(node)?),
+            None => None,
+        };
         let worker = Arc::new(Worker {
             node,
+            shuffle,
             transport,
             storage: Arc::new(WorkerStorage::default()),
             secondary: secondary::WorkerSecondary::new(config.procedures.clone()),
@@ -430,9 +440,14 @@ impl Worker {
                 workers,
                 stages,
                 compression,
+                shuffle_design,
                 execution,
             } => {
-                self.start_query(query, workers, stages, compression, &execution)?;
+                let design = match shuffle_design {
+                    None => gyre_transport::design::Design::Tcp,
+                    Some(d) => d.parse().map_err(DataFusionError::Execution)?,
+                };
+                self.start_query(query, workers, stages, compression, design, &execution)?;
                 Ok(Response::Ok)
             }
             Request::FinishQuery {
@@ -447,8 +462,13 @@ impl Worker {
         }
     }
 
+    /// Bytes its exchanges moved to and from other nodes, over TCP and shared memory.
+    pub fn traffic(&self) -> crate::host_shuffle::Traffic {
+        crate::host_shuffle::Traffic::of(&self.transport, self.shuffle.as_ref())
+    }
+
     fn stats(&self) -> WorkerStats {
-        let transport = self.transport.stats();
+        let transport = self.traffic();
         let (tables, rows, table_bytes) = self.storage.held();
         WorkerStats {
             cpu_seconds: gyre_transport::cpu::process_cpu().map(|d| d.as_secs_f64()),
@@ -468,6 +488,7 @@ impl Worker {
         workers: Vec<NodeId>,
         stages: Vec<(usize, Vec<u8>)>,
         compression: Option<String>,
+        design: gyre_transport::design::Design,
         execution: &[(String, String)],
     ) -> Result<()> {
         let index = workers
@@ -481,7 +502,11 @@ impl Worker {
             })?;
         let qc = QueryContext {
             query_id: query,
-            transport: Arc::new(self.transport.clone()),
+            transport: crate::host_shuffle::transport_for(
+                design,
+                Arc::new(self.transport.clone()),
+                self.shuffle.as_ref(),
+            )?,
             workers,
             compression: crate::session::parse_compression(compression.as_deref())?,
             runtime_filters: Default::default(),
@@ -547,6 +572,9 @@ impl Worker {
     fn finish_query(&self, query: u64, commit: bool, metrics: bool) -> Response {
         let running = self.queries.lock().remove(&query);
         self.transport.release_query(query);
+        if let Some(s) = &self.shuffle {
+            s.release_query(query);
+        }
         let mut stages = vec![];
         if let Some(q) = running {
             for t in &q.tasks {
