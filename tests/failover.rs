@@ -341,11 +341,19 @@ async fn killed_primaries_are_replaced_and_lose_no_acknowledged_commit() {
 
     // A standby refuses and names the primary.
     let standby = (first + 1) % 3;
-    let ch = Channel::from_shared(format!("http://{}", voters.clients[standby]))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
+    // The primary is elected by a majority: the standby's port may not listen yet.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let ch = loop {
+        match Channel::from_shared(format!("http://{}", voters.clients[standby]))
+            .unwrap()
+            .connect()
+            .await
+        {
+            Ok(ch) => break ch,
+            Err(e) => assert!(Instant::now() < deadline, "the standby: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     let mut standby = FlightSqlServiceClient::new(ch);
     let named = format!("the primary is at {}", voters.clients[first]);
     let deadline = Instant::now() + Duration::from_secs(10);
