@@ -1,8 +1,7 @@
 //! All 22 TPC-H queries at SF 0.1 on embedded clusters of 1 to 4 workers
 //! return exactly what single-node DataFusion returns on the same data, with
 //! their exchanges over TCP and over each primitive of the RDMA-aware shuffle
-//! paper's designs on the shared-memory carrier (`gyre.shuffle_design`; a design
-//! turns Flow-Joins off).
+//! paper's designs on the shared-memory carrier (`gyre.shuffle_design`).
 
 mod common;
 
@@ -54,13 +53,14 @@ async fn tpch_four_workers_radix_join_kernel() {
 }
 
 /// Every eligible partitioned join run as a Neo-Join (`gyre.join_strategy = neo`),
-/// each side shuffled in the rounds of its open-shop schedule (over TCP: over
-/// semq-sr this query set did not finish in 3 minutes, not yet understood).
+/// each side shuffled in the rounds of its open-shop schedule, over two-sided
+/// send/receive on one shared connection per node (semq-sr).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tpch_four_workers_neo_join() {
     let settings = [
         "SET gyre.join_strategy = neo",
         "SET gyre.neo_schedule = 'open-shop'",
+        "SET gyre.shuffle_design = 'semq-sr'",
     ];
     common::check_cluster_with(4, SF, false, &settings).await;
 }

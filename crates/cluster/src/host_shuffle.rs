@@ -156,8 +156,6 @@ impl Traffic {
 /// (`auto`: tcp), refused where this node shares no host memory with the others.
 pub fn design_of(options: &GyreOptions, host: Option<&NodeShuffle>) -> Result<Design> {
     match (options.shuffle_design, host) {
-        // Not a design yet: with one, Flow-Joins are off (see
-        // `GyreOptions::skew_detection`), and TPC-H Q20 stalls with them on.
         (None, _) => Ok(Design::Tcp),
         (Some(d), _) if d == Design::Tcp => Ok(d),
         // A Read sender's buffers must outlive its endpoint until every receiver

@@ -224,8 +224,7 @@ const SETTINGS: [(&str, &str); 24] = [
          every node of the query shares this host's memory (gyre local), one of the \
          RDMA-aware shuffle paper's designs over the shared-memory carrier: memq-sr, \
          semq-sr, mesq-sr, sesq-sr (send/receive over connections or datagrams), \
-         memq-rd, semq-rd (one-sided read), memq-wr, semq-wr (one-sided write). A \
-         design turns Flow-Joins off (they stall over it).",
+         memq-rd, semq-rd (one-sided read), memq-wr, semq-wr (one-sided write).",
     ),
     (
         "join_strategy",
@@ -366,13 +365,9 @@ impl GyreOptions {
             .unwrap_or_default()
     }
 
-    /// Flow-Join's settings, `None` when skew detection is off, and when the
-    /// exchanges run over a verbs design: Flow-Joins stall there (TPC-H Q20 on 4
-    /// workers never finishes; the cause is not found yet), so queries that set
-    /// a design run plain hash joins.
+    /// Flow-Join's settings, `None` when skew detection is off.
     pub fn skew_detection(&self) -> Option<&SkewSettings> {
-        let design = self.shuffle_design.is_some_and(|d| d != Design::Tcp);
-        (self.skew_detection && !design).then_some(&self.skew)
+        self.skew_detection.then_some(&self.skew)
     }
 
     fn value(&self, key: &str) -> String {
@@ -682,12 +677,8 @@ mod tests {
         c.set("gyre.skew_detection", "on").unwrap();
         c.set("gyre.shuffle_design", "MESQ/SR").unwrap();
         assert_eq!(GyreOptions::of(&c).shuffle_design, Some(Design::MesqSr));
-        assert!(
-            GyreOptions::of(&c).skew_detection().is_none(),
-            "no Flow-Joins"
-        );
-        c.set("gyre.shuffle_design", "tcp").unwrap();
         assert!(GyreOptions::of(&c).skew_detection().is_some());
+        c.set("gyre.shuffle_design", "tcp").unwrap();
         c.set("gyre.skew_detection", "off").unwrap();
         c.set("gyre.shuffle_design", "auto").unwrap();
         assert_eq!(GyreOptions::of(&c).shuffle_design, None);

@@ -366,6 +366,55 @@ mod tests {
         }
     }
 
+    /// A receiver dropped after its first message: its sender still puts far
+    /// more than a window (the dropped endpoint takes and discards them, as a
+    /// TCP endpoint does) and its end goes through.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_dropped_receiver_lets_its_sender_finish() {
+        for design in Design::ALL {
+            if design == Design::Tcp {
+                continue;
+            }
+            let nodes = nodes(design, 2);
+            let payload = nodes.transports[0].message_size();
+            let recv = nodes.transports[1]
+                .open_receive(ReceiveSpec {
+                    query: 4,
+                    exchange: 0,
+                    sources: vec![(0, 1)],
+                })
+                .unwrap();
+            let send = nodes.transports[0]
+                .open_send(SendSpec {
+                    query: 4,
+                    exchange: 0,
+                    from: 0,
+                    destinations: vec![2],
+                    groups: vec![],
+                })
+                .unwrap();
+            let reading = tokio::spawn(async move {
+                let first = recv.get().await.unwrap().unwrap();
+                assert_eq!(first.data(), message(1, 0, payload), "{design}");
+            });
+            let sending = async {
+                for seq in 0..600 {
+                    // Some cut in two: the rest goes by a job.
+                    let len = if seq % 7 == 3 { payload + 10 } else { payload };
+                    let mut buf = send.acquire(To::All).await.unwrap();
+                    buf.extend_from_slice(&message(1, seq, len));
+                    send.put(buf, false).unwrap();
+                }
+                send.finish();
+                send.flushed().await;
+            };
+            tokio::time::timeout(Duration::from_secs(20), sending)
+                .await
+                .unwrap_or_else(|_| panic!("{design}: the sender waited for credit"));
+            reading.await.unwrap();
+        }
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_released_query_stops_a_sender_waiting_for_its_receiver() {
         let nodes = nodes(Design::MemqSr, 2);

@@ -18,7 +18,10 @@
 //! order, get each stream's order back from the messages' sequence numbers
 //! (early ones are copied aside and their buffers released). A whole message
 //! in order stays in its registered buffer until released; its
-//! [`DesignReceived::bytes`] is a copy, since the buffer is reused.
+//! [`DesignReceived::bytes`] is a copy, since the buffer is reused. A
+//! receiving endpoint dropped before its streams ended goes on taking and
+//! discarding their messages until they do, as a TCP endpoint's streams are
+//! discarded: otherwise their senders would wait for credit forever.
 //!
 //! States of a sending endpoint: open (puts go straight to the design), or
 //! draining (jobs queued; puts queue behind them); after `finish` or `fail`,
@@ -110,6 +113,10 @@ struct Shared {
 /// The producing side of an exchange over a verbs design (see the module doc).
 pub(crate) struct DesignSending {
     shared: Arc<Shared>,
+    /// Connects the streams from the start, as the receivers do: the handshake
+    /// overlaps whatever the producer computes before its first message, and a
+    /// receiver does not wait out its timeout for a slow first message.
+    connecting: Option<tokio::task::AbortHandle>,
     traffic: Arc<Traffic>,
     finishing: AtomicBool,
     messages: AtomicU64,
@@ -143,10 +150,21 @@ async fn send_rest(ep: &DesignSend, to: To, rest: &[u8], last: bool) -> Result<(
 
 impl DesignSending {
     pub(crate) fn new(ep: DesignSend, traffic: Arc<Traffic>) -> Self {
+        let ep = Arc::new(ep);
+        // Its error, if any, is met again by the first acquire or end.
+        let connecting = tokio::runtime::Handle::try_current().ok().map(|runtime| {
+            let ep = Arc::clone(&ep);
+            runtime
+                .spawn(async move {
+                    let _ = ep.connect().await;
+                })
+                .abort_handle()
+        });
         Self {
             traffic,
+            connecting,
             shared: Arc::new(Shared {
-                ep: Arc::new(ep),
+                ep,
                 jobs: Mutex::new(Jobs::default()),
                 idle: Notify::new(),
                 error: Mutex::new(None),
@@ -339,6 +357,9 @@ impl Drop for DesignSending {
             // Cancelled: what is queued goes, and the design fails the streams.
             for job in self.shared.jobs.lock().running.drain(..) {
                 job.abort();
+            }
+            if let Some(c) = &self.connecting {
+                c.abort();
             }
         }
     }
@@ -629,6 +650,32 @@ impl DesignReceiving {
             bytes: l(&self.bytes),
             wait: Duration::from_nanos(l(&self.wait_ns)),
         }
+    }
+}
+
+impl Drop for DesignReceiving {
+    /// As a TCP endpoint's streams do once nobody reads them, the streams go
+    /// on being taken and discarded until they end: their senders, which
+    /// would otherwise wait for credit that never comes, finish. Operators
+    /// drop a receiver early when they need no more of its rows (a join whose
+    /// build side is empty never reads its probe side).
+    fn drop(&mut self) {
+        if self.ep.remaining() == 0 {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return; // nothing can run the endpoint: its senders time out
+        };
+        let ep = Arc::clone(&self.ep);
+        runtime.spawn(async move {
+            // Ends with the streams, or with the error a failed or lost sender
+            // or the design's timeout brings.
+            while let Ok(Some(a)) = ep.get().await {
+                if ep.release(a).is_err() {
+                    break;
+                }
+            }
+        });
     }
 }
 
