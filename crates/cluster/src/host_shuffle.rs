@@ -158,13 +158,6 @@ pub fn design_of(options: &GyreOptions, host: Option<&NodeShuffle>) -> Result<De
     match (options.shuffle_design, host) {
         (None, _) => Ok(Design::Tcp),
         (Some(d), _) if d == Design::Tcp => Ok(d),
-        // A Read sender's buffers must outlive its endpoint until every receiver
-        // has read them; operators drop senders as they finish (TPC-H with
-        // Neo-Joins fails with RemoteInvalid), so not for queries yet.
-        (Some(d @ (Design::MemqRd | Design::SemqRd)), _) => Err(DataFusionError::Plan(format!(
-            "gyre.shuffle_design = '{d}': the one-sided read designs serve gyre bench \
-             shuffle only for now (a query's sender may go before its receivers read)"
-        ))),
         (Some(d), Some(_)) => Ok(d),
         (Some(d), None) => Err(needs_host(d)),
     }

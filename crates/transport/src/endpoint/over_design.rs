@@ -312,7 +312,13 @@ impl DesignSending {
         let ep = Arc::clone(&self.shared.ep);
         let mut jobs = self.shared.jobs.lock();
         // Without a runtime nothing can be sent; the design fails the streams as it drops.
-        let _ = self.queue(&mut jobs, false, async move { ep.finish().await });
+        // The job keeps the design until what it put is carried: its registered
+        // buffers must outlive the endpoint until then (Read's receivers read
+        // them from here; a NIC may still be sending from them).
+        let _ = self.queue(&mut jobs, false, async move {
+            ep.finish().await?;
+            ep.flushed().await
+        });
     }
 
     pub(crate) fn fail(&self, message: &str) {
