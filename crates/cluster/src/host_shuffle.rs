@@ -40,23 +40,15 @@ impl std::fmt::Debug for HostShuffle {
 }
 
 impl HostShuffle {
-    /// A directory for the segments, on /dev/shm where it has room.
+    /// A directory for the segments, on /dev/shm where it has room (those of
+    /// killed runs are removed).
     pub fn new() -> Result<Arc<Self>> {
-        use std::os::unix::fs::DirBuilderExt;
-        let dir = gyre_transport::shm::base_dir().join(format!(
-            "gyre-local-{}-{:016x}",
-            std::process::id(),
-            rand::random::<u64>()
-        ));
-        std::fs::DirBuilder::new()
-            .mode(0o700)
-            .create(&dir)
-            .map_err(|e| {
-                DataFusionError::Execution(format!(
-                    "shared-memory directory {}: {e}",
-                    dir.display()
-                ))
-            })?;
+        let dir = gyre_transport::shm::process_dir("gyre-local").map_err(|e| {
+            DataFusionError::Execution(format!(
+                "a shared-memory directory under {}: {e}",
+                gyre_transport::shm::base_dir().display()
+            ))
+        })?;
         Ok(Arc::new(Self {
             dir,
             connector: LocalConnector::new(),

@@ -72,6 +72,41 @@ pub fn base_dir() -> PathBuf {
     }
 }
 
+/// A fresh directory `<base_dir>/<prefix>-<pid>-<random>` (mode 0700) for one
+/// process's segments. Directories of the same prefix left by processes that
+/// are gone (killed before they could remove theirs) are removed first, so
+/// that crashed runs do not fill the host's shared memory.
+pub fn process_dir(prefix: &str) -> std::io::Result<PathBuf> {
+    use std::os::unix::fs::DirBuilderExt;
+    let base = base_dir();
+    if let Ok(entries) = std::fs::read_dir(&base) {
+        for e in entries.flatten() {
+            let name = e.file_name();
+            let Some(pid) = name
+                .to_str()
+                .and_then(|n| n.strip_prefix(prefix)?.strip_prefix('-'))
+                .and_then(|rest| rest.split('-').next()?.parse::<libc::pid_t>().ok())
+            else {
+                continue;
+            };
+            // SAFETY: signal 0 only checks that the process exists.
+            let gone = pid > 0
+                && unsafe { libc::kill(pid, 0) } != 0
+                && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+            if gone {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+    }
+    let dir = base.join(format!(
+        "{prefix}-{}-{:016x}",
+        std::process::id(),
+        rand::random::<u64>()
+    ));
+    std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
+    Ok(dir)
+}
+
 /// What the carrier did, for benchmarks and tests.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ShmStats {

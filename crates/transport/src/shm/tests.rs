@@ -537,3 +537,22 @@ async fn between_processes() {
     qa.post_send(send(1, &ra, 0, 8, None)).unwrap();
     assert_eq!(poll_one(&a.scq).status, WcStatus::RemoteInvalid);
 }
+
+/// A directory left by a process that is gone is removed when the next one is
+/// made; a live process's (this one's) stays.
+#[test]
+fn process_dirs_of_gone_processes_are_removed() {
+    let prefix = format!("gyre-test-sweep-{:08x}", rand::random::<u32>());
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let gone = child.id();
+    child.wait().unwrap();
+    let stale = base_dir().join(format!("{prefix}-{gone}-0000000000000001"));
+    std::fs::create_dir(&stale).unwrap();
+    std::fs::write(stale.join("segment-1"), b"left behind").unwrap();
+    let live = process_dir(&prefix).unwrap();
+    assert!(!stale.exists(), "{}", stale.display());
+    let next = process_dir(&prefix).unwrap();
+    assert!(live.is_dir() && next.is_dir() && live != next);
+    std::fs::remove_dir(live).unwrap();
+    std::fs::remove_dir(next).unwrap();
+}
