@@ -1105,7 +1105,7 @@ fn designs_svg(r: &ShuffleBenchReport) -> String {
             format!("memcpy {:.2} GB/s", m.bytes_per_sec / 1e9),
         )
     });
-    crate::plot::grouped_bars_with_reference(
+    let rates = crate::plot::grouped_bars_with_reference(
         &format!(
             "gyre bench shuffle: {} nodes, {} links; aggregate GB/s (median of runs)",
             r.nodes, r.link
@@ -1115,7 +1115,65 @@ fn designs_svg(r: &ShuffleBenchReport) -> String {
         &labels,
         &values,
         memcpy.as_ref().map(|(v, l)| (*v, l.as_str())),
-    )
+    );
+    match buffers_svg(r, &labels, label) {
+        Some(buffers) => crate::plot::stacked(&[rates, buffers]),
+        None => rates,
+    }
+}
+
+/// Where runs compare receive-buffer policies (`--buffers`): each
+/// configuration's receive buffers in use over its run (the mean of its
+/// workers and runs, at tenths of the run), the RDMA-aware shuffle's
+/// figure of adaptive buffers against fixed queue depths.
+fn buffers_svg(
+    r: &ShuffleBenchReport,
+    labels: &[String],
+    label: impl Fn(&ShuffleResult) -> String,
+) -> Option<String> {
+    let mut policies: Vec<&str> = r.runs.iter().map(|run| run.buffers.as_str()).collect();
+    policies.sort();
+    policies.dedup();
+    if policies.len() < 2 {
+        return None;
+    }
+    const POINTS: usize = 11;
+    let series: Vec<(&str, Vec<(f64, f64)>)> = labels
+        .iter()
+        .filter_map(|l| {
+            let timelines: Vec<&Vec<u32>> = r
+                .runs
+                .iter()
+                .filter(|run| label(run) == *l)
+                .flat_map(|run| &run.workers)
+                .filter_map(|w| w.design.as_ref().map(|d| &d.buffers_over_time))
+                .filter(|t| !t.is_empty())
+                .collect();
+            if timelines.is_empty() {
+                return None;
+            }
+            let points = (0..POINTS)
+                .map(|i| {
+                    let at = i as f64 / (POINTS - 1) as f64;
+                    let mean = timelines
+                        .iter()
+                        .map(|t| t[(at * (t.len() - 1) as f64).round() as usize] as f64)
+                        .sum::<f64>()
+                        / timelines.len() as f64;
+                    (at * 100.0, mean)
+                })
+                .collect();
+            Some((l.as_str(), points))
+        })
+        .collect();
+    (!series.is_empty()).then(|| {
+        crate::plot::lines(
+            "receive buffers in use per node over each run (mean of workers and runs)",
+            "% of the run",
+            "",
+            &series,
+        )
+    })
 }
 
 #[cfg(test)]

@@ -123,7 +123,9 @@ pub fn grouped_bars_with_reference(
 }
 
 /// Colours for series in order.
-pub const COLOURS: [&str; 6] = ["#3b6fd4", "#d33", "#3a9d5d", "#b8860b", "#8a2be2", "#555"];
+pub const COLOURS: [&str; 8] = [
+    "#3b6fd4", "#d33", "#3a9d5d", "#b8860b", "#8a2be2", "#555", "#e377c2", "#17becf",
+];
 
 /// A line per series over a numeric x axis, named by `x_label`, values in `unit`.
 /// Points repeated at one x (repeated runs) are each drawn as a dot, and the line
@@ -140,7 +142,14 @@ pub fn lines(title: &str, x_label: &str, unit: &str, series: &[(&str, Vec<(f64, 
     let step = nice_step(max / 4.0);
     let ticks = (max / step).ceil().max(1.0) as usize;
     let y1 = step * ticks as f64;
-    let (w, h, left, right, top, bottom) = (640.0, 400.0, 70.0, 160.0, 40.0, 50.0);
+    // The legend's width: about 7 pixels a character.
+    let legend = series
+        .iter()
+        .map(|(n, _)| n.chars().count())
+        .max()
+        .unwrap_or(0);
+    let right = (legend as f64 * 7.0 + 20.0).max(160.0);
+    let (w, h, left, top, bottom) = (480.0 + right, 400.0, 70.0, 40.0, 50.0);
     let px = |x: f64| {
         if x1 > x0 {
             left + (x - x0) / (x1 - x0) * (w - left - right)
@@ -218,6 +227,24 @@ pub fn lines(title: &str, x_label: &str, unit: &str, series: &[(&str, Vec<(f64, 
     s + "</svg>\n"
 }
 
+/// Charts one above the other in one SVG (each keeps its own size).
+pub fn stacked(charts: &[String]) -> String {
+    let size = |svg: &str, attr: &str| -> f64 {
+        svg.split_once(&format!(" {attr}='"))
+            .and_then(|(_, rest)| rest.split('\'').next()?.parse().ok())
+            .unwrap_or(0.0)
+    };
+    let width = charts.iter().map(|c| size(c, "width")).fold(0.0, f64::max);
+    let mut y = 0.0;
+    let mut body = String::new();
+    for c in charts {
+        // The chart's root element, placed at its offset.
+        body += &c.replacen("<svg ", &format!("<svg y='{y}' "), 1);
+        y += size(c, "height");
+    }
+    format!("<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{y}'>\n{body}</svg>\n")
+}
+
 /// 1, 2 or 5 times a power of ten, at least `raw`.
 fn nice_step(raw: f64) -> f64 {
     if raw.is_nan() || raw <= 0.0 || raw.is_infinite() {
@@ -245,6 +272,48 @@ fn escape(t: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stacked_charts_keep_their_sizes_one_below_the_other() {
+        let bars = grouped_bars(
+            "t",
+            "s",
+            &[Series {
+                name: "a",
+                color: "#111",
+            }],
+            &["x".into()],
+            &[vec![1.0]],
+        );
+        let a_long_legend = "a legend far longer than the default margin holds";
+        let lines = lines(
+            "u",
+            "x",
+            "",
+            &[(a_long_legend, vec![(0.0, 1.0), (1.0, 2.0)])],
+        );
+        let size = |svg: &str, attr: &str| -> f64 {
+            let rest = svg.split_once(&format!(" {attr}='")).unwrap().1;
+            rest.split('\'').next().unwrap().parse().unwrap()
+        };
+        // The legend widens the lines chart.
+        assert!(size(&lines, "width") > 640.0, "{lines}");
+        let both = stacked(&[bars.clone(), lines.clone()]);
+        assert_eq!(
+            size(&both, "height"),
+            size(&bars, "height") + size(&lines, "height")
+        );
+        assert_eq!(
+            size(&both, "width"),
+            size(&bars, "width").max(size(&lines, "width"))
+        );
+        let second = format!("<svg y='{}' ", size(&bars, "height"));
+        assert!(
+            both.contains("<svg y='0' ") && both.contains(&second),
+            "{both}"
+        );
+        assert!(both.ends_with("</svg>\n</svg>\n"));
+    }
 
     #[test]
     fn bars_scale_to_the_largest_value_and_skip_missing_ones() {
