@@ -41,6 +41,9 @@ struct QueryTiming {
     ratio: f64,
     duckdb_ms: Option<f64>,
     rows: usize,
+    /// Bytes the workers sent to other nodes during the query's first run
+    /// (over its first design): what a faster carrier could speed up.
+    moved_bytes: u64,
     same_result: bool,
     /// With several designs: each one's median (`gyre_ms` is the first's).
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -64,6 +67,25 @@ struct Report {
     /// With several designs: each one's sum of medians.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     sum_by_design: Vec<DesignTiming>,
+}
+
+/// What the workers have sent to other nodes so far (`gyre_workers()`).
+async fn bytes_sent(coordinator: &Arc<Coordinator>) -> Result<u64, Box<dyn std::error::Error>> {
+    let r = coordinator
+        .sql_one("SELECT CAST(sum(bytes_sent) AS BIGINT) FROM gyre_workers()")
+        .await?;
+    let sent = r
+        .batches
+        .first()
+        .and_then(|b| {
+            b.column(0)
+                .as_any()
+                .downcast_ref::<arrow::array::Int64Array>()
+        })
+        .filter(|c| !c.is_empty() && arrow::array::Array::is_valid(c, 0))
+        .map(|c| c.value(0))
+        .ok_or("gyre_workers() gave no bytes_sent")?;
+    Ok(sent.max(0) as u64)
 }
 
 /// DuckDB's answer to one timing request.
@@ -104,8 +126,8 @@ pub async fn run_tpch(
         None
     };
     println!(
-        "{:>5} {:>12} {:>15} {:>7} {:>11} {:>7} {:>8}",
-        "query", "gyre ms", "datafusion ms", "ratio", "duckdb ms", "g/duck", "rows"
+        "{:>5} {:>12} {:>15} {:>7} {:>11} {:>7} {:>8} {:>9}",
+        "query", "gyre ms", "datafusion ms", "ratio", "duckdb ms", "g/duck", "rows", "MB moved"
     );
     let mut timings = vec![];
     for &q in &opts.queries {
@@ -124,16 +146,25 @@ pub async fn run_tpch(
         let mut times: Vec<Vec<f64>> = vec![vec![]; designs.len()];
         let mut gyre_rows = vec![];
         let mut designs_agree = true;
-        for _ in 0..opts.iterations {
+        let mut moved_bytes = 0;
+        for i in 0..opts.iterations {
             for (k, design) in designs.iter().enumerate() {
                 if let Some(d) = design {
                     coordinator
                         .sql(&format!("SET gyre.shuffle_design = '{d}'"))
                         .await?;
                 }
+                let first = i == 0 && k == 0;
+                let before = match first {
+                    true => bytes_sent(coordinator).await?,
+                    false => 0,
+                };
                 let start = Instant::now();
                 let r = coordinator.sql_one(main).await?;
                 times[k].push(start.elapsed().as_secs_f64() * 1e3);
+                if first {
+                    moved_bytes = bytes_sent(coordinator).await?.saturating_sub(before);
+                }
                 let rows = canonical_rows(&r.batches)?;
                 if k > 0 && rows != gyre_rows {
                     designs_agree = false;
@@ -179,6 +210,7 @@ pub async fn run_tpch(
             ratio: g / d,
             duckdb_ms,
             rows: gyre_rows.len(),
+            moved_bytes,
             same_result: designs_agree && gyre_rows == df_rows,
             designs: match opts.designs.is_empty() {
                 true => vec![],
@@ -194,7 +226,7 @@ pub async fn run_tpch(
             },
         };
         println!(
-            "{:>5} {:>12.1} {:>15.1} {:>7.2} {:>11} {:>7} {:>8}{}{note}",
+            "{:>5} {:>12.1} {:>15.1} {:>7.2} {:>11} {:>7} {:>8} {:>9.1}{}{note}",
             format!("Q{q}"),
             t.gyre_ms,
             t.datafusion_ms,
@@ -202,6 +234,7 @@ pub async fn run_tpch(
             t.duckdb_ms.map_or("-".into(), |v| format!("{v:.1}")),
             t.duckdb_ms.map_or("-".into(), |v| format!("{:.2}", g / v)),
             t.rows,
+            t.moved_bytes as f64 / 1e6,
             if t.same_result {
                 ""
             } else {
@@ -261,8 +294,13 @@ pub async fn run_tpch(
         std::fs::write(path, plot_svg(&report))?;
     }
     println!(
-        "sum of medians: gyre {:.1} ms ({} workers), datafusion {:.1} ms; ratio {:.2}",
-        sum_g, opts.workers, sum_d, report.ratio_of_sums
+        "sum of medians: gyre {:.1} ms ({} workers), datafusion {:.1} ms; ratio {:.2}; \
+         the workers sent {:.1} MB to other nodes",
+        sum_g,
+        opts.workers,
+        sum_d,
+        report.ratio_of_sums,
+        report.queries.iter().map(|t| t.moved_bytes).sum::<u64>() as f64 / 1e6
     );
     if let [first, rest @ ..] = &report.sum_by_design[..] {
         for o in rest {

@@ -248,6 +248,8 @@ fn bench_shuffle_runs_single_and_multiple_endpoint_designs_with_threads() {
 /// buffers, the adaptive one reports what it lent and retired over time.
 #[test]
 fn bench_shuffle_compares_fixed_bdp_and_adaptive_buffers() {
+    let dir = tempfile::tempdir().unwrap();
+    let plot = dir.path().join("buffers.svg");
     let report = json_of(&[
         "bench",
         "shuffle",
@@ -269,7 +271,14 @@ fn bench_shuffle_compares_fixed_bdp_and_adaptive_buffers() {
         "4000",
         "--json",
         "-",
+        "--plot",
+        plot.to_str().unwrap(),
     ]);
+    // The rates, and below them the buffers in use over each run.
+    let svg = std::fs::read_to_string(&plot).unwrap();
+    assert!(svg.contains("aggregate GB/s"), "{svg}");
+    assert!(svg.contains("receive buffers in use"), "{svg}");
+    assert!(svg.contains("shm/mesq-sr adaptive 500ns/KiB"), "{svg}");
     let runs = report["runs"].as_array().unwrap();
     assert_eq!(runs.len(), 2 * 3 * 2);
     for run in runs {
@@ -289,6 +298,48 @@ fn bench_shuffle_compares_fixed_bdp_and_adaptive_buffers() {
             }
         }
     }
+}
+
+/// The TPC-H benchmark of `gyre local` over TCP and a shared-memory design:
+/// both answer as DataFusion does, and the bytes a query moved between nodes
+/// are counted (a join moves some; the scan-only Q6 little: its partial sums).
+#[test]
+fn bench_tpch_compares_designs_and_counts_the_bytes_moved() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("tpch.json");
+    let out = gyre()
+        .args([
+            "local",
+            "--workers",
+            "2",
+            "--tpch",
+            "0.01",
+            "--bench",
+            "tpch",
+        ])
+        .args(["--iterations", "1", "--no-duckdb", "--queries", "3,6"])
+        .args(["--shuffle-designs", "tcp,memq-sr", "--json"])
+        .arg(&json)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let queries = report["queries"].as_array().unwrap();
+    assert_eq!(queries.len(), 2);
+    let moved = |i: usize| queries[i]["moved_bytes"].as_u64().unwrap();
+    for q in queries {
+        assert_eq!(q["same_result"], true, "{q}");
+        assert_eq!(q["designs"].as_array().unwrap().len(), 2, "{q}");
+    }
+    assert!(moved(0) > 5_000, "{report}");
+    assert!(moved(1) > 0 && moved(1) < moved(0), "{report}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("MB to other nodes"), "{stdout}");
 }
 
 #[test]
