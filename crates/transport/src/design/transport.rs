@@ -204,6 +204,27 @@ mod tests {
         }
     }
 
+    /// One stream of `query`: from node 1's slot 0 to node 2.
+    fn one_stream(nodes: &Nodes, query: u64) -> (ReceiveEndpoint, SendEndpoint) {
+        let recv = nodes.transports[1]
+            .open_receive(ReceiveSpec {
+                query,
+                exchange: 0,
+                sources: vec![(0, 1)],
+            })
+            .unwrap();
+        let send = nodes.transports[0]
+            .open_send(SendSpec {
+                query,
+                exchange: 0,
+                from: 0,
+                destinations: vec![2],
+                groups: vec![],
+            })
+            .unwrap();
+        (recv, send)
+    }
+
     /// Message `seq` of sender `src`: sizes from one byte to several buffers.
     fn message(src: u32, seq: usize, payload: usize) -> Vec<u8> {
         let len = [1, 1000, payload, payload + 1, 3 * payload + 17, 70_000][seq % 6];
@@ -332,22 +353,7 @@ mod tests {
         ] {
             let nodes = nodes(design, 2);
             let payload = nodes.transports[0].message_size();
-            let recv = nodes.transports[1]
-                .open_receive(ReceiveSpec {
-                    query: 1,
-                    exchange: 0,
-                    sources: vec![(0, 1)],
-                })
-                .unwrap();
-            let send = nodes.transports[0]
-                .open_send(SendSpec {
-                    query: 1,
-                    exchange: 0,
-                    from: 0,
-                    destinations: vec![2],
-                    groups: vec![],
-                })
-                .unwrap();
+            let (recv, send) = one_stream(&nodes, 1);
             let reading = tokio::spawn(async move {
                 let first = recv.get().await.unwrap().unwrap();
                 let data = first.data().to_vec();
@@ -377,22 +383,7 @@ mod tests {
             }
             let nodes = nodes(design, 2);
             let payload = nodes.transports[0].message_size();
-            let recv = nodes.transports[1]
-                .open_receive(ReceiveSpec {
-                    query: 4,
-                    exchange: 0,
-                    sources: vec![(0, 1)],
-                })
-                .unwrap();
-            let send = nodes.transports[0]
-                .open_send(SendSpec {
-                    query: 4,
-                    exchange: 0,
-                    from: 0,
-                    destinations: vec![2],
-                    groups: vec![],
-                })
-                .unwrap();
+            let (recv, send) = one_stream(&nodes, 4);
             let reading = tokio::spawn(async move {
                 let first = recv.get().await.unwrap().unwrap();
                 assert_eq!(first.data(), message(1, 0, payload), "{design}");
