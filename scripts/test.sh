@@ -54,6 +54,12 @@ if [ "${GYRE_QUICK:-0}" != "1" ]; then
   # Run-time filters (off by default) are on, so that their answers are checked too.
   "$CARGO_TARGET_DIR/release/gyre" bench tpcds --sf 0.01 --iterations 3 --no-duckdb \
     --gyre-timeout 120 -c "SET gyre.runtime_filters = on"
+  # Once more over each primitive of the RDMA-aware shuffle's designs on the
+  # shared-memory carrier (about 5 s each).
+  for design in memq-sr mesq-sr memq-rd semq-wr; do
+    "$CARGO_TARGET_DIR/release/gyre" bench tpcds --sf 0.01 --iterations 1 --no-duckdb \
+      --gyre-timeout 120 -c "SET gyre.shuffle_design = '$design'" | tail -1
+  done
   section "small queries through Flight SQL, answers against DataFusion"
   "$CARGO_TARGET_DIR/release/gyre" bench latency --rows 100000 --iterations 20
   section "S3 tables on moto's S3 server"
