@@ -99,6 +99,7 @@ impl QueryExecution {
         };
         let RegisteredQuery {
             id: query,
+            design,
             ctx,
             fail_tx,
             fail_rx,
@@ -111,7 +112,7 @@ impl QueryExecution {
         let started = within(
             deadline,
             Some(query),
-            coordinator.start_worker_stages(state, query, dplan, workers),
+            coordinator.start_worker_stages(state, query, design, dplan, workers),
         )
         .await;
         if let Err(e) = started.and_then(|r| r) {

@@ -369,6 +369,8 @@ fn session_of(ctx: &SessionContext) -> SessionContext {
 /// node's failure of the query is reported.
 pub(crate) struct RegisteredQuery {
     pub id: u64,
+    /// How its exchanges move data (`gyre.shuffle_design`, resolved).
+    pub design: gyre_transport::design::Design,
     pub ctx: Arc<TaskContext>,
     pub fail_tx: mpsc::UnboundedSender<String>,
     pub fail_rx: mpsc::UnboundedReceiver<String>,

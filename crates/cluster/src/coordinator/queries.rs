@@ -48,6 +48,7 @@ impl Coordinator {
         );
         Ok(RegisteredQuery {
             id: query,
+            design,
             ctx,
             fail_tx,
             fail_rx,
@@ -62,6 +63,7 @@ impl Coordinator {
         &self,
         state: &SessionState,
         query: u64,
+        design: Design,
         dplan: &DistributedPlan,
         workers: &[NodeId],
     ) -> Result<()> {
@@ -74,7 +76,6 @@ impl Coordinator {
             return Ok(());
         }
         let compression = GyreOptions::of(state.config_options()).compression;
-        let design = self.shuffle_design(state)?;
         self.broadcast(
             workers,
             Request::StartQuery {
