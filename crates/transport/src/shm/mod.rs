@@ -216,9 +216,11 @@ impl Inner {
         }
         seg.cq_bump(cq);
         if seg.node == self.node && seg.incarnation == self.own.incarnation {
-            if let Some(Some(q)) = self.cqs.lock().get(cq as usize)
-                && let Some(q) = q.upgrade()
-            {
+            // The table's lock is let go before the queue is upgraded: if its
+            // owner dropped it meanwhile, this reference is the last, and the
+            // queue's drop takes the lock.
+            let q = self.cqs.lock().get(cq as usize).cloned().flatten();
+            if let Some(q) = q.and_then(|q| q.upgrade()) {
                 q.notify.notify_waiters();
             }
         } else {

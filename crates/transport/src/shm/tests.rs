@@ -556,3 +556,61 @@ fn process_dirs_of_gone_processes_are_removed() {
     std::fs::remove_dir(live).unwrap();
     std::fs::remove_dir(next).unwrap();
 }
+
+/// A receiving queue pair and its completion queue dropped while a sender of
+/// the same node lands messages on them: the carrier wakes the queue's
+/// waiters without holding the queue table's lock across the queue's drop
+/// (it did once, and a concurrent drop deadlocked the sender's thread).
+#[test]
+fn a_completion_queue_dropped_while_messages_land_on_it() {
+    const SENDS: u64 = 64;
+    let dir = tempfile::tempdir().unwrap();
+    let c = ShmCarrier::open(1, &config(dir.path())).unwrap();
+    let scq = c.create_cq(1024).unwrap();
+    let ra = c.register(64).unwrap();
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut landed = 0;
+        for round in 0..2000u64 {
+            let qa = c.create_qp(QpKind::Rc, &scq, &scq).unwrap();
+            let cq = c.create_cq(1024).unwrap();
+            let qb = c.create_qp(QpKind::Rc, &scq, &cq).unwrap();
+            let rb = c.register(64 * SENDS as usize).unwrap();
+            for i in 0..SENDS {
+                qb.post_recv(RecvWr {
+                    id: i,
+                    local: Some(rb.sge(i as usize * 64, 64)),
+                })
+                .unwrap();
+            }
+            qa.connect(qb.addr()).unwrap();
+            qb.connect(qa.addr()).unwrap();
+            let start = std::sync::Barrier::new(2);
+            std::thread::scope(|s| {
+                s.spawn(|| {
+                    start.wait();
+                    for i in 0..SENDS {
+                        let mut wr = send(i, &ra, 0, 8, None);
+                        wr.signaled = false;
+                        // Refused once the receiver is gone (the pair then fails).
+                        qa.post_send(wr).unwrap();
+                    }
+                });
+                start.wait();
+                // Dropped at varying points of the sends, as the queue's last owner.
+                for _ in 0..round % 64 * 50 {
+                    std::hint::spin_loop();
+                }
+                drop((qb, cq));
+            });
+            let mut out = vec![];
+            scq.poll(&mut out, 1024);
+            landed += SENDS - out.len() as u64;
+        }
+        let _ = done_tx.send(landed);
+    });
+    let landed = done_rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("a sender's thread deadlocked on a dropped completion queue");
+    assert!(landed > 0, "no send landed before its receiver went");
+}
