@@ -30,6 +30,8 @@ pub mod fuzzing;
 pub(crate) mod hub;
 pub(crate) mod mux;
 pub mod pool;
+#[cfg(feature = "verbs")]
+pub mod rdma;
 pub mod rounds;
 pub mod schedule;
 pub mod seal;

@@ -61,12 +61,14 @@
 mod message;
 mod pool;
 pub mod receive;
+mod rendezvous;
 pub mod send;
 pub mod transport;
 
 pub use message::{DesignConfig, HEADER, Primitive};
 pub use pool::BufferPool;
 pub use receive::{DesignReceive, Received};
+pub use rendezvous::DirConnector;
 pub use send::{DesignBuffer, DesignSend};
 pub use transport::DesignTransport;
 
