@@ -106,7 +106,7 @@ enum Command {
         multicast: LogMulticastArgs,
     },
     /// Run a coordinator and N workers in this process (over loopback TCP).
-    Local(LocalArgs),
+    Local(Box<LocalArgs>),
     /// Connect to a coordinator with Flight SQL and run SQL.
     Sql {
         #[command(flatten)]
@@ -507,6 +507,21 @@ struct LocalArgs {
     /// exchanges (`SET gyre.shuffle_design`), which go over loopback TCP.
     #[arg(long)]
     tcp_exchanges: bool,
+    /// Carry the designs' exchanges over an RDMA device instead of shared memory:
+    /// an IPv4 address of the device's port per node, the coordinator's first
+    /// (e.g. 10.0.2.15,10.0.2.16,10.0.2.17 for two workers).
+    #[cfg(feature = "verbs")]
+    #[arg(
+        long,
+        value_name = "ADDRESSES",
+        value_delimiter = ',',
+        conflicts_with = "tcp_exchanges"
+    )]
+    verbs: Option<Vec<std::net::Ipv4Addr>>,
+    /// The RDMA device of --verbs (default: the first one).
+    #[cfg(feature = "verbs")]
+    #[arg(long, value_name = "NAME", requires = "verbs")]
+    verbs_device: Option<String>,
     #[command(flatten)]
     input: SqlInput,
     /// Run a benchmark instead of SQL: `tpch` (after the -c/-f statements, e.g. settings).
@@ -714,7 +729,7 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             }
             Ok(())
         }
-        Command::Local(args) => run_local(args).await,
+        Command::Local(args) => run_local(*args).await,
         Command::Cluster(command) => cluster::run(command),
         Command::Bench(BenchCommand::Shuffle(args)) => bench_shuffle::run(*args).await,
         Command::Bench(BenchCommand::Join(args)) => bench_join::run(*args).await,
@@ -809,6 +824,7 @@ async fn run_local(args: LocalArgs) -> Result<(), Box<dyn std::error::Error>> {
         encrypt_links: args.links.encrypt_links,
         primary: args.primary.config(),
         tcp_exchanges: args.tcp_exchanges,
+        host_carrier: host_carrier(&args),
     };
     let cluster =
         LocalCluster::start_limited(args.workers, threads, listen, &front, &limits).await?;
@@ -885,6 +901,19 @@ async fn run_input(
         }
     }
     Ok(())
+}
+
+/// The carrier `gyre local`'s designs exchange over.
+fn host_carrier(args: &LocalArgs) -> gyre_cluster::host_shuffle::HostCarrier {
+    #[cfg(feature = "verbs")]
+    if let Some(addresses) = &args.verbs {
+        return gyre_cluster::host_shuffle::HostCarrier::Verbs {
+            device: args.verbs_device.clone(),
+            addresses: addresses.clone(),
+        };
+    }
+    let _ = args;
+    gyre_cluster::host_shuffle::HostCarrier::Shm
 }
 
 #[cfg(test)]

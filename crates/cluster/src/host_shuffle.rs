@@ -1,55 +1,91 @@
-//! Exchanges between the nodes of one process over the shared-memory carrier
+//! Exchanges between the nodes of one process over a verbs carrier
 //! (`gyre local`): the RDMA-aware shuffle paper's endpoint designs at memory
-//! speed, instead of TCP over loopback.
+//! speed over the shared-memory carrier, instead of TCP over loopback, or
+//! over an RDMA device (`gyre local --verbs`, built with the `verbs` feature).
 //!
-//! A [`HostShuffle`] is what the nodes share: the directory of their segments
-//! (on tmpfs) and the connector that brings the two sides of each stream
-//! together, in memory. Each node opens its own carrier once it knows its id
+//! A [`HostShuffle`] is what the nodes share: the carrier they open (for
+//! shared memory, the directory of their segments, on tmpfs) and the
+//! connector that brings the two sides of each stream together, in memory.
+//! Each node opens its own carrier once it knows its id
 //! ([`HostShuffle::node`]) and picks, per query, the transport of the design
 //! the query names (`SET gyre.shuffle_design`). Nodes in other processes
-//! cannot join: their streams would need a connector across processes,
-//! which is not built, so such clusters exchange over TCP.
+//! cannot join: their streams would need a connector across processes
+//! (`gyre_transport::design::DirConnector` is one for a shared directory,
+//! not wired into clusters yet), so such clusters exchange over TCP.
 
 use datafusion::common::{DataFusionError, Result};
 use gyre_planner::GyreOptions;
 use gyre_transport::design::{Design, DesignTransport, LocalConnector};
 use gyre_transport::shm::{ShmCarrier, ShmConfig, ShmParams};
+use gyre_transport::verbs::Carrier;
 use gyre_transport::{NodeId, Transport};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-/// The shared-memory segments and stream connector of one process's nodes.
+/// The carrier a process's nodes exchange over.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum HostCarrier {
+    /// Segments in a directory on tmpfs.
+    #[default]
+    Shm,
+    /// An RDMA device (`None`: the first); node `i` (0: the coordinator)
+    /// uses `addresses[i]`, which must be one of the port's addresses.
+    #[cfg(feature = "verbs")]
+    Verbs {
+        device: Option<String>,
+        addresses: Vec<std::net::Ipv4Addr>,
+    },
+}
+
+/// The carrier and stream connector of one process's nodes.
 pub struct HostShuffle {
-    dir: std::path::PathBuf,
+    carrier: HostCarrier,
+    /// The shared-memory segments' directory.
+    dir: Option<std::path::PathBuf>,
     connector: Arc<LocalConnector>,
 }
 
 impl Drop for HostShuffle {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
+        if let Some(dir) = &self.dir {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 }
 
 impl std::fmt::Debug for HostShuffle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("HostShuffle")
+            .field("carrier", &self.carrier)
             .field("dir", &self.dir)
             .finish()
     }
 }
 
 impl HostShuffle {
-    /// A directory for the segments, on /dev/shm where it has room (those of
-    /// killed runs are removed).
+    /// The shared-memory carrier, its segments in a directory on /dev/shm
+    /// where it has room (those of killed runs are removed).
     pub fn new() -> Result<Arc<Self>> {
-        let dir = gyre_transport::shm::process_dir("gyre-local").map_err(|e| {
-            DataFusionError::Execution(format!(
-                "a shared-memory directory under {}: {e}",
-                gyre_transport::shm::base_dir().display()
-            ))
-        })?;
+        Self::over(HostCarrier::Shm)
+    }
+
+    /// The nodes' exchanges over `carrier`.
+    pub fn over(carrier: HostCarrier) -> Result<Arc<Self>> {
+        let dir = match carrier {
+            HostCarrier::Shm => {
+                Some(gyre_transport::shm::process_dir("gyre-local").map_err(|e| {
+                    DataFusionError::Execution(format!(
+                        "a shared-memory directory under {}: {e}",
+                        gyre_transport::shm::base_dir().display()
+                    ))
+                })?)
+            }
+            #[cfg(feature = "verbs")]
+            HostCarrier::Verbs { .. } => None,
+        };
         Ok(Arc::new(Self {
+            carrier,
             dir,
             connector: LocalConnector::new(),
         }))
@@ -57,18 +93,47 @@ impl HostShuffle {
 
     /// Opens `node`'s carrier.
     pub fn node(&self, node: NodeId) -> Result<NodeShuffle> {
-        let config = ShmConfig {
-            dir: self.dir.clone(),
-            params: ShmParams::for_queries(),
-        };
-        let carrier = ShmCarrier::open(node, &config).map_err(|e| {
+        let failed = |e: &dyn std::fmt::Display| {
             DataFusionError::Execution(format!(
-                "the shared-memory carrier of {}: {e}",
+                "the {} carrier of {}: {e}",
+                match self.carrier {
+                    HostCarrier::Shm => "shared-memory",
+                    #[cfg(feature = "verbs")]
+                    HostCarrier::Verbs { .. } => "RDMA",
+                },
                 gyre_transport::node_name(node)
             ))
-        })?;
+        };
+        let carrier: Arc<dyn Carrier> = match &self.carrier {
+            HostCarrier::Shm => {
+                let config = ShmConfig {
+                    dir: self.dir.clone().unwrap_or_default(),
+                    params: ShmParams::for_queries(),
+                };
+                Arc::new(ShmCarrier::open(node, &config).map_err(|e| failed(&e))?)
+            }
+            #[cfg(feature = "verbs")]
+            HostCarrier::Verbs { device, addresses } => {
+                use gyre_transport::rdma::{RdmaCarrier, RdmaConfig, gid_of_ipv4};
+                let gids = addresses
+                    .iter()
+                    .enumerate()
+                    .map(|(i, ip)| (i as NodeId, gid_of_ipv4(*ip)))
+                    .collect();
+                if node as usize >= addresses.len() {
+                    return Err(failed(&format!(
+                        "{} addresses name the coordinator and {} workers",
+                        addresses.len(),
+                        addresses.len().saturating_sub(1)
+                    )));
+                }
+                let mut config = RdmaConfig::new(gids);
+                config.device = device.clone();
+                Arc::new(RdmaCarrier::open(node, &config).map_err(|e| failed(&e))?)
+            }
+        };
         Ok(NodeShuffle {
-            carrier: Arc::new(carrier),
+            carrier,
             connector: Arc::clone(&self.connector),
             transports: Mutex::new(HashMap::new()),
         })
@@ -77,7 +142,7 @@ impl HostShuffle {
 
 /// One node's side of a [`HostShuffle`]: a transport per design.
 pub struct NodeShuffle {
-    carrier: Arc<ShmCarrier>,
+    carrier: Arc<dyn Carrier>,
     connector: Arc<LocalConnector>,
     transports: Mutex<HashMap<Design, Arc<DesignTransport>>>,
 }
@@ -98,7 +163,7 @@ impl NodeShuffle {
         }
         let t = DesignTransport::new(
             design,
-            Arc::clone(&self.carrier) as _,
+            Arc::clone(&self.carrier),
             Arc::clone(&self.connector) as _,
         )
         .map_err(|e| DataFusionError::Execution(e.to_string()))?;

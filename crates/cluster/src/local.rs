@@ -53,6 +53,8 @@ pub struct Limits {
     pub primary: crate::coordinator::PrimaryConfig,
     /// Exchange over loopback TCP only: no shared-memory carrier to choose.
     pub tcp_exchanges: bool,
+    /// The carrier of the designs sessions may choose.
+    pub host_carrier: crate::host_shuffle::HostCarrier,
 }
 
 impl std::fmt::Debug for LocalCluster {
@@ -93,7 +95,9 @@ impl LocalCluster {
         let secret = format!("{:032x}", rand::random::<u128>());
         let host_shuffle = match limits.tcp_exchanges {
             true => None,
-            false => Some(crate::host_shuffle::HostShuffle::new()?),
+            false => Some(crate::host_shuffle::HostShuffle::over(
+                limits.host_carrier.clone(),
+            )?),
         };
         let config = CoordinatorConfig {
             host_shuffle: host_shuffle.clone(),
