@@ -26,9 +26,15 @@
 //!
 //! Semantics the designs rely on, as the shared-memory carrier's: a send
 //! that finds no posted receive fails its queue pair (`rnr_retry` 0), and an
-//! unsignaled request completes only if it fails. Hardware that reclaims an
-//! unsignaled request's send-queue slot only at a later signaled completion
-//! (rxe frees it at once) would need the designs to signal every so often.
+//! unsignaled request completes only if it fails. Small sends and writes go
+//! inline, copied at the post, as the designs' staging slots expect.
+//!
+//! Tested on soft-RoCE only. Hardware providers differ in two ways the designs
+//! would meet: mlx5 frees an unsignaled request's send-queue slot only when a
+//! later completion is polled (rxe at once), so the receivers' credit writes
+//! and the Read senders' notices, unsignaled on queues nobody polls, would
+//! fill their send queues after `send_depth` posts; and its error completions
+//! carry no opcode, which this carrier takes from the provider.
 
 use crate::NodeId;
 use crate::verbs::{
@@ -113,6 +119,8 @@ const GRH: usize = 40;
 const QKEY: u32 = 0x4759_5245;
 /// The starting packet sequence number of every reliable connection.
 const PSN: u32 = 0x1000;
+/// Bytes a send or write carries inline at most (asked of the device).
+const INLINE: u32 = 256;
 
 fn sys(what: &str) -> CarrierError {
     CarrierError::System(format!("{what}: {}", std::io::Error::last_os_error()))
@@ -139,6 +147,8 @@ struct QpMeta {
 }
 
 struct GrhRing {
+    /// Choosing a slot, posting into it and counting it happen together.
+    post: Mutex<()>,
     lkey: u32,
     base: *mut u8,
     depth: u64,
@@ -174,6 +184,9 @@ struct Inner {
     send_depth: usize,
     gids: HashMap<NodeId, Gid>,
     nodes: HashMap<Gid, NodeId>,
+    /// Addresses are IPv4-mapped GIDs (RoCE v2 over IPv4): datagrams come
+    /// with an IPv4 header where a route header would be.
+    ipv4: bool,
     regions: Mutex<HashMap<u32, Mr>>,
     qps: Mutex<HashMap<u32, Arc<QpMeta>>>,
     ahs: Mutex<HashMap<NodeId, usize>>,
@@ -408,6 +421,7 @@ impl RdmaCarrier {
             send_depth: config.send_depth.min(max_wr).max(1),
             gids: config.gids.clone(),
             nodes,
+            ipv4: own[..10].iter().all(|&b| b == 0) && own[10] == 0xff && own[11] == 0xff,
             regions: Mutex::default(),
             qps: Mutex::default(),
             ahs: Mutex::default(),
@@ -435,7 +449,9 @@ impl RdmaCarrier {
         self.inner.sgid_index
     }
 
-    fn lookup(&self, sge: &Sge) -> Result<ffi::ibv_sge, CarrierError> {
+    /// The device's entry for `sge`; with `cpu`, addressed as the CPU sees
+    /// it (inline data is copied by the provider, not the device).
+    fn lookup(&self, sge: &Sge, cpu: bool) -> Result<ffi::ibv_sge, CarrierError> {
         let regions = self.inner.regions.lock();
         let mr = regions.get(&sge.key).ok_or_else(|| {
             CarrierError::Invalid(format!("no local region with key {}", sge.key))
@@ -451,7 +467,11 @@ impl RdmaCarrier {
         }
         Ok(ffi::ibv_sge {
             // Local addresses are in the region's I/O space too, which starts at 0.
-            addr: sge.offset as u64,
+            addr: match cpu {
+                // SAFETY: within the mapping (checked above).
+                true => (unsafe { mr.addr.add(sge.offset) }) as u64,
+                false => sge.offset as u64,
+            },
             length: sge.len as u32,
             lkey: mr.lkey,
         })
@@ -553,12 +573,12 @@ impl Inner {
 }
 
 /// The node whose address a datagram's 40-byte route header carries.
-fn sender_of(nodes: &HashMap<Gid, NodeId>, grh: &[u8]) -> Option<NodeId> {
+/// On RoCE v2 over IPv4 (`ipv4`) the header's last 20 bytes are the IPv4 header.
+fn sender_of(nodes: &HashMap<Gid, NodeId>, ipv4: bool, grh: &[u8]) -> Option<NodeId> {
     if grh.len() < GRH {
         return None;
     }
-    // RoCE v2 over IPv4 puts the IPv4 header in the header's last 20 bytes.
-    let gid = if grh[20] >> 4 == 4 {
+    let gid = if ipv4 {
         gid_of_ipv4(Ipv4Addr::new(grh[32], grh[33], grh[34], grh[35]))
     } else {
         grh[8..24].try_into().ok()?
@@ -613,7 +633,14 @@ fn event_loop(
     let channel = channel.0;
     // SAFETY: the channel lives until this thread is joined.
     let fd = unsafe { (*channel).fd };
+    let mut next_reap = std::time::Instant::now();
     while !stop.load(Ordering::Acquire) {
+        // Whether or not events keep coming, what lingered long enough goes.
+        if std::time::Instant::now() >= next_reap {
+            reap(&doomed, false);
+            next_reap = std::time::Instant::now() + std::time::Duration::from_millis(50);
+            continue;
+        }
         let mut pfd = libc::pollfd {
             fd,
             events: libc::POLLIN,
@@ -621,7 +648,6 @@ fn event_loop(
         };
         // SAFETY: one valid pollfd.
         if unsafe { libc::poll(&mut pfd, 1, 50) } <= 0 {
-            reap(&doomed, false);
             continue;
         }
         while !stop.load(Ordering::Acquire) {
@@ -718,18 +744,24 @@ impl RdmaCq {
         if recv_side {
             match &meta.grh {
                 Some(ring) => {
-                    let i = ring.completed.fetch_add(1, Ordering::AcqRel) % ring.depth;
+                    // Polls of one queue are serialised, and a queue pair's
+                    // receives complete to one queue, in the order posted.
+                    let i = ring.completed.load(Ordering::Acquire) % ring.depth;
                     bytes = bytes.saturating_sub(GRH as u32);
                     if status == WcStatus::Success {
-                        // SAFETY: the ring's slot of this receive, written by the device.
+                        // SAFETY: the ring's slot of this receive, written by the
+                        // device; not posted again before `completed` moves on.
                         let h = unsafe {
                             std::slice::from_raw_parts(ring.base.add(i as usize * GRH), GRH)
                         };
-                        src = sender_of(&self.carrier.nodes, h).map(|node| QpAddr {
-                            node,
-                            qpn: wc.src_qp,
+                        src = sender_of(&self.carrier.nodes, self.carrier.ipv4, h).map(|node| {
+                            QpAddr {
+                                node,
+                                qpn: wc.src_qp,
+                            }
                         });
                     }
+                    ring.completed.fetch_add(1, Ordering::AcqRel);
                 }
                 None => src = *meta.remote.lock(),
             }
@@ -741,7 +773,8 @@ impl RdmaCq {
             status,
             op,
             bytes,
-            imm: wc.imm_data().map(u32::from_be),
+            // Providers may flag an immediate on the sender's completion too.
+            imm: wc.imm_data().filter(|_| recv_side).map(u32::from_be),
             src,
         })
     }
@@ -794,6 +827,8 @@ pub struct RdmaQp {
     meta: Arc<QpMeta>,
     carrier: RdmaCarrier,
     grh_mr: Option<Region>,
+    /// Bytes a send or write may carry inline (copied at the post).
+    inline: u32,
     _cqs: [Arc<dyn CompletionQueue>; 2],
 }
 
@@ -896,7 +931,10 @@ impl QueuePair for RdmaQp {
 
     fn post_send(&self, wr: SendWr) -> Result<(), CarrierError> {
         use ffi::ibv_wr_opcode::*;
-        let mut sge = self.carrier.lookup(&wr.local)?;
+        let inline = wr.local.len > 0
+            && wr.local.len <= self.inline as usize
+            && !matches!(wr.op, SendOp::Read { .. });
+        let mut sge = self.carrier.lookup(&wr.local, inline)?;
         // SAFETY: zeroed is an empty request; the fields used follow.
         let mut w: ffi::ibv_send_wr = unsafe { std::mem::zeroed() };
         w.wr_id = wr.id;
@@ -906,6 +944,9 @@ impl QueuePair for RdmaQp {
         }
         if wr.signaled {
             w.send_flags = ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
+        }
+        if inline {
+            w.send_flags |= ffi::ibv_send_flags::IBV_SEND_INLINE.0;
         }
         let imm = |w: &mut ffi::ibv_send_wr, imm: Option<u32>, with, without| match imm {
             Some(v) => {
@@ -978,6 +1019,7 @@ impl QueuePair for RdmaQp {
     fn post_recv(&self, wr: RecvWr) -> Result<(), CarrierError> {
         let mut sges = [ffi::ibv_sge::default(); 2];
         let mut n = 0;
+        let _serial = self.meta.grh.as_ref().map(|r| r.post.lock());
         if let Some(ring) = &self.meta.grh {
             let posted = ring.posted.load(Ordering::Acquire);
             if posted - ring.completed.load(Ordering::Acquire) >= ring.depth {
@@ -995,7 +1037,7 @@ impl QueuePair for RdmaQp {
             n = 1;
         }
         if let Some(local) = &wr.local {
-            sges[n] = self.carrier.lookup(local)?;
+            sges[n] = self.carrier.lookup(local, false)?;
             n += 1;
         }
         // SAFETY: zeroed is an empty request.
@@ -1141,12 +1183,20 @@ impl Carrier for RdmaCarrier {
         init.cap.max_recv_wr = c.recv_depth as u32;
         init.cap.max_send_sge = 1;
         init.cap.max_recv_sge = 2;
+        // Small writes (credits, free queues, notices) go inline: the designs
+        // reuse their staging slot as soon as the post returns.
+        init.cap.max_inline_data = INLINE;
         init.qp_type = match kind {
             QpKind::Rc => ffi::ibv_qp_type::IBV_QPT_RC,
             QpKind::Ud => ffi::ibv_qp_type::IBV_QPT_UD,
         };
         // SAFETY: the protection domain and queues are alive (held).
-        let qp = unsafe { ffi::ibv_create_qp(c.dev.pd, &mut init) };
+        let mut qp = unsafe { ffi::ibv_create_qp(c.dev.pd, &mut init) };
+        if qp.is_null() {
+            // A device without inline data: the writes then read their slots late.
+            init.cap.max_inline_data = 0;
+            qp = unsafe { ffi::ibv_create_qp(c.dev.pd, &mut init) };
+        }
         if qp.is_null() {
             return Err(sys(&format!("a {kind:?} queue pair")));
         }
@@ -1168,6 +1218,7 @@ impl Carrier for RdmaCarrier {
                     (mr.lkey, mr.addr)
                 };
                 let ring = GrhRing {
+                    post: Mutex::new(()),
                     lkey,
                     base,
                     depth: depth as u64,
@@ -1193,6 +1244,7 @@ impl Carrier for RdmaCarrier {
             meta,
             carrier: self.clone(),
             grh_mr,
+            inline: init.cap.max_inline_data,
             _cqs: [Arc::clone(send_cq), Arc::clone(recv_cq)],
         };
         // Reset to init: receives may be posted before the peer connects.
@@ -1278,15 +1330,15 @@ mod tests {
         let mut h = [0u8; GRH];
         h[20] = 0x45;
         h[32..36].copy_from_slice(&[10, 0, 2, 16]);
-        assert_eq!(sender_of(&nodes, &h), Some(2));
+        assert_eq!(sender_of(&nodes, true, &h), Some(2));
         h[32..36].copy_from_slice(&[10, 0, 2, 99]);
-        assert_eq!(sender_of(&nodes, &h), None);
+        assert_eq!(sender_of(&nodes, true, &h), None);
         // InfiniBand or RoCE v1: the source GID in bytes 8..24.
         let mut h = [0u8; GRH];
         h[0] = 0x60;
         h[8..24].copy_from_slice(&gids[&1]);
-        assert_eq!(sender_of(&nodes, &h), Some(1));
-        assert_eq!(sender_of(&nodes, &h[..20]), None);
+        assert_eq!(sender_of(&nodes, false, &h), Some(1));
+        assert_eq!(sender_of(&nodes, false, &h[..20]), None);
     }
 
     /// Nodes 1 and 2 on the device of `GYRE_VERBS_GIDS` (scripts/rdma/test.sh).
