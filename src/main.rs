@@ -70,6 +70,8 @@ enum Command {
         /// acknowledged once a majority has it on disk. Needs --data-dir.
         #[arg(long, value_name = "LIST", requires = "data_dir")]
         voters: Option<String>,
+        #[command(flatten)]
+        host: HostShuffleArgs,
     },
     /// Run a worker that joins a coordinator.
     Worker {
@@ -104,6 +106,8 @@ enum Command {
         files: DataRootArgs,
         #[command(flatten)]
         multicast: LogMulticastArgs,
+        #[command(flatten)]
+        host: HostShuffleArgs,
     },
     /// Run a coordinator and N workers in this process (over loopback TCP).
     Local(Box<LocalArgs>),
@@ -469,6 +473,30 @@ impl SqlInput {
     }
 }
 
+/// Nodes of one host in processes of their own that exchange over shared memory.
+#[derive(Args, Debug, Clone)]
+struct HostShuffleArgs {
+    /// Let sessions exchange over the shared-memory carrier (`SET gyre.shuffle_design`)
+    /// with the other nodes started with the same directory on this host (on tmpfs,
+    /// e.g. /dev/shm/gyre): the coordinator and every worker of such a query need it.
+    #[arg(long, value_name = "DIR")]
+    host_shuffle: Option<PathBuf>,
+}
+
+impl HostShuffleArgs {
+    /// The node's host shuffle (the coordinator's starts `fresh`).
+    fn shuffle(
+        &self,
+        fresh: bool,
+    ) -> Result<Option<Arc<gyre_cluster::host_shuffle::HostShuffle>>, Box<dyn std::error::Error>>
+    {
+        Ok(match &self.host_shuffle {
+            Some(dir) => Some(gyre_cluster::host_shuffle::HostShuffle::shared(dir, fresh)?),
+            None => None,
+        })
+    }
+}
+
 #[derive(Args)]
 struct LocalArgs {
     /// Number of workers.
@@ -626,6 +654,7 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             files,
             primary,
             voters,
+            host,
         } => {
             let secret = secret.secret()?;
             let front = front.front_door(listen)?;
@@ -641,6 +670,7 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
                 max_concurrent_queries,
                 local_files,
                 primary: primary.config(),
+                host_shuffle: host.shuffle(true)?,
                 ..Default::default()
             };
             let scheme = if front.tls.is_some() {
@@ -686,6 +716,7 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             memory_limit,
             files,
             multicast,
+            host,
             ..
         } => {
             let secret = secret.secret()?;
@@ -712,7 +743,7 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
                 local_files,
                 procedures: gyre_tpcc::procedures(),
                 log_multicast: multicast.group(),
-                host_shuffle: None,
+                host_shuffle: host.shuffle(false)?,
             };
             // A worker the coordinator forgot (it restarted, or declared this one
             // dead) joins again under a new id, with nothing of what it held.

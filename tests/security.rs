@@ -267,6 +267,7 @@ async fn control_messages_need_the_cluster_secret() {
         Request::Register {
             control_addr: "127.0.0.1:9".into(),
             data_addr: "127.0.0.1:9".into(),
+            host_shuffle: None,
         },
         Request::QueryFailed {
             query: 1,

@@ -8,14 +8,18 @@
 //! connector that brings the two sides of each stream together, in memory.
 //! Each node opens its own carrier once it knows its id
 //! ([`HostShuffle::node`]) and picks, per query, the transport of the design
-//! the query names (`SET gyre.shuffle_design`). Nodes in other processes
-//! cannot join: their streams would need a connector across processes
-//! (`gyre_transport::design::DirConnector` is one for a shared directory,
-//! not wired into clusters yet), so such clusters exchange over TCP.
+//! the query names (`SET gyre.shuffle_design`).
+//!
+//! Nodes in processes of their own on one host (`gyre coordinator` and
+//! `gyre worker` with `--host-shuffle DIR`) share the directory instead: their
+//! segments lie in it and their streams meet through files in it
+//! (`DirConnector`). Each node tells the coordinator which host shuffle it
+//! has ([`HostShuffle::id`]); a query may use a design only if all its nodes
+//! have the coordinator's, and otherwise exchanges over TCP.
 
 use datafusion::common::{DataFusionError, Result};
 use gyre_planner::GyreOptions;
-use gyre_transport::design::{Design, DesignTransport, LocalConnector};
+use gyre_transport::design::{Connector, Design, DesignTransport, DirConnector, LocalConnector};
 use gyre_transport::shm::{ShmCarrier, ShmConfig, ShmParams};
 use gyre_transport::verbs::Carrier;
 use gyre_transport::{NodeId, Transport};
@@ -43,12 +47,15 @@ pub struct HostShuffle {
     carrier: HostCarrier,
     /// The shared-memory segments' directory.
     dir: Option<std::path::PathBuf>,
-    connector: Arc<LocalConnector>,
+    /// Whether the directory is this process's alone (removed when it goes).
+    owned: bool,
+    connector: Arc<dyn Connector>,
+    id: String,
 }
 
 impl Drop for HostShuffle {
     fn drop(&mut self) {
-        if let Some(dir) = &self.dir {
+        if let (Some(dir), true) = (&self.dir, self.owned) {
             let _ = std::fs::remove_dir_all(dir);
         }
     }
@@ -84,11 +91,45 @@ impl HostShuffle {
             #[cfg(feature = "verbs")]
             HostCarrier::Verbs { .. } => None,
         };
+        let id = match &dir {
+            Some(d) => d.display().to_string(),
+            None => format!("{}-{:016x}", std::process::id(), rand::random::<u64>()),
+        };
         Ok(Arc::new(Self {
             carrier,
             dir,
+            owned: true,
             connector: LocalConnector::new(),
+            id,
         }))
+    }
+
+    /// The shared-memory carrier of nodes in several processes of this host,
+    /// which all name `dir`. The coordinator starts it `fresh`: offers and
+    /// released queries of an earlier cluster go (query ids start again).
+    pub fn shared(dir: &std::path::Path, fresh: bool) -> Result<Arc<Self>> {
+        let failed = |e: std::io::Error| {
+            DataFusionError::Execution(format!("the host shuffle directory {}: {e}", dir.display()))
+        };
+        std::fs::create_dir_all(dir).map_err(failed)?;
+        let dir = dir.canonicalize().map_err(failed)?;
+        let connector = DirConnector::new(dir.join("meet")).map_err(failed)?;
+        if fresh {
+            connector.clear().map_err(failed)?;
+        }
+        Ok(Arc::new(Self {
+            carrier: HostCarrier::Shm,
+            id: dir.display().to_string(),
+            dir: Some(dir),
+            owned: false,
+            connector,
+        }))
+    }
+
+    /// What nodes that share this host shuffle have in common: its directory,
+    /// or an id of the process.
+    pub fn id(&self) -> &str {
+        &self.id
     }
 
     /// Opens `node`'s carrier.
@@ -135,6 +176,7 @@ impl HostShuffle {
         Ok(NodeShuffle {
             carrier,
             connector: Arc::clone(&self.connector),
+            host: self.id.clone(),
             transports: Mutex::new(HashMap::new()),
         })
     }
@@ -143,7 +185,9 @@ impl HostShuffle {
 /// One node's side of a [`HostShuffle`]: a transport per design.
 pub struct NodeShuffle {
     carrier: Arc<dyn Carrier>,
-    connector: Arc<LocalConnector>,
+    connector: Arc<dyn Connector>,
+    /// The id of the host shuffle it belongs to.
+    host: String,
     transports: Mutex<HashMap<Design, Arc<DesignTransport>>>,
 }
 
@@ -164,7 +208,7 @@ impl NodeShuffle {
         let t = DesignTransport::new(
             design,
             Arc::clone(&self.carrier),
-            Arc::clone(&self.connector) as _,
+            Arc::clone(&self.connector),
         )
         .map_err(|e| DataFusionError::Execution(e.to_string()))?;
         let t = Arc::new(t);
@@ -185,8 +229,12 @@ impl NodeShuffle {
 
     /// Tells every design's waiting streams of `query` that it is over.
     pub fn release_query(&self, query: u64) {
-        use gyre_transport::design::Connector;
         self.connector.release(query);
+    }
+
+    /// The id of the host shuffle it belongs to ([`HostShuffle::id`]).
+    pub fn host(&self) -> &str {
+        &self.host
     }
 }
 
@@ -222,9 +270,39 @@ pub fn design_of(options: &GyreOptions, host: Option<&NodeShuffle>) -> Result<De
 
 fn needs_host(d: Design) -> DataFusionError {
     DataFusionError::Plan(format!(
-        "gyre.shuffle_design = '{d}' needs every node of the query in one process \
-         sharing this host's memory (gyre local); this cluster's nodes exchange over tcp"
+        "gyre.shuffle_design = '{d}' needs every node of the query on one host sharing its \
+         memory (gyre local, or gyre coordinator and gyre worker with --host-shuffle DIR); \
+         this node has no host shuffle, so this cluster's nodes exchange over tcp"
     ))
+}
+
+/// Refuses `design` (not tcp) for a query of `workers` unless each has the
+/// coordinator's host shuffle `host` (`hosts`: what each worker registered with).
+pub fn check_workers(
+    design: Design,
+    host: Option<&NodeShuffle>,
+    workers: impl IntoIterator<Item = (NodeId, Option<String>)>,
+) -> Result<()> {
+    if design == Design::Tcp {
+        return Ok(());
+    }
+    let host = host.ok_or_else(|| needs_host(design))?;
+    for (node, theirs) in workers {
+        if theirs.as_deref() != Some(host.host()) {
+            return Err(DataFusionError::Plan(format!(
+                "gyre.shuffle_design = '{design}' needs every node of the query on one host \
+                 sharing its memory: {} {}, not the coordinator's ({}; start workers on its \
+                 host with --host-shuffle naming its directory, or use tcp)",
+                gyre_transport::node_name(node),
+                match theirs {
+                    Some(h) => format!("has host shuffle {h}"),
+                    None => "has no host shuffle".to_string(),
+                },
+                host.host()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// The transport a query of `design` uses on a node whose TCP transport is `tcp`.

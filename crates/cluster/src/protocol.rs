@@ -231,6 +231,9 @@ pub enum Request {
     Register {
         control_addr: String,
         data_addr: String,
+        /// The worker's host shuffle ([`crate::host_shuffle::HostShuffle::id`]).
+        #[serde(default)]
+        host_shuffle: Option<String>,
     },
     /// Worker to coordinator: still alive. `incarnation` is what the coordinator
     /// answered the worker's registration with: an id the coordinator gave again

@@ -9,6 +9,7 @@ pub fn seeds() -> Vec<Vec<u8>> {
         Request::Register {
             control_addr: "10.0.0.2:50051".into(),
             data_addr: "10.0.0.2:50052".into(),
+            host_shuffle: Some("/dev/shm/gyre".into()),
         },
         Request::Heartbeat {
             node: 3,

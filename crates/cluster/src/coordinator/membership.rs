@@ -154,6 +154,7 @@ impl Coordinator {
             Request::Register {
                 control_addr,
                 data_addr,
+                host_shuffle,
             } => {
                 let data: SocketAddr = tokio::net::lookup_host(&data_addr)
                     .await?
@@ -170,6 +171,7 @@ impl Coordinator {
                         alive: true,
                         last_seen: Instant::now(),
                         death: None,
+                        host_shuffle,
                     },
                 );
                 tracing::info!(node = id, %control_addr, %data_addr, "worker registered");

@@ -123,6 +123,8 @@ struct Member {
     alive: bool,
     last_seen: Instant,
     death: Option<String>,
+    /// The host shuffle it registered with.
+    host_shuffle: Option<String>,
 }
 
 /// The result of one statement.

@@ -25,6 +25,14 @@ impl Coordinator {
         workers: &[NodeId],
     ) -> Result<RegisteredQuery> {
         let design = self.shuffle_design(state)?;
+        let hosts: Vec<(NodeId, Option<String>)> = {
+            let members = self.members.read();
+            workers
+                .iter()
+                .map(|&w| (w, members.get(&w).and_then(|m| m.host_shuffle.clone())))
+                .collect()
+        };
+        crate::host_shuffle::check_workers(design, self.shuffle.as_ref(), hosts)?;
         let query = self.next_query.fetch_add(1, Ordering::SeqCst);
         let qc = QueryContext {
             query_id: query,

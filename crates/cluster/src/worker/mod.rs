@@ -265,6 +265,7 @@ impl Worker {
         let register = Request::Register {
             control_addr: format!("{host}:{}", control_addr.port()),
             data_addr: format!("{host}:{}", data_addr.port()),
+            host_shuffle: config.host_shuffle.as_ref().map(|h| h.id().to_string()),
         };
         // A worker may start before its coordinator: keep trying for a while. Of
         // several coordinators, only the primary accepts: the others answer which one

@@ -13,6 +13,9 @@ use crate::verbs::{QpAddr, RemoteRegion};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+/// How long a released query's marker stays: its late sides are turned away.
+const RELEASED_FOR: Duration = Duration::from_secs(600);
+
 /// Bytes of an offer on disk.
 const OFFER_LEN: usize = 4 + 4 + 1 + 4 + 4 + 8 + 8 + 1 + 4 + 4 + 8;
 
@@ -29,6 +32,15 @@ impl DirConnector {
         let dir = dir.into();
         std::fs::create_dir_all(&dir)?;
         Ok(std::sync::Arc::new(Self { dir }))
+    }
+
+    /// Forgets every offer and released query: for a cluster that starts
+    /// afresh, whose query ids start again.
+    pub fn clear(&self) -> std::io::Result<()> {
+        for e in std::fs::read_dir(&self.dir)? {
+            let _ = std::fs::remove_file(e?.path());
+        }
+        Ok(())
     }
 
     fn file(&self, key: StreamKey, side: Side, phase: Phase) -> PathBuf {
@@ -166,11 +178,17 @@ impl Connector for DirConnector {
 
     fn release(&self, query: u64) {
         let _ = publish(&self.released(query), b"");
-        // Offers of the query nobody will read.
+        // Offers of the query nobody will read, and queries released long ago.
         let prefix = format!("{query}-");
         if let Ok(entries) = std::fs::read_dir(&self.dir) {
             for e in entries.flatten() {
-                if e.file_name().to_string_lossy().starts_with(&prefix) {
+                let name = e.file_name().to_string_lossy().into_owned();
+                let old = || {
+                    e.metadata()
+                        .and_then(|m| m.modified())
+                        .is_ok_and(|t| t.elapsed().is_ok_and(|age| age > RELEASED_FOR))
+                };
+                if name.starts_with(&prefix) || (name.ends_with(".released") && old()) {
                     let _ = std::fs::remove_file(e.path());
                 }
             }
@@ -281,5 +299,7 @@ mod tests {
             .await
             .unwrap_err();
         assert!(err.contains("query is over"), "{err}");
+        c.clear().unwrap();
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
     }
 }
