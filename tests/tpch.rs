@@ -202,7 +202,7 @@ async fn neo_join_answers_like_datafusion_on_one_to_three_workers() {
 /// A cluster whose nodes exchange over TCP only refuses a shared-memory design,
 /// naming why, and keeps answering over TCP.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_design_needs_the_nodes_in_one_process() {
+async fn a_design_needs_the_nodes_on_one_host() {
     use gyre_cluster::{Limits, LocalCluster};
     let limits = Limits {
         tcp_exchanges: true,
@@ -225,7 +225,7 @@ async fn a_design_needs_the_nodes_in_one_process() {
     c.sql("SET gyre.shuffle_design = 'memq-sr'").await.unwrap();
     let err = c.sql_one(q).await.unwrap_err().to_string();
     assert!(
-        err.contains("memq-sr") && err.contains("one process"),
+        err.contains("memq-sr") && err.contains("one host") && err.contains("--host-shuffle"),
         "{err}"
     );
     for design in ["tcp", "auto"] {

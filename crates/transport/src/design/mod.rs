@@ -207,6 +207,16 @@ pub enum Side {
     Receiver,
 }
 
+impl Side {
+    /// The side across the stream.
+    pub fn other(self) -> Side {
+        match self {
+            Side::Sender => Side::Receiver,
+            Side::Receiver => Side::Sender,
+        }
+    }
+}
+
 /// The steps of a stream's handshake.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Phase {
@@ -305,10 +315,7 @@ impl Connector for LocalConnector {
         offer: Offer,
         timeout: Duration,
     ) -> Result<Offer, String> {
-        let other = match side {
-            Side::Sender => Side::Receiver,
-            Side::Receiver => Side::Sender,
-        };
+        let other = side.other();
         if self.released.lock().contains_key(&key.query) {
             return Err(format!("stream {key}: its query is over"));
         }

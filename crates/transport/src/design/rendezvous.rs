@@ -135,10 +135,7 @@ impl Connector for DirConnector {
         offer: Offer,
         timeout: Duration,
     ) -> Result<Offer, String> {
-        let other = match side {
-            Side::Sender => Side::Receiver,
-            Side::Receiver => Side::Sender,
-        };
+        let other = side.other();
         let released = self.released(key.query);
         if released.exists() {
             return Err(format!("stream {key}: its query is over"));
