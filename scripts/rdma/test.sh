@@ -64,4 +64,5 @@ step "done: \$fail"
 exit \$fail
 EOF
 chmod +x "$share/run.sh"
-"$HERE/run-in-guest.sh" "$share" "${GYRE_RDMA_TIMEOUT:-1500}"
+# Room for gyre local's four nodes and their registered regions (3G ran out).
+GYRE_RDMA_MEM=${GYRE_RDMA_MEM:-6G} "$HERE/run-in-guest.sh" "$share" "${GYRE_RDMA_TIMEOUT:-1500}"
