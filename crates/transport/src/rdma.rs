@@ -823,10 +823,10 @@ impl CompletionQueue for RdmaCq {
 pub struct RdmaQp {
     qp: *mut ffi::ibv_qp,
     addr: QpAddr,
-    kind: QpKind,
     meta: Arc<QpMeta>,
     carrier: RdmaCarrier,
-    grh_mr: Option<Region>,
+    /// Keeps the datagram route-header ring registered (it lingers too).
+    _grh_ring: Option<Region>,
     /// Bytes a send or write may carry inline (copied at the post).
     inline: u32,
     _cqs: [Arc<dyn CompletionQueue>; 2],
@@ -849,11 +849,26 @@ impl Drop for RdmaQp {
             .doomed
             .lock()
             .push((std::time::Instant::now() + LINGER, doomed));
-        self.grh_mr.take();
     }
 }
 
 impl RdmaQp {
+    /// What a provider's post returned, for the `queue` ("send", "receive").
+    fn posted(&self, rc: i32, queue: &str) -> Result<(), CarrierError> {
+        match rc {
+            0 => Ok(()),
+            libc::ENOMEM => Err(CarrierError::Exhausted(format!(
+                "the {queue} queue of {} is full",
+                self.addr
+            ))),
+            e => Err(CarrierError::System(format!(
+                "posting a {queue} on {}: {}",
+                self.addr,
+                std::io::Error::from_raw_os_error(e)
+            ))),
+        }
+    }
+
     fn modify(
         &self,
         attr: &mut ffi::ibv_qp_attr,
@@ -879,12 +894,12 @@ impl QueuePair for RdmaQp {
     }
 
     fn kind(&self) -> QpKind {
-        self.kind
+        self.meta.kind
     }
 
     fn connect(&self, remote: QpAddr) -> Result<(), CarrierError> {
         use ffi::ibv_qp_attr_mask as M;
-        if self.kind != QpKind::Rc {
+        if self.meta.kind != QpKind::Rc {
             return Err(CarrierError::Invalid(
                 "a datagram queue pair does not connect".into(),
             ));
@@ -955,7 +970,7 @@ impl QueuePair for RdmaQp {
             }
             None => w.opcode = without,
         };
-        match (self.kind, wr.op) {
+        match (self.meta.kind, wr.op) {
             (_, SendOp::Send { imm: i }) => imm(&mut w, i, IBV_WR_SEND_WITH_IMM, IBV_WR_SEND),
             (
                 QpKind::Rc,
@@ -980,7 +995,7 @@ impl QueuePair for RdmaQp {
                 ));
             }
         }
-        if self.kind == QpKind::Ud {
+        if self.meta.kind == QpKind::Ud {
             let dest = wr
                 .dest
                 .ok_or_else(|| CarrierError::Invalid("a datagram needs a destination".into()))?;
@@ -1002,18 +1017,7 @@ impl QueuePair for RdmaQp {
                 None => libc::ENOSYS,
             }
         };
-        match rc {
-            0 => Ok(()),
-            libc::ENOMEM => Err(CarrierError::Exhausted(format!(
-                "the send queue of {} is full",
-                self.addr
-            ))),
-            e => Err(CarrierError::System(format!(
-                "posting a send on {}: {}",
-                self.addr,
-                std::io::Error::from_raw_os_error(e)
-            ))),
-        }
+        self.posted(rc, "send")
     }
 
     fn post_recv(&self, wr: RecvWr) -> Result<(), CarrierError> {
@@ -1053,23 +1057,11 @@ impl QueuePair for RdmaQp {
                 None => libc::ENOSYS,
             }
         };
-        match rc {
-            0 => {
-                if let Some(ring) = &self.meta.grh {
-                    ring.posted.fetch_add(1, Ordering::AcqRel);
-                }
-                Ok(())
-            }
-            libc::ENOMEM => Err(CarrierError::Exhausted(format!(
-                "the receive queue of {} is full",
-                self.addr
-            ))),
-            e => Err(CarrierError::System(format!(
-                "posting a receive on {}: {}",
-                self.addr,
-                std::io::Error::from_raw_os_error(e)
-            ))),
+        self.posted(rc, "receive")?;
+        if let Some(ring) = &self.meta.grh {
+            ring.posted.fetch_add(1, Ordering::AcqRel);
         }
+        Ok(())
     }
 }
 
@@ -1240,10 +1232,9 @@ impl Carrier for RdmaCarrier {
         let q = RdmaQp {
             qp,
             addr: QpAddr { node: c.node, qpn },
-            kind,
             meta,
             carrier: self.clone(),
-            grh_mr,
+            _grh_ring: grh_mr,
             inline: init.cap.max_inline_data,
             _cqs: [Arc::clone(send_cq), Arc::clone(recv_cq)],
         };
