@@ -740,8 +740,9 @@ async fn neo_join_answers_every_join_type_like_datafusion() {
 /// ranges of both inputs (tables created from range-placed ones keep their rows),
 /// the assignment moves almost nothing and is used, and with one such input it still
 /// saves moving that one; where both inputs are spread without regard to the key, it
-/// saves too little and the rows go where a hash shuffle sends them. Both answer as DataFusion does; `gyre.neo_min_saving = off`
-/// plans no Neo-Joins.
+/// saves too little and the rows go where a hash shuffle sends them, decided on every
+/// row or, for inputs larger than `gyre.neo_sample_rows`, on the first ones. All answer
+/// as DataFusion does; `gyre.neo_min_saving = off` plans no Neo-Joins.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn auto_chooses_neo_join_at_run_time_by_measured_locality() {
     let setup = "
@@ -758,7 +759,10 @@ async fn auto_chooses_neo_join_at_run_time_by_measured_locality() {
             FROM generate_series(0, 149999) AS t(value);
         CREATE TABLE u (k BIGINT, v INT) PARTITION BY v;
         INSERT INTO u SELECT CASE WHEN value % 97 = 0 THEN NULL ELSE value END, value % 100
-            FROM generate_series(0, 99999) AS t(value)";
+            FROM generate_series(0, 99999) AS t(value);
+        CREATE TABLE x (k BIGINT, v INT) PARTITION BY v;
+        INSERT INTO x SELECT CASE WHEN value % 89 = 0 THEN NULL ELSE (value * 104729) % 100000 END,
+            value % 100 FROM generate_series(0, 99999) AS t(value)";
     let (cluster, reference) = start(4, setup).await;
     let c = &cluster.coordinator;
     let local = [
@@ -793,6 +797,32 @@ async fn auto_chooses_neo_join_at_run_time_by_measured_locality() {
     assert_eq!(placement(&hashed), "has", "{hashed}");
     let half = explain(spread[2]).await;
     assert_eq!(placement(&half), "neo", "{half}");
+    for plan in [&used, &hashed, &half] {
+        assert!(!plan.contains("on the first"), "{plan}");
+    }
+    // Decided on each input's first rows (of each worker's 25,000 to 37,500): inputs
+    // whose first rows are spread like the rest stream where a hash shuffle sends
+    // them at once; clustered ones are collected and decided again on every row.
+    // (`u`'s first rows hold its smallest keys on every worker: a sample of them
+    // looks placed, and the decision on every row falls back to hash placement.)
+    c.sql("SET gyre.neo_sample_rows = 8192").await.unwrap();
+    let spread_sample = [
+        "SELECT count(*), sum(v), sum(w) FROM x JOIN s ON x.k = s.k",
+        "SELECT count(*), count(v), count(w) FROM s RIGHT JOIN x ON x.k = s.k AND s.w < 500",
+    ];
+    let sampled = explain(spread_sample[0]).await;
+    assert_eq!(placement(&sampled), "has", "{sampled}");
+    assert!(
+        sampled.contains("on the first 8192 rows of each input on each worker"),
+        "{sampled}"
+    );
+    let collected = explain(local[0]).await;
+    assert_eq!(placement(&collected), "neo", "{collected}");
+    assert!(!collected.contains("on the first"), "{collected}");
+    for q in local.iter().chain(&spread).chain(&spread_sample) {
+        assert_eq!(differs(c, &reference, q).await, None, "{q}");
+    }
+    c.sql("SET gyre.neo_sample_rows = 131072").await.unwrap();
     // Demanding more than the assignment can save falls back to hash placement.
     c.sql("SET gyre.neo_min_saving = 100").await.unwrap();
     let strict = explain(local[0]).await;

@@ -68,7 +68,9 @@ pub struct JoinArgs {
     #[arg(long)]
     locality: Option<String>,
     /// Strategies separated by commas: hash (SQL with DataFusion's partitioned hash
-    /// join), radix (the same join run by Gyre's radix join kernel), flow (SQL with
+    /// join), auto (the default `gyre.join_strategy`: a Neo-Join that falls back to
+    /// hash placement at run time when its assignment saves too little), radix (the
+    /// same join run by Gyre's radix join kernel), flow (SQL with
     /// Flow-Join: heavy hitters detected on the fly, one global list, selective
     /// broadcast), flow-fetch (Flow-Join fetching on demand: each
     /// worker's own heavy hitters, their build rows fetched), neo (Neo-Join: both inputs

@@ -73,8 +73,9 @@ const fn strategy(
 /// kernel; `neo-open-shop` shuffles in the rounds of the open-shop schedule. Each
 /// Neo-Join takes a partition count after a colon (`neo:256`: `gyre.neo_partitions`,
 /// `auto` by default).
-pub const STRATEGIES: [SqlStrategy; 8] = [
+pub const STRATEGIES: [SqlStrategy; 9] = [
     strategy("hash", ["off", "off", "hash", "shuffle", "on", "free"]),
+    strategy("auto", ["off", "off", "hash", "auto", "on", "free"]),
     strategy("flow", ["on", "off", "hash", "shuffle", "on", "free"]),
     strategy("flow-fetch", ["on", "on", "hash", "shuffle", "on", "free"]),
     strategy("radix", ["off", "off", "radix", "shuffle", "on", "free"]),
@@ -210,7 +211,8 @@ impl<'a> SqlJoins<'a> {
             let plan = self.plan_text(&format!("EXPLAIN {QUERY}")).await?;
             let fetches = plan.contains("fetch on demand");
             let radix = kernel == "radix";
-            let neo = strategy == "neo";
+            // Under `auto` the join is a Neo-Join that may choose hash placement.
+            let neo = strategy == "neo" || strategy == "auto";
             if plan.contains("FlowJoinExec") != flow
                 || fetches != (flow && fetch == "on")
                 || (plan.contains("RadixJoinExec") || plan.contains("kernel=radix")) != radix

@@ -20,3 +20,23 @@ pub(crate) async fn collect_counted(
     }
     Ok(batches)
 }
+
+/// The first batches of `stream` until they hold at least `rows` rows (all of it if
+/// it has fewer), each counted in `reservation`, and whether the stream ended.
+pub(crate) async fn collect_counted_prefix(
+    stream: &mut (impl Stream<Item = Result<RecordBatch>> + Unpin),
+    rows: usize,
+    reservation: &MemoryReservation,
+) -> Result<(Vec<RecordBatch>, bool)> {
+    let mut batches = vec![];
+    let mut taken = 0;
+    while taken < rows {
+        let Some(b) = stream.try_next().await? else {
+            return Ok((batches, true));
+        };
+        reservation.try_grow(b.get_array_memory_size())?;
+        taken += b.num_rows();
+        batches.push(b);
+    }
+    Ok((batches, false))
+}

@@ -212,7 +212,7 @@ pub const DEFAULT_NEO_MIN_SAVING: Option<u32> = Some(25);
 pub const DEFAULT_REPLICAS: u8 = 2;
 
 /// Every setting with its description, in the order `SHOW ALL` lists them.
-const SETTINGS: [(&str, &str); 24] = [
+const SETTINGS: [(&str, &str); 25] = [
     (
         "compression",
         "Arrow IPC compression of data sent between workers: none, lz4, zstd, or auto \
@@ -347,6 +347,14 @@ const SETTINGS: [(&str, &str); 24] = [
          plans no Neo-Joins.",
     ),
     (
+        "neo_sample_rows",
+        "A Neo-Join or aggregation chosen at run time decides on the first this many \
+         rows of each input on every worker: where they show that hash placement is as \
+         good, every row streams where a hash shuffle sends it; otherwise each worker \
+         collects all its rows and the decision is taken again on them. 0: collect every \
+         row before deciding.",
+    ),
+    (
         "neo_schedule",
         "open-shop: each side of a Neo-Join's shuffle runs in the rounds of its \
          open-shop schedule, synchronised so that no worker receives from two at once; \
@@ -409,6 +417,7 @@ impl GyreOptions {
                 None => "off".to_string(),
             },
             "neo_schedule" => self.neo.schedule.name().to_string(),
+            "neo_sample_rows" => self.neo.sample_rows.to_string(),
             _ => unreachable!("every key of SETTINGS has a value"),
         }
     }
@@ -495,6 +504,9 @@ impl ExtensionOptions for GyreOptions {
                         ))
                     })?),
                 }
+            }
+            "neo_sample_rows" => {
+                next.neo.sample_rows = parse_count(&name, value, 0, u32::MAX)?;
             }
             "neo_schedule" => {
                 next.neo.schedule = match value.trim().to_ascii_lowercase().as_str() {

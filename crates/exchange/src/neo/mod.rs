@@ -41,16 +41,23 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
-/// Exchange ids before the data exchanges: key range, histograms, assignment. Then
-/// one per input, then the open-shop schedule's round barrier.
+/// Exchange ids before the data exchanges: key range, histograms, assignment (of the
+/// first decision, on a sample or on every row). Then one per input, then the
+/// open-shop schedule's round barrier, then key range, histograms and assignment of
+/// a second decision on every row, where the sample did not settle it.
 const DOMAIN_EXCHANGE: u32 = 0;
 const HISTOGRAM_EXCHANGE: u32 = 1;
 const ASSIGNMENT_EXCHANGE: u32 = 2;
 const FIRST_DATA_EXCHANGE: u32 = 3;
 
+/// The first exchange of the second decision's three for `inputs` inputs.
+const fn second_decision(inputs: u32) -> u32 {
+    FIRST_DATA_EXCHANGE + inputs + 1
+}
+
 /// Exchange ids a Neo shuffle of `inputs` inputs uses.
 pub const fn neo_exchanges(inputs: u32) -> u32 {
-    FIRST_DATA_EXCHANGE + inputs + 1
+    second_decision(inputs) + 3
 }
 
 /// Longest time limit a plan may give the solver.
@@ -92,6 +99,21 @@ pub struct NeoSettings {
     /// How the assignment's transfers share the network (`gyre.neo_schedule`).
     #[serde(default)]
     pub schedule: NeoSchedule,
+    /// Chosen at run time: rows of each input every worker decides on first
+    /// (`gyre.neo_sample_rows`). Where they show hash placement to be as good, the
+    /// rows stream where a hash shuffle sends them instead of being collected first;
+    /// otherwise every worker collects all its rows and the decision is taken again.
+    /// 0: decide on every row.
+    #[serde(default = "default_sample_rows")]
+    pub sample_rows: u32,
+}
+
+/// Rows per input and worker a decision at run time is first taken on: 2 batches of
+/// Gyre's files, 16 of DataFusion's; about 32 rows per fine bucket.
+pub const DEFAULT_SAMPLE_ROWS: u32 = 131_072;
+
+fn default_sample_rows() -> u32 {
+    DEFAULT_SAMPLE_ROWS
 }
 
 /// How a Neo-Join's shuffle uses the links.
@@ -129,6 +151,7 @@ impl Default for NeoSettings {
             min_saving: None,
             radix_kernel: false,
             schedule: NeoSchedule::Free,
+            sample_rows: DEFAULT_SAMPLE_ROWS,
         }
     }
 }

@@ -3,7 +3,8 @@
 //! task that feeds them. The router's states, in order:
 //!
 //! 1. **Collect**: every local input, counted in the worker's memory pool; the key of
-//!    every row, as the kernels' ordered 64-bit value.
+//!    every row, as the kernels' ordered 64-bit value. Chosen at run time, only the
+//!    first `sample_rows` rows of each input at first.
 //! 2. **Domain**: all workers swap their smallest and largest key (exchange +0), so
 //!    that all use one fine-bucket domain.
 //! 3. **Histogram**: bytes per fine bucket and input, and per worker a hash shuffle
@@ -11,9 +12,13 @@
 //! 4. **Assign** (worker 0): adaptive (or plain radix) partitions, the assignment and
 //!    its schedule; the partition bounds and placements go to every worker (+2), or,
 //!    chosen at run time, "hash placement" where the assignment saves too little.
+//!    Decided on samples, "hash placement" stands, and anything else means "collect
+//!    every row": states 1 to 4 again on all of them, with the three exchanges after
+//!    the round barrier.
 //! 5. **Route**: every row of the first input, then of the second, to the worker that
 //!    processes its partition, or to all for a broadcast side (+3, +4), or where a
-//!    hash shuffle sends it; then end of stream. Rows this worker processes itself
+//!    hash shuffle sends it, the rows not collected as they arrive (a hash shuffle's
+//!    cost, and the samples'); then end of stream. Rows this worker processes itself
 //!    skip the transport: they go to its local plan through a channel, as the rows of
 //!    the other workers arrive through the exchange. Under the open-shop schedule each
 //!    input's rows move in the rounds of that input's schedule, which every worker
@@ -26,17 +31,17 @@
 
 use super::{
     ASSIGNMENT_EXCHANGE, DOMAIN_EXCHANGE, FIRST_DATA_EXCHANGE, HISTOGRAM_EXCHANGE, NeoReport,
-    NeoSchedule, NeoSettings,
+    NeoSchedule, NeoSettings, second_decision,
 };
 use crate::RelayedError;
 use crate::context::{ExchangeId, QueryContext};
 use crate::key_hash::hash_keys;
-use crate::memory::collect_counted;
+use crate::memory::{collect_counted, collect_counted_prefix};
 use crate::prepared::PreparedInputExec;
 use crate::receiver::ExchangeReceiverExec;
 use crate::sender::{Outlet, SendMetrics, transport_err};
 use crate::task::{AbortOnDrop, run_detached};
-use arrow::array::{RecordBatch, UInt32Array};
+use arrow::array::{Array, ArrayRef, RecordBatch, UInt32Array};
 use arrow::buffer::NullBuffer;
 use arrow::compute::take_record_batch;
 use arrow::datatypes::SchemaRef;
@@ -62,6 +67,7 @@ use gyre_transport::{NodeId, SendEndpoint, To, node_name};
 use parking_lot::Mutex;
 use std::sync::Arc;
 use std::time::Duration;
+use strength_reduce::StrengthReducedU64;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
@@ -76,6 +82,8 @@ const BROADCAST_BUILD: u64 = u64::MAX - 1;
 const BROADCAST_PROBE: u64 = u64::MAX;
 /// The whole assignment when the rows go where a hash shuffle sends them.
 const HASH_PLACEMENT: u64 = u64::MAX;
+/// The whole assignment when samples did not settle it: collect every row, decide again.
+const COLLECT_ALL: u64 = u64::MAX - 1;
 
 /// Where rows whose key is NULL go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -232,14 +240,7 @@ pub(super) fn execute(
         MemoryConsumer::new(format!("{what}[{partition}] inputs")).register(ctx.memory_pool());
     let (err_tx, err_rx) = tokio::sync::mpsc::unbounded_channel();
     let task = tokio::spawn(async move {
-        let result = async {
-            let mut collected = Vec::with_capacity(inputs.len());
-            for input in inputs {
-                collected.push(collect_counted(input, &reservation).await?);
-            }
-            router.run(collected, &endpoints, kept, &reservation).await
-        }
-        .await;
+        let result = router.run(inputs, &endpoints, kept, &reservation).await;
         if let Err(e) = result {
             fail(&endpoints, &e);
             let _ = err_tx.send(e);
@@ -271,11 +272,16 @@ struct RouterMetrics {
 /// One side's collected rows with their ordered keys.
 struct Side {
     batches: Vec<RecordBatch>,
+    /// Bytes of the batches and of the keys and destinations below, as counted in
+    /// the memory pool.
+    batch_bytes: usize,
+    key_bytes: usize,
     /// Per batch: the ordered key of every row and which are NULL.
     keys: Vec<(Vec<u64>, Option<NullBuffer>)>,
-    /// Per batch: the worker a hash shuffle sends each row to (a NULL key's row where
-    /// [`Router::null_to`] says); empty unless hash placement may be chosen at run time.
-    hash_to: Vec<Vec<u32>>,
+    /// Per batch and worker: the rows a hash shuffle sends there (a NULL key's row
+    /// where [`Router::null_to`] says); empty unless hash placement may be chosen at
+    /// run time.
+    hash_to: Vec<Vec<Vec<u32>>>,
     /// Bytes a hash shuffle sends to each worker (this one's stay).
     hash_bytes: Vec<u64>,
     row_bytes: u64,
@@ -325,22 +331,61 @@ impl Router {
 
     async fn run(
         &self,
-        inputs: Vec<Vec<RecordBatch>>,
+        inputs: Vec<SendableRecordBatchStream>,
         endpoints: &[SendEndpoint],
         kept: Vec<mpsc::UnboundedSender<RecordBatch>>,
         reservation: &MemoryReservation,
     ) -> Result<()> {
-        let sides = inputs
-            .into_iter()
-            .enumerate()
-            .map(|(s, batches)| self.side(batches, s, reservation))
-            .collect::<Result<Vec<_>>>()?;
-        let domain = self.agree_on_domain(&sides).await?;
-        let routing = self.assignment(domain, &sides).await?;
-        let mut barrier = match &routing {
-            Routing::Neo {
-                rounds: Some(_), ..
-            } => Some(
+        // Chosen at run time, the first decision is taken on each input's first rows.
+        let sample = match self.settings.min_saving {
+            Some(_) if self.settings.sample_rows > 0 => self.settings.sample_rows as usize,
+            _ => usize::MAX,
+        };
+        let mut collected = Vec::with_capacity(inputs.len());
+        let mut rests = Vec::with_capacity(inputs.len());
+        for mut input in inputs {
+            let (batches, ended) = collect_counted_prefix(&mut input, sample, reservation).await?;
+            collected.push(batches);
+            rests.push((!ended).then_some(input));
+        }
+        let complete = rests.iter().all(Option::is_none);
+        let mut sides = self.sides(collected, reservation)?;
+        let mut routing = self.decide(0, &sides, complete).await?;
+        if let Routing::CollectAll = routing {
+            // The samples did not settle it: every row, and the decision again.
+            let mut all = Vec::with_capacity(sides.len());
+            for (side, rest) in sides.into_iter().zip(&mut rests) {
+                reservation.shrink(side.key_bytes);
+                let mut batches = side.batches;
+                if let Some(rest) = rest.take() {
+                    batches.extend(collect_counted(rest, reservation).await?);
+                }
+                all.push(batches);
+            }
+            sides = self.sides(all, reservation)?;
+            routing = self
+                .decide(second_decision(self.keys.len() as u32), &sides, true)
+                .await?;
+        }
+        let assigned = match routing {
+            Routing::Hash => {
+                let each = sides.into_iter().zip(rests).zip(kept).enumerate();
+                for (s, ((side, rest), kept)) in each {
+                    self.route_by_hash(s, side, rest, &endpoints[s], kept, reservation)
+                        .await?;
+                }
+                return Ok(());
+            }
+            Routing::Neo(assigned) if rests.iter().all(Option::is_none) => assigned,
+            _ => {
+                return internal_err!(
+                    "a {} was told to place rows it has not collected",
+                    self.what
+                );
+            }
+        };
+        let mut barrier = match &assigned.rounds {
+            Some(_) => Some(
                 RoundBarrier::open(
                     self.qc.transport.as_ref(),
                     self.qc.query_id,
@@ -350,13 +395,13 @@ impl Router {
                 )
                 .map_err(transport_err)?,
             ),
-            _ => None,
+            None => None,
         };
         for (s, (side, kept)) in sides.into_iter().zip(kept).enumerate() {
             self.route(
                 s,
                 side,
-                &routing,
+                &assigned,
                 &endpoints[s],
                 kept,
                 barrier.as_mut(),
@@ -368,6 +413,18 @@ impl Router {
             barrier.close().await.map_err(transport_err)?;
         }
         Ok(())
+    }
+
+    fn sides(
+        &self,
+        inputs: Vec<Vec<RecordBatch>>,
+        reservation: &MemoryReservation,
+    ) -> Result<Vec<Side>> {
+        inputs
+            .into_iter()
+            .enumerate()
+            .map(|(s, batches)| self.side(batches, s, reservation))
+            .collect()
     }
 
     /// Collect: the ordered key of every row (counted in the worker's memory pool),
@@ -383,52 +440,93 @@ impl Router {
         let mut hash_to = Vec::with_capacity(batches.len());
         let mut hash_rows = vec![0u64; n];
         let mut hashes = Vec::new();
-        let (mut bytes, mut rows) = (0u64, 0u64);
+        let (mut bytes, mut rows, mut batch_bytes) = (0u64, 0u64, 0usize);
         let mut range: Option<(u64, u64)> = None;
         // Only a Neo shuffle chosen at run time may route by hash.
         let keep_hash_to = self.settings.min_saving.is_some();
+        let row_key_bytes = if keep_hash_to { 12 } else { 8 };
         for batch in &batches {
-            let array = self.keys[s].evaluate(batch)?.into_array(batch.num_rows())?;
+            let array = self.key_array(s, batch)?;
             let k = Keys::from_array(array.as_ref())
                 .map_err(|e| internal_datafusion_err!("{} key: {e}", self.what))?;
-            reservation.try_grow(batch.num_rows() * if keep_hash_to { 12 } else { 8 })?;
+            reservation.try_grow(batch.num_rows() * row_key_bytes)?;
             let domain: KeyDomain = k.domain();
             let ordered: Vec<u64> = k.values().iter().map(|&v| domain.ordered(v)).collect();
             let nulls = k.nulls().cloned();
-            // DataFusion's hash repartitioning: hash modulo the partitions.
-            hash_keys(std::slice::from_ref(&array), batch.num_rows(), &mut hashes)?;
-            let mut to = Vec::with_capacity(if keep_hash_to { batch.num_rows() } else { 0 });
-            for (i, (&key, &hash)) in ordered.iter().zip(&hashes).enumerate() {
-                let worker = match nulls.as_ref().is_none_or(|n| n.is_valid(i)) {
-                    true => {
-                        range =
-                            Some(range.map_or((key, key), |(lo, hi)| (lo.min(key), hi.max(key))));
-                        let worker = (hash % n as u64) as usize;
-                        hash_rows[worker] += 1;
-                        worker
-                    }
-                    false => self.null_to(),
-                };
-                if keep_hash_to {
-                    to.push(worker as u32);
+            for (i, &key) in ordered.iter().enumerate() {
+                if nulls.as_ref().is_none_or(|n| n.is_valid(i)) {
+                    range = Some(range.map_or((key, key), |(lo, hi)| (lo.min(key), hi.max(key))));
                 }
             }
+            let mut to = vec![Vec::new(); n];
+            let null_rows = self.hash_lists(&array, &mut hashes, &mut to)?;
+            for (w, rows) in to.iter().enumerate() {
+                hash_rows[w] += rows.len() as u64;
+            }
+            // Only rows with a key count.
+            hash_rows[self.null_to()] -= null_rows as u64;
             keys.push((ordered, nulls));
-            hash_to.push(to);
+            if keep_hash_to {
+                hash_to.push(to);
+            }
             for column in batch.columns() {
                 bytes += column.to_data().get_slice_memory_size()? as u64;
             }
             rows += batch.num_rows() as u64;
+            batch_bytes += batch.get_array_memory_size();
         }
         let row_bytes = bytes.checked_div(rows).unwrap_or(0).max(1);
         Ok(Side {
             batches,
+            batch_bytes,
+            key_bytes: rows as usize * row_key_bytes,
             keys,
             hash_to,
             hash_bytes: hash_rows.iter().map(|r| r * row_bytes).collect(),
             row_bytes,
             range,
         })
+    }
+
+    /// Input `s`'s key column of `batch`.
+    fn key_array(&self, s: usize, batch: &RecordBatch) -> Result<ArrayRef> {
+        self.keys[s].evaluate(batch)?.into_array(batch.num_rows())
+    }
+
+    /// Adds each row of `key` to the list of the worker a hash shuffle sends it to, as
+    /// DataFusion's hash repartitioning does (hash modulo the partitions); a NULL
+    /// key's row to [`Router::null_to`]'s. Returns the NULL keys' rows.
+    fn hash_lists(
+        &self,
+        key: &ArrayRef,
+        hashes: &mut Vec<u64>,
+        lists: &mut [Vec<u32>],
+    ) -> Result<usize> {
+        // Remainders by multiplication (as DataFusion's partitioner takes them): a
+        // division per row was most of the routing's time.
+        let n = StrengthReducedU64::new(lists.len() as u64);
+        hash_keys(std::slice::from_ref(key), key.len(), hashes)?;
+        // Room for an even share and then some: growing the lists from empty took half
+        // the routing's time.
+        let share = key.len() / lists.len() + key.len() / (8 * lists.len()) + 16;
+        for list in lists.iter_mut() {
+            list.reserve(share);
+        }
+        let Some(nulls) = key.logical_nulls().filter(|n| n.null_count() > 0) else {
+            for (row, &hash) in hashes.iter().enumerate() {
+                lists[(hash % n) as usize].push(row as u32);
+            }
+            return Ok(0);
+        };
+        let null_to = self.null_to();
+        for (row, &hash) in hashes.iter().enumerate() {
+            let to = match nulls.is_valid(row) {
+                true => (hash % n) as usize,
+                false => null_to,
+            };
+            lists[to].push(row as u32);
+        }
+        Ok(nulls.null_count())
     }
 
     fn ring(&self, exchange: u32) -> RingSpec {
@@ -453,8 +551,15 @@ impl Router {
         .map_err(|e| DataFusionError::External(Box::new(e)))
     }
 
+    /// Domain, histogram and assignment on `sides` (every row of each input if
+    /// `complete`), over the three exchanges from `at`.
+    async fn decide(&self, at: u32, sides: &[Side], complete: bool) -> Result<Routing> {
+        let domain = self.agree_on_domain(at, sides).await?;
+        self.assignment(at, domain, sides, complete).await
+    }
+
     /// Domain: the union of every worker's key range.
-    async fn agree_on_domain(&self, sides: &[Side]) -> Result<RadixDomain> {
+    async fn agree_on_domain(&self, at: u32, sides: &[Side]) -> Result<RadixDomain> {
         let (min, max) = sides
             .iter()
             .filter_map(|s| s.range)
@@ -463,7 +568,7 @@ impl Router {
             });
         let n = self.qc.workers.len();
         let words = self
-            .scatter(DOMAIN_EXCHANGE, vec![vec![min, max]; n])
+            .scatter(at + DOMAIN_EXCHANGE, vec![vec![min, max]; n])
             .await?;
         let (mut lo, mut hi) = (u64::MAX, 0);
         for (i, w) in words.iter().enumerate() {
@@ -488,8 +593,14 @@ impl Router {
     }
 
     /// Histogram and assign: every worker's bytes per bucket (and per hash shuffle
-    /// destination) to worker 0, how to route back.
-    async fn assignment(&self, domain: RadixDomain, sides: &[Side]) -> Result<Routing> {
+    /// destination, and whether they are of every row) to worker 0, how to route back.
+    async fn assignment(
+        &self,
+        at: u32,
+        domain: RadixDomain,
+        sides: &[Side],
+        complete: bool,
+    ) -> Result<Routing> {
         let n = self.qc.workers.len();
         let mut mine = vec![Vec::new(); n];
         for side in sides {
@@ -500,7 +611,8 @@ impl Router {
         for side in sides {
             mine[0].extend_from_slice(&side.hash_bytes);
         }
-        let histograms = self.scatter(HISTOGRAM_EXCHANGE, mine).await?;
+        mine[0].push(complete as u64);
+        let histograms = self.scatter(at + HISTOGRAM_EXCHANGE, mine).await?;
         let mut mine = vec![Vec::new(); n];
         let mut planned = None;
         if self.partition == 0 {
@@ -510,8 +622,9 @@ impl Router {
             mine = vec![plan.words(); n];
             planned = Some(plan);
         }
-        let words = self.scatter(ASSIGNMENT_EXCHANGE, mine).await?;
-        if let Some(plan) = planned {
+        let words = self.scatter(at + ASSIGNMENT_EXCHANGE, mine).await?;
+        // A sample's "collect every row" has nothing to show: the next decision does.
+        if let Some(plan) = planned.filter(|p| !p.collects_all()) {
             // The schedule is for EXPLAIN ANALYZE: computed once the others have
             // the assignment.
             let report = tokio::task::spawn_blocking(move || plan.report())
@@ -519,7 +632,7 @@ impl Router {
                 .map_err(|e| internal_datafusion_err!("the {} schedule failed: {e}", self.what))?;
             self.report.lock().plan = Some(report?);
         }
-        self.decode(domain, &words[0]).await
+        self.decode(at, domain, &words[0]).await
     }
 
     /// Worker 0: partitions, assignment, and whether to use it.
@@ -529,14 +642,26 @@ impl Router {
         let buckets = domain.buckets();
         let mut fine: Vec<Vec<FineHistogram>> = Vec::with_capacity(n);
         let mut hash = Vec::with_capacity(n);
-        for (i, words) in histograms.into_iter().enumerate() {
-            let expected = inputs * (buckets + n);
+        let mut complete = true;
+        for (i, mut words) in histograms.into_iter().enumerate() {
+            let expected = inputs * (buckets + n) + 1;
             if words.len() != expected {
                 return internal_err!(
                     "{} sent {} histogram words, not {expected}",
                     node_name(self.qc.workers[i]),
                     words.len()
                 );
+            }
+            // Last: whether they count every row (else the first rows of each input).
+            match words.pop() {
+                Some(0) => complete = false,
+                Some(1) => {}
+                other => {
+                    return internal_err!(
+                        "{} sent {other:?} for whether its histograms are complete",
+                        node_name(self.qc.workers[i])
+                    );
+                }
             }
             if let Some(bad) = words.iter().find(|&&b| b > MAX_BUCKET_BYTES) {
                 return internal_err!(
@@ -607,17 +732,19 @@ impl Router {
             };
         }
         let saving = solved.costs.saving_over(&hash_costs);
-        let side_transfers = (self.settings.schedule == NeoSchedule::OpenShop).then(|| {
-            (0..inputs)
-                .map(|s| solved.assignment.side_transfers(&sizes, s == 0))
-                .collect()
-        });
+        let side_transfers =
+            (complete && self.settings.schedule == NeoSchedule::OpenShop).then(|| {
+                (0..inputs)
+                    .map(|s| solved.assignment.side_transfers(&sizes, s == 0))
+                    .collect()
+            });
         Ok(Plan {
             hash_placement: self
                 .settings
                 .min_saving
                 .is_some_and(|pct| saving < pct as f64),
             min_saving: self.settings.min_saving,
+            sampled: (!complete).then_some(self.settings.sample_rows),
             side_transfers,
             saving,
             map,
@@ -629,7 +756,7 @@ impl Router {
     }
 
     /// The routing from worker 0's words, checked.
-    async fn decode(&self, domain: RadixDomain, words: &[u64]) -> Result<Routing> {
+    async fn decode(&self, at: u32, domain: RadixDomain, words: &[u64]) -> Result<Routing> {
         let n = self.qc.workers.len() as u64;
         let bad = |why: String| internal_datafusion_err!("bad {} assignment: {why}", self.what);
         if words == [HASH_PLACEMENT] {
@@ -638,6 +765,12 @@ impl Router {
                 None => Err(bad(
                     "hash placement where it is not chosen at run time".into()
                 )),
+            };
+        }
+        if words == [COLLECT_ALL] {
+            return match self.settings.min_saving.is_some() && at == 0 {
+                true => Ok(Routing::CollectAll),
+                false => Err(bad("collect every row after the last decision".into())),
             };
         }
         let Some((&p, rest)) = words.split_first() else {
@@ -671,11 +804,11 @@ impl Router {
             true => None,
             false => Some(self.rounds(matrices).await?),
         };
-        Ok(Routing::Neo {
+        Ok(Routing::Neo(Assigned {
             map,
             placements,
             rounds,
-        })
+        }))
     }
 
     /// This worker's part of each input's open-shop schedule, from the transfer
@@ -702,16 +835,92 @@ impl Router {
         .map_err(|e| internal_datafusion_err!("{e}"))
     }
 
-    /// Route: each row of input `s` to where it is processed; the rows processed here
-    /// go to `kept`, which is dropped (the local input ends) with the side. With a
-    /// `barrier`, the rows for other workers wait for their rounds of the input's
-    /// open-shop schedule.
+    /// One outlet per worker (this one's stays empty): each stream is one Arrow IPC
+    /// stream, so broadcast rows go through every other worker's outlet too.
+    fn outlets(&self, s: usize, ep: &SendEndpoint) -> Result<Vec<Outlet>> {
+        self.qc
+            .workers
+            .iter()
+            .map(|&w: &NodeId| Outlet::of_query(To::Node(w), &self.schemas[s], &self.qc, ep))
+            .collect()
+    }
+
+    fn keep(&self, kept: &mpsc::UnboundedSender<RecordBatch>, part: RecordBatch) -> Result<()> {
+        kept.send(part)
+            .map_err(|_| internal_datafusion_err!("a {}'s local plan is gone", self.what))
+    }
+
+    /// Route where a hash shuffle sends each row: the side's collected rows, then
+    /// the `rest` of its input as it arrives. The rows processed here go to `kept`,
+    /// which is dropped (the local input ends) with the side.
+    async fn route_by_hash(
+        &self,
+        s: usize,
+        side: Side,
+        rest: Option<SendableRecordBatchStream>,
+        ep: &SendEndpoint,
+        kept: mpsc::UnboundedSender<RecordBatch>,
+        reservation: &MemoryReservation,
+    ) -> Result<()> {
+        let mut outlets = self.outlets(s, ep)?;
+        let held = side.batch_bytes + side.key_bytes;
+        for (batch, mut rows) in side.batches.into_iter().zip(side.hash_to) {
+            self.send_by_hash(&batch, &mut rows, &mut outlets, ep, &kept)
+                .await?;
+        }
+        reservation.shrink(held);
+        if let Some(mut rest) = rest {
+            let mut hashes = Vec::new();
+            let mut rows = vec![Vec::new(); self.qc.workers.len()];
+            while let Some(batch) = rest.next().await.transpose()? {
+                self.hash_lists(&self.key_array(s, &batch)?, &mut hashes, &mut rows)?;
+                self.send_by_hash(&batch, &mut rows, &mut outlets, ep, &kept)
+                    .await?;
+            }
+        }
+        for outlet in &mut outlets {
+            outlet.flush(ep, &self.metrics.send).await?;
+        }
+        ep.finish();
+        Ok(())
+    }
+
+    /// The rows of `batch` in `rows[w]` to worker `w`, this worker's to `kept`;
+    /// leaves the lists empty.
+    async fn send_by_hash(
+        &self,
+        batch: &RecordBatch,
+        rows: &mut [Vec<u32>],
+        outlets: &mut [Outlet],
+        ep: &SendEndpoint,
+        kept: &mpsc::UnboundedSender<RecordBatch>,
+    ) -> Result<()> {
+        for (to, list) in rows.iter_mut().enumerate() {
+            if list.is_empty() {
+                continue;
+            }
+            let part = rows_of(batch, std::mem::take(list))?;
+            if to == self.partition {
+                self.metrics.kept.add(part.num_rows());
+                self.keep(kept, part)?;
+            } else {
+                self.metrics.shipped.add(part.num_rows());
+                outlets[to].push(ep, part, &self.metrics.send).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Route by the assignment: each row of input `s` to where its partition is
+    /// processed; the rows processed here go to `kept`, which is dropped (the local
+    /// input ends) with the side. With a `barrier`, the rows for other workers wait
+    /// for their rounds of the input's open-shop schedule.
     #[allow(clippy::too_many_arguments)]
     async fn route(
         &self,
         s: usize,
         side: Side,
-        routing: &Routing,
+        assigned: &Assigned,
         ep: &SendEndpoint,
         kept: mpsc::UnboundedSender<RecordBatch>,
         barrier: Option<&mut RoundBarrier>,
@@ -724,57 +933,31 @@ impl Router {
         } else {
             Placement::BroadcastProbe
         };
-        let scheduled = match (routing, barrier) {
-            (
-                Routing::Neo {
-                    rounds: Some(rounds),
-                    ..
-                },
-                Some(barrier),
-            ) => Some((&rounds[s], barrier)),
+        let scheduled = match (&assigned.rounds, barrier) {
+            (Some(rounds), Some(barrier)) => Some((&rounds[s], barrier)),
             _ => None,
         };
-        // One outlet per worker (this one's stays empty): each stream is one Arrow IPC
-        // stream, so broadcast rows go through every other worker's outlet too.
-        let mut outlets = self
-            .qc
-            .workers
-            .iter()
-            .map(|&w: &NodeId| Outlet::of_query(To::Node(w), &self.schemas[s], &self.qc, ep))
-            .collect::<Result<Vec<_>>>()?;
-        let keep = |part: RecordBatch| {
-            kept.send(part)
-                .map_err(|_| internal_datafusion_err!("a {}'s local plan is gone", self.what))
-        };
+        let mut outlets = self.outlets(s, ep)?;
+        let keep = |part: RecordBatch| self.keep(&kept, part);
         // Scheduled: per other worker, its rows (batch, row indices) in batch order.
         let mut waiting: Vec<Vec<(usize, Vec<u32>)>> = vec![Vec::new(); n];
         let mut rows: Vec<Vec<u32>> = vec![Vec::new(); n + 1];
-        let batches = side.batches.iter().zip(side.keys).zip(side.hash_to);
-        for (b, ((batch, (keys, nulls)), hash_to)) in batches.enumerate() {
-            match routing {
-                // NULL keys are already this worker's.
-                Routing::Hash => {
-                    for (row, &to) in hash_to.iter().enumerate() {
-                        rows[to as usize].push(row as u32);
-                    }
-                }
-                Routing::Neo {
-                    map, placements, ..
-                } => {
-                    for (row, &key) in keys.iter().enumerate() {
-                        let valid = nulls.as_ref().is_none_or(|n| n.is_valid(row));
-                        let to = match valid.then(|| placements[map.partition(key)]) {
-                            // Join: NULL keys match nothing, the row stays (a preserved
-                            // row once). Aggregation: one group, on worker 0.
-                            None => self.null_to(),
-                            Some(Placement::Node(i)) => i as usize,
-                            Some(p) if p == mine => n,
-                            // The other side is broadcast: this one stays.
-                            Some(_) => me,
-                        };
-                        rows[to].push(row as u32);
-                    }
-                }
+        let Assigned {
+            map, placements, ..
+        } = assigned;
+        for (b, (batch, (keys, nulls))) in side.batches.iter().zip(side.keys).enumerate() {
+            for (row, &key) in keys.iter().enumerate() {
+                let valid = nulls.as_ref().is_none_or(|n| n.is_valid(row));
+                let to = match valid.then(|| placements[map.partition(key)]) {
+                    // Join: NULL keys match nothing, the row stays (a preserved row
+                    // once). Aggregation: one group, on worker 0.
+                    None => self.null_to(),
+                    Some(Placement::Node(i)) => i as usize,
+                    Some(p) if p == mine => n,
+                    // The other side is broadcast: this one stays.
+                    Some(_) => me,
+                };
+                rows[to].push(row as u32);
             }
             for (to, list) in rows.iter_mut().enumerate() {
                 if list.is_empty() {
@@ -923,14 +1106,19 @@ impl RowQueue {
 /// Where each worker sends its rows.
 enum Routing {
     /// By Neo-Join's partitions and their placements.
-    Neo {
-        map: PartitionMap,
-        placements: Vec<Placement>,
-        /// Under the open-shop schedule: this worker's part of each input's rounds.
-        rounds: Option<Vec<Vec<NodeRound>>>,
-    },
+    Neo(Assigned),
     /// Where a hash shuffle sends them.
     Hash,
+    /// Decided on samples: not by hash placement; collect every row and decide again.
+    CollectAll,
+}
+
+/// Neo-Join's partitions, their placements and schedule.
+struct Assigned {
+    map: PartitionMap,
+    placements: Vec<Placement>,
+    /// Under the open-shop schedule: this worker's part of each input's rounds.
+    rounds: Option<Vec<Vec<NodeRound>>>,
 }
 
 /// Worker 0's decision and what it is based on.
@@ -938,6 +1126,8 @@ struct Plan {
     /// Chosen at run time, and the assignment saves too little.
     hash_placement: bool,
     min_saving: Option<u32>,
+    /// Decided on the first this many rows of each input on some worker, not on all.
+    sampled: Option<u32>,
     /// Under the open-shop schedule: each input's transfers (`[from][to]` bytes).
     side_transfers: Option<Vec<Vec<Vec<u64>>>>,
     /// The assignment's saving on the busiest link over hash placement, in percent.
@@ -951,10 +1141,18 @@ struct Plan {
 }
 
 impl Plan {
-    /// `[HASH_PLACEMENT]`, or `[p, starts..., placements...]`.
+    /// Decided on samples, and not for hash placement.
+    fn collects_all(&self) -> bool {
+        self.sampled.is_some() && !self.hash_placement
+    }
+
+    /// `[HASH_PLACEMENT]`, `[COLLECT_ALL]`, or `[p, starts..., placements...]`.
     fn words(&self) -> Vec<u64> {
         if self.hash_placement {
             return vec![HASH_PLACEMENT];
+        }
+        if self.collects_all() {
+            return vec![COLLECT_ALL];
         }
         let mut words = vec![self.map.partitions() as u64];
         words.extend(self.map.starts().iter().map(|&s| s as u64));
@@ -973,6 +1171,17 @@ impl Plan {
     /// rounds each side ran in under the open-shop schedule, else those of an
     /// open-shop schedule of all of it, for comparison.
     fn report(self) -> Result<String> {
+        if let (Some(rows), Some(pct)) = (self.sampled, self.min_saving) {
+            // Hash placement, decided on samples: what moved is the hash shuffle's.
+            return Ok(format!(
+                "placement=hash (saves {:.0}% < {pct}% on the first {rows} rows of each \
+                 input on each worker), partitions={}, assignment={}, solver_time={:.1}ms",
+                self.saving,
+                self.map.partitions(),
+                self.solved.method,
+                self.solved.elapsed.as_secs_f64() * 1e3,
+            ));
+        }
         let count = |m: &[Vec<u64>]| {
             open_shop(m)
                 .map(|r| r.len())
