@@ -211,8 +211,10 @@ impl<'a> SqlJoins<'a> {
             let plan = self.plan_text(&format!("EXPLAIN {QUERY}")).await?;
             let fetches = plan.contains("fetch on demand");
             let radix = kernel == "radix";
-            // Under `auto` the join is a Neo-Join that may choose hash placement.
-            let neo = strategy == "neo" || strategy == "auto";
+            // Under `auto` the planner chooses: a Neo-Join that may choose hash
+            // placement at run time where both inputs would be shuffled, else a
+            // broadcast or placed join.
+            let neo = strategy == "neo" || (strategy == "auto" && plan.contains("NeoJoinExec"));
             if plan.contains("FlowJoinExec") != flow
                 || fetches != (flow && fetch == "on")
                 || (plan.contains("RadixJoinExec") || plan.contains("kernel=radix")) != radix
