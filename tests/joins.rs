@@ -835,6 +835,106 @@ async fn auto_chooses_neo_join_at_run_time_by_measured_locality() {
     assert!(!off.contains("NeoJoinExec"), "{off}");
 }
 
+/// Neo-Joins over the thesis' two dimensions on 4 workers, each answer DataFusion's:
+/// locality (the share of each input's rows on the worker that holds its key's range)
+/// 0, 0.5 and 1, times probe keys Zipf-distributed over the build keys with exponent
+/// 0, 1 and 1.25, some of them NULL; every join type; forced (`neo`) and chosen at run
+/// time (`auto`) on samples of 1024 rows, so that hash placement streams and Neo-Join's
+/// assignment is decided again on every row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn neo_join_answers_like_datafusion_over_locality_and_skew() {
+    const KEYS: u32 = 4000;
+    let mut setup = vec![];
+    let mut tables = vec![];
+    for locality in [0, 50, 100] {
+        for (z, exponent) in [("0", 0.0f64), ("1", 1.0), ("125", 1.25)] {
+            let (b, p) = (format!("b{locality}_{z}"), format!("p{locality}_{z}"));
+            // A low-discrepancy u in [0, 1) per row, through the inverse of the
+            // continuous power law's distribution function (log-uniform at 1).
+            let u = "((value * 0.6180339887498949) % 1.0)";
+            let zipf = if exponent == 1.0 {
+                format!("CAST(floor(exp({u} * ln({KEYS}.0))) AS BIGINT) - 1")
+            } else {
+                let e = 1.0 - exponent;
+                format!(
+                    "CAST(floor(power((power({KEYS}.0, {e}) - 1.0) * {u} + 1.0, 1.0 / {e})) \
+                     AS BIGINT) - 1"
+                )
+            };
+            // Rows with the locality flag are placed by their key's quarter; the
+            // others by their row number.
+            let place = |key: &str| {
+                format!(
+                    "CASE WHEN (value * 37) % 100 < {locality} THEN ({key}) * 4 / {KEYS} \
+                     ELSE value % 4 END"
+                )
+            };
+            setup.push(format!(
+                "CREATE TABLE {b}_placed (k BIGINT, v INT, p BIGINT) PARTITION BY p;
+                 INSERT INTO {b}_placed SELECT value % {KEYS}, value % 1000, {}
+                     FROM generate_series(0, 7999) AS t(value);
+                 CREATE TABLE {b} AS SELECT k, v FROM {b}_placed;
+                 CREATE TABLE {p}_placed (k BIGINT, w INT, p BIGINT) PARTITION BY p;
+                 INSERT INTO {p}_placed SELECT CASE WHEN value % 53 = 0 THEN NULL ELSE {zipf} END,
+                     value % 997, {} FROM generate_series(0, 19999) AS t(value);
+                 CREATE TABLE {p} AS SELECT k, w FROM {p}_placed",
+                place(&format!("value % {KEYS}")),
+                place(&zipf),
+            ));
+            tables.push((b, p));
+        }
+    }
+    let (cluster, reference) = start(4, &setup.join(";\n")).await;
+    let c = &cluster.coordinator;
+    let mut failures = vec![];
+    for settings in [
+        "SET gyre.join_strategy = 'neo'",
+        "SET gyre.join_strategy = 'auto'; SET gyre.neo_sample_rows = 1024",
+    ] {
+        c.sql(settings).await.unwrap();
+        for (b, p) in &tables {
+            let queries = [
+                format!("SELECT count(*), sum(b.v), sum(p.w) FROM {b} b JOIN {p} p ON b.k = p.k"),
+                format!(
+                    "SELECT count(*), count(b.v), sum(p.w) FROM {p} p LEFT JOIN {b} b ON b.k = p.k"
+                ),
+                format!("SELECT count(*), count(p.w) FROM {p} p RIGHT JOIN {b} b ON b.k = p.k"),
+                format!(
+                    "SELECT count(*), count(b.v), count(p.w) FROM {b} b FULL JOIN {p} p \
+                     ON b.k = p.k AND p.w < 700"
+                ),
+                format!(
+                    "SELECT count(*), sum(w) FROM {p} WHERE k IN (SELECT k FROM {b} WHERE v < 500)"
+                ),
+                format!(
+                    "SELECT count(*), sum(v) FROM {b} b WHERE NOT EXISTS \
+                     (SELECT 1 FROM {p} p WHERE p.k = b.k AND p.w < 100)"
+                ),
+            ];
+            for q in &queries {
+                if let Some(d) = differs(c, &reference, q).await {
+                    failures.push(format!("[{settings}] {d}"));
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    // The forced Neo-Joins ran as such: the plan of a clustered pair shows the assignment.
+    c.sql("SET gyre.join_strategy = 'neo'").await.unwrap();
+    let (b, p) = &tables[6];
+    let plan = text(
+        c.sql_one(&format!(
+            "EXPLAIN ANALYZE SELECT count(*) FROM {b} b JOIN {p} p ON b.k = p.k"
+        ))
+        .await
+        .unwrap(),
+    );
+    assert!(
+        plan.contains("NeoJoinExec") && plan.contains("assignment="),
+        "{plan}"
+    );
+}
+
 /// Neo aggregations (`gyre.join_strategy = neo`): a GROUP BY whose partial aggregates
 /// are placed by one integer or date group key. Rows range-placed by their key keep
 /// their groups where they are (the assignment moves a fraction of what a hash shuffle

@@ -41,6 +41,14 @@ async fn tpch_four_workers_over_shared_memory() {
     common::check_cluster_with(4, SF, false, &["SET gyre.shuffle_design = 'memq-sr'"]).await;
 }
 
+/// Neo-Joins chosen at run time (`auto`, the default, on hash-placed tables) decide
+/// on samples of 512 rows of each input: where an input waits for a run-time filter
+/// from the one before it (Q7), that one is read whole first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tpch_four_workers_neo_decisions_on_samples() {
+    common::check_cluster_with(4, SF, false, &["SET gyre.neo_sample_rows = 512"]).await;
+}
+
 /// Exchanges by one-sided reads (memq-rd): each receiver reads the sender's
 /// registered buffers, which outlive the sending operator until read.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

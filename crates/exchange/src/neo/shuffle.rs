@@ -4,7 +4,9 @@
 //!
 //! 1. **Collect**: every local input, counted in the worker's memory pool; the key of
 //!    every row, as the kernels' ordered 64-bit value. Chosen at run time, only the
-//!    first `sample_rows` rows of each input at first.
+//!    first `sample_rows` rows of each input at first, in input order; an input
+//!    whose successor may wait for it to end (the target of a run-time filter built
+//!    from it) is collected whole before its successor is read.
 //! 2. **Domain**: all workers swap their smallest and largest key (exchange +0), so
 //!    that all use one fine-bucket domain.
 //! 3. **Histogram**: bytes per fine bucket and input, and per worker a hash shuffle
@@ -39,6 +41,7 @@ use crate::key_hash::hash_keys;
 use crate::memory::{collect_counted, collect_counted_prefix};
 use crate::prepared::PreparedInputExec;
 use crate::receiver::ExchangeReceiverExec;
+use crate::runtime_filter::FilterTargetExec;
 use crate::sender::{Outlet, SendMetrics, transport_err};
 use crate::task::{AbortOnDrop, run_detached};
 use arrow::array::{Array, ArrayRef, RecordBatch, UInt32Array};
@@ -217,6 +220,7 @@ pub(super) fn execute(
 
     let m = || MetricBuilder::new(op.metrics);
     let router = Router {
+        whole_before: children.iter().skip(1).any(waits_for_filters),
         qc: Arc::clone(&qc),
         what,
         partition,
@@ -306,6 +310,9 @@ impl Side {
 const MAX_BUCKET_BYTES: u64 = 1 << 48;
 
 struct Router {
+    /// Every input but the last is collected whole before the next one is read: a
+    /// later one may wait for an earlier one to end.
+    whole_before: bool,
     qc: Arc<QueryContext>,
     what: &'static str,
     partition: usize,
@@ -343,8 +350,13 @@ impl Router {
         };
         let mut collected = Vec::with_capacity(inputs.len());
         let mut rests = Vec::with_capacity(inputs.len());
-        for mut input in inputs {
-            let (batches, ended) = collect_counted_prefix(&mut input, sample, reservation).await?;
+        let last = inputs.len() - 1;
+        for (s, mut input) in inputs.into_iter().enumerate() {
+            let rows = match self.whole_before && s < last {
+                true => usize::MAX,
+                false => sample,
+            };
+            let (batches, ended) = collect_counted_prefix(&mut input, rows, reservation).await?;
             collected.push(batches);
             rests.push((!ended).then_some(input));
         }
@@ -1053,6 +1065,14 @@ impl Router {
         ep.finish();
         Ok(())
     }
+}
+
+/// Whether `plan` may wait for another input of its operator to end before it yields
+/// its first row: a run-time filter's target waits for its filter, which its build
+/// side sends once it has read all its rows.
+fn waits_for_filters(plan: &Arc<dyn ExecutionPlan>) -> bool {
+    plan.downcast_ref::<FilterTargetExec>().is_some()
+        || plan.children().into_iter().any(waits_for_filters)
 }
 
 /// Rows `rows` (ascending, no repeats) of `batch`: the batch itself when that is all.
