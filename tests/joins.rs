@@ -812,6 +812,7 @@ async fn auto_chooses_neo_join_at_run_time_by_measured_locality() {
     ];
     let sampled = explain(spread_sample[0]).await;
     assert_eq!(placement(&sampled), "has", "{sampled}");
+    // Neither side is filtered (the build side is a whole table): both are sampled.
     assert!(
         sampled.contains("on the first 8192 rows of each input on each worker"),
         "{sampled}"
@@ -819,6 +820,34 @@ async fn auto_chooses_neo_join_at_run_time_by_measured_locality() {
     let collected = explain(local[0]).await;
     assert_eq!(placement(&collected), "neo", "{collected}");
     assert!(!collected.contains("on the first"), "{collected}");
+    // A filtered build side feeds a run-time filter whose target holds back the probe
+    // side in the stage sending it (a GROUP BY on more than the key): the build side
+    // is read whole before the probe side is sampled, or no worker would get on.
+    let filtered = "SELECT count(*), sum(y.c) FROM (SELECT * FROM s WHERE w < 900) ss \
+                    JOIN (SELECT k, v % 3 AS g, count(*) AS c FROM x GROUP BY k, v % 3) y \
+                    ON ss.k = y.k";
+    let waits = explain(filtered).await;
+    assert_eq!(placement(&waits), "has", "{waits}");
+    assert!(
+        waits.contains("on the first 8192 rows of the last input on each worker"),
+        "{waits}"
+    );
+    let plan = c.sql_one(&format!("EXPLAIN {filtered}")).await.unwrap();
+    let plan = arrow::util::pretty::pretty_format_batches(&plan.batches)
+        .unwrap()
+        .to_string();
+    let at = |what: &str| plan.lines().position(|l| l.contains(what));
+    let (neo, target) = (at("NeoJoinExec").unwrap(), at("FilterTargetExec").unwrap());
+    assert!(
+        neo < target
+            && plan
+                .lines()
+                .take(target)
+                .skip(neo)
+                .any(|l| l.contains("stage ")),
+        "the filter's target is not in a stage sending to the Neo-Join:\n{plan}"
+    );
+    assert_eq!(differs(c, &reference, filtered).await, None);
     for q in local.iter().chain(&spread).chain(&spread_sample) {
         assert_eq!(differs(c, &reference, q).await, None, "{q}");
     }
@@ -838,9 +867,9 @@ async fn auto_chooses_neo_join_at_run_time_by_measured_locality() {
 /// Neo-Joins over the thesis' two dimensions on 4 workers, each answer DataFusion's:
 /// locality (the share of each input's rows on the worker that holds its key's range)
 /// 0, 0.5 and 1, times probe keys Zipf-distributed over the build keys with exponent
-/// 0, 1 and 1.25, some of them NULL; every join type; forced (`neo`) and chosen at run
-/// time (`auto`) on samples of 1024 rows, so that hash placement streams and Neo-Join's
-/// assignment is decided again on every row.
+/// 0, 1 and 1.25, some of them NULL; every join type, and a probe side from another
+/// stage; forced (`neo`) and chosen at run time (`auto`) on samples of 1024 rows, so
+/// that hash placement streams and Neo-Join's assignment is decided again on every row.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn neo_join_answers_like_datafusion_over_locality_and_skew() {
     const KEYS: u32 = 4000;
@@ -909,6 +938,12 @@ async fn neo_join_answers_like_datafusion_over_locality_and_skew() {
                 format!(
                     "SELECT count(*), sum(v) FROM {b} b WHERE NOT EXISTS \
                      (SELECT 1 FROM {p} p WHERE p.k = b.k AND p.w < 100)"
+                ),
+                // The probe side from another stage (a GROUP BY on more than the key).
+                format!(
+                    "SELECT count(*), sum(x.c) FROM {b} b JOIN \
+                     (SELECT k, w % 3 AS g, count(*) AS c FROM {p} GROUP BY k, w % 3) x \
+                     ON b.k = x.k"
                 ),
             ];
             for q in &queries {

@@ -4,9 +4,10 @@
 //!
 //! 1. **Collect**: every local input, counted in the worker's memory pool; the key of
 //!    every row, as the kernels' ordered 64-bit value. Chosen at run time, only the
-//!    first `sample_rows` rows of each input at first, in input order; an input
-//!    whose successor may wait for it to end (the target of a run-time filter built
-//!    from it) is collected whole before its successor is read.
+//!    first `sample_rows` rows of each input at first, in input order; a first input
+//!    that feeds a run-time filter is collected whole before the second is read,
+//!    since the filter's target may hold back the second input (in this stage or in
+//!    the stage sending it) until the first one ends.
 //! 2. **Domain**: all workers swap their smallest and largest key (exchange +0), so
 //!    that all use one fine-bucket domain.
 //! 3. **Histogram**: bytes per fine bucket and input, and per worker a hash shuffle
@@ -41,7 +42,7 @@ use crate::key_hash::hash_keys;
 use crate::memory::{collect_counted, collect_counted_prefix};
 use crate::prepared::PreparedInputExec;
 use crate::receiver::ExchangeReceiverExec;
-use crate::runtime_filter::FilterTargetExec;
+use crate::runtime_filter::FilterSourceExec;
 use crate::sender::{Outlet, SendMetrics, transport_err};
 use crate::task::{AbortOnDrop, run_detached};
 use arrow::array::{Array, ArrayRef, RecordBatch, UInt32Array};
@@ -220,7 +221,7 @@ pub(super) fn execute(
 
     let m = || MetricBuilder::new(op.metrics);
     let router = Router {
-        whole_before: children.iter().skip(1).any(waits_for_filters),
+        whole_before: children.len() > 1 && feeds_filters(&children[0]),
         qc: Arc::clone(&qc),
         what,
         partition,
@@ -310,8 +311,8 @@ impl Side {
 const MAX_BUCKET_BYTES: u64 = 1 << 48;
 
 struct Router {
-    /// Every input but the last is collected whole before the next one is read: a
-    /// later one may wait for an earlier one to end.
+    /// Every input but the last is collected whole before the next one is read: the
+    /// next one may wait for it to end.
     whole_before: bool,
     qc: Arc<QueryContext>,
     what: &'static str,
@@ -756,7 +757,10 @@ impl Router {
                 .min_saving
                 .is_some_and(|pct| saving < pct as f64),
             min_saving: self.settings.min_saving,
-            sampled: (!complete).then_some(self.settings.sample_rows),
+            sampled: (!complete).then_some(Sample {
+                rows: self.settings.sample_rows,
+                last_only: self.whole_before,
+            }),
             side_transfers,
             saving,
             map,
@@ -1067,12 +1071,12 @@ impl Router {
     }
 }
 
-/// Whether `plan` may wait for another input of its operator to end before it yields
-/// its first row: a run-time filter's target waits for its filter, which its build
-/// side sends once it has read all its rows.
-fn waits_for_filters(plan: &Arc<dyn ExecutionPlan>) -> bool {
-    plan.downcast_ref::<FilterTargetExec>().is_some()
-        || plan.children().into_iter().any(waits_for_filters)
+/// Whether reading `plan` to its end completes a run-time filter: its target, in
+/// another input of the operator or in a stage sending one, holds those rows back
+/// until then (the Neo-Join's own filter sits on its build input).
+fn feeds_filters(plan: &Arc<dyn ExecutionPlan>) -> bool {
+    plan.downcast_ref::<FilterSourceExec>().is_some()
+        || plan.children().into_iter().any(feeds_filters)
 }
 
 /// Rows `rows` (ascending, no repeats) of `batch`: the batch itself when that is all.
@@ -1141,13 +1145,21 @@ struct Assigned {
     rounds: Option<Vec<Vec<NodeRound>>>,
 }
 
+/// What a decision on samples saw of each worker's inputs.
+#[derive(Debug, Clone, Copy)]
+struct Sample {
+    rows: u32,
+    /// The inputs before the last were read whole ([`Router::whole_before`]).
+    last_only: bool,
+}
+
 /// Worker 0's decision and what it is based on.
 struct Plan {
     /// Chosen at run time, and the assignment saves too little.
     hash_placement: bool,
     min_saving: Option<u32>,
-    /// Decided on the first this many rows of each input on some worker, not on all.
-    sampled: Option<u32>,
+    /// Decided on samples on some worker, not on every row.
+    sampled: Option<Sample>,
     /// Under the open-shop schedule: each input's transfers (`[from][to]` bytes).
     side_transfers: Option<Vec<Vec<Vec<u64>>>>,
     /// The assignment's saving on the busiest link over hash placement, in percent.
@@ -1191,12 +1203,17 @@ impl Plan {
     /// rounds each side ran in under the open-shop schedule, else those of an
     /// open-shop schedule of all of it, for comparison.
     fn report(self) -> Result<String> {
-        if let (Some(rows), Some(pct)) = (self.sampled, self.min_saving) {
+        if let (Some(sample), Some(pct)) = (self.sampled, self.min_saving) {
             // Hash placement, decided on samples: what moved is the hash shuffle's.
             return Ok(format!(
-                "placement=hash (saves {:.0}% < {pct}% on the first {rows} rows of each \
-                 input on each worker), partitions={}, assignment={}, solver_time={:.1}ms",
+                "placement=hash (saves {:.0}% < {pct}% on the first {} rows of {} on each \
+                 worker), partitions={}, assignment={}, solver_time={:.1}ms",
                 self.saving,
+                sample.rows,
+                match sample.last_only {
+                    true => "the last input",
+                    false => "each input",
+                },
                 self.map.partitions(),
                 self.solved.method,
                 self.solved.elapsed.as_secs_f64() * 1e3,
