@@ -5,10 +5,12 @@
 //! voters and, with each voter on a host of its own (network namespaces, as root), cut
 //! links.
 
+mod procs;
+
 use arrow_flight::sql::client::FlightSqlServiceClient;
-use futures::TryStreamExt;
 use gyre_testbed::sys;
-use std::process::{Child, Command, Stdio};
+use procs::{Proc, batches, free_port, gyre_binary};
+use std::process::Command;
 use std::time::{Duration, Instant};
 use tonic::transport::Channel;
 
@@ -18,15 +20,6 @@ const SECRET: &str = "failover tests' cluster secret";
 /// two-core machine would turn the timing checks into races.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn gyre(args: &[&str]) -> Proc {
     gyre_on(None, args)
 }
@@ -34,52 +27,20 @@ fn gyre(args: &[&str]) -> Proc {
 /// `gyre ARGS` in the network namespace `netns` (`ip netns exec` execs it, so the
 /// child is gyre itself and kill -9 reaches it).
 fn gyre_on(netns: Option<&str>, args: &[&str]) -> Proc {
-    let mut command = match netns {
+    let command = match netns {
         Some(ns) => {
             let mut c = Command::new("ip");
-            c.args(["netns", "exec", ns, env!("CARGO_BIN_EXE_gyre")]);
+            c.args(["netns", "exec", ns, gyre_binary()]);
             c
         }
-        None => Command::new(env!("CARGO_BIN_EXE_gyre")),
+        None => Command::new(gyre_binary()),
     };
-    Proc(
-        command
-            .args(args)
-            .env("GYRE_SECRET", SECRET)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("start gyre"),
-    )
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    procs::spawn(command, SECRET, args)
 }
 
 /// The rows of a query's result as text lines (`a|b`), or the error.
 async fn rows(client: &mut FlightSqlServiceClient<Channel>, sql: &str) -> Result<String, String> {
-    let info = client
-        .execute(sql.to_string(), None)
-        .await
-        .map_err(|e| e.to_string())?;
-    let mut batches = vec![];
-    for ep in info.endpoint {
-        let stream = client
-            .do_get(ep.ticket.unwrap())
-            .await
-            .map_err(|e| e.to_string())?;
-        batches.extend(
-            stream
-                .try_collect::<Vec<_>>()
-                .await
-                .map_err(|e| e.to_string())?,
-        );
-    }
+    let batches = batches(client, sql).await?;
     let mut out = vec![];
     for b in &batches {
         for r in 0..b.num_rows() {

@@ -11,65 +11,36 @@
 //! the read running then is retried on the others, and a worker that joins later
 //! receives only its rendezvous share.
 
+mod procs;
+
 use arrow_flight::sql::client::FlightSqlServiceClient;
-use futures::TryStreamExt;
 use gyre_cluster::LocalCluster;
 use gyre_cluster::flight_sql::{PROGRESS_ACTION, PROGRESS_HEADER};
 use gyre_cluster::progress::ProgressReport;
-use std::process::{Child, Command, Stdio};
+use procs::{Proc, batches, free_port};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 use tonic::transport::Channel;
 
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn gyre(args: &[&str]) -> Proc {
-    Proc(
-        Command::new(env!("CARGO_BIN_EXE_gyre"))
-            .args(args)
-            .env("GYRE_SECRET", "failure tests' cluster secret")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("start gyre"),
-    )
+    procs::gyre("failure tests' cluster secret", args)
 }
 
 /// The query's result as text (for plans).
 async fn text(client: &mut FlightSqlServiceClient<Channel>, sql: &str) -> String {
-    let info = client.execute(sql.to_string(), None).await.unwrap();
-    let mut batches = vec![];
-    for ep in info.endpoint {
-        let stream = client.do_get(ep.ticket.unwrap()).await.unwrap();
-        batches.extend(stream.try_collect::<Vec<_>>().await.unwrap());
-    }
+    let batches = batches(client, sql).await.unwrap();
     arrow::util::pretty::pretty_format_batches(&batches)
         .unwrap()
         .to_string()
 }
 
 async fn run(client: &mut FlightSqlServiceClient<Channel>, sql: &str) -> Result<usize, String> {
-    let info = client
-        .execute(sql.to_string(), None)
-        .await
-        .map_err(|e| e.to_string())?;
-    let mut rows = 0;
-    for ep in info.endpoint {
-        let stream = client
-            .do_get(ep.ticket.unwrap())
-            .await
-            .map_err(|e| e.to_string())?;
-        let batches: Vec<_> = stream.try_collect().await.map_err(|e| e.to_string())?;
-        rows += batches.iter().map(|b| b.num_rows()).sum::<usize>();
-    }
-    Ok(rows)
+    Ok(batches(client, sql)
+        .await?
+        .iter()
+        .map(|b| b.num_rows())
+        .sum())
 }
 
 /// Held by each test for its whole run: seven clusters of three processes at once on a
@@ -77,15 +48,8 @@ async fn run(client: &mut FlightSqlServiceClient<Channel>, sql: &str) -> Result<
 /// stopped worker declared dead within 5 s) into races with the heartbeat timeout.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// A port the kernel had free a moment ago (another process may take it before the
-/// coordinator binds it: `two_worker_cluster` then tries another).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+// `free_port`: another process may take the port before the coordinator binds it;
+// `two_worker_cluster` then tries another.
 
 /// A coordinator process and two worker processes (ids 1 and 2), of one thread each,
 /// and a Flight SQL client of the coordinator.
@@ -811,29 +775,19 @@ async fn a_worker_declared_dead_joins_again_under_a_new_id() {
 
 /// Each worker's replica rows and the bytes of state it received, by worker id.
 async fn replicas(client: &mut FlightSqlServiceClient<Channel>) -> Vec<(i64, i64, i64)> {
-    let info = client
-        .execute(
-            "SELECT CAST(worker AS BIGINT) AS w, CAST(replica_rows AS BIGINT) AS r, \
-             CAST(replica_state_bytes AS BIGINT) AS b FROM gyre_workers() ORDER BY w"
-                .to_string(),
-            None,
-        )
-        .await
-        .unwrap();
+    let sql = "SELECT CAST(worker AS BIGINT) AS w, CAST(replica_rows AS BIGINT) AS r, \
+               CAST(replica_state_bytes AS BIGINT) AS b FROM gyre_workers() ORDER BY w";
     let mut out = vec![];
-    for ep in info.endpoint {
-        let stream = client.do_get(ep.ticket.unwrap()).await.unwrap();
-        for b in stream.try_collect::<Vec<_>>().await.unwrap() {
-            let col = |i: usize| {
-                b.column(i)
-                    .as_any()
-                    .downcast_ref::<arrow::array::Int64Array>()
-                    .unwrap()
-                    .clone()
-            };
-            let (w, r, s) = (col(0), col(1), col(2));
-            out.extend((0..b.num_rows()).map(|i| (w.value(i), r.value(i), s.value(i))));
-        }
+    for b in batches(client, sql).await.unwrap() {
+        let col = |i: usize| {
+            b.column(i)
+                .as_any()
+                .downcast_ref::<arrow::array::Int64Array>()
+                .unwrap()
+                .clone()
+        };
+        let (w, r, s) = (col(0), col(1), col(2));
+        out.extend((0..b.num_rows()).map(|i| (w.value(i), r.value(i), s.value(i))));
     }
     out
 }

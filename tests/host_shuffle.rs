@@ -5,39 +5,15 @@
 //! take part in such a query: the design is refused, naming it, and TCP
 //! still serves the query.
 
+mod procs;
+
 use arrow_flight::sql::client::FlightSqlServiceClient;
-use futures::TryStreamExt;
-use std::process::{Child, Command, Stdio};
+use procs::{Proc, batches, free_port};
 use std::time::Duration;
 use tonic::transport::Channel;
 
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn gyre(args: &[&str]) -> Proc {
-    Proc(
-        Command::new(env!("CARGO_BIN_EXE_gyre"))
-            .args(args)
-            .env("GYRE_SECRET", "host shuffle tests' cluster secret")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("start gyre"),
-    )
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    procs::gyre("host shuffle tests' cluster secret", args)
 }
 
 /// The statements' last result, one line per row, or the error.
@@ -45,23 +21,7 @@ async fn rows(
     client: &mut FlightSqlServiceClient<Channel>,
     sql: &str,
 ) -> Result<Vec<String>, String> {
-    let info = client
-        .execute(sql.to_string(), None)
-        .await
-        .map_err(|e| e.to_string())?;
-    let mut batches = vec![];
-    for ep in info.endpoint {
-        let stream = client
-            .do_get(ep.ticket.unwrap())
-            .await
-            .map_err(|e| e.to_string())?;
-        batches.extend(
-            stream
-                .try_collect::<Vec<_>>()
-                .await
-                .map_err(|e| e.to_string())?,
-        );
-    }
+    let batches = batches(client, sql).await?;
     let text = arrow::util::pretty::pretty_format_batches(&batches)
         .map_err(|e| e.to_string())?
         .to_string();

@@ -2,16 +2,18 @@
 //! SQL without a login or with a wrong password, forged control messages on the
 //! coordinator's and the workers' ports, and TLS with a CA of the test's own.
 
+mod procs;
+
 use arrow::array::{Array, Int64Array, RecordBatch};
 use arrow_flight::Action;
 use arrow_flight::flight_service_client::FlightServiceClient;
 use arrow_flight::sql::client::FlightSqlServiceClient;
-use futures::TryStreamExt;
 use gyre_cluster::LocalCluster;
 use gyre_cluster::auth::users::user_line;
 use gyre_cluster::auth::{NodeKey, TlsIdentity, Users};
 use gyre_cluster::flight_sql::FrontDoor;
 use gyre_cluster::protocol::{ACTION, ControlClient, Request};
+use procs::{batches as query, free_port};
 use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -34,30 +36,6 @@ async fn client(addr: SocketAddr) -> FlightSqlServiceClient<Channel> {
         .await
         .unwrap();
     FlightSqlServiceClient::new(channel)
-}
-
-async fn query(
-    client: &mut FlightSqlServiceClient<Channel>,
-    sql: &str,
-) -> Result<Vec<RecordBatch>, String> {
-    let info = client
-        .execute(sql.to_string(), None)
-        .await
-        .map_err(|e| e.to_string())?;
-    let mut out = vec![];
-    for ep in info.endpoint {
-        let stream = client
-            .do_get(ep.ticket.unwrap())
-            .await
-            .map_err(|e| e.to_string())?;
-        out.extend(
-            stream
-                .try_collect::<Vec<_>>()
-                .await
-                .map_err(|e| e.to_string())?,
-        );
-    }
-    Ok(out)
 }
 
 fn single_i64(batches: &[RecordBatch]) -> i64 {
@@ -440,15 +418,7 @@ async fn tls_serves_clients_that_trust_its_ca_only() {
 }
 
 fn gyre() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_gyre"))
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    Command::new(procs::gyre_binary())
 }
 
 struct Server(std::process::Child);
