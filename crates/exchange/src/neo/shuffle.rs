@@ -471,17 +471,23 @@ impl Router {
                     range = Some(range.map_or((key, key), |(lo, hi)| (lo.min(key), hi.max(key))));
                 }
             }
-            let mut to = vec![Vec::new(); n];
-            let null_rows = self.hash_lists(&array, &mut hashes, &mut to)?;
-            for (w, rows) in to.iter().enumerate() {
-                hash_rows[w] += rows.len() as u64;
-            }
+            let null_rows = match keep_hash_to {
+                true => {
+                    let mut to = vec![Vec::new(); n];
+                    let null_rows = self.hash_lists(&array, &mut hashes, &mut to)?;
+                    for (w, rows) in to.iter().enumerate() {
+                        hash_rows[w] += rows.len() as u64;
+                    }
+                    hash_to.push(to);
+                    null_rows
+                }
+                false => self.each_hash_destination(&array, &mut hashes, n, |_, w| {
+                    hash_rows[w] += 1;
+                })?,
+            };
             // Only rows with a key count.
             hash_rows[self.null_to()] -= null_rows as u64;
             keys.push((ordered, nulls));
-            if keep_hash_to {
-                hash_to.push(to);
-            }
             for column in batch.columns() {
                 bytes += column.to_data().get_slice_memory_size()? as u64;
             }
@@ -506,28 +512,43 @@ impl Router {
         self.keys[s].evaluate(batch)?.into_array(batch.num_rows())
     }
 
-    /// Adds each row of `key` to the list of the worker a hash shuffle sends it to, as
-    /// DataFusion's hash repartitioning does (hash modulo the partitions); a NULL
-    /// key's row to [`Router::null_to`]'s. Returns the NULL keys' rows.
+    /// Adds each row of `key` to the list of the worker a hash shuffle sends it to
+    /// ([`Router::each_hash_destination`]). Returns the NULL keys' rows.
     fn hash_lists(
         &self,
         key: &ArrayRef,
         hashes: &mut Vec<u64>,
         lists: &mut [Vec<u32>],
     ) -> Result<usize> {
-        // Remainders by multiplication (as DataFusion's partitioner takes them): a
-        // division per row was most of the routing's time.
-        let n = StrengthReducedU64::new(lists.len() as u64);
-        hash_keys(std::slice::from_ref(key), key.len(), hashes)?;
         // Room for an even share and then some: growing the lists from empty took half
         // the routing's time.
         let share = key.len() / lists.len() + key.len() / (8 * lists.len()) + 16;
         for list in lists.iter_mut() {
             list.reserve(share);
         }
+        self.each_hash_destination(key, hashes, lists.len(), |row, to| {
+            lists[to].push(row as u32)
+        })
+    }
+
+    /// Calls `f(row, worker)` for each row of `key` with the worker of `workers` a
+    /// hash shuffle sends it to, as DataFusion's hash repartitioning does (hash
+    /// modulo the partitions); a NULL key's row with [`Router::null_to`]'s. Returns
+    /// the NULL keys' rows.
+    fn each_hash_destination(
+        &self,
+        key: &ArrayRef,
+        hashes: &mut Vec<u64>,
+        workers: usize,
+        mut f: impl FnMut(usize, usize),
+    ) -> Result<usize> {
+        // Remainders by multiplication (as DataFusion's partitioner takes them): a
+        // division per row was most of the routing's time.
+        let n = StrengthReducedU64::new(workers as u64);
+        hash_keys(std::slice::from_ref(key), key.len(), hashes)?;
         let Some(nulls) = key.logical_nulls().filter(|n| n.null_count() > 0) else {
             for (row, &hash) in hashes.iter().enumerate() {
-                lists[(hash % n) as usize].push(row as u32);
+                f(row, (hash % n) as usize);
             }
             return Ok(0);
         };
@@ -537,7 +558,7 @@ impl Router {
                 true => (hash % n) as usize,
                 false => null_to,
             };
-            lists[to].push(row as u32);
+            f(row, to);
         }
         Ok(nulls.null_count())
     }
