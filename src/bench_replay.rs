@@ -13,7 +13,7 @@
 use crate::stats::median;
 use clap::Args;
 use gyre_replica::{Database, LogMode, Options, Secondary};
-use gyre_tpcc::{Scale, Terminal, create_and_load, procedures};
+use gyre_tpcc::{Kind, Mix, Scale, Terminal, create_and_load, procedures};
 use parking_lot::Mutex;
 use serde::Serialize;
 use std::path::PathBuf;
@@ -36,6 +36,10 @@ pub struct ReplayArgs {
     /// Rounds per log mode; medians are reported.
     #[arg(long, default_value_t = 1)]
     repeat: usize,
+    /// Transactions drawn: `full` (the specification's mix) or `new-order-payment`
+    /// (those two alone, the transactions HyPer's per-core rate counts).
+    #[arg(long, default_value = "full")]
+    mix: Mix,
     /// Items and customers per district scaled down (for quick runs): 0 keeps the
     /// specification's.
     #[arg(long, default_value_t = 0)]
@@ -55,6 +59,9 @@ struct Row {
     log_written_bytes_per_tx: f64,
     lz4_saving: f64,
     execute_us_per_tx: f64,
+    /// Execution of New-Order and Payment alone, per transaction.
+    new_order_us: f64,
+    payment_us: f64,
     replay_us_per_tx: f64,
     /// The part of the replay spent on the versioned Arrow tables.
     columnar_us_per_tx: f64,
@@ -70,6 +77,8 @@ struct Round {
     raw: u64,
     written: u64,
     execute: Duration,
+    /// Execution time and calls per kind of transaction (`Kind::ALL`'s order).
+    by_kind: [(Duration, u32); 5],
     replay: Duration,
     /// The part of `replay` spent on the versioned Arrow tables.
     columnar: Duration,
@@ -82,11 +91,11 @@ const LOAD_TIME: i64 = 1_750_000_000_000_000_000;
 /// Pieces the execution and the replay are timed in, alternately.
 const PIECES: usize = 10;
 
-fn calls(scale: Scale, n: usize, terminals: usize) -> Vec<Vec<gyre_tpcc::Call>> {
+fn calls(scale: Scale, mix: Mix, n: usize, terminals: usize) -> Vec<Vec<gyre_tpcc::Call>> {
     (0..terminals)
         .map(|t| {
             let home = 1 + t as i64 % scale.warehouses;
-            let mut terminal = Terminal::new(scale, home, t as u64);
+            let mut terminal = Terminal::new(scale, home, t as u64).with_mix(mix);
             (0..n / terminals)
                 .map(|i| terminal.next(LOAD_TIME + 1_000 * i as i64))
                 .collect()
@@ -130,7 +139,7 @@ fn round(mode: LogMode, scale: Scale, args: &ReplayArgs) -> Result<Round, String
 }
 
 fn round_inner(mode: LogMode, scale: Scale, args: &ReplayArgs) -> Result<Round, BoxError> {
-    let work = calls(scale, args.transactions, args.threads.max(1));
+    let work = calls(scale, args.mix, args.transactions, args.threads.max(1));
     let dir = tempfile::tempdir()?;
     let primary = Database::open(
         Options {
@@ -177,12 +186,19 @@ fn round_inner(mode: LogMode, scale: Scale, args: &ReplayArgs) -> Result<Round, 
     let (_, before) = secondary.replay_stats();
     let columnar_before = secondary.columnar_time();
     let (mut execute, mut with_decoding) = (Duration::ZERO, Duration::ZERO);
+    let mut by_kind = [(Duration::ZERO, 0); 5];
     for k in 0..PIECES {
         let piece = |len: usize| k * len / PIECES..(k + 1) * len / PIECES;
         let started = Instant::now();
+        let mut call_started = started;
         for c in &serial[piece(serial.len())] {
             // New-Order's unused items roll back, as the mix wants.
             let _ = plain.call(c.procedure(), &c.args);
+            let now = Instant::now();
+            let kind = &mut by_kind[c.kind as usize];
+            kind.0 += now - call_started;
+            kind.1 += 1;
+            call_started = now;
         }
         execute += started.elapsed();
         for f in &frames[piece(frames.len())] {
@@ -205,11 +221,18 @@ fn round_inner(mode: LogMode, scale: Scale, args: &ReplayArgs) -> Result<Round, 
         raw: stats.raw_bytes - loaded.raw_bytes,
         written: stats.written_bytes - loaded.written_bytes,
         execute,
+        by_kind,
         replay: after - before,
         columnar,
         with_decoding,
         durable,
     })
+}
+
+/// A round's execution time per call of one kind, in µs.
+fn kind_us(r: &Round, kind: Kind) -> f64 {
+    let (time, calls) = r.by_kind[kind as usize];
+    time.as_secs_f64() * 1e6 / f64::from(calls.max(1))
 }
 
 pub async fn run(args: ReplayArgs) -> Result<(), BoxError> {
@@ -236,13 +259,15 @@ pub async fn run(args: ReplayArgs) -> Result<(), BoxError> {
         }
     }
     println!(
-        "{:>9} {:>8} {:>10} {:>10} {:>7} {:>11} {:>10} {:>9} {:>10} {:>8} {:>10}",
+        "{:>9} {:>8} {:>10} {:>10} {:>7} {:>11} {:>7} {:>7} {:>10} {:>9} {:>10} {:>8} {:>10}",
         "log",
         "logged",
         "B/tx raw",
         "B/tx LZ4",
         "LZ4",
         "exec µs/tx",
+        "NO µs",
+        "Pay µs",
         "replay µs",
         "columnar",
         "+decoding",
@@ -262,6 +287,8 @@ pub async fn run(args: ReplayArgs) -> Result<(), BoxError> {
                 .unwrap_or(0.0),
             lz4_saving: per(&|r| 1.0 - r.written as f64 / r.raw.max(1) as f64).unwrap_or(0.0),
             execute_us_per_tx: per(&|r| r.execute.as_secs_f64() * 1e6 / n).unwrap_or(0.0),
+            new_order_us: per(&|r| kind_us(r, Kind::NewOrder)).unwrap_or(0.0),
+            payment_us: per(&|r| kind_us(r, Kind::Payment)).unwrap_or(0.0),
             replay_us_per_tx: per(&|r| r.replay.as_secs_f64() * 1e6 / n).unwrap_or(0.0),
             columnar_us_per_tx: per(&|r| r.columnar.as_secs_f64() * 1e6 / n).unwrap_or(0.0),
             replay_with_decoding_us_per_tx: per(&|r| r.with_decoding.as_secs_f64() * 1e6 / n)
@@ -271,13 +298,15 @@ pub async fn run(args: ReplayArgs) -> Result<(), BoxError> {
             durable_tx_per_s: per(&|r| n / r.durable.as_secs_f64().max(1e-9)).unwrap_or(0.0),
         };
         println!(
-            "{:>9} {:>8} {:>10.0} {:>10.0} {:>6.0}% {:>11.1} {:>10.1} {:>9.1} {:>10.1} {:>7.2}x {:>10.0}",
+            "{:>9} {:>8} {:>10.0} {:>10.0} {:>6.0}% {:>11.1} {:>7.1} {:>7.1} {:>10.1} {:>9.1} {:>10.1} {:>7.2}x {:>10.0}",
             row.log,
             row.logged,
             row.log_bytes_per_tx,
             row.log_written_bytes_per_tx,
             row.lz4_saving * 100.0,
             row.execute_us_per_tx,
+            row.new_order_us,
+            row.payment_us,
             row.replay_us_per_tx,
             row.columnar_us_per_tx,
             row.replay_with_decoding_us_per_tx,

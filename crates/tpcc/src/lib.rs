@@ -22,7 +22,7 @@ pub mod transactions;
 mod values;
 pub mod workload;
 
-pub use workload::{Call, Kind, Scale, Terminal, call_sql};
+pub use workload::{Call, Kind, Mix, Scale, Terminal, call_sql};
 
 use gyre_replica::{Database, Procedures, Result, Value};
 

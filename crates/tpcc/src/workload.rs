@@ -136,9 +136,36 @@ pub fn sql_literal(v: &Value, t: ColumnType) -> String {
     }
 }
 
+/// Which transactions a terminal draws.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Mix {
+    /// The specification's mix (clause 5.2.3): 45 % New-Order, 43 % Payment and 4 %
+    /// each of the other three.
+    #[default]
+    Full,
+    /// New-Order and Payment alone, in the full mix's proportion (45 to 43): the
+    /// transactions whose rate HyPer and ScyPer report per core.
+    NewOrderPayment,
+}
+
+impl std::str::FromStr for Mix {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "full" => Ok(Mix::Full),
+            "new-order-payment" => Ok(Mix::NewOrderPayment),
+            _ => Err(format!(
+                "unknown TPC-C mix {s:?}: give full or new-order-payment"
+            )),
+        }
+    }
+}
+
 /// A terminal: a home warehouse and its own random sequence.
 pub struct Terminal {
     r: Random,
+    mix: Mix,
     scale: Scale,
     home: i64,
     /// The district whose stock levels this terminal checks (clause 2.8.1.1).
@@ -150,6 +177,7 @@ impl Terminal {
     pub fn new(scale: Scale, home: i64, seed: u64) -> Self {
         Self {
             r: Random::for_parts(&[9, home as u64, seed]),
+            mix: Mix::Full,
             scale,
             home,
             district: 1 + (seed % DISTRICTS as u64) as i64,
@@ -157,9 +185,23 @@ impl Terminal {
         }
     }
 
+    /// The terminal drawing from `mix` (the full one by default).
+    pub fn with_mix(mut self, mix: Mix) -> Self {
+        self.mix = mix;
+        self
+    }
+
     /// The next transaction of the mix: 45 % New-Order, 43 % Payment and 4 % each of
-    /// the other three (the minimum shares of clause 5.2.3 with New-Order the rest).
+    /// the other three (the minimum shares of clause 5.2.3 with New-Order the rest),
+    /// or New-Order and Payment alone as 45 to 43.
     pub fn next(&mut self, now_ns: i64) -> Call {
+        if self.mix == Mix::NewOrderPayment {
+            return if self.r.uniform(1, 88) <= 45 {
+                self.new_order(now_ns)
+            } else {
+                self.payment(now_ns)
+            };
+        }
         match self.r.uniform(1, 100) {
             1..=45 => self.new_order(now_ns),
             46..=88 => self.payment(now_ns),
