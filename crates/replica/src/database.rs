@@ -12,11 +12,12 @@
 //! and the database lives in memory.
 
 use crate::checkpoint;
+use crate::combining::{Combiner, Queued};
 use crate::error::{Error, Result};
 use crate::log::segment;
 use crate::log::writer::{LogStats, LogWriter};
 use crate::log::{Entry, LogMode};
-use crate::procedure::{Procedures, check_args};
+use crate::procedure::{Procedure, Procedures};
 use crate::published::{Published, READER_LOCK_WAIT};
 use crate::store::{Key, Placement, RowOp, Store, TableDef, TableId};
 use crate::txn::{Pending, Txn};
@@ -101,7 +102,19 @@ pub struct Database {
     executed: Mutex<(u64, std::time::Duration)>,
     /// Run before a read is given its snapshot ([`Database::confirm_reads`]).
     lead_check: std::sync::OnceLock<LeadCheck>,
+    /// Procedure calls waiting for the primary, run back to back by one caller.
+    calls: Combiner<QueuedCall, CallOutcome>,
 }
+
+/// A procedure call waiting for the primary, and when it stops waiting.
+struct QueuedCall {
+    procedure: Arc<dyn Procedure>,
+    args: Vec<Value>,
+    deadline: std::time::Instant,
+}
+
+/// A call's rows and what its commit leaves to wait for.
+type CallOutcome = Result<(Vec<Vec<Value>>, Committed)>;
 
 /// Confirms that this primary still leads the voters: a majority answered it after the
 /// call began (Raft's read index), so a read served now sees every acknowledged commit.
@@ -128,6 +141,7 @@ impl Database {
                 last_mark: Default::default(),
                 executed: Default::default(),
                 lead_check: Default::default(),
+                calls: Default::default(),
             });
         };
         let log_dir = dir.join("log");
@@ -229,6 +243,7 @@ impl Database {
             last_mark: Default::default(),
             executed: Default::default(),
             lead_check: Default::default(),
+            calls: Default::default(),
         })
     }
 
@@ -491,14 +506,54 @@ impl Database {
     }
 
     /// Runs a stored procedure as one transaction and returns its rows once it is
-    /// durable. An error (or a panic) rolls it back and nothing is logged.
+    /// durable. An error (or a panic) rolls it back and nothing is logged. Calls queue
+    /// for the primary and run back to back ([`crate::combining`]); the wait for
+    /// durability is each caller's own.
     pub fn call(&self, name: &str, args: &[Value]) -> Result<Vec<Vec<Value>>> {
-        let procedure = self.procedures.get(name)?.clone();
-        check_args(procedure.as_ref(), args)?;
-        let mut store = self.lock()?;
-        let mut txn = Txn::new(&mut store);
+        let procedure = self.procedures.for_call(name, args)?.clone();
+        let call = QueuedCall {
+            procedure,
+            args: args.to_vec(),
+            deadline: std::time::Instant::now() + self.options.lock_wait,
+        };
+        let (out, committed) = self.calls.call(
+            call,
+            |batch| self.run_calls(batch),
+            || Err(Error::Aborted("the call's transaction panicked".into())),
+        )?;
+        self.acknowledge(committed)?;
+        Ok(out)
+    }
+
+    /// Runs a batch of queued calls, each as its own transaction, under one hold of
+    /// the primary's lock.
+    fn run_calls(&self, batch: &[Arc<Queued<QueuedCall, CallOutcome>>]) {
+        let mut store = match self.lock() {
+            Ok(store) => store,
+            Err(e) => {
+                let reason = e.to_string();
+                for call in batch {
+                    call.finish(Err(Error::Busy(reason.clone())));
+                }
+                return;
+            }
+        };
+        for call in batch {
+            let outcome = if std::time::Instant::now() > call.job.deadline {
+                Err(busy(self.options.lock_wait))
+            } else {
+                self.run_call(&mut store, &call.job)
+            };
+            call.finish(outcome);
+        }
+    }
+
+    /// One call as one transaction: runs its body and queues its commit.
+    fn run_call(&self, store: &mut Store, call: &QueuedCall) -> CallOutcome {
+        let procedure = &call.procedure;
+        let mut txn = Txn::new(store);
         let started = std::time::Instant::now();
-        let out = txn.run_guarded(procedure.name(), |txn| procedure.run(txn, args))?;
+        let out = txn.run_guarded(procedure.name(), |txn| procedure.run(txn, &call.args))?;
         let ran = started.elapsed();
         let changed = !txn.is_empty();
         // A secondary holding part of a table could not run the procedure again.
@@ -507,18 +562,15 @@ impl Database {
             && !txn.touched_partitioned())
         .then(|| Entry::Logical {
             procedure: procedure.name().to_string(),
-            args: args.to_vec(),
+            args: call.args.clone(),
         });
         let committed = self.commit(&mut txn, logical)?;
-        drop(txn);
-        drop(store);
-        self.acknowledge(committed)?;
         if changed {
             let mut executed = self.executed.lock();
             executed.0 += 1;
             executed.1 += ran;
         }
-        Ok(out)
+        Ok((out, committed))
     }
 
     /// Procedures called as transactions that committed a change, and the time their
@@ -889,8 +941,7 @@ impl Transaction {
     /// Runs a stored procedure inside this transaction (logged physically with the
     /// rest of it).
     pub fn call(&mut self, name: &str, args: &[Value]) -> Result<Vec<Vec<Value>>> {
-        let procedure = self.db.procedures.get(name)?.clone();
-        check_args(procedure.as_ref(), args)?;
+        let procedure = self.db.procedures.for_call(name, args)?.clone();
         self.run(|txn| procedure.run(txn, args))
     }
 
@@ -989,8 +1040,7 @@ pub(crate) fn replay(
             vec![]
         }
         Entry::Logical { procedure, args } => {
-            let procedure = procedures.get(&procedure)?.clone();
-            check_args(procedure.as_ref(), &args)?;
+            let procedure = procedures.for_call(&procedure, &args)?.clone();
             let mut txn = Txn::new(store);
             txn.run_guarded(procedure.name(), |txn| procedure.run(txn, &args))?;
             if txn.touched_partitioned() {

@@ -10,7 +10,8 @@
 //! - [`log`]: the redo log: entries, segment format, group commit.
 //! - [`checkpoint`]: the store at an LSN as Parquet, so recovery replays only the log
 //!   after it.
-//! - [`database`]: all of it together, with recovery on open.
+//! - [`database`]: all of it together, with recovery on open; stored procedure calls
+//!   queue and run back to back (`combining`).
 //! - [`columnar`]: rows to Arrow batches and back.
 //! - [`rendezvous`]: where the blocks of a fragmented table live.
 //! - [`ship`]: the log multicast to secondaries, with NAK-based repair.
@@ -20,6 +21,7 @@
 
 pub mod checkpoint;
 pub mod columnar;
+mod combining;
 pub mod database;
 pub mod error;
 pub mod key;

@@ -11,8 +11,10 @@
 //! A failed write or fsync stops the log for good: whether that group reached the disk
 //! is unknown, so no later transaction may be acknowledged on top of it.
 //!
-//! A log without a directory ([`LogWriter::in_memory`]) writes nothing: a group counts
-//! as durable once it is framed, and is shipped to the secondaries all the same.
+//! A log without a directory ([`LogWriter::in_memory`]) writes nothing: an entry counts
+//! as durable once it is queued (unless a replicator must confirm it), so a committing
+//! transaction neither wakes nor waits for the committer, which frames and ships the
+//! groups behind it (at once when there is a shipper; else in batches).
 
 use super::Entry;
 use super::segment::{self, HEADER, MAX_GROUP_BYTES};
@@ -22,15 +24,17 @@ use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
 
 /// How much the log has written since it was opened.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LogStats {
+    /// Groups written (and shipped).
     pub groups: u64,
+    /// Entries appended (durable or, in a log on disk, about to be).
     pub entries: u64,
-    /// Entry bytes before compression.
+    /// Appended entry bytes before compression.
     pub raw_bytes: u64,
     /// Bytes written to segments (frames, compressed).
     pub written_bytes: u64,
@@ -45,6 +49,8 @@ struct Group {
 #[derive(Default)]
 struct Queue {
     groups: Vec<Group>,
+    /// The bytes of `groups`.
+    bytes: usize,
     next_lsn: u64,
     roll: bool,
     closing: bool,
@@ -53,6 +59,33 @@ struct Queue {
 struct Durability {
     lsn: u64,
     failed: Option<String>,
+    /// Callers parked until an LSN is durable. Each is woken alone when its LSN is:
+    /// waking every waiter for every group (a shared condition variable) cost a
+    /// context switch per waiter per group.
+    waiters: Vec<(u64, std::thread::Thread)>,
+}
+
+impl Durability {
+    /// Moves the durable LSN on to `lsn` (never back) and wakes whoever waits for it.
+    fn advance(&mut self, lsn: u64) {
+        self.lsn = self.lsn.max(lsn);
+        let durable = self.lsn;
+        self.waiters.retain(|(wanted, caller)| {
+            let done = *wanted <= durable;
+            if done {
+                caller.unpark();
+            }
+            !done
+        });
+    }
+
+    /// Stops the log and wakes every waiter to hear of it.
+    fn fail(&mut self, reason: String) {
+        self.failed = Some(reason);
+        for (_, caller) in self.waiters.drain(..) {
+            caller.unpark();
+        }
+    }
 }
 
 /// Where durable log bytes go besides the disk (the multicast to secondaries): called
@@ -66,17 +99,23 @@ pub type Shipper = Box<dyn Fn(u64, &[u8]) + Send + Sync>;
 /// replicated. An error stops the log as a failed fsync does.
 pub type Replicator = Box<dyn Fn(&[u8]) -> std::result::Result<(), String> + Send + Sync>;
 
+/// Queued bytes at which a log in memory without a shipper wakes its committer.
+const IN_MEMORY_BATCH: usize = 256 * 1024;
+
 struct Shared {
     /// `None`: the log is kept nowhere (a database in memory).
     dir: Option<PathBuf>,
     replicator: Mutex<Option<Replicator>>,
+    /// Whether `replicator` is set (read at every append).
+    replicated: AtomicBool,
     /// Called with each write's frames once they are durable, in LSN order.
     shipper: Mutex<Option<Shipper>>,
+    /// Whether `shipper` is set (read at every append).
+    shipping: AtomicBool,
     segment_bytes: u64,
     queue: Mutex<Queue>,
     wake: Condvar,
     durable: Mutex<Durability>,
-    durable_changed: Condvar,
     groups: AtomicU64,
     entries: AtomicU64,
     raw_bytes: AtomicU64,
@@ -155,7 +194,9 @@ impl LogWriter {
         let shared = Arc::new(Shared {
             dir: dir.clone(),
             replicator: Mutex::new(None),
+            replicated: AtomicBool::new(false),
             shipper: Mutex::new(None),
+            shipping: AtomicBool::new(false),
             segment_bytes,
             queue: Mutex::new(Queue {
                 next_lsn,
@@ -165,8 +206,8 @@ impl LogWriter {
             durable: Mutex::new(Durability {
                 lsn: next_lsn - 1,
                 failed: None,
+                waiters: Vec::new(),
             }),
-            durable_changed: Condvar::new(),
             groups: AtomicU64::new(0),
             entries: AtomicU64::new(0),
             raw_bytes: AtomicU64::new(0),
@@ -191,11 +232,17 @@ impl LogWriter {
     /// crash of the primary could take back).
     pub fn ship(&self, shipper: Shipper) {
         *self.shared.shipper.lock() = Some(shipper);
+        self.shared.shipping.store(true, Ordering::Release);
     }
 
     /// Counts every write from now on as durable only once `replicator` returned.
     pub fn replicate(&self, replicator: Replicator) {
+        // Set under the queue's lock, so no append in flight takes its entry for
+        // durable without it.
+        let q = self.shared.queue.lock();
         *self.shared.replicator.lock() = Some(replicator);
+        self.shared.replicated.store(true, Ordering::Release);
+        drop(q);
     }
 
     /// The LSN of the last entry appended, durable or not.
@@ -214,10 +261,7 @@ impl LogWriter {
         }
         q.next_lsn = q.next_lsn.max(lsn + 1);
         drop(q);
-        let mut d = self.shared.durable.lock();
-        d.lsn = d.lsn.max(lsn);
-        drop(d);
-        self.shared.durable_changed.notify_all();
+        self.shared.durable.lock().advance(lsn);
         Ok(())
     }
 
@@ -249,6 +293,12 @@ impl LogWriter {
             )));
         }
         q.next_lsn += 1;
+        self.shared.entries.fetch_add(1, Ordering::Relaxed);
+        self.shared
+            .raw_bytes
+            .fetch_add(raw.len() as u64, Ordering::Relaxed);
+        q.bytes += raw.len();
+        let queued = q.bytes;
         match q.groups.last_mut() {
             Some(g) if g.raw.len() + raw.len() <= MAX_GROUP_BYTES => {
                 g.raw.extend_from_slice(&raw);
@@ -260,8 +310,16 @@ impl LogWriter {
                 raw,
             }),
         }
+        let immediate =
+            self.shared.dir.is_none() && !self.shared.replicated.load(Ordering::Acquire);
+        if immediate {
+            // Nothing to write: durable now, in LSN order as the queue's lock keeps it.
+            self.shared.durable.lock().advance(lsn);
+        }
         drop(q);
-        self.shared.wake.notify_one();
+        if !immediate || self.shared.shipping.load(Ordering::Acquire) || queued >= IN_MEMORY_BATCH {
+            self.shared.wake.notify_one();
+        }
         Ok(())
     }
 
@@ -275,7 +333,15 @@ impl LogWriter {
             if let Some(failed) = &d.failed {
                 return Err(Error::LogFailed(failed.clone()));
             }
-            self.shared.durable_changed.wait(&mut d);
+            let me = std::thread::current();
+            if !d.waiters.iter().any(|(_, t)| t.id() == me.id()) {
+                d.waiters.push((lsn, me));
+            }
+            drop(d);
+            // An unpark between the push and here makes this return at once; any
+            // other return finds the LSN not yet durable and parks again.
+            std::thread::park();
+            d = self.shared.durable.lock();
         }
     }
 
@@ -352,6 +418,7 @@ fn commit_loop(shared: &Shared, mut segment: Option<Segment>) {
             if q.groups.is_empty() {
                 return;
             }
+            q.bytes = 0;
             (std::mem::take(&mut q.groups), std::mem::take(&mut q.roll))
         };
         let written = write_groups(shared, &mut segment, &groups, roll).and_then(|frames| {
@@ -367,11 +434,8 @@ fn commit_loop(shared: &Shared, mut segment: Option<Segment>) {
         match written {
             Ok(frames) => {
                 let last = groups.last().map(|g| g.first_lsn + u64::from(g.count) - 1);
-                let mut d = shared.durable.lock();
-                d.lsn = last.unwrap_or(d.lsn);
-                let last = d.lsn;
-                drop(d);
-                shared.durable_changed.notify_all();
+                let last = last.unwrap_or_default();
+                shared.durable.lock().advance(last);
                 // Shipping is best effort (a secondary that misses groups catches up
                 // from the durable log); a failing shipper must not stop the log.
                 if let Some(ship) = &*shared.shipper.lock()
@@ -385,13 +449,13 @@ fn commit_loop(shared: &Shared, mut segment: Option<Segment>) {
             }
             Err(e) => {
                 tracing::error!("redo log: {e}");
-                shared.durable.lock().failed = Some(e.to_string());
-                shared.durable_changed.notify_all();
+                shared.durable.lock().fail(e.to_string());
                 // Waiters learn of the failure; later appends are refused. Drain the
                 // queue until closing so nothing waits on this thread.
                 let mut q = shared.queue.lock();
                 while !q.closing {
                     q.groups.clear();
+                    q.bytes = 0;
                     shared.wake.wait(&mut q);
                 }
                 return;
@@ -407,12 +471,8 @@ fn write_groups(
     roll: bool,
 ) -> Result<Vec<u8>> {
     let mut bytes = Vec::new();
-    let mut entries = 0u64;
-    let mut raw_bytes = 0u64;
     for g in groups {
         bytes.extend_from_slice(&segment::encode_frame(g.first_lsn, g.count, &g.raw));
-        entries += u64::from(g.count);
-        raw_bytes += g.raw.len() as u64;
     }
     if let (Some(segment), Some(dir)) = (segment.as_mut(), &shared.dir) {
         if (roll || segment.len >= shared.segment_bytes) && segment.len > HEADER.len() as u64 {
@@ -431,8 +491,6 @@ fn write_groups(
     shared
         .groups
         .fetch_add(groups.len() as u64, Ordering::Relaxed);
-    shared.entries.fetch_add(entries, Ordering::Relaxed);
-    shared.raw_bytes.fetch_add(raw_bytes, Ordering::Relaxed);
     shared
         .written_bytes
         .fetch_add(bytes.len() as u64, Ordering::Relaxed);
