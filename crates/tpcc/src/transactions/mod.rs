@@ -28,6 +28,18 @@ fn get(txn: &Txn<'_>, table: TableId, key: &[Value], what: &str) -> Result<Row> 
         .ok_or_else(|| Txn::abort(format!("no {what} {key:?}")))
 }
 
+/// Sets some columns of the row with this key: in place, if the caller let go of the
+/// row it read (no copy of the row, no check of the columns it keeps).
+fn set(
+    txn: &mut Txn<'_>,
+    table: TableId,
+    key: &[Value],
+    changes: impl IntoIterator<Item = (usize, Value)>,
+) -> Result<()> {
+    let columns = changes.into_iter().map(|(i, v)| (i as u32, v)).collect();
+    txn.patch(table, key, columns)
+}
+
 /// `row` with some columns replaced.
 fn with(row: &[Value], changes: impl IntoIterator<Item = (usize, Value)>) -> Vec<Value> {
     let mut out = row.to_vec();

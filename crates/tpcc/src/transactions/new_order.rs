@@ -1,6 +1,6 @@
 //! New-Order (clause 2.4): enter an order of 5 to 15 lines, taking stock.
 
-use super::{get, with};
+use super::{get, set};
 use crate::schema::{TIMESTAMP, col};
 use crate::values::{dec_of, int, int_of, ints};
 use gyre_replica::{Column, ColumnType, Procedure, Result, Txn, Value};
@@ -74,12 +74,19 @@ impl Procedure for NewOrder {
 
         let warehouse = txn.table("warehouse")?;
         let w_row = get(txn, warehouse, &[int(w)], "warehouse")?;
+        let w_tax = dec_of(&w_row, col::warehouse::TAX);
+        drop(w_row);
         let district = txn.table("district")?;
-        let d_row = get(txn, district, &[int(w), int(d)], "district")?;
+        let d_key = [int(w), int(d)];
+        let d_row = get(txn, district, &d_key, "district")?;
         let o_id = int_of(&d_row, col::district::NEXT_O_ID);
-        txn.update(
+        let d_tax = dec_of(&d_row, col::district::TAX);
+        drop(d_row);
+        set(
+            txn,
             district,
-            with(&d_row, [(col::district::NEXT_O_ID, int(o_id + 1))]),
+            &d_key,
+            [(col::district::NEXT_O_ID, int(o_id + 1))],
         )?;
         let c_row = get(
             txn,
@@ -117,7 +124,10 @@ impl Procedure for NewOrder {
             let Some(i_row) = txn.get(item, &[int(i)])? else {
                 return Err(Txn::abort(format!("Item number is not valid: {i}")));
             };
-            let s_row = get(txn, stock, &[int(s), int(i)], "stock")?;
+            let price = dec_of(&i_row, col::item::PRICE);
+            drop(i_row);
+            let s_key = [int(s), int(i)];
+            let s_row = get(txn, stock, &s_key, "stock")?;
             let s_quantity = int_of(&s_row, col::stock::QUANTITY);
             let left = if s_quantity >= q + 10 {
                 s_quantity - q
@@ -126,25 +136,21 @@ impl Procedure for NewOrder {
             };
             let remote = i64::from(s != w);
             let dist_info = s_row[col::stock::DIST_01 + d as usize - 1].clone();
-            txn.update(
-                stock,
-                with(
-                    &s_row,
-                    [
-                        (col::stock::QUANTITY, int(left)),
-                        (col::stock::YTD, int(int_of(&s_row, col::stock::YTD) + q)),
-                        (
-                            col::stock::ORDER_CNT,
-                            int(int_of(&s_row, col::stock::ORDER_CNT) + 1),
-                        ),
-                        (
-                            col::stock::REMOTE_CNT,
-                            int(int_of(&s_row, col::stock::REMOTE_CNT) + remote),
-                        ),
-                    ],
+            let changes = [
+                (col::stock::QUANTITY, int(left)),
+                (col::stock::YTD, int(int_of(&s_row, col::stock::YTD) + q)),
+                (
+                    col::stock::ORDER_CNT,
+                    int(int_of(&s_row, col::stock::ORDER_CNT) + 1),
                 ),
-            )?;
-            let amount = i128::from(q) * dec_of(&i_row, col::item::PRICE);
+                (
+                    col::stock::REMOTE_CNT,
+                    int(int_of(&s_row, col::stock::REMOTE_CNT) + remote),
+                ),
+            ];
+            drop(s_row);
+            set(txn, stock, &s_key, changes)?;
+            let amount = i128::from(q) * price;
             sum += amount;
             txn.insert(
                 order_line,
@@ -164,8 +170,7 @@ impl Procedure for NewOrder {
         }
         // sum(ol_amount) * (1 - c_discount) * (1 + w_tax + d_tax): cents times two
         // factors of scale 4, rounded back to cents.
-        let factor = (10_000 - dec_of(&c_row, col::customer::DISCOUNT))
-            * (10_000 + dec_of(&w_row, col::warehouse::TAX) + dec_of(&d_row, col::district::TAX));
+        let factor = (10_000 - dec_of(&c_row, col::customer::DISCOUNT)) * (10_000 + w_tax + d_tax);
         let total = (sum * factor + 50_000_000) / 100_000_000;
         Ok(vec![vec![
             int(o_id),

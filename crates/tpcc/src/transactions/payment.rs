@@ -1,7 +1,7 @@
 //! Payment (clause 2.5): a customer pays; the warehouse's, district's and customer's
 //! balances move, and the payment goes into the history.
 
-use super::{customer, get, with};
+use super::{customer, get, set};
 use crate::schema::{TIMESTAMP, col};
 use crate::values::{dec_of, int, int_of, ints, text, text_of};
 use gyre_replica::{Column, ColumnType, Procedure, Result, Txn, Value};
@@ -63,19 +63,30 @@ impl Procedure for Payment {
         }
         let h_date = args[7].clone();
 
+        // Each row is let go of before it changes, so that it changes in place.
         let warehouse = txn.table("warehouse")?;
-        let w_row = get(txn, warehouse, &[int(w)], "warehouse")?;
+        let w_key = [int(w)];
+        let w_row = get(txn, warehouse, &w_key, "warehouse")?;
         let w_ytd = dec_of(&w_row, col::warehouse::YTD) + amount;
-        txn.update(
+        let w_name = w_row[col::warehouse::NAME].clone();
+        drop(w_row);
+        set(
+            txn,
             warehouse,
-            with(&w_row, [(col::warehouse::YTD, Value::Decimal(w_ytd))]),
+            &w_key,
+            [(col::warehouse::YTD, Value::Decimal(w_ytd))],
         )?;
         let district = txn.table("district")?;
-        let d_row = get(txn, district, &[int(w), int(d)], "district")?;
+        let d_key = [int(w), int(d)];
+        let d_row = get(txn, district, &d_key, "district")?;
         let d_ytd = dec_of(&d_row, col::district::YTD) + amount;
-        txn.update(
+        let d_name = d_row[col::district::NAME].clone();
+        drop(d_row);
+        set(
+            txn,
             district,
-            with(&d_row, [(col::district::YTD, Value::Decimal(d_ytd))]),
+            &d_key,
+            [(col::district::YTD, Value::Decimal(d_ytd))],
         )?;
 
         let c_row = customer(txn, c_w, c_d, &args[4], &args[5])?;
@@ -101,13 +112,20 @@ impl Procedure for Payment {
             data.truncate(C_DATA_MAX);
             changes.push((col::customer::DATA, text(data)));
         }
+        let c_last = c_row[col::customer::LAST].clone();
+        drop(c_row);
         let customer_table = txn.table("customer")?;
-        txn.update(customer_table, with(&c_row, changes))?;
+        set(
+            txn,
+            customer_table,
+            &[int(c_w), int(c_d), int(c_id)],
+            changes,
+        )?;
 
         let h_data = format!(
             "{}    {}",
-            text_of(&w_row, col::warehouse::NAME),
-            text_of(&d_row, col::district::NAME)
+            w_name.as_text().unwrap_or_default(),
+            d_name.as_text().unwrap_or_default()
         );
         let history = txn.table("history")?;
         txn.insert(
@@ -126,7 +144,7 @@ impl Procedure for Payment {
         )?;
         Ok(vec![vec![
             int(c_id),
-            c_row[col::customer::LAST].clone(),
+            c_last,
             Value::Decimal(balance),
             text(credit),
         ]])
