@@ -544,7 +544,15 @@ impl Database {
             } else {
                 self.run_call(&mut store, &call.job)
             };
-            call.finish(outcome);
+            match (&outcome, &self.log) {
+                // Its caller waits next for the commit to be durable: the log wakes it
+                // then, once.
+                (Ok((_, committed)), Some(log)) if committed.changed => {
+                    let lsn = committed.lsn;
+                    log.unpark_when_durable(lsn, call.finish_waking_later(outcome));
+                }
+                _ => call.finish(outcome),
+            }
         }
     }
 

@@ -339,3 +339,79 @@ impl Drop for Txn<'_> {
         self.rollback();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::Placement;
+    use crate::value::{Column, ColumnType};
+    use std::sync::Arc;
+
+    fn store_with_one_row() -> Store {
+        let mut s = Store::default();
+        s.create_table(TableDef {
+            id: TableId(0),
+            name: "stock".into(),
+            columns: vec![
+                Column::new("id", ColumnType::Int64, false),
+                Column::new("quantity", ColumnType::Int64, false),
+                Column::new("info", ColumnType::Text, true),
+            ],
+            key: vec![0],
+            placement: Placement::Full,
+        })
+        .unwrap();
+        let mut txn = Txn::new(&mut s);
+        txn.insert(
+            TableId(0),
+            vec![Value::Int(1), Value::Int(10), Value::Text("a".into())],
+        )
+        .unwrap();
+        txn.take_ops();
+        drop(txn);
+        s
+    }
+
+    /// A patch sets only the columns it names, in place when nothing else holds the
+    /// row; it is logged as those columns; it refuses key columns, columns out of
+    /// range, values of the wrong type and missing rows; a rollback puts the values
+    /// back.
+    #[test]
+    fn a_patch_sets_its_columns_in_place_and_logs_only_them() {
+        let mut s = store_with_one_row();
+        let t = TableId(0);
+        let key = [Value::Int(1)];
+        let before = Arc::as_ptr(&s.table(t).unwrap().rows[&Key::encode(&key)]);
+        let mut txn = Txn::new(&mut s);
+        txn.patch(t, &key, vec![(1, Value::Int(7))]).unwrap();
+        let row = txn.get(t, &key).unwrap().unwrap();
+        assert_eq!(
+            &row[..],
+            &[Value::Int(1), Value::Int(7), Value::Text("a".into())]
+        );
+        assert_eq!(Arc::as_ptr(&row), before, "changed in place");
+        drop(row);
+        assert_eq!(
+            txn.log_ops(),
+            vec![RowOp::Patch {
+                table: t,
+                key: key.to_vec(),
+                columns: vec![(1, Value::Int(7))],
+            }]
+        );
+        for bad in [
+            vec![(0, Value::Int(2))],
+            vec![(3, Value::Int(2))],
+            vec![(1, Value::Text("x".into()))],
+        ] {
+            assert!(txn.patch(t, &key, bad.clone()).is_err(), "{bad:?}");
+        }
+        assert!(
+            txn.patch(t, &[Value::Int(2)], vec![(1, Value::Int(2))])
+                .is_err()
+        );
+        txn.rollback();
+        let row = txn.get(t, &key).unwrap().unwrap();
+        assert_eq!(row[1], Value::Int(10));
+    }
+}

@@ -345,6 +345,17 @@ impl LogWriter {
         }
     }
 
+    /// Unparks `caller` once `lsn` is durable (at once if it is, or the log failed).
+    pub fn unpark_when_durable(&self, lsn: u64, caller: std::thread::Thread) {
+        let mut d = self.shared.durable.lock();
+        if d.lsn >= lsn || d.failed.is_some() {
+            drop(d);
+            caller.unpark();
+        } else {
+            d.waiters.push((lsn, caller));
+        }
+    }
+
     pub fn durable_lsn(&self) -> u64 {
         self.shared.durable.lock().lsn
     }
