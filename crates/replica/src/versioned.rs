@@ -30,11 +30,38 @@ struct Chunk {
     ids: Vec<u64>,
     created: Arc<[u64]>,
     deleted: Arc<[AtomicU64]>,
+    /// Versions stamped deleted.
+    stamped: usize,
+    /// The LSN by which half of the versions were deleted (they are stamped in LSN
+    /// order): once no snapshot is older, compacting frees at least half the chunk.
+    half_dead_at: Option<u64>,
+}
+
+impl Chunk {
+    fn new(batch: RecordBatch, ids: Vec<u64>, created: Vec<u64>, deleted: Vec<u64>) -> Self {
+        let mut stamps: Vec<u64> = deleted.iter().copied().filter(|d| *d != LIVE).collect();
+        let half = ids.len().div_ceil(2);
+        let half_dead_at =
+            (half > 0 && stamps.len() >= half).then(|| *stamps.select_nth_unstable(half - 1).1);
+        Self {
+            batch,
+            ids,
+            created: created.into(),
+            deleted: deleted.into_iter().map(AtomicU64::new).collect(),
+            stamped: stamps.len(),
+            half_dead_at,
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.ids.len()
+    }
 }
 
 const LIVE: u64 = u64::MAX;
 
-/// Rows in the tail are sealed into a chunk once there are this many.
+/// Rows in the tail are sealed into a chunk once there are this many; merges make
+/// chunks no larger.
 const CHUNK_ROWS: usize = 64 * 1024;
 
 /// Rows a tail's builders have room for at first (they grow as rows arrive): most
@@ -155,42 +182,63 @@ impl VersionedTable {
         let c = self
             .chunks
             .partition_point(|c| c.ids.last().is_some_and(|l| *l < id));
-        let chunk = &self.chunks[c];
+        let chunk = &mut self.chunks[c];
         let at = chunk
             .ids
             .binary_search(&id)
             .expect("a live version is in the chunk its id falls in");
         chunk.deleted[at].store(lsn, Ordering::Release);
+        chunk.stamped += 1;
+        if chunk.half_dead_at.is_none() && 2 * chunk.stamped >= chunk.len() {
+            chunk.half_dead_at = Some(lsn);
+        }
     }
 
-    /// Turns the tail into a chunk, then merges the newest chunks while the one
-    /// before is at most twice the size of the last (so a version is copied about
-    /// log(n) times). Merging drops versions deleted at or before `horizon`: no kept
-    /// or future snapshot sees them, and a query still reading an older snapshot
-    /// holds the chunks it had.
+    /// Turns the tail into a chunk, then collects garbage: versions deleted at or
+    /// before `horizon` are seen by no kept or future snapshot (a query still reading
+    /// an older one holds the chunks it had).
+    ///
+    /// Garbage is dropped where that copies little: a chunk half of whose versions
+    /// are garbage is rewritten without them, and neighbours within a factor of two
+    /// of each other in size that together hold at most [`CHUNK_ROWS`] versions become
+    /// one (so a version is copied a few times while its chunk grows to that size,
+    /// the newest chunks merging like a binary counter). Full chunks are never
+    /// merged: that would copy every version again at each doubling, for no faster
+    /// scan.
     fn seal(&mut self, horizon: u64) {
-        if self.tail.is_empty() {
-            return;
+        if !self.tail.is_empty() {
+            let batch = self.tail.finish();
+            let n = batch.num_rows() as u64;
+            self.chunks.push(Chunk::new(
+                batch,
+                (self.tail_first..self.tail_first + n).collect(),
+                std::mem::take(&mut self.tail_created),
+                std::mem::take(&mut self.tail_deleted),
+            ));
+            self.tail_first += n;
         }
-        let batch = self.tail.finish();
-        let n = batch.num_rows() as u64;
-        self.chunks.push(Chunk {
-            batch,
-            ids: (self.tail_first..self.tail_first + n).collect(),
-            created: std::mem::take(&mut self.tail_created).into(),
-            deleted: std::mem::take(&mut self.tail_deleted)
-                .into_iter()
-                .map(AtomicU64::new)
-                .collect(),
-        });
-        self.tail_first += n;
-        while let [.., a, b] = &self.chunks[..]
-            && a.ids.len() <= 2 * b.ids.len()
-        {
-            let b = self.chunks.pop().expect("two chunks");
-            let a = self.chunks.pop().expect("two chunks");
-            if let Some(merged) = merge(&a, &b, horizon) {
-                self.chunks.push(merged);
+        self.chunks = std::mem::take(&mut self.chunks)
+            .into_iter()
+            .filter_map(|c| match c.half_dead_at {
+                Some(at) if at <= horizon => merge(&[&c], horizon),
+                _ => Some(c),
+            })
+            .collect();
+        let mut i = self.chunks.len();
+        while i > 1 {
+            let (a, b) = (&self.chunks[i - 2], &self.chunks[i - 1]);
+            if a.len() + b.len() <= CHUNK_ROWS && a.len() <= 2 * b.len() && b.len() <= 2 * a.len() {
+                let b = self.chunks.remove(i - 1);
+                match merge(&[&self.chunks[i - 2], &b], horizon) {
+                    Some(merged) => self.chunks[i - 2] = merged,
+                    None => {
+                        self.chunks.remove(i - 2);
+                    }
+                }
+                // The merged chunk may now merge with the one before it.
+                i = (i - 1).min(self.chunks.len());
+            } else {
+                i -= 1;
             }
         }
     }
@@ -213,14 +261,14 @@ impl VersionedTable {
     }
 }
 
-/// Two adjacent chunks as one, without the versions deleted at or before `horizon`
-/// (none if nothing is left).
-fn merge(a: &Chunk, b: &Chunk, horizon: u64) -> Option<Chunk> {
+/// Adjacent chunks as one, without the versions deleted at or before `horizon` (none
+/// if nothing is left).
+fn merge(chunks: &[&Chunk], horizon: u64) -> Option<Chunk> {
     let mut ids = vec![];
     let mut created = vec![];
     let mut deleted = vec![];
     let mut parts = vec![];
-    for c in [a, b] {
+    for c in chunks {
         let keep: Vec<bool> = c
             .deleted
             .iter()
@@ -230,7 +278,7 @@ fn merge(a: &Chunk, b: &Chunk, horizon: u64) -> Option<Chunk> {
             if *k {
                 ids.push(c.ids[i]);
                 created.push(c.created[i]);
-                deleted.push(AtomicU64::new(c.deleted[i].load(Ordering::Acquire)));
+                deleted.push(c.deleted[i].load(Ordering::Acquire));
             }
         }
         if keep.iter().all(|k| *k) {
@@ -246,14 +294,12 @@ fn merge(a: &Chunk, b: &Chunk, horizon: u64) -> Option<Chunk> {
     if ids.is_empty() {
         return None;
     }
-    let batch = arrow_select::concat::concat_batches(&a.batch.schema(), &parts)
-        .expect("chunks of one table");
-    Some(Chunk {
-        batch,
-        ids,
-        created: created.into(),
-        deleted: deleted.into(),
-    })
+    let batch = match parts.as_slice() {
+        [one] => one.clone(),
+        _ => arrow_select::concat::concat_batches(&chunks[0].batch.schema(), &parts)
+            .expect("chunks of one table"),
+    };
+    Some(Chunk::new(batch, ids, created, deleted))
 }
 
 #[derive(Debug, Clone)]
@@ -582,5 +628,55 @@ mod tests {
         let c = v.snapshot();
         assert_eq!(a.tables["t"].batches()[0].num_rows(), 1000);
         assert_eq!(c.tables["t"].batches()[0].num_rows(), 999);
+    }
+
+    /// Full chunks are not copied again when more are sealed; chunks whose versions
+    /// are mostly garbage are rewritten without it, so updating every row again and
+    /// again keeps about one version of each; snapshots see the right rows throughout.
+    #[test]
+    fn full_chunks_stay_put_and_garbage_goes() {
+        let rows = (CHUNK_ROWS * 2 + CHUNK_ROWS / 3) as i64;
+        let mut v = VersionedStore::default();
+        let row = |k: i64, lsn: u64| vec![Value::Int(k), Value::Text(format!("{lsn}").into())];
+        v.create_table(1, def(0, "t"), (0..rows).map(|k| row(k, 1)).collect())
+            .unwrap();
+        v.advance(1).unwrap();
+        let first = v.snapshot();
+        let first_chunk = |t: &VersionedTable| t.chunks[0].batch.column(1).to_data();
+        let sealed = first_chunk(v.table("t").unwrap());
+        let mut lsn = 1;
+        for round in 0..4 {
+            for k in 0..rows {
+                lsn += 1;
+                let op = RowOp::Update {
+                    table: TableId(0),
+                    row: row(k, lsn).into(),
+                };
+                v.apply(lsn, &op).unwrap();
+                v.advance(lsn).unwrap();
+            }
+            if round == 0 {
+                // Nothing is garbage yet (the first snapshot may still be read), and
+                // the first chunk was not copied by the seals since.
+                let (versions, _) = v.table("t").unwrap().versions();
+                assert_eq!(versions as i64, 2 * rows);
+                v.snapshot();
+                assert!(first_chunk(v.table("t").unwrap()).ptr_eq(&sealed));
+            }
+            v.set_horizon(lsn);
+            let now = v.snapshot();
+            let t = &now.tables["t"];
+            let (versions, chunks) = v.table("t").unwrap().versions();
+            assert!(versions as i64 <= 2 * rows + 1, "{versions} versions");
+            assert!(chunks <= 12, "{chunks} chunks");
+            let seen = t.rows().unwrap();
+            assert_eq!(seen.len() as i64, rows);
+            for (k, r) in seen.iter().enumerate() {
+                assert_eq!(r, &row(k as i64, lsn - (rows - 1 - k as i64) as u64));
+            }
+        }
+        // The first snapshot still reads the chunks it had.
+        assert_eq!(first.tables["t"].rows().unwrap().len() as i64, rows);
+        assert_eq!(first.tables["t"].rows().unwrap()[7], row(7, 1));
     }
 }
