@@ -217,13 +217,16 @@ impl VersionedTable {
             ));
             self.tail_first += n;
         }
-        self.chunks = std::mem::take(&mut self.chunks)
-            .into_iter()
-            .filter_map(|c| match c.half_dead_at {
-                Some(at) if at <= horizon => merge(&[&c], horizon),
-                _ => Some(c),
-            })
-            .collect();
+        self.chunks.retain_mut(|c| match c.half_dead_at {
+            Some(at) if at <= horizon => match merge(&[c], horizon) {
+                Some(compacted) => {
+                    *c = compacted;
+                    true
+                }
+                None => false,
+            },
+            _ => true,
+        });
         let mut i = self.chunks.len();
         while i > 1 {
             let (a, b) = (&self.chunks[i - 2], &self.chunks[i - 1]);
@@ -387,7 +390,7 @@ impl VersionedStore {
         self.lsn
     }
 
-    /// Lets merges drop versions no snapshot at `horizon` or later sees (the caller
+    /// Lets seals drop versions no snapshot at `horizon` or later sees (the caller
     /// keeps no snapshot older than it).
     pub fn set_horizon(&mut self, horizon: u64) {
         self.horizon = self.horizon.max(horizon.min(self.lsn));
