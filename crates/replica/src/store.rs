@@ -288,6 +288,24 @@ impl TableDef {
             .map_err(|e| Error::Constraint(format!("{}.{}: {e}", self.name, c.name)))
     }
 
+    /// Checks the columns a [`RowOp::Patch`] sets: each in range, not part of the key,
+    /// and a value of its type.
+    pub fn check_patch(&self, columns: &[(u32, Value)]) -> Result<()> {
+        for (at, value) in columns {
+            let at = *at as usize;
+            if at >= self.columns.len() || self.key.contains(&at) {
+                return Err(Error::Constraint(format!(
+                    "a change of {} names column {at}, which is not one of its {} non-key \
+                     columns",
+                    self.name,
+                    self.columns.len() - self.key.len()
+                )));
+            }
+            self.check_value(at, value)?;
+        }
+        Ok(())
+    }
+
     /// Checks a key given on its own (for a delete or a lookup): one value per key
     /// column, of its type.
     pub fn check_key(&self, key: &[Value]) -> Result<()> {
@@ -466,7 +484,7 @@ impl Store {
             .ok_or_else(|| Error::NoSuchTable(format!("#{}", id.0)))
     }
 
-    fn table_mut(&mut self, id: TableId) -> Result<&mut Table> {
+    pub(crate) fn table_mut(&mut self, id: TableId) -> Result<&mut Table> {
         self.tables
             .get_mut(&id)
             .ok_or_else(|| Error::NoSuchTable(format!("#{}", id.0)))
@@ -653,18 +671,7 @@ impl Store {
                         t.def.name
                     )));
                 };
-                for (at, value) in &columns {
-                    let at = *at as usize;
-                    if at >= t.def.columns.len() || t.def.key.contains(&at) {
-                        return Err(Error::Constraint(format!(
-                            "a change of {} names column {at}, which is not one of its {} \
-                             non-key columns",
-                            t.def.name,
-                            t.def.columns.len() - t.def.key.len()
-                        )));
-                    }
-                    t.def.check_value(at, value)?;
-                }
+                t.def.check_patch(&columns)?;
                 // In place when nothing else holds the row (a secondary's replay: its
                 // columnar tables copy rows in as they come), so that the row is
                 // neither copied nor are its texts' counts touched; else a copy.

@@ -13,7 +13,7 @@
 
 use crate::columnar::RowsToBatch;
 use crate::error::{Error, Result};
-use crate::store::{Key, RowOp, TableDef, TableId};
+use crate::store::{Key, Row, RowOp, Store, TableDef, TableId};
 use crate::value::Value;
 use arrow_array::{BooleanArray, RecordBatch};
 use std::collections::hash_map::Entry as Slot;
@@ -80,8 +80,21 @@ pub struct VersionedTable {
     tail_deleted: Vec<u64>,
     /// The id of the tail's first row; the tail's row `i` has id `tail_first + i`.
     tail_first: u64,
-    /// The id of each key's live version.
-    live: HashMap<Key, u64, foldhash::fast::RandomState>,
+    /// Each key's live version.
+    live: HashMap<Key, Live, foldhash::fast::RandomState>,
+    /// Keys whose row in the secondary's row store is not current: changed by
+    /// operations applied here alone ([`VersionedStore::apply_alone`]), for
+    /// [`VersionedStore::catch_up`]. A key may appear more than once.
+    behind: Vec<Key>,
+}
+
+/// A key's live version.
+#[derive(Debug)]
+struct Live {
+    id: u64,
+    /// The row, while the row store does not have it (`None`: the row store's row is
+    /// current). Held alone here, so a patch changes it in place.
+    row: Option<Row>,
 }
 
 impl VersionedTable {
@@ -94,6 +107,7 @@ impl VersionedTable {
             tail_deleted: vec![],
             tail_first: 0,
             live: HashMap::default(),
+            behind: vec![],
         }
     }
 
@@ -116,14 +130,22 @@ impl VersionedTable {
         (sealed + self.tail.len(), self.chunks.len())
     }
 
+    /// Inserts a row the row store holds too.
     fn insert(&mut self, lsn: u64, row: &[Value], horizon: u64) -> Result<()> {
         self.def.check_row(row)?;
-        self.insert_checked(lsn, row, self.def.key_of(row), horizon)
+        self.insert_checked(lsn, row, self.def.key_of(row), None, horizon)
     }
 
-    /// [`VersionedTable::insert`] of a row already checked against the table, whose
-    /// key is `key`.
-    fn insert_checked(&mut self, lsn: u64, row: &[Value], key: Key, horizon: u64) -> Result<()> {
+    /// Inserts a row already checked against the table, whose key is `key`; `alone`
+    /// is the row when the row store does not get it.
+    fn insert_checked(
+        &mut self,
+        lsn: u64,
+        row: &[Value],
+        key: Key,
+        alone: Option<Row>,
+        horizon: u64,
+    ) -> Result<()> {
         let id = self.tail_first + self.tail.len() as u64;
         match self.live.entry(key) {
             Slot::Occupied(o) => {
@@ -133,15 +155,28 @@ impl VersionedTable {
                     self.def.name
                 )));
             }
-            Slot::Vacant(v) => v.insert(id),
+            Slot::Vacant(v) => {
+                if alone.is_some() {
+                    self.behind.push(v.key().clone());
+                }
+                v.insert(Live { id, row: alone });
+            }
         };
         self.append(lsn, row, horizon);
         Ok(())
     }
 
     /// Replaces the live version of `key` by `row` (checked against the table, and
-    /// of that key): one lookup.
-    fn update_checked(&mut self, lsn: u64, row: &[Value], key: &Key, horizon: u64) -> Result<()> {
+    /// of that key): one lookup. `alone` is the row when the row store does not get
+    /// it.
+    fn update_checked(
+        &mut self,
+        lsn: u64,
+        row: &[Value],
+        key: &Key,
+        alone: Option<Row>,
+        horizon: u64,
+    ) -> Result<()> {
         let id = self.tail_first + self.tail.len() as u64;
         let Some(live) = self.live.get_mut(key) else {
             return Err(Error::Constraint(format!(
@@ -149,10 +184,44 @@ impl VersionedTable {
                 self.def.name
             )));
         };
-        let old = std::mem::replace(live, id);
+        let old = std::mem::replace(&mut live.id, id);
+        let current = alone.is_some();
+        if std::mem::replace(&mut live.row, alone).is_none() && current {
+            self.behind.push(key.clone());
+        }
         self.stamp_deleted(old, lsn);
         self.append(lsn, row, horizon);
         Ok(())
+    }
+
+    /// Sets `columns` of the live row of `key` (checked), as a new version the row
+    /// store does not get; `base` is the row store's row when this table holds none.
+    fn patch_alone(
+        &mut self,
+        lsn: u64,
+        key: &Key,
+        columns: Vec<(u32, Value)>,
+        base: impl FnOnce() -> Option<Row>,
+        horizon: u64,
+    ) -> Result<()> {
+        let missing = || {
+            Error::Constraint(format!(
+                "no row with key {key:?} in {} to update",
+                self.def.name
+            ))
+        };
+        let live = self.live.get_mut(key).ok_or_else(missing)?;
+        let mut row = match live.row.take() {
+            Some(row) => row,
+            None => base().ok_or_else(missing)?,
+        };
+        // In place when this table held the row alone (the tail copied its values).
+        let values = Arc::make_mut(&mut row);
+        for (at, value) in columns {
+            values[at as usize] = value;
+        }
+        let values = Arc::clone(&row);
+        self.update_checked(lsn, &values, key, Some(row), horizon)
     }
 
     /// Adds a version at the end of the tail (its id's entry in `live` is made).
@@ -165,11 +234,15 @@ impl VersionedTable {
         }
     }
 
-    fn delete(&mut self, lsn: u64, key: &Key) -> Result<()> {
-        let id = self.live.remove(key).ok_or_else(|| {
+    /// Deletes the live version of `key`; `alone` when the row store does not.
+    fn delete(&mut self, lsn: u64, key: &Key, alone: bool) -> Result<()> {
+        let live = self.live.remove(key).ok_or_else(|| {
             Error::Constraint(format!("no row with key {key:?} in {}", self.def.name))
         })?;
-        self.stamp_deleted(id, lsn);
+        if alone && live.row.is_none() {
+            self.behind.push(key.clone());
+        }
+        self.stamp_deleted(live.id, lsn);
         Ok(())
     }
 
@@ -431,43 +504,99 @@ impl VersionedStore {
         Ok(())
     }
 
-    /// Applies one row operation of the transaction with LSN `lsn`.
+    /// Applies one row operation of the transaction with LSN `lsn`, checked, with no
+    /// row store beside these tables (a patch changes a row applied here).
     pub fn apply(&mut self, lsn: u64, op: &RowOp) -> Result<()> {
-        let def = &self.table_mut(op.table())?.def;
-        let key = match op {
-            RowOp::Insert { row, .. } | RowOp::Update { row, .. } => {
-                def.check_row(row)?;
-                def.key_of(row)
-            }
-            RowOp::Delete { key, .. } => {
-                def.check_key(key)?;
-                Key::encode(key)
-            }
-            // Refused below: a patch needs the row it changes, which is not here.
-            RowOp::Patch { .. } => Key::encode(&[]),
-        };
-        self.apply_checked(lsn, op.clone(), key)
+        self.apply_alone(lsn, op.clone(), None)
     }
 
-    /// [`VersionedStore::apply`] of an operation the row store has just applied (and
-    /// so checked), with the key of its row as the row store encoded it: its row is
-    /// appended without another check or encoding.
+    /// Applies a row operation, checked, that the row store does not get: the table
+    /// keeps the row until [`VersionedStore::catch_up`] hands it over. A patch of a
+    /// row the row store is current for reads it from `base`.
+    pub(crate) fn apply_alone(&mut self, lsn: u64, op: RowOp, base: Option<&Store>) -> Result<()> {
+        let horizon = self.horizon;
+        let id = op.table();
+        let t = self.table_mut(id)?;
+        match op {
+            RowOp::Insert { row, .. } => {
+                t.def.check_row(&row)?;
+                let key = t.def.key_of(&row);
+                t.insert_checked(lsn, &Arc::clone(&row), key, Some(row), horizon)
+            }
+            RowOp::Update { row, .. } => {
+                t.def.check_row(&row)?;
+                let key = t.def.key_of(&row);
+                t.update_checked(lsn, &Arc::clone(&row), &key, Some(row), horizon)
+            }
+            RowOp::Delete { key, .. } => {
+                t.def.check_key(&key)?;
+                t.delete(lsn, &Key::encode(&key), true)
+            }
+            RowOp::Patch { key, columns, .. } => {
+                t.def.check_key(&key)?;
+                t.def.check_patch(&columns)?;
+                let key = Key::encode(&key);
+                let base = || base?.table(id).ok()?.rows.get(&key).cloned();
+                t.patch_alone(lsn, &key, columns, base, horizon)
+            }
+        }
+    }
+
+    /// Applies an operation the row store has just applied (and so checked), with
+    /// the key of its row as the row store encoded it: its row is appended without
+    /// another check or encoding. A patch came back from the row store as the update
+    /// it stands for.
     pub(crate) fn apply_checked(&mut self, lsn: u64, op: RowOp, key: Key) -> Result<()> {
         let horizon = self.horizon;
         match op {
             RowOp::Insert { table, row } => self
                 .table_mut(table)?
-                .insert_checked(lsn, &row, key, horizon),
+                .insert_checked(lsn, &row, key, None, horizon),
             RowOp::Update { table, row } => self
                 .table_mut(table)?
-                .update_checked(lsn, &row, &key, horizon),
-            RowOp::Delete { table, .. } => self.table_mut(table)?.delete(lsn, &key),
-            // Replay resolves patches against the row store before they come here.
+                .update_checked(lsn, &row, &key, None, horizon),
+            RowOp::Delete { table, .. } => self.table_mut(table)?.delete(lsn, &key, false),
             RowOp::Patch { table, .. } => Err(Error::Unsupported(format!(
                 "a change of some columns of table #{} without the row it changes",
                 table.0
             ))),
         }
+    }
+
+    /// Live rows, over every table.
+    pub fn live_rows(&self) -> u64 {
+        self.tables.values().map(|t| t.len() as u64).sum()
+    }
+
+    /// Whether the row store lags behind some table (operations applied alone).
+    pub(crate) fn ahead(&self) -> bool {
+        self.tables.values().any(|t| !t.behind.is_empty())
+    }
+
+    /// Brings `store`'s rows up to these tables: each row changed by operations
+    /// applied alone moves into it (the tables keep the versions), each such row
+    /// deleted leaves it. One write per key, however often the key changed.
+    pub(crate) fn catch_up(&mut self, store: &mut Store) -> Result<()> {
+        for (id, t) in &mut self.tables {
+            if t.behind.is_empty() {
+                continue;
+            }
+            let rows = &mut store.table_mut(*id)?.rows;
+            for key in t.behind.drain(..) {
+                match t.live.get_mut(&key) {
+                    Some(Live {
+                        row: row @ Some(_), ..
+                    }) => {
+                        rows.insert(key, row.take().expect("matched Some"));
+                    }
+                    Some(_) => {}
+                    None => {
+                        rows.remove(&key);
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Marks the transaction with LSN `lsn` as applied: entries arrive in LSN order.

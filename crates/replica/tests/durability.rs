@@ -195,6 +195,15 @@ fn transfer(db: &Database, id: i64, rng: &mut impl Rng) -> Result<Vec<Vec<Value>
     )
 }
 
+/// The rows of a secondary's row store table `name`, in key order.
+fn stored(secondary: &mut Secondary, name: &str) -> Vec<Vec<Value>> {
+    let store = secondary.rows().unwrap();
+    store
+        .table(store.table_id(name).unwrap())
+        .unwrap()
+        .to_rows()
+}
+
 /// Every table's rows, to compare two states.
 fn contents(db: &Database) -> BTreeMap<String, Vec<Vec<Value>>> {
     db.read(|s| {
@@ -264,6 +273,7 @@ fn memory_only_without_a_data_dir() {
     assert_eq!(secondary.lsn(), db.lsn());
     let replicated: BTreeMap<String, Vec<Vec<Value>>> = secondary
         .rows()
+        .unwrap()
         .tables()
         .map(|t| (t.def.name.clone(), t.to_rows()))
         .collect();
@@ -996,20 +1006,14 @@ fn partitioned_tables_are_logged_physically_and_dealt_out_to_secondaries() {
     let mut dealt = Vec::new();
     for (i, s) in secondaries.iter_mut().enumerate() {
         assert_eq!(s.lsn(), db.lsn());
-        let rows = |name: &str| {
-            s.rows()
-                .table(s.rows().table_id(name).unwrap())
-                .unwrap()
-                .to_rows()
-        };
-        let mine = rows("accounts");
+        let mine = stored(s, "accounts");
         assert!(
             mine.iter()
                 .all(|r| r[0].as_int().unwrap() % count == i as i64),
             "secondary {i} holds another's rows"
         );
         assert_eq!(
-            rows("transfers"),
+            stored(s, "transfers"),
             primary["transfers"],
             "a full table is whole"
         );
@@ -1018,18 +1022,9 @@ fn partitioned_tables_are_logged_physically_and_dealt_out_to_secondaries() {
     }
     dealt.sort_by_key(|r| r[0].as_int());
     assert_eq!(dealt, primary["accounts"], "the shares make the table once");
-    let late_rows = late
-        .rows()
-        .table(late.rows().table_id("accounts").unwrap())
-        .unwrap()
-        .to_rows();
-    let s1 = &secondaries[1];
     assert_eq!(
-        late_rows,
-        s1.rows()
-            .table(s1.rows().table_id("accounts").unwrap())
-            .unwrap()
-            .to_rows()
+        stored(&mut late, "accounts"),
+        stored(&mut secondaries[1], "accounts")
     );
     // A logical entry that touches a partitioned table is refused, not replayed on
     // a part of it.
@@ -1134,8 +1129,7 @@ fn tables_without_a_key_number_their_rows() {
     for (_, frames) in shipped.lock().iter() {
         secondary.apply_frames(frames).unwrap();
     }
-    let notes = secondary.rows().table_id("notes").unwrap();
-    assert_eq!(secondary.rows().table(notes).unwrap().to_rows(), expected);
+    assert_eq!(stored(&mut secondary, "notes"), expected);
     db.call("note", &[text("e")]).unwrap();
     let last = contents(&db)["notes"].last().unwrap().clone();
     assert_eq!(last, vec![text("e"), Value::Int(8)]);
@@ -1249,8 +1243,7 @@ fn a_load_in_several_entries_is_all_or_nothing() {
         let snapshot = secondary.snapshot();
         for (name, table) in &snapshot.tables {
             let rows: usize = table.batches().iter().map(|b| b.num_rows()).sum();
-            let id = secondary.rows().table_id(name).unwrap();
-            assert_eq!(secondary.rows().table(id).unwrap().rows.len(), rows);
+            assert_eq!(stored(&mut secondary, name).len(), rows);
             *held.entry(name.clone()).or_default() += rows;
         }
     }

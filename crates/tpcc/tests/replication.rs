@@ -90,7 +90,7 @@ fn run(mode: LogMode, g: Group) {
                         secondary.apply_frames(&frames).unwrap();
                         if secondary.lsn() >= next_keep {
                             next_keep = secondary.lsn() + 97;
-                            kept.push((secondary.snapshot(), secondary.rows().clone()));
+                            kept.push((secondary.snapshot(), secondary.rows().unwrap().clone()));
                         }
                     }
                 }
@@ -177,13 +177,13 @@ fn run(mode: LogMode, g: Group) {
             kept,
         } = outcome;
         assert_eq!(secondary.lsn(), state.lsn, "{mode:?} secondary {k}");
-        let v = violations(secondary.rows()).unwrap();
+        let v = violations(secondary.rows().unwrap()).unwrap();
         assert!(v.is_empty(), "{v:?}");
         let last = secondary.snapshot();
         assert_eq!(last.lsn, state.lsn);
         for t in &tables {
             assert_eq!(
-                sorted_rows(secondary.rows(), t),
+                sorted_rows(secondary.rows().unwrap(), t),
                 sorted_rows(&state, t),
                 "{t}"
             );

@@ -148,13 +148,11 @@ impl WorkerSecondary {
 
     /// What the replica did so far.
     pub fn figures(&self) -> SecondaryFigures {
-        let rows = self.replica.lock().as_ref().map_or(0, |r| {
-            r.secondary
-                .rows()
-                .tables()
-                .map(|t| t.rows.len() as u64)
-                .sum()
-        });
+        let rows = self
+            .replica
+            .lock()
+            .as_ref()
+            .map_or(0, |r| r.secondary.live_rows());
         let f = self.figures.lock();
         SecondaryFigures {
             lsn: self.lsn(),
@@ -366,8 +364,10 @@ impl WorkerSecondary {
         let Some(rows) = self
             .replica
             .lock()
-            .as_ref()
-            .map(|r| r.secondary.rows().clone())
+            .as_mut()
+            .map(|r| r.secondary.rows().cloned())
+            .transpose()
+            .map_err(|e| DataFusionError::Execution(format!("narrowing a replica: {e}")))?
         else {
             return Err(DataFusionError::Execution(
                 "the log feed narrowed a replica before its state".into(),
