@@ -64,7 +64,7 @@ const LIVE: u64 = u64::MAX;
 /// chunks no larger.
 const CHUNK_ROWS: usize = 64 * 1024;
 
-/// Rows a tail's builders have room for at first (they grow as rows arrive): most
+/// Rows a tail's builders have room for at least (they grow as rows arrive): most
 /// tables seal at a snapshot long before `CHUNK_ROWS`, and some hold a few rows.
 const TAIL_ROWS: usize = 1024;
 
@@ -282,6 +282,10 @@ impl VersionedTable {
         if !self.tail.is_empty() {
             let batch = self.tail.finish();
             let n = batch.num_rows() as u64;
+            // A finished builder keeps no room: the next tail gets room for as many
+            // rows as this one held, rather than growing again by doubling (each
+            // step a copy and fresh pages).
+            self.tail = RowsToBatch::new(&self.def.columns, batch.num_rows().max(TAIL_ROWS));
             self.chunks.push(Chunk::new(
                 batch,
                 (self.tail_first..self.tail_first + n).collect(),
