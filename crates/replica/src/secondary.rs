@@ -421,6 +421,7 @@ mod tests {
     use super::*;
     use crate::store::{RowOp, TableDef, TableId};
     use crate::value::{Column, ColumnType, Value};
+    use rand::{Rng, SeedableRng};
     use std::ops::Bound;
 
     /// Table `t`: one Int64 key column `k`.
@@ -511,13 +512,8 @@ mod tests {
         let (mut s, applied) = replay(&raw);
         assert_eq!(applied.unwrap(), 5);
         assert_eq!(s.snapshot().tables["w"].rows().unwrap().len(), 4);
-        let mut state = 0x2545_f491_4f6c_dd1du64;
-        let mut rand = move |n: usize| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state % n as u64) as usize
-        };
+        let mut rng = rand::rngs::StdRng::seed_from_u64(0x2545_f491_4f6c_dd1d);
+        let mut rand = move |n: usize| rng.random_range(0..n);
         let (mut undecodable, mut refused) = (0, 0);
         for _ in 0..20_000 {
             let mut bytes = raw.clone();
@@ -749,13 +745,8 @@ mod tests {
         let expected = |model: &BTreeMap<i64, (Option<i64>, Option<String>)>| {
             model.iter().map(|(k, v)| row(*k, v)).collect::<Vec<_>>()
         };
-        let mut state = 0x9e37_79b9_7f4a_7c15u64;
-        let mut rand = move |n: u64| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state % n
-        };
+        let mut rng = rand::rngs::StdRng::seed_from_u64(0x9e37_79b9_7f4a_7c15);
+        let mut rand = move |n: u64| rng.random_range(0..n);
         for lsn in 2..3000u64 {
             let entry = match rand(10) {
                 0 => Entry::Snapshot,

@@ -491,6 +491,8 @@ impl VersionedStore {
         }
         let (id, name) = (def.id, def.name.clone());
         let mut table = VersionedTable::new(def);
+        // One allocation for the keys of a loaded table, not one per doubling.
+        table.live.reserve(rows.len());
         for row in rows {
             table.insert(lsn, &row, self.horizon)?;
         }
@@ -634,6 +636,7 @@ mod tests {
     use super::*;
     use crate::store::{Row, Store};
     use crate::value::{Column, ColumnType};
+    use rand::{Rng, SeedableRng};
 
     fn def(id: u32, name: &str) -> TableDef {
         TableDef {
@@ -660,13 +663,8 @@ mod tests {
                 .unwrap();
             reference.create_table(def(id, &format!("t{id}"))).unwrap();
         }
-        let mut state = 0x9e3779b97f4a7c15u64;
-        let mut rand = move |n: u64| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state % n
-        };
+        let mut rng = rand::rngs::StdRng::seed_from_u64(0x9e3779b97f4a7c15);
+        let mut rand = move |n: u64| rng.random_range(0..n);
         let mut kept: Vec<(Snapshot, Store)> = vec![];
         for lsn in 1..=3000u64 {
             let ops = 1 + rand(4);
