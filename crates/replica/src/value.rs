@@ -32,15 +32,31 @@ pub enum Value {
 /// `Arc<str>` as serde's string, without serde's `rc` feature (which would rebuild
 /// every crate that uses serde).
 mod shared_str {
-    use serde::{Deserialize, Deserializer, Serializer};
+    use serde::de::{Error, Visitor};
+    use serde::{Deserializer, Serializer};
+    use std::fmt;
     use std::sync::Arc;
 
     pub fn serialize<S: Serializer>(v: &Arc<str>, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_str(v)
     }
 
+    /// Straight from the decoder's bytes into the shared string: one allocation
+    /// and copy per text value of a log entry, not a `String`'s and then the `Arc`'s.
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Arc<str>, D::Error> {
-        String::deserialize(d).map(Arc::from)
+        struct Shared;
+        impl Visitor<'_> for Shared {
+            type Value = Arc<str>;
+
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a string")
+            }
+
+            fn visit_str<E: Error>(self, v: &str) -> Result<Arc<str>, E> {
+                Ok(Arc::from(v))
+            }
+        }
+        d.deserialize_str(Shared)
     }
 }
 
@@ -459,5 +475,24 @@ mod tests {
             assert_eq!(ColumnType::of(&t).unwrap().data_type(), t);
         }
         assert!(ColumnType::of(&DataType::UInt64).is_err());
+    }
+
+    /// Text decodes from the log's bytes (borrowed) and from a format that hands
+    /// over owned strings (JSON with escapes) alike; anything else is refused.
+    #[test]
+    fn text_decodes_borrowed_and_owned() {
+        let text = Value::Text("naïve \"quoted\" text".into());
+        let bytes = postcard::to_allocvec(&text).unwrap();
+        let Value::Text(back) = postcard::from_bytes::<Value>(&bytes).unwrap() else {
+            panic!("not text")
+        };
+        assert_eq!(&*back, "naïve \"quoted\" text");
+        let json = serde_json::to_string(&text).unwrap();
+        let Value::Text(back) = serde_json::from_str::<Value>(&json).unwrap() else {
+            panic!("not text")
+        };
+        assert_eq!(&*back, "naïve \"quoted\" text");
+        let error = serde_json::from_str::<Value>(r#"{"Text":7}"#).unwrap_err();
+        assert!(error.to_string().contains("a string"), "{error}");
     }
 }
