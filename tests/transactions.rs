@@ -293,6 +293,26 @@ async fn dml_and_transactions_on_a_replicated_table() {
         sql(c, &a, "CALL transfer(10, 11, 5 * 2)").await,
         vec![vec![95, 110]]
     );
+    // Arguments computed from constants, evaluated without a query.
+    assert_eq!(
+        sql(
+            c,
+            &a,
+            "CALL transfer(16, 17, CAST('3' AS BIGINT) + abs(-2))"
+        )
+        .await,
+        vec![vec![95, 105]]
+    );
+    // An argument that reads a table is evaluated as a query: 110 - 100.
+    assert_eq!(
+        sql(
+            c,
+            &a,
+            "CALL transfer(14, 15, (SELECT balance FROM accounts WHERE id = 11) - 100)"
+        )
+        .await,
+        vec![vec![90, 110]]
+    );
     let err = fails(c, &a, "CALL transfer(12, 13, 1000)").await;
     assert!(err.contains("insufficient funds"), "{err}");
     let err = fails(c, &a, "CALL transfer(1, 2)").await;

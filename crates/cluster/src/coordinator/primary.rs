@@ -438,7 +438,7 @@ impl Coordinator {
                         .args
                         .iter()
                         .map(|a| match a {
-                            FunctionArg::Unnamed(FunctionArgExpr::Expr(e)) => Ok(e.to_string()),
+                            FunctionArg::Unnamed(FunctionArgExpr::Expr(e)) => Ok(e.clone()),
                             other => plan_err!("CALL takes positional arguments, not {other}"),
                         })
                         .collect::<Result<Vec<_>>>()?,
@@ -813,7 +813,7 @@ impl Coordinator {
         self: &Arc<Self>,
         session: &SessionContext,
         name: &str,
-        args: &[String],
+        args: &[SqlExpr],
     ) -> Result<StatementResult> {
         let procedure = self
             .primary
@@ -836,29 +836,15 @@ impl Coordinator {
         }
         let mut values = Vec::with_capacity(args.len());
         if !args.is_empty() {
-            // Evaluated as a query of the session (subqueries read its transaction).
-            let workers = self.live_workers();
-            let state = self.query_state(session, &workers);
-            // Each argument named apart: `CALL f(1, 1)` has two equal expressions.
-            let select: Vec<String> = args
-                .iter()
-                .enumerate()
-                .map(|(i, a)| format!("({a}) AS arg{i}"))
-                .collect();
-            let plan = state
-                .create_logical_plan(&format!("SELECT {}", select.join(", ")))
-                .await?;
-            let result = self.run_query(state, plan, workers).await?;
-            let batch = result
-                .batches
-                .iter()
-                .find(|b| b.num_rows() > 0)
-                .ok_or_else(|| exec_err("CALL's arguments gave no values"))?;
+            let arrays = match constant_arguments(&session.state(), args) {
+                Some(arrays) => arrays,
+                None => self.queried_arguments(session, args).await?,
+            };
             let strict = arrow::compute::CastOptions {
                 safe: false,
                 ..Default::default()
             };
-            for (p, array) in params.iter().zip(batch.columns()) {
+            for (p, array) in params.iter().zip(&arrays) {
                 let array =
                     arrow::compute::cast_with_options(array, &p.column_type.data_type(), &strict)
                         .map_err(|e| exec_err(format!("CALL {name}: {}: {e}", p.name)))?;
@@ -903,6 +889,73 @@ impl Coordinator {
             batches: vec![batch],
         })
     }
+
+    /// CALL's arguments evaluated as a query of the session (a subquery among them
+    /// reads its transaction), a column each.
+    async fn queried_arguments(
+        self: &Arc<Self>,
+        session: &SessionContext,
+        args: &[SqlExpr],
+    ) -> Result<Vec<ArrayRef>> {
+        let workers = self.live_workers();
+        let state = self.query_state(session, &workers);
+        // Each argument named apart: `CALL f(1, 1)` has two equal expressions.
+        let select: Vec<String> = args
+            .iter()
+            .enumerate()
+            .map(|(i, a)| format!("({a}) AS arg{i}"))
+            .collect();
+        let plan = state
+            .create_logical_plan(&format!("SELECT {}", select.join(", ")))
+            .await?;
+        let result = self.run_query(state, plan, workers).await?;
+        let batch = result
+            .batches
+            .iter()
+            .find(|b| b.num_rows() > 0)
+            .ok_or_else(|| exec_err("CALL's arguments gave no values"))?;
+        Ok(batch.columns().to_vec())
+    }
+}
+
+/// CALL's arguments when each is an expression of constants (literals, casts,
+/// functions of them: what clients send), evaluated on their own, a one-row column
+/// each; `None` when one is not (a subquery, a column, an aggregate, a function that
+/// must be planned), which [`Coordinator::queried_arguments`] then evaluates. A
+/// transaction sent as `CALL` thus costs no query plan: planning a `SELECT` of its
+/// arguments and running it took most of the coordinator's time per transaction.
+fn constant_arguments(state: &SessionState, args: &[SqlExpr]) -> Option<Vec<ArrayRef>> {
+    use datafusion::sql::sqlparser::ast::ExprWithAlias;
+    let schema = datafusion::common::DFSchema::empty();
+    let one_row = RecordBatch::try_new_with_options(
+        Arc::new(Schema::empty()),
+        vec![],
+        &arrow::array::RecordBatchOptions::new().with_row_count(Some(1)),
+    )
+    .ok()?;
+    args.iter()
+        .map(|arg| {
+            let sql = ExprWithAlias {
+                expr: arg.clone(),
+                alias: None,
+            };
+            let expr = state.create_logical_expr_from_sql_expr(sql, &schema).ok()?;
+            // A subquery reads the session's transaction: only a query sees it.
+            let reads = expr.exists(|e| {
+                Ok(matches!(
+                    e,
+                    datafusion::logical_expr::Expr::ScalarSubquery(_)
+                        | datafusion::logical_expr::Expr::InSubquery(_)
+                        | datafusion::logical_expr::Expr::Exists(_)
+                ))
+            });
+            if reads.unwrap_or(true) {
+                return None;
+            }
+            let physical = state.create_physical_expr(expr, &schema).ok()?;
+            physical.evaluate(&one_row).ok()?.into_array(1).ok()
+        })
+        .collect()
 }
 
 /// The rows of a batch of table `def`'s visible columns (all but a row id), cast to
@@ -1061,5 +1114,82 @@ fn replicas_of(value: &SqlExpr) -> Result<u8> {
     match text.trim().parse::<u8>() {
         Ok(n) if (1..=max).contains(&n) => Ok(n),
         _ => plan_err!("replicas takes a whole number from 1 to {max}, not {value}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::{AsArray, Int64Array};
+    use arrow::datatypes::Int64Type;
+
+    fn args_of(sql: &str) -> Vec<SqlExpr> {
+        let dialect = dialect_from_str("generic").expect("a dialect");
+        let stmt = datafusion::sql::sqlparser::parser::Parser::parse_sql(dialect.as_ref(), sql)
+            .expect("parses")
+            .pop()
+            .expect("a statement");
+        let SqlStatement::Call(function) = stmt else {
+            panic!("not a CALL: {sql}");
+        };
+        let FunctionArguments::List(list) = function.args else {
+            panic!("no argument list: {sql}");
+        };
+        list.args
+            .into_iter()
+            .map(|a| match a {
+                FunctionArg::Unnamed(FunctionArgExpr::Expr(e)) => e,
+                other => panic!("{other}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn constant_arguments_are_evaluated_without_a_query() {
+        let state = SessionContext::new().state();
+        let arrays = constant_arguments(
+            &state,
+            &args_of(
+                "CALL f(5 * 2, -3, 'it''s', [1, 2, 3], CAST(12.34 AS DECIMAL(6, 2)), \
+                 to_timestamp_nanos(1000), abs(-7), NULL)",
+            ),
+        )
+        .expect("every argument is constant");
+        assert_eq!(arrays.len(), 8);
+        assert!(arrays.iter().all(|a| a.len() == 1));
+        let int = |i: usize| arrays[i].as_primitive::<Int64Type>().value(0);
+        assert_eq!((int(0), int(1), int(6)), (10, -3, 7));
+        assert_eq!(arrays[2].as_string::<i32>().value(0), "it's");
+        let list = arrays[3].as_list::<i32>().value(0);
+        assert_eq!(
+            list.as_primitive::<Int64Type>(),
+            &Int64Array::from(vec![1, 2, 3])
+        );
+        assert_eq!(
+            arrays[4]
+                .as_primitive::<arrow::datatypes::Decimal128Type>()
+                .value(0),
+            1234
+        );
+        assert_eq!(
+            arrays[5]
+                .as_primitive::<arrow::datatypes::TimestampNanosecondType>()
+                .value(0),
+            1000
+        );
+        assert_eq!(arrays[7].logical_null_count(), 1);
+    }
+
+    #[test]
+    fn arguments_that_need_a_query_are_left_to_one() {
+        let state = SessionContext::new().state();
+        for sql in [
+            "CALL f(1, (SELECT max(id) FROM accounts))",
+            "CALL f(id)",
+            "CALL f(count(*))",
+            "CALL f($1)",
+        ] {
+            assert!(constant_arguments(&state, &args_of(sql)).is_none(), "{sql}");
+        }
     }
 }
